@@ -1,0 +1,43 @@
+# autotune — newcomer entry points:
+#   make search   the main job: an autotune study on the default SQLite storage (installs what is missing)
+#   make test     the test suite (installs what is missing)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.setup-done
+APT_PACKAGES := libgoogle-perftools4 libjemalloc2 numactl
+
+MODEL  ?= resnet50
+BUDGET ?= 20m
+ARGS   ?=
+
+.PHONY: setup system-packages search test clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(MAKE) --no-print-directory system-packages
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+# Allocators and numactl come from Debian; installed when running as root, otherwise reported.
+system-packages:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian packages: $$missing"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
+	else \
+		echo "warning: missing Debian packages ($$missing); run 'sudo apt-get install $$missing' to search those allocators"; \
+	fi
+
+search: $(STAMP)
+	$(BIN)/autotune search --model $(MODEL) --budget $(BUDGET) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

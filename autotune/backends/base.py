@@ -1,0 +1,31 @@
+"""What every backend declares and returns. Kept free of heavy imports: the search reads it too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend's promise: which precisions and options it supports, and what it needs installed."""
+
+    name: str
+    description: str
+    precisions: tuple[str, ...]
+    options: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()  # importable modules
+
+
+@dataclass
+class Runner:
+    """A prepared model: `convert_input` once outside the timed loop, then `__call__` per batch."""
+
+    run: Callable[[Any], Any]
+    convert_input: Callable[[Any], Any] = lambda x: x
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, native_input: Any) -> Any:
+        return self.run(native_input)

@@ -1,0 +1,22 @@
+"""Eager PyTorch: the baseline every speedup is measured against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import BackendSpec, Runner
+
+SPEC = BackendSpec(
+    name="eager",
+    description="PyTorch eager mode",
+    precisions=("fp32", "bf16"),
+    options={"memory_format": ("contiguous", "channels_last")},
+    requires=("torch",),
+)
+
+
+def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
+    from autotune.backends.torch_common import convert_for, module_runner
+
+    return module_runner(convert_for(model, config.options), config.precision, config.options)

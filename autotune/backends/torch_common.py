@@ -1,0 +1,45 @@
+"""Pieces shared by the backends that run a torch nn.Module: memory format, autocast, inference mode."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from autotune.backends.base import Runner
+
+
+def memory_format_of(options: dict[str, Any]) -> torch.memory_format:
+    return torch.channels_last if options.get("memory_format") == "channels_last" else torch.contiguous_format
+
+
+def convert_for(model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+    return model.eval().to(memory_format=memory_format_of(options))
+
+
+def input_converter(options: dict[str, Any]):
+    fmt = memory_format_of(options)
+
+    def convert(x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=fmt) if x.dim() == 4 else x
+
+    return convert
+
+
+def precision_context(precision: str) -> contextlib.AbstractContextManager:
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    raise ValueError(f"precision {precision!r} is not supported by this backend")
+
+
+def module_runner(module: Any, precision: str, options: dict[str, Any], details: dict[str, Any] | None = None) -> Runner:
+    """Wrap a callable module so every call runs under inference mode and the precision's autocast."""
+
+    def run(x: torch.Tensor) -> Any:
+        with torch.inference_mode(), precision_context(precision):
+            return module(x)
+
+    return Runner(run=run, convert_input=input_converter(options), details=details or {})

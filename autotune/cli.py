@@ -1,0 +1,170 @@
+"""Command line: parse words, call one function. Bad input: one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from autotune.errors import UserError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+        raise UserError(f"{message} (see '{self.prog} --help')")
+
+
+def _storage_arg(args: argparse.Namespace) -> str:
+    from autotune.spec import default_storage
+
+    return args.storage or default_storage(args.studies_dir, args.study)
+
+
+def cmd_search(args: argparse.Namespace, console: Console) -> int:
+    from autotune.durations import parse_duration
+    from autotune.measure import MeasureSettings
+    from autotune.models import resolve_model
+    from autotune.space import load_space_file
+    from autotune.spec import SearchSpec, validate_study_name
+    from autotune.study import run_search
+
+    budget_s = parse_duration(args.budget)
+    study = validate_study_name(args.study or args.model.rpartition(":")[2] or "model")
+    space_path = Path(args.space or DEFAULT_SPACE)
+    space = load_space_file(space_path)
+    window = parse_duration(args.measure_seconds)
+    model = resolve_model(args.model, args.weights, args.input_shape)
+    origin = {"random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
+              "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
+              "weights-file": f"weights from {model.weights_path}"}[model.weights_origin]
+    console.print(f"model {model.name} input {'x'.join(map(str, model.input_shape))}: {origin}", markup=False)
+    spec = SearchSpec(
+        study=study, model=model, storage=args.storage or "", space_path=str(space_path), space=space,
+        objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
+        trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples,
+        studies_root=str(Path(args.studies_dir).resolve()),
+        measure=MeasureSettings(window_min_s=window, window_max_s=max(window * 4, window + 10), warmup_min_s=min(1.0, window)),
+    )
+    spec = SearchSpec(**{**spec.__dict__, "storage": _storage_arg(argparse.Namespace(**{**vars(args), "study": study}))})
+    outcome = run_search(spec, console)
+    if outcome.best_path:
+        best = json.loads(outcome.best_path.read_text())
+        speed = f", {best['speedup_vs_baseline']:.2f}x the eager fp32 baseline" if best.get("speedup_vs_baseline") else ""
+        console.print(
+            f"best: trial {best['study']['trial']} {best['metrics']['throughput_sps']:.1f} samples/s{speed}; wrote {outcome.best_path}",
+            markup=False,
+        )
+    else:
+        console.print("no trial completed: nothing to export", markup=False)
+    return EXIT_INTERRUPTED if outcome.interrupted else 0
+
+
+def _load_study(args: argparse.Namespace):
+    import optuna
+
+    from autotune.storage import mask_url, open_storage
+
+    storage = open_storage(_storage_arg(args))
+    try:
+        return optuna.load_study(study_name=args.study, storage=storage)
+    except KeyError:
+        raise UserError(f"no study {args.study!r} in {mask_url(_storage_arg(args))}: check --study and --storage") from None
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from autotune.export import export_best
+    from autotune.spec import study_dir
+
+    study = _load_study(args)
+    path = export_best(study, args.output or study_dir(args.studies_dir, args.study) / "best.json")
+    console.print(f"wrote {path}", markup=False)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
+    from autotune.dashboard import serve
+
+    _load_study(args)
+    return serve(_storage_arg(args), args.host, args.port, console)
+
+
+def cmd_probe(args: argparse.Namespace, console: Console) -> int:
+    from autotune.probe import probe_machine
+
+    print(json.dumps(probe_machine().to_dict(), indent=2))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace, console: Console) -> int:
+    from autotune.models import torchvision_classification_models
+
+    print("\n".join(torchvision_classification_models()))
+    return 0
+
+
+def _add_study_args(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--study", required=required, help="study name (default: the model name)")
+    parser.add_argument("--storage", help="Optuna storage URL (default: sqlite:///studies/<study>/study.db)")
+    parser.add_argument("--studies-dir", default="studies", help="where study folders live (default: ./studies)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autotune", description="Find the fastest way to run a PyTorch model on this CPU, and prove it.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    search = sub.add_parser("search", help="run (or resume) a study")
+    search.add_argument("--model", required=True, help="torchvision classification model name, or file.py:function / module:function")
+    search.add_argument("--weights", help="state_dict file (loaded with weights_only)")
+    search.add_argument("--input-shape", help="one sample's shape, e.g. 3x224x224 (default: the model's)")
+    search.add_argument("--budget", default="20m", help="wall-clock budget: 90s, 20m, 2h (default 20m)")
+    search.add_argument("--trials", type=int, help="stop after this many trials in this run")
+    search.add_argument("--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})")
+    search.add_argument("--objective", default="throughput", choices=("throughput", "latency"),
+                        help="maximize samples/s, or minimize median latency per batch")
+    search.add_argument("--max-drift", type=float, default=0.05, help="largest relative L2 error vs FP32 eager (default 0.05)")
+    search.add_argument("--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)")
+    search.add_argument("--measure-seconds", default="5s", help="minimum measurement window per trial (default 5s)")
+    search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")
+    _add_study_args(search, required=False)
+    search.set_defaults(func=cmd_search)
+
+    export = sub.add_parser("export", help="write best.json from a stored study")
+    _add_study_args(export, required=True)
+    export.add_argument("-o", "--output", help="output path (default studies/<study>/best.json)")
+    export.set_defaults(func=cmd_export)
+
+    dash = sub.add_parser("dashboard", help="serve the study in optuna-dashboard")
+    _add_study_args(dash, required=True)
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    dash.add_argument("--port", type=int, default=8080)
+    dash.set_defaults(func=cmd_dashboard)
+
+    probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators)")
+    probe.set_defaults(func=cmd_probe)
+    models = sub.add_parser("models", help="list the torchvision classification models")
+    models.set_defaults(func=cmd_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args, console)
+    except UserError as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("autotune: interrupted; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Start a trial's processes, release them together, collect one JSON result each, kill what remains.
+
+Knows nothing about Optuna. Each instance runs in its own process group (its own session), so a
+timeout, a crash of a sibling, a pruning decision or Ctrl-C kills everything the trial started.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from autotune.errors import TrialFailed
+from autotune.files import read_json, tail
+
+POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class InstanceLaunch:
+    """One process of a trial: its command, its full environment, and where it writes."""
+
+    argv: list[str]
+    env: dict[str, str]
+    set_env: dict[str, str]  # the variables the config sets, for the record
+    result_path: Path
+    stdout_path: Path
+    stderr_path: Path
+
+    def shell_command(self) -> str:
+        """The same launch as one line a user can paste."""
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.set_env.items()))
+        return f"env {assignments} {shlex.join(self.argv)}".strip()
+
+
+def _exit_cause(code: int, stderr_path: Path) -> str:
+    for line in reversed(tail(stderr_path, 4000).splitlines()):
+        if line.startswith("autotune-worker:"):
+            return line.removeprefix("autotune-worker:").strip()
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def kill_process_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group and any descendant that left it."""
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run_instances(
+    instances: list[InstanceLaunch],
+    timeout_s: float,
+    barrier_dir: Path | None = None,
+    on_ready: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run all instances to completion and return their results, in instance order.
+
+    When every instance has written its ready file, `on_ready` gets their payloads; it may raise
+    (to prune the trial) and then every process is killed. Otherwise the barrier is released with `go`.
+    Raises TrialFailed on a crash, a missing result, or the timeout.
+    """
+    procs: list[subprocess.Popen] = []
+    deadline = time.monotonic() + timeout_s
+    released = barrier_dir is None
+    stage = "starting"
+    try:
+        for inst in instances:
+            with open(inst.stdout_path, "wb") as out, open(inst.stderr_path, "wb") as err:
+                try:
+                    procs.append(
+                        subprocess.Popen(inst.argv, env=inst.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+                    )
+                except OSError as exc:
+                    raise TrialFailed(f"cannot start instance {len(procs)}: {exc}") from exc
+        stage = "preparing"
+        while True:
+            for i, proc in enumerate(procs):
+                code = proc.poll()
+                if code is not None and code != 0:
+                    raise TrialFailed(f"instance {i} {_exit_cause(code, instances[i].stderr_path)}", tail(instances[i].stderr_path))
+            if not released and barrier_dir is not None:
+                ready = [barrier_dir / f"ready-{i}.json" for i in range(len(instances))]
+                if all(p.exists() for p in ready):
+                    if on_ready is not None:
+                        on_ready([read_json(p) for p in ready])
+                    (barrier_dir / "go").touch()
+                    released, stage = True, "measuring"
+            if all(proc.poll() == 0 for proc in procs):
+                break
+            if time.monotonic() > deadline:
+                raise TrialFailed(f"timed out after {timeout_s:.0f}s while {stage}", tail(instances[0].stderr_path))
+            time.sleep(POLL_S)
+        results = []
+        for i, inst in enumerate(instances):
+            try:
+                results.append(read_json(inst.result_path))
+            except (OSError, ValueError) as exc:
+                raise TrialFailed(f"instance {i} exited without a valid result ({exc})", tail(inst.stderr_path)) from exc
+        return results
+    finally:
+        if barrier_dir is not None and not released:
+            (barrier_dir / "abort").touch()
+        for proc in procs:  # also when the leader exited: its group may hold compile workers
+            kill_process_tree(proc)

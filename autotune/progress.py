@@ -1,0 +1,51 @@
+"""One line per finished trial, plain text (no control characters) so logs and CI stay readable."""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+from rich.console import Console
+
+from autotune.durations import format_duration
+
+
+def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
+    attrs = trial.user_attrs
+    if trial.state == optuna.trial.TrialState.COMPLETE:
+        lat = attrs.get("latency_ms", {})
+        p50 = lat.get("p50")
+        drift = (attrs.get("drift") or {}).get("relative_l2")
+        return f"{attrs.get('throughput_sps', 0):8.1f} samples/s  p50 {p50:.1f} ms  drift {drift:.2e}" if p50 is not None and drift is not None else ""
+    if trial.state == optuna.trial.TrialState.PRUNED:
+        return attrs.get("prune_reason", "pruned")
+    if trial.state == optuna.trial.TrialState.FAIL:
+        return attrs.get("fail_cause", "failed")
+    return ""
+
+
+class ProgressPrinter:
+    """Optuna callback: prints each trial as it ends, with the best so far and the budget used."""
+
+    def __init__(self, console: Console, started: float, budget_s: float, baseline_sps: "callable[[], float | None]") -> None:
+        self.console = console
+        self.started = started
+        self.budget_s = budget_s
+        self.baseline_sps = baseline_sps
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
+        used = time.monotonic() - self.started
+        summary = trial.user_attrs.get("config_summary", "")
+        line = f"trial {trial.number:>3} {trial.state.name:<8} {summary:<52} {_metric_text(trial)}"
+        best = ""
+        try:
+            best_trial = study.best_trial
+            baseline = self.baseline_sps()
+            sps = best_trial.user_attrs.get("throughput_sps")
+            if sps and baseline:
+                best = f" | best #{best_trial.number} {sps:.1f} sps = {sps / baseline:.2f}x baseline"
+            elif sps:
+                best = f" | best #{best_trial.number} {sps:.1f} sps"
+        except ValueError:
+            pass
+        self.console.print(f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}", markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,178 @@
+"""The search space: a YAML file plus what the machine probe found, turned into Optuna suggestions.
+
+Common dimensions are sampled for every trial; a backend's own dimensions (precision, memory format,
+its options) are sampled only when that backend is chosen, under names prefixed by the backend, so the
+sampler never sees options of other backends. Impossible combinations are never produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.backends import BACKENDS, is_available
+from autotune.config import TrialConfig
+from autotune.errors import UserError
+from autotune.probe import MachineProbe
+
+TOP_LEVEL_KEYS = ("batch_size", "allocator", "instances", "threads_per_instance", "backends", "baseline")
+ALLOCATORS = ("glibc", "tcmalloc", "jemalloc")
+BASELINE_KEYS = ("batch_size",)
+
+
+def load_space_file(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"search space file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"search space file {str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"search space file {str(path)!r} must be a mapping of dimensions")
+    return data
+
+
+def _choices(name: str, value: Any, kind: type) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, kind) and not (kind is int and isinstance(v, bool)) for v in values):
+        raise UserError(f"search space: {name} must be a list of {kind.__name__} values, got {value!r}")
+    return list(dict.fromkeys(values))
+
+
+def _auto_instances(cores: int) -> list[int]:
+    counts, n = [], 1
+    while n <= cores:
+        counts.append(n)
+        n *= 2
+    return counts + ([cores] if counts[-1] != cores else [])
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    batch_sizes: list[int]
+    allocators: list[str]
+    instances: list[int]
+    threads: list[int] | None  # None: any count from 1 to the cores left per instance
+    backends: dict[str, dict[str, list[Any]]]  # backend -> {"precision": [...], option: [...]}
+    cores: int
+    baseline_batch_size: int
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], machine: MachineProbe) -> "SearchSpace":
+        """Validate the YAML content and narrow it to what this machine can run."""
+        unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
+        if unknown:
+            raise UserError(f"search space: unknown key {unknown[0]!r}; allowed keys are {', '.join(TOP_LEVEL_KEYS)}")
+        notes: list[str] = []
+        cores = machine.physical_cores
+        batch_sizes = _choices("batch_size", data.get("batch_size", [1, 8, 32]), int)
+        if any(b <= 0 for b in batch_sizes):
+            raise UserError("search space: batch_size values must be positive")
+
+        allocators = _choices("allocator", data.get("allocator", list(ALLOCATORS)), str)
+        for name in allocators:
+            if name not in ALLOCATORS:
+                raise UserError(f"search space: unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+        missing = [a for a in allocators if a != "glibc" and a not in machine.allocators]
+        if missing:
+            notes.append(f"allocator(s) {', '.join(missing)} not found on this machine: left out")
+        allocators = [a for a in allocators if a == "glibc" or a in machine.allocators]
+
+        instances = _auto_instances(cores) if data.get("instances", "auto") == "auto" else _choices("instances", data["instances"], int)
+        threads_raw = data.get("threads_per_instance", "auto")
+        threads = None if threads_raw == "auto" else _choices("threads_per_instance", threads_raw, int)
+        for label, values in (("instances", instances), ("threads_per_instance", threads or [1])):
+            if any(v < 1 or v > cores for v in values):
+                raise UserError(f"search space: {label} values {values} must lie between 1 and the {cores} physical cores here")
+        if threads and not any(i * t <= cores for i in instances for t in threads):
+            raise UserError(f"search space: no instances x threads_per_instance combination fits the {cores} physical cores here")
+
+        backends = cls._backends(data.get("backends", {"eager": {}}), notes)
+        baseline = data.get("baseline", {}) or {}
+        unknown = sorted(set(baseline) - set(BASELINE_KEYS))
+        if unknown:
+            raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
+        default_bs = 8 if 8 in batch_sizes else batch_sizes[0]
+        baseline_bs = int(baseline.get("batch_size", default_bs))
+        return cls(batch_sizes, allocators, instances, threads, backends, cores, baseline_bs, tuple(notes))
+
+    @staticmethod
+    def _backends(raw: Any, notes: list[str]) -> dict[str, dict[str, list[Any]]]:
+        if not isinstance(raw, dict) or not raw:
+            raise UserError("search space: 'backends' must map backend names to their options")
+        result: dict[str, dict[str, list[Any]]] = {}
+        for name, options in raw.items():
+            if name not in BACKENDS:
+                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+            spec = BACKENDS[name]
+            options = options or {}
+            if not isinstance(options, dict):
+                raise UserError(f"search space: backends.{name} must be a mapping of options")
+            dims: dict[str, list[Any]] = {}
+            for key, value in options.items():
+                supported = spec.precisions if key == "precision" else spec.options.get(key)
+                if supported is None:
+                    allowed = ", ".join(("precision", *spec.options))
+                    raise UserError(f"search space: backend {name!r} has no option {key!r}; it has {allowed}")
+                values = value if isinstance(value, list) else [value]
+                bad = [v for v in values if v not in supported]
+                if bad or not values:
+                    raise UserError(f"search space: backends.{name}.{key} value {bad[0] if bad else value!r} is not supported; choose from {list(supported)}")
+                dims[key] = list(dict.fromkeys(values))
+            dims.setdefault("precision", [spec.precisions[0]])
+            for key, supported in spec.options.items():
+                dims.setdefault(key, [supported[0]])
+            if not is_available(name):
+                notes.append(f"backend {name} cannot be imported here: left out")
+                continue
+            result[name] = dims
+        if not result:
+            raise UserError("search space: none of the listed backends can run here")
+        return result
+
+    # ---- sampling -----------------------------------------------------------------------------------
+    def suggest(self, trial: Any) -> TrialConfig:
+        """Ask an Optuna trial for one configuration; the result always fits the machine."""
+        backend = trial.suggest_categorical("backend", list(self.backends))
+        dims = self.backends[backend]
+        chosen = {key: trial.suggest_categorical(f"{backend}.{key}", values) for key, values in dims.items()}
+        batch_size = trial.suggest_categorical("batch_size", self.batch_sizes)
+        allocator = trial.suggest_categorical("allocator", self.allocators)
+        instances = trial.suggest_categorical("instances", self.instances)
+        max_threads = self.cores // instances
+        if self.threads is None:
+            threads = trial.suggest_int("threads_per_instance", 1, max_threads)
+        else:
+            threads = trial.suggest_categorical("threads_per_instance", self.threads)
+        precision = chosen.pop("precision")
+        return TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen)
+
+    def fits(self, config: TrialConfig) -> bool:
+        return config.total_cores <= self.cores
+
+    def baseline_params(self) -> dict[str, Any] | None:
+        """Eager FP32, contiguous, glibc, one instance on all cores: what a user runs before tuning."""
+        eager = self.backends.get("eager")
+        if not eager or "fp32" not in eager["precision"] or "glibc" not in self.allocators or 1 not in self.instances:
+            return None
+        if self.threads is not None and self.cores not in self.threads:
+            return None
+        params: dict[str, Any] = {
+            "backend": "eager",
+            "eager.precision": "fp32",
+            "batch_size": self.baseline_batch_size if self.baseline_batch_size in self.batch_sizes else self.batch_sizes[0],
+            "allocator": "glibc",
+            "instances": 1,
+            "threads_per_instance": self.cores,
+        }
+        for key, values in eager.items():
+            if key != "precision":
+                default = BACKENDS["eager"].options[key][0]
+                if default not in values:
+                    return None
+                params[f"eager.{key}"] = default
+        return params

@@ -1,0 +1,99 @@
+"""Everything the user asked for, validated once and stored on the study.
+
+A resumed study (or a later joining worker) reads it back; the fields that decide what is being
+compared must not change between runs of one study.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UserError
+from autotune.measure import MeasureSettings
+from autotune.models import ModelSource
+
+OBJECTIVES = ("throughput", "latency")
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# Changing these would compare apples with oranges inside one study.
+IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "measure", "eval_samples")
+
+
+def validate_study_name(name: str) -> str:
+    if not STUDY_NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"study name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (no path parts)")
+    return name
+
+
+def study_dir(studies_root: str | Path, study: str) -> Path:
+    return Path(studies_root) / validate_study_name(study)
+
+
+def default_storage(studies_root: str | Path, study: str) -> str:
+    return f"sqlite:///{(study_dir(studies_root, study) / 'study.db').resolve()}"
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    study: str
+    model: ModelSource
+    storage: str
+    space_path: str
+    space: dict[str, Any]
+    objective: str = "throughput"
+    max_drift: float = 0.05
+    budget_s: float = 1200.0
+    trials: int | None = None
+    trial_timeout_s: float = 600.0
+    eval_samples: int = 32
+    studies_root: str = "studies"
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+
+    def __post_init__(self) -> None:
+        validate_study_name(self.study)
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"objective {self.objective!r} is not known; choose {' or '.join(OBJECTIVES)}")
+        if not self.max_drift > 0:
+            raise UserError(f"--max-drift must be positive (relative L2 error, e.g. 0.05), got {self.max_drift}")
+        if self.trials is not None and self.trials < 1:
+            raise UserError(f"--trials must be at least 1, got {self.trials}")
+        if self.eval_samples < 1:
+            raise UserError(f"--eval-samples must be at least 1, got {self.eval_samples}")
+
+    @property
+    def dir(self) -> Path:
+        return study_dir(self.studies_root, self.study)
+
+    @property
+    def direction(self) -> str:
+        return "maximize" if self.objective == "throughput" else "minimize"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["model"] = self.model.to_dict()
+        data["measure"] = self.measure.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SearchSpec":
+        return cls(**{**data, "model": ModelSource.from_dict(data["model"]), "measure": MeasureSettings.from_dict(data["measure"])})
+
+    def identity(self) -> dict[str, Any]:
+        data = self.to_dict()
+        return {key: data[key] for key in IDENTITY_FIELDS}
+
+
+def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']."""
+    diffs = []
+    for key in IDENTITY_FIELDS:
+        if stored.get(key) != current.get(key):
+            old, new = stored.get(key), current.get(key)
+            if isinstance(old, dict) and isinstance(new, dict):
+                keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+                diffs.append(f"{key} ({', '.join(keys)})")
+            else:
+                diffs.append(f"{key}: {old!r} -> {new!r}")
+    return diffs

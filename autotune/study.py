@@ -1,0 +1,192 @@
+"""The search: an Optuna study whose objective measures one configuration in fresh processes.
+
+Creates or resumes the study, computes the FP32 reference once, enqueues the eager baseline,
+runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.console import Console
+
+from autotune.errors import TrialFailed, UserError
+from autotune.export import export_best
+from autotune.fingerprint import fingerprint
+from autotune.probe import MachineProbe, probe_machine
+from autotune.progress import ProgressPrinter
+from autotune.pruners import DriftPruner
+from autotune.space import SearchSpace
+from autotune.spec import SearchSpec, identity_differences
+from autotune.storage import mask_url, open_storage
+from autotune.trials import Reference, compute_reference, run_config
+
+MIN_TRIAL_S = 10.0
+
+
+@dataclass
+class SearchOutcome:
+    study: optuna.study.Study
+    best_path: Path | None
+    interrupted: bool = False
+
+
+def baseline_throughput(study: optuna.study.Study) -> float | None:
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if trial.user_attrs.get("baseline"):
+            return trial.user_attrs.get("throughput_sps")
+    return None
+
+
+def open_study(spec: SearchSpec, machine: MachineProbe) -> tuple[optuna.study.Study, bool]:
+    """Create the study, or resume it after checking the settings are the same."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = open_storage(spec.storage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
+    study = optuna.create_study(
+        study_name=spec.study, storage=storage, direction=spec.direction, sampler=sampler,
+        pruner=DriftPruner(spec.max_drift), load_if_exists=True,
+    )
+    stored = study.user_attrs.get("spec")
+    if stored is None:
+        study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
+        study.set_user_attr("fingerprint", fingerprint(machine))
+        return study, True
+    stored_identity = {k: stored.get(k) for k in spec.identity()}
+    diffs = identity_differences(stored_identity, spec.identity())
+    if diffs:
+        raise UserError(
+            f"study {spec.study!r} exists with different settings ({'; '.join(diffs)}): "
+            "rerun with the same settings to resume, or pick a new --study name"
+        )
+    return study, False
+
+
+def _fail_stale_trials(study: optuna.study.Study, console: Console) -> None:
+    """Trials left RUNNING by a run that died: failed once their heartbeat is stale."""
+    before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    after = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    for number in sorted(before - after):
+        console.print(f"trial {number} was left running by a run that stopped: marked FAIL", markup=False)
+
+
+class Objective:
+    """Optuna objective: suggest a config, measure it in fresh processes, record everything."""
+
+    def __init__(self, spec: SearchSpec, space: SearchSpace, machine: MachineProbe, reference: Reference, deadline: float) -> None:
+        self.spec, self.space, self.machine, self.reference, self.deadline = spec, space, machine, reference, deadline
+
+    def __call__(self, trial: optuna.trial.Trial) -> float:
+        config = self.space.suggest(trial)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("config_summary", config.summary())
+        trial.set_user_attr("numerics_key", config.numerics_key())
+        trial.set_user_attr("host", socket.gethostname())
+        remaining = self.deadline - time.monotonic()
+        timeout = min(self.spec.trial_timeout_s, remaining)
+        trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
+
+        def on_ready(payloads: list[dict[str, Any]]) -> None:
+            drift = payloads[0].get("drift")
+            trial.set_user_attr("drift", drift)
+            if trial.should_prune():
+                reason = f"drift {drift['relative_l2']:.3g} > max {self.spec.max_drift} (relative L2)"
+                trial.set_user_attr("prune_reason", reason)
+                raise optuna.TrialPruned(reason)
+
+        try:
+            metrics, launches = run_config(
+                config, self.machine, self.reference, self.spec.measure, trial_dir,
+                self.spec.dir / "cache", timeout, on_ready=on_ready,
+            )
+        except TrialFailed as exc:
+            cause = exc.cause
+            if "timed out" in cause and timeout < self.spec.trial_timeout_s:
+                cause = f"budget ran out: {cause}"
+            trial.set_user_attr("fail_cause", cause)
+            trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
+            trial.set_user_attr("trial_dir", str(trial_dir))
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
+            raise
+        for key, value in metrics.items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("env", launches[0].set_env)
+        trial.set_user_attr("commands", [launch.shell_command() for launch in launches])
+        trial.set_user_attr("pinning", self.machine.pinning)
+        trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
+        trial.set_user_attr("trial_dir", str(trial_dir))
+        if self.spec.objective == "throughput":
+            return metrics["throughput_sps"]
+        p50 = metrics["latency_ms"]["p50"]
+        if p50 is None:
+            raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")
+        return p50
+
+
+class BudgetGuard:
+    """Optuna callback: stop before a trial would start with too little budget left to finish."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.durations: list[float] = []
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.datetime_start and trial.datetime_complete:
+            self.durations.append((trial.datetime_complete - trial.datetime_start).total_seconds())
+        typical = statistics.median(self.durations[-5:]) if self.durations else MIN_TRIAL_S
+        if self.deadline - time.monotonic() < max(MIN_TRIAL_S, typical):
+            study.stop()
+
+
+def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
+    started = time.monotonic()
+    deadline = started + spec.budget_s
+    machine = probe_machine()
+    space = SearchSpace.from_dict(spec.space, machine)
+    for note in space.notes:
+        console.print(f"note: {note}", markup=False)
+    spec.dir.mkdir(parents=True, exist_ok=True)
+    study, created = open_study(spec, machine)
+    console.print(
+        f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
+        f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,
+    )
+    _fail_stale_trials(study, console)
+    reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s))
+    study.set_user_attr("model_for_trials", reference.model.to_dict())
+    if created:
+        baseline = space.baseline_params()
+        if baseline is None:
+            console.print("note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False)
+        else:
+            study.enqueue_trial(baseline, user_attrs={"baseline": True})
+    objective = Objective(spec, space, machine, reference, deadline)
+    printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
+    interrupted = False
+    try:
+        study.optimize(
+            objective, n_trials=spec.trials, timeout=max(0.0, deadline - time.monotonic() - MIN_TRIAL_S),
+            catch=(TrialFailed,), callbacks=[printer, BudgetGuard(deadline)], gc_after_trial=False,
+        )
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False)
+    best_path = None
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+        best_path = export_best(study, spec.dir / "best.json")
+    return SearchOutcome(study, best_path, interrupted)

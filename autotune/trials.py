@@ -1,0 +1,160 @@
+"""Run one configuration: write each instance's job, launch them pinned, aggregate their results.
+
+This is the bridge between a TrialConfig and the processes that measure it; it knows nothing about
+Optuna (the study passes an `on_ready` hook for drift pruning).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from autotune.config import TrialConfig, clean_environment, pin_prefix
+from autotune.files import write_json_atomic
+from autotune.launch import InstanceLaunch, run_instances
+from autotune.measure import MeasureSettings, common_window_throughput, latency_summary
+from autotune.models import ModelSource
+from autotune.probe import MachineProbe
+
+WORKER_MODULE = "autotune.worker"
+BARRIER_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The FP32 eager outputs every trial is compared with, and the weights every trial loads."""
+
+    outputs_path: Path
+    model: ModelSource  # with weights_path set: random inits are saved once and shared
+
+
+def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
+    return [python, "-m", WORKER_MODULE, str(job_path)]
+
+
+def backend_env(config: TrialConfig, cache_dir: Path) -> dict[str, str]:
+    """Environment a backend needs beyond threads and allocator: compile caches shared by trials."""
+    if config.backend == "inductor":
+        return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")}
+    return {}
+
+
+def plan_instances(
+    config: TrialConfig,
+    machine: MachineProbe,
+    trial_dir: Path,
+    job: dict[str, Any],
+    cache_dir: Path,
+) -> list[InstanceLaunch]:
+    """Write one job file per instance and describe how to start it (pinned, with its env)."""
+    set_env = {**config.to_env(machine), **backend_env(config, cache_dir)}
+    base_env = {**clean_environment(dict(os.environ)), **set_env}
+    launches = []
+    for i, cpus in enumerate(config.instance_cpus(machine)):
+        job_path = trial_dir / f"job-{i}.json"
+        write_json_atomic(
+            job_path,
+            {**job, "instance": i, "instances": config.instances, "result_path": str(trial_dir / f"result-{i}.json"),
+             "stamps_path": str(trial_dir / f"stamps-{i}.npy")},
+        )
+        launches.append(
+            InstanceLaunch(
+                argv=[*pin_prefix(cpus, machine), *worker_argv(job_path)],
+                env=base_env,
+                set_env=set_env,
+                result_path=trial_dir / f"result-{i}.json",
+                stdout_path=trial_dir / f"stdout-{i}.log",
+                stderr_path=trial_dir / f"stderr-{i}.log",
+            )
+        )
+    return launches
+
+
+def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One trial's numbers from its instances: throughput over the window all of them shared."""
+    stamps = [np.load(r["stamps_path"]) for r in results]
+    window = common_window_throughput(stamps, config.batch_size)
+    per_instance = [r["throughput_sps"] for r in results]
+    latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
+    return {
+        "throughput_sps": window["throughput_sps"],
+        "latency_ms": latency_summary(latencies),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+        "peak_rss_mib_total": sum(r["peak_rss_mib"] for r in results),
+        "load_s": max(r["load_s"] for r in results),
+        "prepare_s": max(r["prepare_s"] for r in results),
+        "first_call_s": max(r["first_call_s"] for r in results),
+        "pids": [r["pid"] for r in results],
+        "drift": results[0].get("drift"),
+        "torch_version": results[0]["torch"],
+        "instances": [
+            {k: r[k] for k in ("pid", "cpus", "allocator", "threads", "throughput_sps", "iterations", "window_s", "warmup_iters")}
+            for r in results
+        ],
+        "measurement": {
+            "common_window_s": window["window_s"],
+            "iterations": int(sum(len(s) for s in stamps)),
+            "straggler_ratio": (max(per_instance) / min(per_instance)) if min(per_instance) > 0 else None,
+            "clock": "time.monotonic per iteration, batch in, output out",
+        },
+    }
+
+
+def run_config(
+    config: TrialConfig,
+    machine: MachineProbe,
+    reference: Reference,
+    measure: MeasureSettings,
+    trial_dir: Path,
+    cache_dir: Path,
+    timeout_s: float,
+    on_ready: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> tuple[dict[str, Any], list[InstanceLaunch]]:
+    """Measure one configuration in fresh processes; raises TrialFailed when it cannot."""
+    if trial_dir.exists():
+        shutil.rmtree(trial_dir)
+    barrier = trial_dir / "barrier"
+    barrier.mkdir(parents=True)
+    job = {
+        "task": "trial",
+        "model": reference.model.to_dict(),
+        "config": config.to_dict(),
+        "measure": measure.to_dict(),
+        "reference_path": str(reference.outputs_path),
+        "workdir": str(cache_dir),
+        "barrier_dir": str(barrier),
+        "barrier_timeout_s": BARRIER_TIMEOUT_S,
+    }
+    launches = plan_instances(config, machine, trial_dir, job, cache_dir)
+    results = run_instances(launches, timeout_s, barrier_dir=barrier, on_ready=on_ready)
+    return aggregate(config, results), launches
+
+
+def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float) -> Reference:
+    """FP32 eager outputs on the evaluation set, computed once per study in a fresh process."""
+    ref_dir = study_dir / "reference"
+    outputs_path = ref_dir / "reference.pt"
+    weights_path = ref_dir / "weights.pt"
+    shared_model = model if model.weights_path else model.with_weights(str(weights_path.resolve()))
+    if outputs_path.exists() and (model.weights_path or weights_path.exists()):
+        return Reference(outputs_path.resolve(), shared_model)
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    job_path = ref_dir / "job.json"
+    write_json_atomic(
+        job_path,
+        {"task": "reference", "model": model.to_dict(), "eval_samples": eval_samples, "workdir": str(study_dir),
+         "reference_path": str(outputs_path.resolve()), "result_path": str((ref_dir / "result.json").resolve()),
+         "weights_out": None if model.weights_path else str(weights_path.resolve())},
+    )
+    launch = InstanceLaunch(
+        argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={},
+        result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
+    )
+    run_instances([launch], timeout_s)
+    return Reference(outputs_path.resolve(), shared_model)

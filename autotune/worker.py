@@ -1,0 +1,226 @@
+"""The process that runs one instance of one trial: job JSON in, result JSON out.
+
+It knows nothing about the search. It checks from inside that the environment it was started with is
+the one asked for (allocator really mapped, thread count), builds and prepares the model, measures
+drift against the FP32 reference, warms up, waits at the barrier, and times its window.
+
+    python -m autotune.worker JOB.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotune.config import TrialConfig
+from autotune.drift import compute_drift
+from autotune.files import read_json, write_json_atomic
+from autotune.measure import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
+from autotune.models import ModelSource, build_model, primary_output
+
+EXIT_CHECK_FAILED = 3
+EVAL_SEED = 1234
+INPUT_SEED = 4321
+
+
+class EnvironmentMismatch(RuntimeError):
+    """The process does not run with the environment its config asked for."""
+
+
+def mapped_libraries() -> list[str]:
+    """Paths of every shared object mapped into this process."""
+    paths: set[str] = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and ".so" in parts[5]:
+                paths.add(parts[5].strip())
+    return sorted(paths)
+
+
+def check_allocator(allocator: str) -> dict[str, Any]:
+    """Verify the allocator asked for is mapped (and that no other one sneaked in)."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    mapped = mapped_libraries()
+    found = [p for p in mapped if "tcmalloc" in os.path.basename(p) or "jemalloc" in os.path.basename(p)]
+    if allocator == "glibc":
+        ok = not found
+    else:
+        wanted = os.path.realpath(preload) if preload else ""
+        ok = bool(wanted) and any(os.path.realpath(p) == wanted for p in found)
+    report = {"asked": allocator, "ld_preload": preload, "mapped": found, "verified": ok}
+    if not ok:
+        raise EnvironmentMismatch(f"allocator {allocator!r} asked for, but mapped allocator libraries are {found or 'none (glibc)'}")
+    return report
+
+
+def check_threads(expected: int) -> dict[str, Any]:
+    import torch
+
+    actual = torch.get_num_threads()
+    report = {"asked": expected, "torch": actual, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+    if actual != expected:
+        raise EnvironmentMismatch(f"asked for {expected} threads, torch runs with {actual}")
+    return report
+
+
+def synthetic_inputs(shape: tuple[int, ...], count: int, seed: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn((count, *shape), generator=generator)
+
+
+def run_in_batches(runner, inputs, batch_size: int) -> np.ndarray:
+    """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change."""
+    import torch
+
+    outputs = []
+    for start in range(0, len(inputs), batch_size):
+        chunk = inputs[start : start + batch_size]
+        real = len(chunk)
+        if real < batch_size:
+            chunk = torch.cat([chunk, inputs[: batch_size - real].expand(batch_size - real, *inputs.shape[1:])])
+        out = primary_output(runner(runner.convert_input(chunk)))
+        outputs.append(out[:real].detach().float().cpu().numpy())
+    return np.concatenate(outputs)
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def wait_at_barrier(barrier_dir: Path, instance: int, payload: dict[str, Any], timeout_s: float) -> None:
+    """Say we are ready, then wait for the orchestrator's go (or abort, e.g. when drift prunes the trial)."""
+    write_json_atomic(barrier_dir / f"ready-{instance}.json", payload)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (barrier_dir / "go").exists():
+            return
+        if (barrier_dir / "abort").exists():
+            sys.exit(0)
+        time.sleep(0.002)
+    raise TimeoutError(f"no go signal within {timeout_s:.0f}s at the start barrier")
+
+
+def save_atomic(obj: Any, path: str) -> None:
+    import torch
+
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def run_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it."""
+    import torch
+
+    from autotune.backends import backend_module
+
+    source = ModelSource.from_dict(job["model"])
+    t0 = time.monotonic()
+    model = build_model(source)
+    if job.get("weights_out"):
+        save_atomic(model.state_dict(), job["weights_out"])
+    inputs = synthetic_inputs(source.input_shape, job["eval_samples"], EVAL_SEED)
+    config = TrialConfig("eager", "fp32", batch_size=min(8, len(inputs)))
+    runner = backend_module("eager").prepare(model, inputs[:1], config, Path(job["workdir"]))
+    outputs = run_in_batches(runner, inputs, config.batch_size)
+    save_atomic({"inputs": inputs, "outputs": torch.from_numpy(outputs)}, job["reference_path"])
+    return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__}
+
+
+def run_trial(job: dict[str, Any]) -> dict[str, Any]:
+    t_start = time.monotonic()
+    config = TrialConfig.from_dict(job["config"])
+    settings = MeasureSettings.from_dict(job["measure"])
+    instance = int(job["instance"])
+    allocator = check_allocator(config.allocator)
+    threads = check_threads(config.threads_per_instance)
+
+    import torch
+
+    from autotune.backends import backend_module
+
+    source = ModelSource.from_dict(job["model"])
+    t0 = time.monotonic()
+    model = build_model(source)
+    load_s = time.monotonic() - t0
+
+    example = synthetic_inputs(source.input_shape, config.batch_size, INPUT_SEED + instance)
+    t0 = time.monotonic()
+    runner = backend_module(config.backend).prepare(model, example, config, Path(job["workdir"]))
+    native = runner.convert_input(example)
+    prepare_s = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    runner(native)
+    first_call_s = time.monotonic() - t0
+
+    drift = None
+    if instance == 0 and job.get("reference_path"):
+        reference = torch.load(job["reference_path"], weights_only=True)
+        outputs = run_in_batches(runner, reference["inputs"], config.batch_size)
+        drift = compute_drift(outputs, reference["outputs"].numpy())
+
+    step = lambda: runner(native)  # noqa: E731
+    warmup = warm_up(step, settings)
+    if job.get("barrier_dir"):
+        wait_at_barrier(Path(job["barrier_dir"]), instance, {"pid": os.getpid(), "drift": drift}, job["barrier_timeout_s"])
+    stamps = timed_window(step, settings)
+    np.save(job["stamps_path"], stamps)
+    return {
+        "pid": os.getpid(),
+        "instance": instance,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "allocator": allocator,
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": sys.executable,
+        "load_s": load_s,
+        "prepare_s": prepare_s,
+        "first_call_s": first_call_s,
+        **warmup,
+        "drift": drift,
+        "iterations": int(len(stamps)),
+        "window_s": float(stamps[-1, 1] - stamps[0, 0]),
+        "throughput_sps": instance_throughput(stamps, config.batch_size),
+        "latency_ms": latency_summary(stamps[:, 1] - stamps[:, 0]),
+        "stamps_path": job["stamps_path"],
+        "peak_rss_mib": peak_rss_mib(),
+        "startup_to_ready_s": time.monotonic() - t_start,
+        "backend_details": runner.details,
+    }
+
+
+TASKS = {"reference": run_reference, "trial": run_trial}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m autotune.worker JOB.json", file=sys.stderr)
+        return 2
+    job = read_json(argv[0])
+    try:
+        result = TASKS[job["task"]](job)
+    except EnvironmentMismatch as exc:
+        print(f"autotune-worker: environment check failed: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except Exception as exc:  # the orchestrator records the cause and our stderr tail
+        traceback.print_exc()
+        print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    write_json_atomic(job["result_path"], result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
