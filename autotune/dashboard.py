@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -12,13 +13,20 @@ from autotune.errors import UserError
 from autotune.storage import mask_url, open_storage
 
 
-def serve(storage_url: str, host: str, port: int, console: Console) -> int:
-    open_storage(storage_url)  # fail early, with one line, on a bad or unreachable storage
-    exe = shutil.which("optuna-dashboard", path=None) or str(__import__("pathlib").Path(sys.executable).with_name("optuna-dashboard"))
-    if not shutil.which(exe):
+def dashboard_executable() -> str:
+    beside_python = Path(sys.executable).with_name("optuna-dashboard")
+    found = str(beside_python) if beside_python.exists() else shutil.which("optuna-dashboard")
+    if not found:
         raise UserError("optuna-dashboard is not installed: run 'make setup'")
+    return found
+
+
+def serve(storage_url: str, host: str, port: int, console: Console) -> int:
+    """Replace this process with optuna-dashboard, so Ctrl-C and signals reach the server directly."""
+    open_storage(storage_url)  # fail early, with one line, on a bad or unreachable storage
+    exe = dashboard_executable()
     console.print(f"optuna-dashboard for {mask_url(storage_url)} at http://{host}:{port}/ (Ctrl-C to stop)", markup=False)
-    try:
-        return subprocess.call([exe, storage_url, "--host", host, "--port", str(port)])
-    except KeyboardInterrupt:
-        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(exe, [exe, storage_url, "--host", host, "--port", str(port)])
+    return 0  # not reached

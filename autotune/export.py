@@ -13,6 +13,8 @@ import optuna
 
 from autotune.errors import UserError
 from autotune.files import write_json_atomic
+from autotune.launch import shell_command
+from autotune.trials import replay_argv
 
 SCHEMA = "autotune.best/1"
 
@@ -33,7 +35,15 @@ def _counts(study: optuna.study.Study) -> dict[str, int]:
     return counts
 
 
-def build_best(study: optuna.study.Study) -> dict[str, Any]:
+def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
+    """One command per instance that re-runs the winner from best.json, pinned as it was tuned."""
+    return [
+        shell_command(attrs.get("env", {}), [*prefix, *replay_argv(best_path.resolve(), i)])
+        for i, prefix in enumerate(attrs.get("pin_prefixes", []))
+    ]
+
+
+def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
     """The best.json document for a study's best COMPLETE trial."""
     try:
         best = study.best_trial
@@ -54,9 +64,10 @@ def build_best(study: optuna.study.Study) -> dict[str, Any]:
         "environment": attrs.get("env", {}),
         "launch": {
             "pinning": attrs.get("pinning"),
-            "commands": attrs.get("commands", []),
-            "note": "one command per instance, all started together; each runs the worker on the job file it names",
+            "commands": replay_commands(attrs, best_path),
+            "note": "one command per instance, started together; each re-measures its instance and prints JSON",
         },
+        "job": attrs.get("job"),
         "metrics": {key: attrs.get(key) for key in METRIC_KEYS},
         "measure_settings": attrs.get("measure_settings"),
         "drift": {
@@ -77,4 +88,4 @@ def build_best(study: optuna.study.Study) -> dict[str, Any]:
 
 
 def export_best(study: optuna.study.Study, path: str | Path) -> Path:
-    return write_json_atomic(path, build_best(study))
+    return write_json_atomic(path, build_best(study, Path(path)))

@@ -35,9 +35,13 @@ class InstanceLaunch:
     stderr_path: Path
 
     def shell_command(self) -> str:
-        """The same launch as one line a user can paste."""
-        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.set_env.items()))
-        return f"env {assignments} {shlex.join(self.argv)}".strip()
+        return shell_command(self.set_env, self.argv)
+
+
+def shell_command(set_env: dict[str, str], argv: list[str]) -> str:
+    """A launch as one line a user can paste: the variables set, then the (pinned) command."""
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_env.items()))
+    return f"env {assignments} {shlex.join(argv)}" if assignments else shlex.join(argv)
 
 
 def _exit_cause(code: int, stderr_path: Path) -> str:

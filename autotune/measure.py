@@ -35,7 +35,7 @@ class MeasureSettings:
 
 def samples_needed(percentile: float) -> int:
     """Fewest samples for which a percentile is more than the maximum: p50 needs 2, p90 10, p99 100."""
-    return math.ceil(1.0 / (1.0 - percentile / 100.0))
+    return math.ceil(round(100.0 / (100.0 - percentile), 9))
 
 
 def warm_up(step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic) -> dict[str, float]:

@@ -27,7 +27,8 @@ from autotune.pruners import DriftPruner
 from autotune.space import SearchSpace
 from autotune.spec import SearchSpec, identity_differences
 from autotune.storage import mask_url, open_storage
-from autotune.trials import Reference, compute_reference, run_config
+from autotune.config import pin_prefix
+from autotune.trials import Reference, compute_reference, job_template, run_config
 
 MIN_TRIAL_S = 10.0
 
@@ -127,6 +128,8 @@ class Objective:
             trial.set_user_attr(key, value)
         trial.set_user_attr("env", launches[0].set_env)
         trial.set_user_attr("commands", [launch.shell_command() for launch in launches])
+        trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, self.machine) for cpus in config.instance_cpus(self.machine)])
+        trial.set_user_attr("job", job_template(config, self.reference, self.spec.measure, self.spec.dir / "cache"))
         trial.set_user_attr("pinning", self.machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
@@ -167,7 +170,13 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,
     )
     _fail_stale_trials(study, console)
-    reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s))
+    try:
+        reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s))
+    except TrialFailed as exc:
+        raise UserError(
+            f"the model does not run in FP32 eager mode, so there is no reference to compare with ({exc.cause}); "
+            f"see {spec.dir / 'reference' / 'stderr.log'}"
+        ) from None
     study.set_user_attr("model_for_trials", reference.model.to_dict())
     if created:
         baseline = space.baseline_params()

@@ -38,6 +38,11 @@ def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
     return [python, "-m", WORKER_MODULE, str(job_path)]
 
 
+def replay_argv(best_path: Path, instance: int, python: str = sys.executable) -> list[str]:
+    """The worker command that re-runs an exported winner's instance from best.json alone."""
+    return [python, "-m", WORKER_MODULE, "--best", str(best_path), "--instance", str(instance)]
+
+
 def backend_env(config: TrialConfig, cache_dir: Path) -> dict[str, str]:
     """Environment a backend needs beyond threads and allocator: compile caches shared by trials."""
     if config.backend == "inductor":
@@ -106,6 +111,18 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, A
     }
 
 
+def job_template(config: TrialConfig, reference: Reference, measure: MeasureSettings, cache_dir: Path) -> dict[str, Any]:
+    """What every instance's job holds in common (best.json keeps it to replay the winner)."""
+    return {
+        "task": "trial",
+        "model": reference.model.to_dict(),
+        "config": config.to_dict(),
+        "measure": measure.to_dict(),
+        "reference_path": str(reference.outputs_path),
+        "workdir": str(cache_dir),
+    }
+
+
 def run_config(
     config: TrialConfig,
     machine: MachineProbe,
@@ -121,16 +138,7 @@ def run_config(
         shutil.rmtree(trial_dir)
     barrier = trial_dir / "barrier"
     barrier.mkdir(parents=True)
-    job = {
-        "task": "trial",
-        "model": reference.model.to_dict(),
-        "config": config.to_dict(),
-        "measure": measure.to_dict(),
-        "reference_path": str(reference.outputs_path),
-        "workdir": str(cache_dir),
-        "barrier_dir": str(barrier),
-        "barrier_timeout_s": BARRIER_TIMEOUT_S,
-    }
+    job = {**job_template(config, reference, measure, cache_dir), "barrier_dir": str(barrier), "barrier_timeout_s": BARRIER_TIMEOUT_S}
     launches = plan_instances(config, machine, trial_dir, job, cache_dir)
     results = run_instances(launches, timeout_s, barrier_dir=barrier, on_ready=on_ready)
     return aggregate(config, results), launches

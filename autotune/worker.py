@@ -203,12 +203,25 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
 TASKS = {"reference": run_reference, "trial": run_trial}
 
 
+def replay_job(best_path: str, instance: int) -> dict[str, Any]:
+    """A job that re-measures one instance of an exported winner, without barrier or drift."""
+    import tempfile
+
+    best = read_json(best_path)
+    scratch = tempfile.mkdtemp(prefix="autotune-replay-")
+    return {**best["job"], "reference_path": None, "instance": instance, "instances": best["config"]["instances"],
+            "result_path": os.path.join(scratch, "result.json"), "stamps_path": os.path.join(scratch, "stamps.npy")}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m autotune.worker JOB.json", file=sys.stderr)
+    if len(argv) == 1:
+        job, replay = read_json(argv[0]), False
+    elif len(argv) == 4 and argv[0] == "--best" and argv[2] == "--instance":
+        job, replay = replay_job(argv[1], int(argv[3])), True
+    else:
+        print("usage: python -m autotune.worker JOB.json | --best best.json --instance N", file=sys.stderr)
         return 2
-    job = read_json(argv[0])
     try:
         result = TASKS[job["task"]](job)
     except EnvironmentMismatch as exc:
@@ -219,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     write_json_atomic(job["result_path"], result)
+    if replay:
+        print(json.dumps(result, indent=2))
     return 0
 
 

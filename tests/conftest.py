@@ -1,0 +1,55 @@
+"""Shared helpers: run the real CLI in a subprocess, write small search spaces, read studies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+TINY = TESTS / "tiny_models.py"
+FAST = ["--measure-seconds", "0.3", "--eval-samples", "8"]
+
+
+def tiny(name: str = "tiny_cnn") -> str:
+    return f"{TINY}:{name}"
+
+
+def run_autotune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write_space(path: Path, **overrides) -> Path:
+    space = {
+        "batch_size": [2, 4],
+        "allocator": ["glibc"],
+        "instances": [1],
+        "threads_per_instance": "auto",
+        "backends": {"eager": {"precision": ["fp32"], "memory_format": ["contiguous"]}},
+        "baseline": {"batch_size": 2},
+    }
+    space.update(overrides)
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def load_study(workdir: Path, name: str) -> optuna.study.Study:
+    storage = f"sqlite:///{workdir / 'studies' / name / 'study.db'}"
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def states(study: optuna.study.Study) -> list[str]:
+    return [t.state.name for t in study.trials]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path

@@ -1,0 +1,39 @@
+"""`autotune dashboard` serves the study's storage with optuna-dashboard, on loopback only."""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from conftest import FAST, run_autotune, tiny, write_space
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_dashboard_serves_the_study_on_loopback(workdir):
+    space = write_space(workdir / "space.yaml")
+    assert run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--study", "d", "--space", str(space),
+                        "--trials", "1", *FAST, cwd=workdir).returncode == 0
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "dashboard", "--study", "d", "--port", str(port)],
+                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        body, deadline = None, time.monotonic() + 60
+        while body is None and time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read().decode()
+            except OSError:
+                time.sleep(0.5)
+        assert body is not None and '"d"' in body
+        listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+        local_addresses = [line.split()[3] for line in listening.splitlines()]
+        assert local_addresses == [f"127.0.0.1:{port}"]
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert f"http://127.0.0.1:{port}/" in out

@@ -1,0 +1,62 @@
+"""Model resolution: torchvision names, weights files, the torch hub cache; and one inductor study."""
+
+import os
+
+import pytest
+import torch
+import torchvision
+
+from autotune.errors import UserError
+from autotune.models import HUB_CACHE, RANDOM_INIT, WEIGHTS_FILE, build_model, resolve_model
+from conftest import FAST, TINY, load_study, run_autotune, states, write_space
+
+
+def test_random_init_is_the_default_and_reproducible():
+    source = resolve_model("resnet18", None, "3x32x32")
+    assert source.weights_origin == RANDOM_INIT and source.input_shape == (3, 32, 32)
+    a, b = build_model(source), build_model(source)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_default_input_shape_comes_from_the_model():
+    assert resolve_model("resnet18", None, None).input_shape == (3, 224, 224)
+    assert resolve_model("inception_v3", None, None).input_shape == (3, 299, 299)
+
+
+def test_weights_file_is_loaded(tmp_path):
+    torch.manual_seed(7)
+    trained = torchvision.models.get_model("resnet18", weights=None)
+    torch.save(trained.state_dict(), tmp_path / "w.pt")
+    source = resolve_model("resnet18", str(tmp_path / "w.pt"), "3x32x32")
+    assert source.weights_origin == WEIGHTS_FILE
+    loaded = build_model(source)
+    assert torch.equal(loaded.conv1.weight, trained.conv1.weight)
+
+
+def test_weights_in_the_torch_hub_cache_are_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    url = torchvision.models.get_model_weights("resnet18").DEFAULT.url
+    checkpoints = tmp_path / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    torch.save(torchvision.models.get_model("resnet18", weights=None).state_dict(), checkpoints / os.path.basename(url))
+    source = resolve_model("resnet18", None, None)
+    assert source.weights_origin == HUB_CACHE and source.weights_path.startswith(str(checkpoints))
+
+
+def test_factory_model_needs_an_input_shape():
+    with pytest.raises(UserError, match="--input-shape"):
+        resolve_model(f"{TINY}:tiny_cnn", None, None)
+    assert resolve_model(f"{TINY}:tiny_cnn", None, "3x8x8").kind == "factory"
+
+
+def test_inductor_study_on_a_torchvision_model(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[4],
+                        backends={"inductor": {"precision": ["fp32"], "memory_format": ["channels_last"], "freezing": [True]}})
+    result = run_autotune("search", "--model", "resnet18", "--input-shape", "3x32x32", "--study", "r", "--space", str(space),
+                          "--trials", "1", "--budget", "4m", *FAST, cwd=workdir, timeout=400)
+    assert result.returncode == 0, result.stderr
+    trial = load_study(workdir, "r").trials[0]
+    assert states(load_study(workdir, "r")) == ["COMPLETE"]
+    assert trial.user_attrs["config"]["backend"] == "inductor"
+    assert trial.user_attrs["first_call_s"] > trial.user_attrs["latency_ms"]["p50"] / 1e3  # compile happened on the first call
+    assert trial.user_attrs["drift"]["relative_l2"] < 1e-3

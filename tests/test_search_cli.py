@@ -1,0 +1,141 @@
+"""The real CLI end to end: studies in SQLite, resume, drift pruning, failures, export, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from conftest import FAST, load_study, run_autotune, states, tiny, write_space
+
+
+def search(workdir, *extra, model=None, space=None, study="s", budget="3m"):
+    space = space or write_space(workdir / "space.yaml")
+    return run_autotune(
+        "search", "--model", model or tiny(), "--input-shape", "3x16x16", "--study", study, "--space", str(space),
+        "--budget", budget, *FAST, *extra, cwd=workdir,
+    )
+
+
+def test_search_completes_trials_and_exports_best_json(workdir):
+    space = write_space(workdir / "space.yaml", allocator=["glibc", "jemalloc"], batch_size=[2, 4, 8])
+    result = search(workdir, "--trials", "4", space=space)
+    assert result.returncode == 0, result.stderr
+    assert "RANDOM INIT" in result.stdout and "wrote" in result.stdout
+    study = load_study(workdir, "s")
+    assert states(study).count("COMPLETE") == 4
+    pids = [pid for t in study.trials for pid in t.user_attrs["pids"]]
+    assert len(set(pids)) == 4 and os.getpid() not in pids  # each trial in its own fresh process
+    for trial in study.trials:
+        for key in ("throughput_sps", "latency_ms", "drift", "peak_rss_mib", "load_s", "first_call_s", "config"):
+            assert key in trial.user_attrs, key
+    assert study.trials[0].user_attrs["baseline"] is True and study.trials[0].params["backend"] == "eager"
+
+    best = json.loads((workdir / "studies" / "s" / "best.json").read_text())
+    assert best["schema"] == "autotune.best/1"
+    assert best["metrics"]["throughput_sps"] == max(t.value for t in study.trials)
+    assert best["speedup_vs_baseline"] > 0 and best["fingerprint"]["hardware"]["physical_cores"] >= 1
+    assert best["environment"]["OMP_NUM_THREADS"] == str(best["config"]["threads_per_instance"])
+    assert best["drift"]["samples"] == 8 and best["drift"]["max_drift"] == 0.05
+
+    # The exported command reproduces the winner in a fresh process.
+    replay = subprocess.run(best["launch"]["commands"][0], shell=True, capture_output=True, text=True, timeout=120, cwd=workdir)
+    assert replay.returncode == 0, replay.stderr
+    measured = json.loads(replay.stdout)
+    assert measured["allocator"]["asked"] == best["config"]["allocator"] and measured["allocator"]["verified"]
+    assert measured["throughput_sps"] > 0
+
+    exported = run_autotune("export", "--study", "s", "-o", str(workdir / "out.json"), cwd=workdir)
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((workdir / "out.json").read_text())["config"] == best["config"]
+
+
+def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):
+    space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous"]}})
+    result = search(workdir, "--trials", "3", "--max-drift", "1e-4", space=space)
+    assert result.returncode == 0, result.stderr
+    study = load_study(workdir, "s")
+    # The space has no fp32: no baseline, and every bf16 trial drifts ~1e-3 > 1e-4.
+    assert states(study) == ["PRUNED"] * 3
+    for trial in study.trials:
+        assert trial.user_attrs["drift"]["relative_l2"] > 1e-4
+        assert "throughput_sps" not in trial.user_attrs  # never timed
+    assert "no trial completed" in result.stdout
+
+
+def test_rerun_resumes_and_refuses_changed_settings(workdir):
+    assert search(workdir, "--trials", "2").returncode == 0
+    again = search(workdir, "--trials", "2")
+    assert again.returncode == 0 and "resuming study 's'" in again.stdout
+    assert len(load_study(workdir, "s").trials) == 4
+    changed = search(workdir, "--trials", "1", "--max-drift", "0.2")
+    assert changed.returncode == 2 and "different settings" in changed.stderr and "max_drift" in changed.stderr
+    assert "Traceback" not in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
+
+
+def test_crashing_trials_never_kill_the_study(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[4])
+    result = search(workdir, "--trials", "2", model=tiny("crashing"), space=space)
+    assert result.returncode == 0, result.stderr
+    study = load_study(workdir, "s")
+    assert states(study) == ["FAIL", "FAIL"]
+    assert all("SIGABRT" in t.user_attrs["fail_cause"] for t in study.trials)
+    assert all("stderr_tail" in t.user_attrs for t in study.trials)
+
+
+def test_budget_is_wall_clock(workdir):
+    started = time.monotonic()
+    result = search(workdir, budget="25s")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    study = load_study(workdir, "s")
+    assert states(study).count("COMPLETE") >= 2
+    assert elapsed < 25 + 15  # interpreter start-up and export on top of the budget
+
+
+def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[4])
+    args = [sys.executable, "-m", "autotune.cli", "search", "--model", tiny("hanging"), "--input-shape", "3x16x16",
+            "--study", "s", "--space", str(space), "--budget", "5m", "--trial-timeout", "2m", *FAST]
+    proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trial_dir = workdir / "studies" / "s" / "trials" / "00000"
+    deadline = time.monotonic() + 60
+    while not (trial_dir / "stderr-0.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "resume" in out + err and "Traceback" not in err
+    trial = load_study(workdir, "s").trials[0]
+    assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["fail_cause"] == "interrupted (Ctrl-C)"
+    from test_trials_subprocess import leftover_processes
+
+    assert leftover_processes(str(trial_dir)) == []
+    again = search(workdir, "--trials", "1", "--trial-timeout", "5s", model=tiny("hanging"), space=space, budget="5m")
+    assert again.returncode == 0 and "resuming study 's'" in again.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["search", "--model", "resnet5O"], "unknown model 'resnet5O'"),
+        (["search", "--model", "resnet18", "--budget", "soon"], "cannot read duration 'soon'"),
+        (["search", "--model", "resnet18", "--input-shape", "3xax4"], "cannot read input shape"),
+        (["search", "--model", "resnet18", "--study", "../escape"], "study name '../escape' is not allowed"),
+        (["search", "--model", "resnet18", "--space", "missing.yaml"], "does not exist"),
+        (["search", "--model", "resnet18", "--weights", "nope.pt"], "weights file 'nope.pt' does not exist"),
+        (["search", "--model", "resnet18", "--storage", "nodb://x"], "cannot open storage"),
+        (["export", "--study", "nothing"], "no study 'nothing'"),
+        (["search"], "--model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(workdir, args, message):
+    result = run_autotune(*args, cwd=workdir, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -1,0 +1,112 @@
+"""Trials in real subprocesses: environment checks from inside, pinning, crashes, hangs, pruning hooks."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.errors import TrialFailed
+from autotune.measure import MeasureSettings
+from autotune.models import ModelSource
+from autotune.probe import probe_machine
+from autotune.trials import compute_reference, plan_instances, run_config
+from autotune.launch import run_instances
+from conftest import TINY
+
+MACHINE = probe_machine()
+QUICK = MeasureSettings(warmup_min_iters=2, warmup_min_s=0.1, window_min_s=0.3, window_min_iters=3, window_max_s=5)
+
+
+def source(factory: str = "tiny_cnn") -> ModelSource:
+    return ModelSource("factory", f"{TINY}:{factory}", (3, 16, 16))
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("study")
+
+
+@pytest.fixture(scope="module")
+def reference(study_dir):
+    return compute_reference(source(), study_dir, eval_samples=6, timeout_s=120)
+
+
+def leftover_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in (proc.info["cmdline"] or [])):
+            found.append(proc)
+    return found
+
+
+def run(config, reference, tmp_path, timeout=120, on_ready=None, model=None):
+    ref = reference if model is None else replace(reference, model=model)
+    return run_config(config, MACHINE, ref, QUICK, tmp_path / "trial", tmp_path / "cache", timeout, on_ready=on_ready)
+
+
+@pytest.mark.parametrize("allocator", ["glibc", "tcmalloc", "jemalloc"])
+def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
+    if allocator != "glibc" and allocator not in MACHINE.allocators:
+        pytest.skip(f"{allocator} is not installed here (make setup installs it when run as root)")
+    metrics, launches = run(TrialConfig("eager", "fp32", 2, allocator, 1, 1), reference, tmp_path)
+    inst = metrics["instances"][0]
+    assert inst["allocator"]["verified"] is True
+    mapped = " ".join(inst["allocator"]["mapped"])
+    if allocator == "glibc":
+        assert mapped == "" and "LD_PRELOAD" not in launches[0].env
+    else:
+        assert allocator in mapped and launches[0].env["LD_PRELOAD"] == MACHINE.allocators[allocator]
+    assert inst["threads"] == {"asked": 1, "torch": 1, "OMP_NUM_THREADS": "1"}
+    assert inst["cpus"] == [MACHINE.cores[0].cpus[0]]
+    assert metrics["drift"]["relative_l2"] < 1e-5 and metrics["throughput_sps"] > 0
+
+
+def test_worker_refuses_an_environment_that_differs_from_its_config(reference, tmp_path):
+    config = TrialConfig("eager", "fp32", 2, "tcmalloc" if "tcmalloc" in MACHINE.allocators else "glibc", 1, 1)
+    trial_dir = tmp_path / "t"
+    (trial_dir / "barrier").mkdir(parents=True)
+    job = {"task": "trial", "model": reference.model.to_dict(), "config": config.to_dict(), "measure": QUICK.to_dict(),
+           "reference_path": None, "workdir": str(tmp_path), "barrier_dir": str(trial_dir / "barrier"), "barrier_timeout_s": 30}
+    launch = plan_instances(config, MACHINE, trial_dir, job, tmp_path)[0]
+    wrong = {k: v for k, v in launch.env.items() if k != "LD_PRELOAD"}
+    wrong["OMP_NUM_THREADS"] = "3"
+    with pytest.raises(TrialFailed, match="environment check failed"):
+        run_instances([replace(launch, env=wrong)], 60, trial_dir / "barrier")
+
+
+def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
+    with pytest.raises(TrialFailed) as info:
+        run(TrialConfig("eager", "fp32", 4), reference, tmp_path, model=source("crashing").with_weights(reference.model.weights_path))
+    assert "SIGABRT" in info.value.cause
+
+
+def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):
+    with pytest.raises(TrialFailed, match="timed out after 6s while preparing"):
+        run(TrialConfig("eager", "fp32", 4), reference, tmp_path, timeout=6, model=source("hanging").with_weights(reference.model.weights_path))
+    assert leftover_processes(str(tmp_path / "trial")) == []
+
+
+@pytest.mark.skipif(MACHINE.physical_cores < 2, reason="needs two physical cores for two pinned instances")
+def test_two_instances_run_pinned_to_disjoint_cores(reference, tmp_path):
+    metrics, _ = run(TrialConfig("eager", "fp32", 2, "glibc", 2, 1), reference, tmp_path)
+    first, second = metrics["instances"]
+    assert first["pid"] != second["pid"] and set(first["cpus"]).isdisjoint(second["cpus"])
+    assert metrics["measurement"]["common_window_s"] > 0 and metrics["throughput_sps"] > 0
+
+
+def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def on_ready(payloads):
+        seen.extend(payloads)
+        raise Stop
+
+    with pytest.raises(Stop):
+        run(TrialConfig("eager", "bf16", 2), reference, tmp_path, on_ready=on_ready)
+    assert seen[0]["drift"]["relative_l2"] > 0 and seen[0]["drift"]["samples"] == 6
+    assert leftover_processes(str(tmp_path / "trial")) == []

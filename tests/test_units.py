@@ -1,0 +1,62 @@
+"""Pure pieces: durations, statistics, drift arithmetic, CPU lists."""
+
+import numpy as np
+import pytest
+
+from autotune.drift import compute_drift, relative_l2, top1_agreement
+from autotune.durations import parse_duration
+from autotune.errors import UserError
+from autotune.measure import common_window_throughput, latency_summary, samples_needed
+from autotune.probe import parse_cpu_list
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("20m", 1200), ("2h", 7200), ("1h30m", 5400), ("45", 45), (" 3M ", 180)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "5x", "-3m", "0s", "m5"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(UserError):
+        parse_duration(text)
+
+
+def test_cpu_list():
+    assert parse_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+
+
+def test_percentiles_need_enough_samples():
+    assert samples_needed(50) == 2 and samples_needed(90) == 10 and samples_needed(99) == 100
+    short = latency_summary(np.full(20, 0.01))
+    assert short["p50"] == pytest.approx(10.0) and short["p90"] == pytest.approx(10.0)
+    assert short["p99"] is None and short["samples"] == 20
+    long = latency_summary(np.linspace(0.001, 0.1, 200))
+    assert long["p99"] is not None and long["p99"] > long["p90"] > long["p50"]
+
+
+def _stamps(start: float, period: float, n: int) -> np.ndarray:
+    begins = start + period * np.arange(n)
+    return np.stack([begins, begins + period], axis=1)
+
+
+def test_common_window_counts_only_overlap():
+    # instance A runs 0..10s at 1 it/s; B starts late (5s) and runs to 15s at 2 it/s.
+    a, b = _stamps(0.0, 1.0, 10), _stamps(5.0, 0.5, 20)
+    result = common_window_throughput([a, b], batch_size=4)
+    assert result["window_s"] == pytest.approx(5.0)
+    # in (5, 10]: A finishes 5 iterations, B finishes 10.
+    assert result["throughput_sps"] == pytest.approx(4 * 15 / 5.0)
+
+
+def test_common_window_without_overlap_is_invalid():
+    result = common_window_throughput([_stamps(0, 1, 3), _stamps(10, 1, 3)], batch_size=1)
+    assert result["valid"] is False and result["throughput_sps"] == 0
+
+
+def test_drift_metrics():
+    ref = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert relative_l2(ref, ref) == 0.0
+    assert relative_l2(ref * 1.1, ref) == pytest.approx(0.1)
+    assert top1_agreement(np.array([[1.0, 0.0], [1.0, 0.0]]), ref) == 0.5
+    bad = compute_drift(np.array([[np.nan, 0.0], [0.0, 1.0]]), ref)
+    assert bad["relative_l2"] == float("inf") and bad["top1_agreement"] == 0.0

@@ -1,0 +1,54 @@
+"""Tiny models for tests: fast to build, and a few that misbehave on purpose (real faults, no mocks)."""
+
+import os
+import time
+
+import torch
+from torch import nn
+
+
+class TinyCNN(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+BAD_BATCH = 4  # the faulty models misbehave only at this batch size, so the FP32 reference still runs
+
+
+class Crashing(TinyCNN):
+    """Aborts the process (a native crash, SIGABRT) on a batch of BAD_BATCH."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == BAD_BATCH:
+            os.abort()
+        return super().forward(x)
+
+
+class Hanging(TinyCNN):
+    """Never returns from a forward on a batch of BAD_BATCH."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        while x.shape[0] == BAD_BATCH:
+            time.sleep(1)
+        return super().forward(x)
+
+
+def tiny_cnn() -> nn.Module:
+    return TinyCNN()
+
+
+def crashing() -> nn.Module:
+    return Crashing()
+
+
+def hanging() -> nn.Module:
+    return Hanging()
