@@ -32,7 +32,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
     from autotune.space import load_space_file
-    from autotune.spec import SearchSpec, validate_study_name
+    from autotune.spec import SearchSpec, default_storage, validate_study_name
     from autotune.study import run_search
 
     budget_s = parse_duration(args.budget)
@@ -45,14 +45,13 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
               "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
               "weights-file": f"weights from {model.weights_path}"}[model.weights_origin]
     console.print(f"model {model.name} input {'x'.join(map(str, model.input_shape))}: {origin}", markup=False)
+    studies_root = str(Path(args.studies_dir).resolve())
     spec = SearchSpec(
-        study=study, model=model, storage=args.storage or "", space_path=str(space_path), space=space,
-        objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
-        trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples,
-        studies_root=str(Path(args.studies_dir).resolve()),
+        study=study, model=model, storage=args.storage or default_storage(studies_root, study), space_path=str(space_path),
+        space=space, objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
+        trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
         measure=MeasureSettings(window_min_s=window, window_max_s=max(window * 4, window + 10), warmup_min_s=min(1.0, window)),
     )
-    spec = SearchSpec(**{**spec.__dict__, "storage": _storage_arg(argparse.Namespace(**{**vars(args), "study": study}))})
     outcome = run_search(spec, console)
     if outcome.best_path:
         best = json.loads(outcome.best_path.read_text())
@@ -93,6 +92,17 @@ def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
 
     _load_study(args)
     return serve(_storage_arg(args), args.host, args.port, console)
+
+
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from autotune.compare import compare_with_baseline
+    from autotune.spec import study_dir
+
+    path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study) / "best.json"
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
+    compare_with_baseline(path, args.repeats, console)
+    return 0
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
@@ -146,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--port", type=int, default=8080)
     dash.set_defaults(func=cmd_dashboard)
 
+    compare = sub.add_parser("compare", help="re-measure the winner against the eager fp32 baseline, alternating")
+    compare.add_argument("--study", help="study whose studies/<study>/best.json to use")
+    compare.add_argument("--best", help="a best.json file (instead of --study)")
+    compare.add_argument("--studies-dir", default="studies")
+    compare.add_argument("--repeats", type=int, default=3, help="runs of each config (default 3)")
+    compare.set_defaults(func=cmd_compare)
+
     probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators)")
     probe.set_defaults(func=cmd_probe)
     models = sub.add_parser("models", help="list the torchvision classification models")
@@ -154,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     try:
         args = build_parser().parse_args(argv)
         return args.func(args, console)

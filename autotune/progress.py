@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import optuna
 from rich.console import Console
@@ -27,7 +28,7 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
 class ProgressPrinter:
     """Optuna callback: prints each trial as it ends, with the best so far and the budget used."""
 
-    def __init__(self, console: Console, started: float, budget_s: float, baseline_sps: "callable[[], float | None]") -> None:
+    def __init__(self, console: Console, started: float, budget_s: float, baseline_sps: Callable[[], float | None]) -> None:
         self.console = console
         self.started = started
         self.budget_s = budget_s
