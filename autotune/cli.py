@@ -50,6 +50,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         study=study, model=model, storage=args.storage or default_storage(studies_root, study), space_path=str(space_path),
         space=space, objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
         trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
+        calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
         measure=MeasureSettings(window_min_s=window, window_max_s=max(window * 4, window + 10), warmup_min_s=min(1.0, window)),
     )
     outcome = run_search(spec, console)
@@ -95,13 +96,26 @@ def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    from autotune.compare import compare_with_baseline
+    from autotune.benchmark import compare_with_baseline
     from autotune.spec import study_dir
 
-    path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study) / "best.json"
+    path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study or "") / "best.json"
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
     compare_with_baseline(path, args.repeats, console)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from autotune.benchmark import benchmark_backends
+    from autotune.durations import parse_duration
+    from autotune.measure import MeasureSettings
+    from autotune.models import resolve_model
+
+    model = resolve_model(args.model, args.weights, args.input_shape)
+    window = parse_duration(args.measure_seconds)
+    measure = MeasureSettings(window_min_s=window, window_max_s=max(window * 4, window + 10), warmup_min_s=min(1.0, window))
+    benchmark_backends(model, args.batch_size, args.repeats, measure, Path(args.studies_dir).resolve(), console, args.only)
     return 0
 
 
@@ -142,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)")
     search.add_argument("--measure-seconds", default="5s", help="minimum measurement window per trial (default 5s)")
     search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")
+    search.add_argument("--calibration-samples", type=int, default=64,
+                        help="inputs int8 quantization is calibrated on, disjoint from the evaluation set (default 64)")
+    search.add_argument("--no-cover-backends", action="store_true",
+                        help="do not start a new study with one trial per backend x precision")
     _add_study_args(search, required=False)
     search.set_defaults(func=cmd_search)
 
@@ -162,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--studies-dir", default="studies")
     compare.add_argument("--repeats", type=int, default=3, help="runs of each config (default 3)")
     compare.set_defaults(func=cmd_compare)
+
+    bench = sub.add_parser("bench", help="every backend x precision side by side on one model (a benchmark table)")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--weights")
+    bench.add_argument("--input-shape")
+    bench.add_argument("--batch-size", type=int, default=8)
+    bench.add_argument("--repeats", type=int, default=1, help="interleaved runs of each config (default 1)")
+    bench.add_argument("--measure-seconds", default="10s")
+    bench.add_argument("--only", nargs="+", help="a subset of configs, e.g. 'openvino int8' 'torchao int8'")
+    bench.add_argument("--studies-dir", default="studies")
+    bench.set_defaults(func=cmd_bench)
 
     probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators)")
     probe.set_defaults(func=cmd_probe)

@@ -154,6 +154,21 @@ class SearchSpace:
     def fits(self, config: TrialConfig) -> bool:
         return config.total_cores <= self.cores
 
+    def coverage_params(self) -> list[dict[str, Any]]:
+        """One trial per backend x precision (first value of every other dimension, one instance on all
+        cores), so every backend is measured at least once before the sampler concentrates."""
+        batch = self.baseline_batch_size if self.baseline_batch_size in self.batch_sizes else self.batch_sizes[0]
+        limit = self.cores // self.instances[0]
+        threads = limit if self.threads is None else max((t for t in self.threads if t <= limit), default=min(self.threads))
+        plans = []
+        for backend, dims in self.backends.items():
+            for precision in dims["precision"]:
+                params: dict[str, Any] = {"backend": backend, f"{backend}.precision": precision, "batch_size": batch,
+                                          "allocator": self.allocators[0], "instances": self.instances[0], "threads_per_instance": threads}
+                params.update({f"{backend}.{key}": values[0] for key, values in dims.items() if key != "precision"})
+                plans.append(params)
+        return plans
+
     def baseline_params(self) -> dict[str, Any] | None:
         """Eager FP32, contiguous, glibc, one instance on all cores: what a user runs before tuning."""
         eager = self.backends.get("eager")

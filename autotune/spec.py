@@ -18,7 +18,7 @@ from autotune.models import ModelSource
 OBJECTIVES = ("throughput", "latency")
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
-IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "measure", "eval_samples")
+IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "measure", "eval_samples", "calibration_samples")
 
 
 def validate_study_name(name: str) -> str:
@@ -48,6 +48,8 @@ class SearchSpec:
     trials: int | None = None
     trial_timeout_s: float = 600.0
     eval_samples: int = 32
+    calibration_samples: int = 64
+    cover_backends: bool = True  # a new study first tries every backend x precision once
     studies_root: str = "studies"
     measure: MeasureSettings = field(default_factory=MeasureSettings)
 
@@ -61,10 +63,17 @@ class SearchSpec:
             raise UserError(f"--trials must be at least 1, got {self.trials}")
         if self.eval_samples < 1:
             raise UserError(f"--eval-samples must be at least 1, got {self.eval_samples}")
+        if self.calibration_samples < 1:
+            raise UserError(f"--calibration-samples must be at least 1, got {self.calibration_samples}")
 
     @property
     def dir(self) -> Path:
         return study_dir(self.studies_root, self.study)
+
+    @property
+    def cache_dir(self) -> Path:
+        """Artifacts and compile caches, shared by every study under the same studies folder."""
+        return Path(self.studies_root) / ".cache"
 
     @property
     def direction(self) -> str:

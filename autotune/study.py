@@ -28,7 +28,7 @@ from autotune.space import SearchSpace
 from autotune.spec import SearchSpec, identity_differences
 from autotune.storage import mask_url, open_storage
 from autotune.config import pin_prefix
-from autotune.trials import Reference, compute_reference, job_template, run_config
+from autotune.trials import TrialContext, compute_reference, run_config
 
 MIN_TRIAL_S = 10.0
 
@@ -87,8 +87,8 @@ def _fail_stale_trials(study: optuna.study.Study, console: Console) -> None:
 class Objective:
     """Optuna objective: suggest a config, measure it in fresh processes, record everything."""
 
-    def __init__(self, spec: SearchSpec, space: SearchSpace, machine: MachineProbe, reference: Reference, deadline: float) -> None:
-        self.spec, self.space, self.machine, self.reference, self.deadline = spec, space, machine, reference, deadline
+    def __init__(self, spec: SearchSpec, space: SearchSpace, ctx: TrialContext, deadline: float) -> None:
+        self.spec, self.space, self.ctx, self.deadline = spec, space, ctx, deadline
 
     def __call__(self, trial: optuna.trial.Trial) -> float:
         config = self.space.suggest(trial)
@@ -109,10 +109,7 @@ class Objective:
                 raise optuna.TrialPruned(reason)
 
         try:
-            metrics, launches = run_config(
-                config, self.machine, self.reference, self.spec.measure, trial_dir,
-                self.spec.dir / "cache", timeout, on_ready=on_ready,
-            )
+            metrics, launches, template = run_config(config, self.ctx, trial_dir, timeout, on_ready=on_ready)
         except TrialFailed as exc:
             cause = exc.cause
             if "timed out" in cause and timeout < self.spec.trial_timeout_s:
@@ -128,9 +125,9 @@ class Objective:
             trial.set_user_attr(key, value)
         trial.set_user_attr("env", launches[0].set_env)
         trial.set_user_attr("commands", [launch.shell_command() for launch in launches])
-        trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, self.machine) for cpus in config.instance_cpus(self.machine)])
-        trial.set_user_attr("job", job_template(config, self.reference, self.spec.measure, self.spec.dir / "cache"))
-        trial.set_user_attr("pinning", self.machine.pinning)
+        trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, self.ctx.machine) for cpus in config.instance_cpus(self.ctx.machine)])
+        trial.set_user_attr("job", template)
+        trial.set_user_attr("pinning", self.ctx.machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
         if self.spec.objective == "throughput":
@@ -184,7 +181,12 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
             console.print("note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False)
         else:
             study.enqueue_trial(baseline, user_attrs={"baseline": True})
-    objective = Objective(spec, space, machine, reference, deadline)
+        if spec.cover_backends:
+            for params in space.coverage_params():
+                if params != baseline:
+                    study.enqueue_trial(params, user_attrs={"coverage": True})
+    ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples)
+    objective = Objective(spec, space, ctx, deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     interrupted = False
     try:

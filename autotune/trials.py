@@ -9,13 +9,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from autotune.artifacts import META_FILE, artifact_dir, artifact_key, build_lock, file_digest, is_ready, read_meta
+from autotune.backends import BACKENDS
 from autotune.config import TrialConfig, clean_environment, pin_prefix
+from autotune.errors import TrialFailed
 from autotune.files import write_json_atomic
 from autotune.launch import InstanceLaunch, run_instances
 from autotune.measure import MeasureSettings, common_window_throughput, latency_summary
@@ -32,6 +36,18 @@ class Reference:
 
     outputs_path: Path
     model: ModelSource  # with weights_path set: random inits are saved once and shared
+    weights_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a study shares: the machine, the reference, how to measure, where caches live."""
+
+    machine: MachineProbe
+    reference: Reference
+    measure: MeasureSettings
+    cache_dir: Path  # shared by the studies under one studies folder
+    calibration_samples: int = 64
 
 
 def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
@@ -45,7 +61,7 @@ def replay_argv(best_path: Path, instance: int, python: str = sys.executable) ->
 
 def backend_env(config: TrialConfig, cache_dir: Path) -> dict[str, str]:
     """Environment a backend needs beyond threads and allocator: compile caches shared by trials."""
-    if config.backend == "inductor":
+    if config.backend in ("inductor", "torchao"):
         return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")}
     return {}
 
@@ -84,7 +100,7 @@ def plan_instances(
 def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
     """One trial's numbers from its instances: throughput over the window all of them shared."""
     stamps = [np.load(r["stamps_path"]) for r in results]
-    window = common_window_throughput(stamps, config.batch_size)
+    window = common_window_throughput(stamps, results[0]["samples_per_call"])
     per_instance = [r["throughput_sps"] for r in results]
     latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
     return {
@@ -93,7 +109,6 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, A
         "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
         "peak_rss_mib_total": sum(r["peak_rss_mib"] for r in results),
         "load_s": max(r["load_s"] for r in results),
-        "prepare_s": max(r["prepare_s"] for r in results),
         "first_call_s": max(r["first_call_s"] for r in results),
         "pids": [r["pid"] for r in results],
         "drift": results[0].get("drift"),
@@ -106,42 +121,83 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, A
             "common_window_s": window["window_s"],
             "iterations": int(sum(len(s) for s in stamps)),
             "straggler_ratio": (max(per_instance) / min(per_instance)) if min(per_instance) > 0 else None,
-            "clock": "time.monotonic per iteration, batch in, output out",
+            "samples_per_call": results[0]["samples_per_call"],
+            "clock": "time.monotonic per call, input in, output out",
         },
     }
 
 
-def job_template(config: TrialConfig, reference: Reference, measure: MeasureSettings, cache_dir: Path) -> dict[str, Any]:
+def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> dict[str, Any]:
     """What every instance's job holds in common (best.json keeps it to replay the winner)."""
     return {
         "task": "trial",
-        "model": reference.model.to_dict(),
+        "model": ctx.reference.model.to_dict(),
         "config": config.to_dict(),
-        "measure": measure.to_dict(),
-        "reference_path": str(reference.outputs_path),
-        "workdir": str(cache_dir),
+        "measure": ctx.measure.to_dict(),
+        "reference_path": str(ctx.reference.outputs_path),
+        "workdir": str(ctx.cache_dir),
+        "artifact_dir": artifact["dir"] if artifact else None,
     }
+
+
+def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
+    """Build the backend's artifact in its own process unless the cache has it; say which happened."""
+    if not BACKENDS[config.backend].uses_artifact:
+        return None
+    key = artifact_key(ctx.reference.model, ctx.reference.weights_sha256, config, ctx.calibration_samples)
+    directory = artifact_dir(ctx.cache_dir, key)
+    with build_lock(directory):
+        if is_ready(directory):
+            meta = read_meta(directory)
+            return {"dir": str(directory), "cached": True, "prepare_s": 0.0, "built_in_s": meta["prepare_s"], "details": meta["details"]}
+        building = directory.with_name(directory.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        job_path = work_dir / "prepare-job.json"
+        write_json_atomic(job_path, {"task": "prepare", "model": ctx.reference.model.to_dict(), "config": config.to_dict(),
+                                     "artifact_dir": str(building), "calibration_samples": ctx.calibration_samples,
+                                     "result_path": str(work_dir / "prepare-result.json")})
+        launch = InstanceLaunch(
+            argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={}, result_path=work_dir / "prepare-result.json",
+            stdout_path=work_dir / "prepare-stdout.log", stderr_path=work_dir / "prepare-stderr.log",
+        )
+        try:
+            result = run_instances([launch], timeout_s)[0]
+        except TrialFailed as exc:
+            shutil.rmtree(building, ignore_errors=True)
+            raise TrialFailed(f"preparing the {config.backend} artifact failed: {exc.cause}", exc.stderr_tail) from exc
+        write_json_atomic(building / META_FILE, {"key": key, "prepare_s": result["prepare_s"], "details": result["details"],
+                                                 "calibration": result["calibration"]})
+        os.rename(building, directory)
+        return {"dir": str(directory), "cached": False, "prepare_s": result["prepare_s"], "details": result["details"]}
 
 
 def run_config(
     config: TrialConfig,
-    machine: MachineProbe,
-    reference: Reference,
-    measure: MeasureSettings,
+    ctx: TrialContext,
     trial_dir: Path,
-    cache_dir: Path,
     timeout_s: float,
     on_ready: Callable[[list[dict[str, Any]]], None] | None = None,
-) -> tuple[dict[str, Any], list[InstanceLaunch]]:
-    """Measure one configuration in fresh processes; raises TrialFailed when it cannot."""
+) -> tuple[dict[str, Any], list[InstanceLaunch], dict[str, Any]]:
+    """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
+
+    Returns the metrics, the launches (for the record) and the job template that replays it.
+    """
     if trial_dir.exists():
         shutil.rmtree(trial_dir)
     barrier = trial_dir / "barrier"
     barrier.mkdir(parents=True)
-    job = {**job_template(config, reference, measure, cache_dir), "barrier_dir": str(barrier), "barrier_timeout_s": BARRIER_TIMEOUT_S}
-    launches = plan_instances(config, machine, trial_dir, job, cache_dir)
-    results = run_instances(launches, timeout_s, barrier_dir=barrier, on_ready=on_ready)
-    return aggregate(config, results), launches
+    started = time.monotonic()
+    artifact = ensure_artifact(config, ctx, trial_dir, timeout_s)
+    template = job_template(config, ctx, artifact)
+    job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": BARRIER_TIMEOUT_S}
+    launches = plan_instances(config, ctx.machine, trial_dir, job, ctx.cache_dir)
+    remaining = timeout_s - (time.monotonic() - started)
+    results = run_instances(launches, remaining, barrier_dir=barrier, on_ready=on_ready)
+    metrics = aggregate(config, results)
+    metrics["prepare_s"] = artifact["prepare_s"] if artifact else 0.0
+    metrics["artifact"] = artifact
+    return metrics, launches, template
 
 
 def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float) -> Reference:
@@ -151,7 +207,7 @@ def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, ti
     weights_path = ref_dir / "weights.pt"
     shared_model = model if model.weights_path else model.with_weights(str(weights_path.resolve()))
     if outputs_path.exists() and (model.weights_path or weights_path.exists()):
-        return Reference(outputs_path.resolve(), shared_model)
+        return Reference(outputs_path.resolve(), shared_model, file_digest(shared_model.weights_path))
     ref_dir.mkdir(parents=True, exist_ok=True)
     job_path = ref_dir / "job.json"
     write_json_atomic(
@@ -165,4 +221,4 @@ def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, ti
         result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
     )
     run_instances([launch], timeout_s)
-    return Reference(outputs_path.resolve(), shared_model)
+    return Reference(outputs_path.resolve(), shared_model, file_digest(shared_model.weights_path))

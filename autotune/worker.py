@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 
 from autotune.config import TrialConfig
+from autotune.data import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, fixed_batches, synthetic_inputs, to_numpy
 from autotune.drift import compute_drift
 from autotune.files import read_json, write_json_atomic
 from autotune.measure import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.models import ModelSource, build_model, primary_output
 
 EXIT_CHECK_FAILED = 3
-EVAL_SEED = 1234
-INPUT_SEED = 4321
+CALIBRATION_BATCH = 8
 
 
 class EnvironmentMismatch(RuntimeError):
@@ -72,26 +72,10 @@ def check_threads(expected: int) -> dict[str, Any]:
     return report
 
 
-def synthetic_inputs(shape: tuple[int, ...], count: int, seed: int):
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn((count, *shape), generator=generator)
-
-
 def run_in_batches(runner, inputs, batch_size: int) -> np.ndarray:
     """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change."""
-    import torch
-
-    outputs = []
-    for start in range(0, len(inputs), batch_size):
-        chunk = inputs[start : start + batch_size]
-        real = len(chunk)
-        if real < batch_size:
-            chunk = torch.cat([chunk, inputs[: batch_size - real].expand(batch_size - real, *inputs.shape[1:])])
-        out = primary_output(runner(runner.convert_input(chunk)))
-        outputs.append(out[:real].detach().float().cpu().numpy())
-    return np.concatenate(outputs)
+    outputs = [to_numpy(primary_output(runner(runner.convert_input(batch)))) for batch in fixed_batches(inputs, batch_size)]
+    return np.concatenate(outputs)[: len(inputs)]
 
 
 def peak_rss_mib() -> float:
@@ -137,6 +121,36 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__}
 
 
+def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
+    """Build a backend's artifact (export, conversion, quantization) once, into a fresh folder."""
+    from autotune.backends import backend_module
+
+    config = TrialConfig.from_dict(job["config"])
+    source = ModelSource.from_dict(job["model"])
+    module = backend_module(config.backend)
+    # The artifact must depend only on its identity: a fixed batch unless the artifact is batch-specialised.
+    batch = config.batch_size if "batch_size" in module.artifact_identity(config) else CALIBRATION_BATCH
+    t0 = time.monotonic()
+    model = build_model(source)
+    example = synthetic_inputs(source.input_shape, batch, TIMING_SEED)
+    calibration = fixed_batches(synthetic_inputs(source.input_shape, job["calibration_samples"], CALIBRATION_SEED), batch)
+    out_dir = Path(job["artifact_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    details = module.build_artifact(model, example, calibration, config, out_dir)
+    return {"pid": os.getpid(), "prepare_s": time.monotonic() - t0, "details": details,
+            "calibration": {"data": "synthetic", "seed": CALIBRATION_SEED, "samples": job["calibration_samples"]}}
+
+
+def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
+    """Artifact backends load what the prepare step built; the others wrap the torch module."""
+    from autotune.backends import BACKENDS, backend_module
+
+    module = backend_module(config.backend)
+    if BACKENDS[config.backend].uses_artifact:
+        return module.load(example, config, Path(job["artifact_dir"]))
+    return module.prepare(build_model(source), example, config, Path(job["workdir"]))
+
+
 def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     t_start = time.monotonic()
     config = TrialConfig.from_dict(job["config"])
@@ -147,18 +161,12 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from autotune.backends import backend_module
-
     source = ModelSource.from_dict(job["model"])
+    example = synthetic_inputs(source.input_shape, config.batch_size, TIMING_SEED + instance)
     t0 = time.monotonic()
-    model = build_model(source)
-    load_s = time.monotonic() - t0
-
-    example = synthetic_inputs(source.input_shape, config.batch_size, INPUT_SEED + instance)
-    t0 = time.monotonic()
-    runner = backend_module(config.backend).prepare(model, example, config, Path(job["workdir"]))
+    runner = build_runner(job, config, source, example)
     native = runner.convert_input(example)
-    prepare_s = time.monotonic() - t0
+    load_s = time.monotonic() - t0
 
     t0 = time.monotonic()
     runner(native)
@@ -175,6 +183,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("barrier_dir"):
         wait_at_barrier(Path(job["barrier_dir"]), instance, {"pid": os.getpid(), "drift": drift}, job["barrier_timeout_s"])
     stamps = timed_window(step, settings)
+    samples_per_call = config.batch_size * runner.batches_per_call
     np.save(job["stamps_path"], stamps)
     return {
         "pid": os.getpid(),
@@ -185,13 +194,13 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": sys.executable,
         "load_s": load_s,
-        "prepare_s": prepare_s,
         "first_call_s": first_call_s,
         **warmup,
         "drift": drift,
         "iterations": int(len(stamps)),
         "window_s": float(stamps[-1, 1] - stamps[0, 0]),
-        "throughput_sps": instance_throughput(stamps, config.batch_size),
+        "samples_per_call": samples_per_call,
+        "throughput_sps": instance_throughput(stamps, samples_per_call),
         "latency_ms": latency_summary(stamps[:, 1] - stamps[:, 0]),
         "stamps_path": job["stamps_path"],
         "peak_rss_mib": peak_rss_mib(),
@@ -200,7 +209,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-TASKS = {"reference": run_reference, "trial": run_trial}
+TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
 
 
 def replay_job(best_path: str, instance: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from autotune.errors import TrialFailed
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSource
 from autotune.probe import probe_machine
-from autotune.trials import compute_reference, plan_instances, run_config
+from autotune.trials import TrialContext, compute_reference, plan_instances, run_config
 from autotune.launch import run_instances
 from conftest import TINY
 
@@ -43,7 +43,8 @@ def leftover_processes(marker: str) -> list[psutil.Process]:
 
 def run(config, reference, tmp_path, timeout=120, on_ready=None, model=None):
     ref = reference if model is None else replace(reference, model=model)
-    return run_config(config, MACHINE, ref, QUICK, tmp_path / "trial", tmp_path / "cache", timeout, on_ready=on_ready)
+    metrics, launches, _ = run_config(config, TrialContext(MACHINE, ref, QUICK, tmp_path / "cache"), tmp_path / "trial", timeout, on_ready=on_ready)
+    return metrics, launches
 
 
 @pytest.mark.parametrize("allocator", ["glibc", "tcmalloc", "jemalloc"])

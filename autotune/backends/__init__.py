@@ -6,10 +6,10 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from autotune.backends import eager, inductor
+from autotune.backends import eager, inductor, onnxruntime, openvino, torchao
 from autotune.backends.base import BackendSpec
 
-_MODULES: dict[str, ModuleType] = {m.SPEC.name: m for m in (eager, inductor)}
+_MODULES: dict[str, ModuleType] = {m.SPEC.name: m for m in (eager, inductor, onnxruntime, openvino, torchao)}
 BACKENDS: dict[str, BackendSpec] = {name: module.SPEC for name, module in _MODULES.items()}
 
 

@@ -17,6 +17,9 @@ class BackendSpec:
     precisions: tuple[str, ...]
     options: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     requires: tuple[str, ...] = ()  # importable modules
+    # Artifact backends build a file once (export, conversion, quantization) in a separate process and
+    # their timing processes only load it; the others run the torch module directly.
+    uses_artifact: bool = False
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Runner:
     run: Callable[[Any], Any]
     convert_input: Callable[[Any], Any] = lambda x: x
     details: dict[str, Any] = field(default_factory=dict)
+    batches_per_call: int = 1  # >1 when one call keeps several async requests (streams) busy
 
     def __call__(self, native_input: Any) -> Any:
         return self.run(native_input)

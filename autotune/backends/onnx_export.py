@@ -1,0 +1,34 @@
+"""torch -> ONNX with a dynamic batch dimension, shared by the ONNX Runtime and OpenVINO backends."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+OPSET = 18
+INPUT_NAME = "input"
+OUTPUT_NAME = "output"
+
+
+def export_onnx(model: Any, example: Any, path: Path) -> str:
+    """Export with the dynamo exporter; fall back to the TorchScript one. Returns which one worked."""
+    import torch
+
+    # A batch of 1 would be specialised away: export with at least 2 so the batch stays dynamic.
+    if example.shape[0] < 2:
+        example = torch.cat([example, example])
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(
+                model, (example,), str(path), dynamo=True, opset_version=OPSET, input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME], dynamic_shapes=({0: "batch"},), external_data=False, verbose=False,
+            )
+            return "torch.onnx dynamo"
+        except Exception:  # some models do not export through torch.export: the legacy exporter may work
+            torch.onnx.export(
+                model, (example,), str(path), dynamo=False, opset_version=17, input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME], dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
+            return "torch.onnx torchscript"

@@ -1,0 +1,109 @@
+"""OpenVINO on CPU: IR converted from the torch model (or from ONNX when that fails), f32 or bf16 made
+explicit (OpenVINO would pick bf16 by itself on CPUs that have it), int8 through NNCF post-training
+quantization. With several streams, one call keeps as many async requests in flight.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import BackendSpec, Runner
+
+SPEC = BackendSpec(
+    name="openvino",
+    description="OpenVINO (CPU plugin); int8 via NNCF",
+    precisions=("fp32", "bf16", "int8"),
+    options={"hint": ("THROUGHPUT", "LATENCY"), "streams": ("auto", 1, 2, 4, 8)},
+    requires=("openvino", "nncf"),
+    uses_artifact=True,
+)
+
+MODEL_FILE = "model.xml"
+
+
+# Bumped whenever build_artifact changes what it writes: cached artifacts of older builders are not reused.
+ARTIFACT_VERSION = 1
+
+
+def artifact_identity(config: Any) -> dict[str, Any]:
+    """fp32 and bf16 share one IR (precision is a compile-time hint); int8 is its own quantized IR."""
+    return {"weights": "int8" if config.precision == "int8" else "float"}
+
+
+def _convert(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
+    import openvino as ov
+
+    try:
+        return ov.convert_model(model, example_input=example), "torch"
+    except Exception:  # tracing fails on some models: go through ONNX instead
+        from autotune.backends.onnx_export import export_onnx
+
+        onnx_path = out_dir / "model.onnx"
+        export_onnx(model, example, onnx_path)
+        converted = ov.convert_model(str(onnx_path))
+        onnx_path.unlink()
+        return converted, "onnx"
+
+
+def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
+    import openvino as ov
+
+    ov_model, source = _convert(model, example, out_dir)
+    details: dict[str, Any] = {"converted_from": source, "openvino": ov.__version__}
+    if config.precision == "int8":
+        import nncf
+
+        dataset = nncf.Dataset([batch.numpy() for batch in calibration])
+        ov_model = nncf.quantize(ov_model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.PERFORMANCE)
+        details.update({"quantization": "NNCF PTQ, performance preset", "calibration_batches": len(calibration), "nncf": nncf.__version__})
+    ov.save_model(ov_model, str(out_dir / MODEL_FILE), compress_to_fp16=False)
+    return details
+
+
+def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
+    import numpy as np
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    core = ov.Core()
+    model = core.read_model(str(artifact_dir / MODEL_FILE))
+    model.reshape([config.batch_size, *example.shape[1:]])
+    properties: dict[Any, Any] = {
+        hints.performance_mode: getattr(hints.PerformanceMode, config.options.get("hint", "THROUGHPUT")),
+        # int8 IR: the layers NNCF left in float run in f32 too, so drift is what quantization costs.
+        hints.inference_precision: ov.Type.bf16 if config.precision == "bf16" else ov.Type.f32,
+        props.inference_num_threads: config.threads_per_instance,
+    }
+    streams = config.options.get("streams", "auto")
+    if streams != "auto":
+        properties[props.num_streams] = int(streams)
+    compiled = core.compile_model(model, "CPU", properties)
+    effective_streams = int(compiled.get_property(props.num_streams))
+    details = {
+        "openvino": ov.__version__,
+        "effective_precision": str(compiled.get_property(hints.inference_precision)),
+        "effective_streams": effective_streams,
+        "effective_threads": int(compiled.get_property(props.inference_num_threads)),
+        "optimal_requests": int(compiled.get_property(props.optimal_number_of_infer_requests)),
+    }
+    if effective_streams <= 1:
+        request = compiled.create_infer_request()
+
+        def run(x: Any) -> Any:
+            return request.infer({0: x})[0]
+
+        return Runner(run=run, convert_input=lambda x: np.ascontiguousarray(x.numpy()), details=details)
+
+    queue = ov.AsyncInferQueue(compiled, details["optimal_requests"])
+    outputs: dict[int, Any] = {}
+    queue.set_callback(lambda request, slot: outputs.__setitem__(slot, request.get_output_tensor(0).data.copy()))
+
+    def run_async(x: Any) -> Any:
+        for slot in range(len(queue)):
+            queue.start_async({0: x}, userdata=slot)
+        queue.wait_all()
+        return outputs[0]
+
+    return Runner(run=run_async, convert_input=lambda x: np.ascontiguousarray(x.numpy()), details=details, batches_per_call=len(queue))

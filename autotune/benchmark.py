@@ -1,0 +1,124 @@
+"""Side-by-side measurements in one run: the exported winner against the baseline, or every backend.
+
+Configurations run in fresh processes through the same machinery as trials, alternating (A, B, C, A,
+B, C, ...) so slow drifts of a shared machine hit all alike; tables report medians and ratios.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.config import TrialConfig
+from autotune.errors import TrialFailed, UserError
+from autotune.files import read_json
+from autotune.measure import MeasureSettings
+from autotune.models import ModelSource
+from autotune.probe import probe_machine
+from autotune.trials import Reference, TrialContext, compute_reference, run_config
+
+TIMEOUT_S = 1800.0
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def measure_side_by_side(configs: dict[str, TrialConfig], ctx: TrialContext, repeats: int, work: Path, console: Console) -> dict[str, list[dict[str, Any]]]:
+    """Run every config `repeats` times, interleaved; a config that fails is reported, not fatal."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for repeat in range(repeats):
+        for name, config in configs.items():
+            try:
+                metrics, _, _ = run_config(config, ctx, work / f"{repeat}-{name}", TIMEOUT_S)
+            except TrialFailed as exc:
+                console.print(f"repeat {repeat + 1}/{repeats} {name:<18} FAILED: {exc.cause}", markup=False)
+                continue
+            runs[name].append(metrics)
+            console.print(f"repeat {repeat + 1}/{repeats} {name:<18} {metrics['throughput_sps']:9.2f} samples/s", markup=False)
+    return runs
+
+
+def results_table(title: str, configs: dict[str, TrialConfig], runs: dict[str, list[dict[str, Any]]], baseline: str) -> Table:
+    medians = {name: statistics.median(m["throughput_sps"] for m in ms) if ms else None for name, ms in runs.items()}
+    table = Table(title=title)
+    for column in ("config", "settings", "median samples/s", "min", "max", "p99 ms/batch", "drift (rel. L2)", "top-1 agree", "vs " + baseline):
+        table.add_column(column)
+    for name, config in configs.items():
+        ms = runs[name]
+        if not ms:
+            table.add_row(name, config.summary(), "failed", "", "", "", "", "", "")
+            continue
+        sps = [m["throughput_sps"] for m in ms]
+        p99 = [m["latency_ms"]["p99"] for m in ms if m["latency_ms"]["p99"] is not None]
+        drift = ms[0]["drift"] or {}
+        ratio = medians[name] / medians[baseline] if medians.get(baseline) else None
+        table.add_row(
+            name, config.summary(), _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)),
+            _fmt(statistics.median(p99), 1) if p99 else "-", _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3),
+            f"{ratio:.2f}x" if ratio else "-",
+        )
+    return table
+
+
+def compare_with_baseline(best_path: Path, repeats: int, console: Console) -> dict[str, Any]:
+    """Re-measure an exported winner against its study's eager fp32 baseline."""
+    try:
+        best = read_json(best_path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {best_path}: {exc}") from None
+    if not best.get("baseline"):
+        raise UserError(f"{best_path} has no baseline trial to compare with")
+    job = best["job"]
+    ctx = TrialContext(
+        probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"])),
+        MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]),
+    )
+    configs = {"baseline": TrialConfig.from_dict(best["baseline"]["config"]), "winner": TrialConfig.from_dict(best["config"])}
+    runs = measure_side_by_side(configs, ctx, repeats, best_path.parent / "compare", console)
+    shape = "x".join(map(str, best["model"]["input_shape"]))
+    console.print(results_table(f"{best['model']['name']} {shape}: {repeats} alternating runs each", configs, runs, "baseline"))
+    return runs
+
+
+def backend_configs(batch_size: int, cores: int) -> dict[str, TrialConfig]:
+    """One config per backend x precision, all on one instance using every core, for a fair comparison."""
+    def config(backend: str, precision: str, **options: Any) -> TrialConfig:
+        return TrialConfig(backend, precision, batch_size, "glibc", 1, cores, options)
+
+    return {
+        "eager fp32": config("eager", "fp32", memory_format="contiguous"),
+        "eager bf16": config("eager", "bf16", memory_format="channels_last"),
+        "inductor fp32": config("inductor", "fp32", memory_format="channels_last", freezing=True),
+        "inductor bf16": config("inductor", "bf16", memory_format="channels_last", freezing=True),
+        "onnxruntime fp32": config("onnxruntime", "fp32", execution_mode="sequential", graph_optimization="all", inter_op_threads=1),
+        "onnxruntime int8": config("onnxruntime", "int8", execution_mode="sequential", graph_optimization="all", inter_op_threads=1),
+        "openvino fp32": config("openvino", "fp32", hint="THROUGHPUT", streams="auto"),
+        "openvino bf16": config("openvino", "bf16", hint="THROUGHPUT", streams="auto"),
+        "openvino int8": config("openvino", "int8", hint="THROUGHPUT", streams="auto"),
+        "torchao int8": config("torchao", "int8", scheme="static", memory_format="channels_last"),
+    }
+
+
+def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measure: MeasureSettings, studies_root: Path,
+                       console: Console, only: list[str] | None = None) -> dict[str, Any]:
+    """Every backend x precision on one model, side by side, against eager fp32."""
+    machine = probe_machine()
+    work = studies_root / "benchmarks" / f"{model.name.rpartition(':')[2]}-{'x'.join(map(str, model.input_shape))}-b{batch_size}"
+    reference = compute_reference(model, work, eval_samples=32, timeout_s=TIMEOUT_S)
+    ctx = TrialContext(machine, reference, measure, studies_root / ".cache")
+    configs = backend_configs(batch_size, machine.physical_cores)
+    if only:
+        unknown = [name for name in only if name not in configs]
+        if unknown:
+            raise UserError(f"unknown benchmark config {unknown[0]!r}; choose from {', '.join(configs)}")
+        configs = {name: configs[name] for name in ["eager fp32", *only] if name in configs}
+    runs = measure_side_by_side(configs, ctx, repeats, work / "runs", console)
+    shape = "x".join(map(str, model.input_shape))
+    console.print(results_table(f"{model.name} {shape}, batch {batch_size}, 1 instance x {machine.physical_cores} threads, "
+                                f"{repeats} interleaved run(s) each", configs, runs, "eager fp32"))
+    return runs

@@ -1,0 +1,58 @@
+"""Every backend x precision on a small resnet18, in one study; then a second study reuses the artifacts."""
+
+import pytest
+
+from autotune.backends import BACKENDS
+from conftest import FAST, load_study, run_autotune, write_space
+
+ALL_BACKENDS = {
+    "eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]},
+    "inductor": {"precision": ["fp32", "bf16"], "memory_format": ["channels_last"], "freezing": [True]},
+    "onnxruntime": {"precision": ["fp32", "int8"]},
+    "openvino": {"precision": ["fp32", "bf16", "int8"], "hint": ["THROUGHPUT"], "streams": [1]},
+    "torchao": {"precision": ["int8"], "scheme": ["static"]},
+}
+ARTIFACT_BACKENDS = {name: dims for name, dims in ALL_BACKENDS.items() if BACKENDS[name].uses_artifact}
+PAIRS = sum(len(d["precision"]) for d in ALL_BACKENDS.values())
+
+
+def run_study(workdir, name, backends, trials):
+    space = write_space(workdir / f"{name}.yaml", batch_size=[4], baseline={"batch_size": 4}, backends=backends)
+    result = run_autotune("search", "--model", "resnet18", "--input-shape", "3x32x32", "--study", name, "--space", str(space),
+                          "--trials", str(trials), "--budget", "12m", "--calibration-samples", "16", *FAST, cwd=workdir, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return load_study(workdir, name)
+
+
+@pytest.fixture(scope="module")
+def shared_workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("backends")
+
+
+def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
+    study = run_study(shared_workdir, "all", ALL_BACKENDS, PAIRS)
+    done = {(t.user_attrs["config"]["backend"], t.user_attrs["config"]["precision"]): t for t in study.trials}
+    failures = {k: t.user_attrs.get("fail_cause") for k, t in done.items() if t.state.name != "COMPLETE"}
+    assert not failures
+    assert set(done) == {(b, p) for b, d in ALL_BACKENDS.items() for p in d["precision"]}
+    for (backend, precision), trial in done.items():
+        drift = trial.user_attrs["drift"]["relative_l2"]
+        if precision == "fp32":
+            assert drift < 1e-3, (backend, drift)
+        else:  # bf16 and int8 change the numbers, but stay under the default threshold
+            assert 0 < drift < 0.05, (backend, precision, drift)
+        artifact = trial.user_attrs["artifact"]
+        assert (artifact is not None) == BACKENDS[backend].uses_artifact
+        if artifact:
+            assert artifact["cached"] is False or backend == "openvino"  # openvino fp32 and bf16 share one IR
+    ov_bf16 = done[("openvino", "bf16")].user_attrs["artifact"]
+    assert ov_bf16["cached"] is True and ov_bf16["prepare_s"] == 0.0
+
+
+def test_a_second_study_reuses_the_artifact_cache(shared_workdir):
+    pairs = sum(len(d["precision"]) for d in ARTIFACT_BACKENDS.values())
+    study = run_study(shared_workdir, "again", ARTIFACT_BACKENDS, pairs)
+    for trial in study.trials:
+        assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_cause")
+        artifact = trial.user_attrs["artifact"]
+        assert artifact["cached"] is True and trial.user_attrs["prepare_s"] == 0.0 and artifact["built_in_s"] > 0
