@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,19 +25,10 @@ META_FILE = "meta.json"
 VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao")
 
 
-def file_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 of a weights file, memoised on (path, size, mtime) next to the cache."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def artifact_key(model: ModelSource, weights_digest: str | None, config: TrialConfig, calibration_samples: int) -> dict[str, Any]:
+def artifact_key(model: ModelSource, config: TrialConfig, calibration_samples: int) -> dict[str, Any]:
     """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator)."""
     return {
-        "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": weights_digest},
+        "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256},
         "backend": config.backend,
         "builder_version": backend_module(config.backend).ARTIFACT_VERSION,
         "identity": backend_module(config.backend).artifact_identity(config),
@@ -53,12 +43,13 @@ def artifact_dir(cache_root: Path, key: dict[str, Any]) -> Path:
     return cache_root / "artifacts" / f"{label}-{digest}"
 
 
-def is_ready(directory: Path) -> bool:
-    return (directory / META_FILE).is_file()
-
-
-def read_meta(directory: Path) -> dict[str, Any]:
-    return read_json(directory / META_FILE)
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    """The artifact's metadata when it is complete and readable; None means build it (again)."""
+    try:
+        meta = read_json(directory / META_FILE)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and "prepare_s" in meta else None
 
 
 @contextmanager

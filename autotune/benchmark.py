@@ -76,7 +76,7 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console) -> di
     job = best["job"]
     ctx = TrialContext(
         probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"])),
-        MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]),
+        MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
     )
     configs = {"baseline": TrialConfig.from_dict(best["baseline"]["config"]), "winner": TrialConfig.from_dict(best["config"])}
     runs = measure_side_by_side(configs, ctx, repeats, best_path.parent / "compare", console)
@@ -108,8 +108,12 @@ def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measur
                        console: Console, only: list[str] | None = None) -> dict[str, Any]:
     """Every backend x precision on one model, side by side, against eager fp32."""
     machine = probe_machine()
-    work = studies_root / "benchmarks" / f"{model.name.rpartition(':')[2]}-{'x'.join(map(str, model.input_shape))}-b{batch_size}"
-    reference = compute_reference(model, work, eval_samples=32, timeout_s=TIMEOUT_S)
+    weights = (model.weights_sha256 or "random")[:12]
+    work = studies_root / "benchmarks" / f"{model.name.rpartition(':')[2]}-{'x'.join(map(str, model.input_shape))}-b{batch_size}-{weights}"
+    try:
+        reference = compute_reference(model, work, eval_samples=32, timeout_s=TIMEOUT_S)
+    except TrialFailed as exc:
+        raise UserError(f"the model does not run in FP32 eager mode ({exc.cause}); see {work / 'reference' / 'stderr.log'}") from None
     ctx = TrialContext(machine, reference, measure, studies_root / ".cache")
     configs = backend_configs(batch_size, machine.physical_cores)
     if only:

@@ -69,8 +69,13 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
 def _load_study(args: argparse.Namespace):
     import optuna
 
+    from autotune.spec import default_storage
     from autotune.storage import mask_url, open_storage
 
+    if not args.storage:
+        database = default_storage(args.studies_dir, args.study).removeprefix("sqlite:///")
+        if not Path(database).is_file():
+            raise UserError(f"no study {args.study!r} under {args.studies_dir}/: check --study, --studies-dir or --storage")
     storage = open_storage(_storage_arg(args))
     try:
         return optuna.load_study(study_name=args.study, storage=storage)
@@ -99,7 +104,9 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from autotune.benchmark import compare_with_baseline
     from autotune.spec import study_dir
 
-    path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study or "") / "best.json"
+    if not (args.best or args.study):
+        raise UserError("compare needs --study NAME or --best FILE")
+    path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study) / "best.json"
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
     compare_with_baseline(path, args.repeats, console)

@@ -23,14 +23,15 @@ def synthetic_inputs(shape: tuple[int, ...], count: int, seed: int) -> Any:
 
 
 def fixed_batches(inputs: Any, batch_size: int) -> list[Any]:
-    """Split into batches of exactly batch_size, padding the last with the first rows (static shapes)."""
+    """Split into batches of exactly batch_size, padding the last by cycling through the inputs, so shapes
+    never change (fixed-shape backends) even when there are fewer inputs than one batch."""
     import torch
 
     batches = []
     for start in range(0, len(inputs), batch_size):
         chunk = inputs[start : start + batch_size]
         if len(chunk) < batch_size:
-            chunk = torch.cat([chunk, inputs[: batch_size - len(chunk)]])
+            chunk = torch.cat([chunk, inputs[torch.arange(batch_size - len(chunk)) % len(inputs)]])
         batches.append(chunk)
     return batches
 

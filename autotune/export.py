@@ -12,16 +12,19 @@ from typing import Any
 import optuna
 
 from autotune.errors import UserError
+from autotune.config import UNSET_IN_COMMANDS
 from autotune.files import write_json_atomic
 from autotune.launch import shell_command
 from autotune.trials import replay_argv
 
 SCHEMA = "autotune.best/1"
 
-METRIC_KEYS = ("throughput_sps", "latency_ms", "peak_rss_mib", "peak_rss_mib_total", "load_s", "prepare_s", "first_call_s", "measurement", "instances", "torch_version")
+METRIC_KEYS = ("throughput_sps", "latency_ms", "peak_rss_mib", "peak_rss_mib_total", "prepare_s", "load_s", "first_call_s",
+               "artifact", "measurement", "instances", "torch_version")
 
 
-def _baseline(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+    """The completed eager fp32 baseline trial, if the study has one."""
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         if trial.user_attrs.get("baseline"):
             return trial
@@ -38,7 +41,7 @@ def _counts(study: optuna.study.Study) -> dict[str, int]:
 def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
     """One command per instance that re-runs the winner from best.json, pinned as it was tuned."""
     return [
-        shell_command(attrs.get("env", {}), [*prefix, *replay_argv(best_path.resolve(), i)])
+        shell_command(attrs.get("env", {}), [*prefix, *replay_argv(best_path.resolve(), i)], UNSET_IN_COMMANDS)
         for i, prefix in enumerate(attrs.get("pin_prefixes", []))
     ]
 
@@ -51,7 +54,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first") from None
     spec = study.user_attrs.get("spec", {})
     attrs = best.user_attrs
-    baseline = _baseline(study)
+    baseline = baseline_trial(study)
     base_sps = baseline.user_attrs.get("throughput_sps") if baseline else None
     drift = dict(attrs.get("drift") or {})
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -48,3 +49,12 @@ def tail(path: str | os.PathLike[str], max_chars: int = 2000) -> str:
             return handle.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes: what a weights file is, whatever its path or name."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

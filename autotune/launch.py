@@ -38,9 +38,10 @@ class InstanceLaunch:
         return shell_command(self.set_env, self.argv)
 
 
-def shell_command(set_env: dict[str, str], argv: list[str]) -> str:
-    """A launch as one line a user can paste: the variables set, then the (pinned) command."""
-    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(set_env.items()))
+def shell_command(set_env: dict[str, str], argv: list[str], unset: tuple[str, ...] = ()) -> str:
+    """A launch as one line a user can paste: variables removed, variables set, then the (pinned) command."""
+    removals = [f"-u {name}" for name in unset if name not in set_env]
+    assignments = " ".join([*removals, *(f"{k}={shlex.quote(v)}" for k, v in sorted(set_env.items()))])
     return f"env {assignments} {shlex.join(argv)}" if assignments else shlex.join(argv)
 
 

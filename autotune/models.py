@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
+from autotune.files import file_digest
 
 RANDOM_INIT = "random-init"
 WEIGHTS_FILE = "weights-file"
@@ -30,6 +31,8 @@ class ModelSource:
     weights_path: str | None = None
     weights_origin: str = RANDOM_INIT
     seed: int = 0
+    weights_sha256: str | None = None  # what the weights are, whatever their path
+
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -41,7 +44,7 @@ class ModelSource:
         return cls(**{**data, "input_shape": tuple(data["input_shape"])})
 
     def with_weights(self, path: str) -> "ModelSource":
-        return replace(self, weights_path=path)
+        return replace(self, weights_path=path, weights_sha256=file_digest(path))
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
@@ -93,15 +96,15 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None) -> Mo
     cached, default_shape = _hub_cache_weights(name)
     shape = shape or default_shape or (3, 224, 224)
     if weights:
-        return ModelSource("torchvision", name, shape, weights, WEIGHTS_FILE)
+        return ModelSource("torchvision", name, shape, weights, WEIGHTS_FILE, weights_sha256=file_digest(weights))
     if cached:
-        return ModelSource("torchvision", name, shape, str(cached), HUB_CACHE)
+        return ModelSource("torchvision", name, shape, str(cached), HUB_CACHE, weights_sha256=file_digest(cached))
     return ModelSource("torchvision", name, shape, None, RANDOM_INIT)
 
 
 def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
     target, _, func = spec.rpartition(":")
-    if not func.isidentifier():
+    if not target or not func.isidentifier():
         raise UserError(f"model {spec!r}: after ':' give the name of a function that returns an nn.Module")
     if target.endswith(".py"):
         path = Path(target).expanduser()
@@ -112,7 +115,8 @@ def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | No
         raise UserError(f"model {spec!r}: module {target!r} cannot be imported")
     if shape is None:
         raise UserError(f"model {spec!r}: give --input-shape (one sample, e.g. 3x224x224) for a factory model")
-    return ModelSource("factory", f"{target}:{func}", shape, weights, WEIGHTS_FILE if weights else RANDOM_INIT)
+    return ModelSource("factory", f"{target}:{func}", shape, weights, WEIGHTS_FILE if weights else RANDOM_INIT,
+                       weights_sha256=file_digest(weights) if weights else None)
 
 
 def _import_factory(spec: str) -> Any:

@@ -50,6 +50,10 @@ def _auto_instances(cores: int) -> list[int]:
     return counts + ([cores] if counts[-1] != cores else [])
 
 
+class InfeasibleConfig(Exception):
+    """A sampled combination the machine cannot run (explicit thread lists only): never launched."""
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     batch_sizes: list[int]
@@ -93,11 +97,14 @@ class SearchSpace:
 
         backends = cls._backends(data.get("backends", {"eager": {}}), notes)
         baseline = data.get("baseline", {}) or {}
+        if not isinstance(baseline, dict):
+            raise UserError("search space: 'baseline' must be a mapping, e.g. {batch_size: 8}")
         unknown = sorted(set(baseline) - set(BASELINE_KEYS))
         if unknown:
             raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
-        default_bs = 8 if 8 in batch_sizes else batch_sizes[0]
-        baseline_bs = int(baseline.get("batch_size", default_bs))
+        baseline_bs = baseline.get("batch_size", 8 if 8 in batch_sizes else batch_sizes[0])
+        if baseline_bs not in batch_sizes:
+            raise UserError(f"search space: baseline batch_size {baseline_bs!r} must be one of batch_size {batch_sizes}")
         return cls(batch_sizes, allocators, instances, threads, backends, cores, baseline_bs, tuple(notes))
 
     @staticmethod
@@ -149,17 +156,21 @@ class SearchSpace:
         else:
             threads = trial.suggest_categorical("threads_per_instance", self.threads)
         precision = chosen.pop("precision")
-        return TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen)
-
-    def fits(self, config: TrialConfig) -> bool:
-        return config.total_cores <= self.cores
+        config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen)
+        if config.total_cores > self.cores:
+            raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
+        return config
 
     def coverage_params(self) -> list[dict[str, Any]]:
-        """One trial per backend x precision (first value of every other dimension, one instance on all
-        cores), so every backend is measured at least once before the sampler concentrates."""
-        batch = self.baseline_batch_size if self.baseline_batch_size in self.batch_sizes else self.batch_sizes[0]
+        """One trial per backend x precision (baseline batch, first allocator and instance count, the most
+        threads that fit, first value of each backend option), so every backend is measured once before
+        the sampler concentrates."""
+        batch = self.baseline_batch_size
         limit = self.cores // self.instances[0]
-        threads = limit if self.threads is None else max((t for t in self.threads if t <= limit), default=min(self.threads))
+        fitting = [t for t in (self.threads or [limit]) if t <= limit]
+        if not fitting:
+            return []
+        threads = max(fitting)
         plans = []
         for backend, dims in self.backends.items():
             for precision in dims["precision"]:
@@ -179,7 +190,7 @@ class SearchSpace:
         params: dict[str, Any] = {
             "backend": "eager",
             "eager.precision": "fp32",
-            "batch_size": self.baseline_batch_size if self.baseline_batch_size in self.batch_sizes else self.batch_sizes[0],
+            "batch_size": self.baseline_batch_size,
             "allocator": "glibc",
             "instances": 1,
             "threads_per_instance": self.cores,

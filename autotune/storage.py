@@ -29,11 +29,11 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     except (ArgumentError, ValueError):
         raise UserError(f"storage {mask_url(url)!r} is not a database URL, e.g. sqlite:///studies/x/study.db or postgresql://host/db") from None
     kwargs = {}
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     try:
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(

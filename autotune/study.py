@@ -6,7 +6,7 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 
 from __future__ import annotations
 
-import os
+import signal
 import socket
 import statistics
 import time
@@ -19,12 +19,12 @@ import optuna
 from rich.console import Console
 
 from autotune.errors import TrialFailed, UserError
-from autotune.export import export_best
+from autotune.export import baseline_trial, export_best
 from autotune.fingerprint import fingerprint
 from autotune.probe import MachineProbe, probe_machine
 from autotune.progress import ProgressPrinter
 from autotune.pruners import DriftPruner
-from autotune.space import SearchSpace
+from autotune.space import InfeasibleConfig, SearchSpace
 from autotune.spec import SearchSpec, identity_differences
 from autotune.storage import mask_url, open_storage
 from autotune.config import pin_prefix
@@ -41,10 +41,8 @@ class SearchOutcome:
 
 
 def baseline_throughput(study: optuna.study.Study) -> float | None:
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if trial.user_attrs.get("baseline"):
-            return trial.user_attrs.get("throughput_sps")
-    return None
+    trial = baseline_trial(study)
+    return trial.user_attrs.get("throughput_sps") if trial else None
 
 
 def open_study(spec: SearchSpec, machine: MachineProbe) -> tuple[optuna.study.Study, bool]:
@@ -91,7 +89,11 @@ class Objective:
         self.spec, self.space, self.ctx, self.deadline = spec, space, ctx, deadline
 
     def __call__(self, trial: optuna.trial.Trial) -> float:
-        config = self.space.suggest(trial)
+        try:
+            config = self.space.suggest(trial)
+        except InfeasibleConfig as exc:
+            trial.set_user_attr("prune_reason", f"not launched: {exc}")
+            raise optuna.TrialPruned(str(exc)) from None
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("config_summary", config.summary())
         trial.set_user_attr("numerics_key", config.numerics_key())
@@ -110,6 +112,7 @@ class Objective:
 
         try:
             metrics, launches, template = run_config(config, self.ctx, trial_dir, timeout, on_ready=on_ready)
+            value = self._objective_value(metrics)
         except TrialFailed as exc:
             cause = exc.cause
             if "timed out" in cause and timeout < self.spec.trial_timeout_s:
@@ -121,8 +124,8 @@ class Objective:
         except KeyboardInterrupt:
             trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
             raise
-        for key, value in metrics.items():
-            trial.set_user_attr(key, value)
+        for key, metric in metrics.items():
+            trial.set_user_attr(key, metric)
         trial.set_user_attr("env", launches[0].set_env)
         trial.set_user_attr("commands", [launch.shell_command() for launch in launches])
         trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, self.ctx.machine) for cpus in config.instance_cpus(self.ctx.machine)])
@@ -130,6 +133,9 @@ class Objective:
         trial.set_user_attr("pinning", self.ctx.machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
+        return value
+
+    def _objective_value(self, metrics: dict[str, Any]) -> float:
         if self.spec.objective == "throughput":
             return metrics["throughput_sps"]
         p50 = metrics["latency_ms"]["p50"]
@@ -153,7 +159,28 @@ class BudgetGuard:
             study.stop()
 
 
+def _enqueue_first_trials(study: optuna.study.Study, space: SearchSpace, spec: SearchSpec, console: Console) -> None:
+    """The eager fp32 baseline first, then one trial per backend x precision."""
+    baseline = space.baseline_params()
+    if baseline is None:
+        console.print("note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False)
+    else:
+        study.enqueue_trial(baseline, user_attrs={"baseline": True})
+    if spec.cover_backends:
+        for params in space.coverage_params():
+            if params != baseline:
+                study.enqueue_trial(params, user_attrs={"coverage": True})
+    study.set_user_attr("seeded", True)
+
+
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM / SIGHUP take the Ctrl-C path: trial processes killed, trial recorded, best exported."""
+    raise KeyboardInterrupt
+
+
 def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate_as_interrupt)
     started = time.monotonic()
     deadline = started + spec.budget_s
     machine = probe_machine()
@@ -175,16 +202,8 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
             f"see {spec.dir / 'reference' / 'stderr.log'}"
         ) from None
     study.set_user_attr("model_for_trials", reference.model.to_dict())
-    if created:
-        baseline = space.baseline_params()
-        if baseline is None:
-            console.print("note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False)
-        else:
-            study.enqueue_trial(baseline, user_attrs={"baseline": True})
-        if spec.cover_backends:
-            for params in space.coverage_params():
-                if params != baseline:
-                    study.enqueue_trial(params, user_attrs={"coverage": True})
+    if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
+        _enqueue_first_trials(study, space, spec, console)
     ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples)
     objective = Objective(spec, space, ctx, deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))

@@ -16,18 +16,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autotune.artifacts import META_FILE, artifact_dir, artifact_key, build_lock, file_digest, is_ready, read_meta
+from autotune.artifacts import META_FILE, artifact_dir, artifact_key, build_lock, read_meta
 from autotune.backends import BACKENDS
 from autotune.config import TrialConfig, clean_environment, pin_prefix
 from autotune.errors import TrialFailed
-from autotune.files import write_json_atomic
+from autotune.files import read_json, write_json_atomic
 from autotune.launch import InstanceLaunch, run_instances
 from autotune.measure import MeasureSettings, common_window_throughput, latency_summary
 from autotune.models import ModelSource
 from autotune.probe import MachineProbe
 
 WORKER_MODULE = "autotune.worker"
-BARRIER_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -35,8 +34,7 @@ class Reference:
     """The FP32 eager outputs every trial is compared with, and the weights every trial loads."""
 
     outputs_path: Path
-    model: ModelSource  # with weights_path set: random inits are saved once and shared
-    weights_sha256: str | None = None
+    model: ModelSource  # with weights_path and weights_sha256 set: random inits are saved once and shared
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,8 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, A
     """One trial's numbers from its instances: throughput over the window all of them shared."""
     stamps = [np.load(r["stamps_path"]) for r in results]
     window = common_window_throughput(stamps, results[0]["samples_per_call"])
+    if not window["valid"]:
+        raise TrialFailed("the instances' measurement windows did not overlap: no common throughput")
     per_instance = [r["throughput_sps"] for r in results]
     latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
     return {
@@ -137,6 +137,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         "reference_path": str(ctx.reference.outputs_path),
         "workdir": str(ctx.cache_dir),
         "artifact_dir": artifact["dir"] if artifact else None,
+        "calibration_samples": ctx.calibration_samples,
     }
 
 
@@ -144,14 +145,15 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
     """Build the backend's artifact in its own process unless the cache has it; say which happened."""
     if not BACKENDS[config.backend].uses_artifact:
         return None
-    key = artifact_key(ctx.reference.model, ctx.reference.weights_sha256, config, ctx.calibration_samples)
+    key = artifact_key(ctx.reference.model, config, ctx.calibration_samples)
     directory = artifact_dir(ctx.cache_dir, key)
     with build_lock(directory):
-        if is_ready(directory):
-            meta = read_meta(directory)
+        meta = read_meta(directory)
+        if meta is not None:
             return {"dir": str(directory), "cached": True, "prepare_s": 0.0, "built_in_s": meta["prepare_s"], "details": meta["details"]}
         building = directory.with_name(directory.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)  # an unreadable or incomplete one
         work_dir.mkdir(parents=True, exist_ok=True)
         job_path = work_dir / "prepare-job.json"
         write_json_atomic(job_path, {"task": "prepare", "model": ctx.reference.model.to_dict(), "config": config.to_dict(),
@@ -166,6 +168,9 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
         except TrialFailed as exc:
             shutil.rmtree(building, ignore_errors=True)
             raise TrialFailed(f"preparing the {config.backend} artifact failed: {exc.cause}", exc.stderr_tail) from exc
+        except BaseException:  # Ctrl-C: leave no half-built folder behind
+            shutil.rmtree(building, ignore_errors=True)
+            raise
         write_json_atomic(building / META_FILE, {"key": key, "prepare_s": result["prepare_s"], "details": result["details"],
                                                  "calibration": result["calibration"]})
         os.rename(building, directory)
@@ -190,7 +195,7 @@ def run_config(
     started = time.monotonic()
     artifact = ensure_artifact(config, ctx, trial_dir, timeout_s)
     template = job_template(config, ctx, artifact)
-    job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": BARRIER_TIMEOUT_S}
+    job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s}
     launches = plan_instances(config, ctx.machine, trial_dir, job, ctx.cache_dir)
     remaining = timeout_s - (time.monotonic() - started)
     results = run_instances(launches, remaining, barrier_dir=barrier, on_ready=on_ready)
@@ -201,24 +206,32 @@ def run_config(
 
 
 def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float) -> Reference:
-    """FP32 eager outputs on the evaluation set, computed once per study in a fresh process."""
+    """FP32 eager outputs on the evaluation set, computed once per study in a fresh process.
+
+    Reused only when it was computed for the same model, weights and evaluation set.
+    """
     ref_dir = study_dir / "reference"
-    outputs_path = ref_dir / "reference.pt"
-    weights_path = ref_dir / "weights.pt"
-    shared_model = model if model.weights_path else model.with_weights(str(weights_path.resolve()))
-    if outputs_path.exists() and (model.weights_path or weights_path.exists()):
-        return Reference(outputs_path.resolve(), shared_model, file_digest(shared_model.weights_path))
-    ref_dir.mkdir(parents=True, exist_ok=True)
-    job_path = ref_dir / "job.json"
-    write_json_atomic(
-        job_path,
-        {"task": "reference", "model": model.to_dict(), "eval_samples": eval_samples, "workdir": str(study_dir),
-         "reference_path": str(outputs_path.resolve()), "result_path": str((ref_dir / "result.json").resolve()),
-         "weights_out": None if model.weights_path else str(weights_path.resolve())},
-    )
-    launch = InstanceLaunch(
-        argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={},
-        result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
-    )
-    run_instances([launch], timeout_s)
-    return Reference(outputs_path.resolve(), shared_model, file_digest(shared_model.weights_path))
+    outputs_path = (ref_dir / "reference.pt").resolve()
+    weights_path = (ref_dir / "weights.pt").resolve()
+    wanted = {"model": model.to_dict(), "eval_samples": eval_samples}
+    try:
+        fresh = read_json(ref_dir / "meta.json") == wanted and outputs_path.exists()
+    except (OSError, ValueError):
+        fresh = False
+    if not fresh:
+        ref_dir.mkdir(parents=True, exist_ok=True)
+        job_path = ref_dir / "job.json"
+        write_json_atomic(
+            job_path,
+            {"task": "reference", "model": model.to_dict(), "eval_samples": eval_samples, "workdir": str(study_dir),
+             "reference_path": str(outputs_path), "result_path": str((ref_dir / "result.json").resolve()),
+             "weights_out": None if model.weights_path else str(weights_path)},
+        )
+        launch = InstanceLaunch(
+            argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={},
+            result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
+        )
+        run_instances([launch], timeout_s)
+        write_json_atomic(ref_dir / "meta.json", wanted)
+    shared = model if model.weights_path else model.with_weights(str(weights_path))
+    return Reference(outputs_path, shared)

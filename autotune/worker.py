@@ -9,10 +9,12 @@ drift against the FP32 reference, warms up, waits at the barrier, and times its 
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import resource
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -212,25 +214,34 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
 TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
 
 
-def replay_job(best_path: str, instance: int) -> dict[str, Any]:
+def replay_job(best_path: str, instance: int, scratch: str) -> dict[str, Any]:
     """A job that re-measures one instance of an exported winner, without barrier or drift."""
-    import tempfile
-
     best = read_json(best_path)
-    scratch = tempfile.mkdtemp(prefix="autotune-replay-")
     return {**best["job"], "reference_path": None, "instance": instance, "instances": best["config"]["instances"],
             "result_path": os.path.join(scratch, "result.json"), "stamps_path": os.path.join(scratch, "stamps.npy")}
 
 
+USAGE = "usage: python -m autotune.worker JOB.json | --best best.json --instance N"
+
+
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.enable()  # a native crash leaves its Python stack in stderr, which the trial records
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1:
-        job, replay = read_json(argv[0]), False
-    elif len(argv) == 4 and argv[0] == "--best" and argv[2] == "--instance":
-        job, replay = replay_job(argv[1], int(argv[3])), True
-    else:
-        print("usage: python -m autotune.worker JOB.json | --best best.json --instance N", file=sys.stderr)
+    if len(argv) == 4 and argv[0] == "--best" and argv[2] == "--instance" and argv[3].isdigit():
+        with tempfile.TemporaryDirectory(prefix="autotune-replay-") as scratch:
+            try:
+                job = replay_job(argv[1], int(argv[3]), scratch)
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"autotune-worker: error: cannot replay {argv[1]}: {exc}", file=sys.stderr)
+                return 2
+            return run_job(job, print_result=True)
+    if len(argv) != 1:
+        print(USAGE, file=sys.stderr)
         return 2
+    return run_job(read_json(argv[0]), print_result=False)
+
+
+def run_job(job: dict[str, Any], print_result: bool) -> int:
     try:
         result = TASKS[job["task"]](job)
     except EnvironmentMismatch as exc:
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     write_json_atomic(job["result_path"], result)
-    if replay:
+    if print_result:
         print(json.dumps(result, indent=2))
     return 0
 

@@ -34,9 +34,9 @@ def write_space(path: Path, **overrides) -> Path:
         "instances": [1],
         "threads_per_instance": "auto",
         "backends": {"eager": {"precision": ["fp32"], "memory_format": ["contiguous"]}},
-        "baseline": {"batch_size": 2},
     }
     space.update(overrides)
+    space.setdefault("baseline", {"batch_size": space["batch_size"][0]})
     path.write_text(yaml.safe_dump(space))
     return path
 

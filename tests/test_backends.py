@@ -29,6 +29,7 @@ def shared_workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("backends")
 
 
+@pytest.mark.timeout(1200)
 def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
     study = run_study(shared_workdir, "all", ALL_BACKENDS, PAIRS)
     done = {(t.user_attrs["config"]["backend"], t.user_attrs["config"]["precision"]): t for t in study.trials}
@@ -49,7 +50,9 @@ def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
     assert ov_bf16["cached"] is True and ov_bf16["prepare_s"] == 0.0
 
 
+@pytest.mark.timeout(1200)
 def test_a_second_study_reuses_the_artifact_cache(shared_workdir):
+    """Runs after the test above, which fills the shared cache (pytest keeps file order)."""
     pairs = sum(len(d["precision"]) for d in ARTIFACT_BACKENDS.values())
     study = run_study(shared_workdir, "again", ARTIFACT_BACKENDS, pairs)
     for trial in study.trials:

@@ -8,7 +8,7 @@ import pytest
 from autotune.config import TrialConfig, clean_environment, pin_prefix
 from autotune.errors import UserError
 from autotune.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
-from autotune.space import SearchSpace
+from autotune.space import InfeasibleConfig, SearchSpace
 
 
 def fake_machine(cores: int = 4, smt: int = 2, allocators=None, pinning="numactl") -> MachineProbe:
@@ -106,3 +106,34 @@ def test_baseline_is_eager_fp32_on_all_cores():
     params = SearchSpace.from_dict(SPACE, fake_machine(cores=8)).baseline_params()
     assert params == {"backend": "eager", "eager.precision": "fp32", "batch_size": 8, "allocator": "glibc",
                       "instances": 1, "threads_per_instance": 8, "eager.memory_format": "contiguous"}
+
+
+def test_explicit_thread_lists_never_launch_what_does_not_fit():
+    space = SearchSpace.from_dict({**SPACE, "instances": [1, 2], "threads_per_instance": [2, 4]}, fake_machine(cores=4))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    outcomes = set()
+    for _ in range(40):
+        trial = study.ask()
+        try:
+            config = space.suggest(trial)
+        except InfeasibleConfig:
+            outcomes.add("infeasible")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        assert config.total_cores <= 4
+        outcomes.add("fits")
+        study.tell(trial, 1.0)
+    assert outcomes == {"fits", "infeasible"}  # 2 instances x 4 threads was sampled and refused
+    assert all(p["instances"] * p["threads_per_instance"] <= 4 for p in space.coverage_params())
+
+
+def test_coverage_tries_every_backend_and_precision_once():
+    pairs = {(p["backend"], p[f"{p['backend']}.precision"]) for p in SearchSpace.from_dict(SPACE, fake_machine(cores=8)).coverage_params()}
+    assert pairs == {("eager", "fp32"), ("eager", "bf16"), ("inductor", "fp32")}
+
+
+def test_baseline_batch_must_be_in_the_space():
+    with pytest.raises(UserError, match="baseline batch_size 3"):
+        SearchSpace.from_dict({**SPACE, "baseline": {"batch_size": 3}}, fake_machine())
+    with pytest.raises(UserError, match="'baseline' must be a mapping"):
+        SearchSpace.from_dict({**SPACE, "baseline": 5}, fake_machine())

@@ -58,5 +58,5 @@ def test_inductor_study_on_a_torchvision_model(workdir):
     trial = load_study(workdir, "r").trials[0]
     assert states(load_study(workdir, "r")) == ["COMPLETE"]
     assert trial.user_attrs["config"]["backend"] == "inductor"
-    assert trial.user_attrs["first_call_s"] > trial.user_attrs["latency_ms"]["p50"] / 1e3  # compile happened on the first call
+    assert trial.user_attrs["first_call_s"] > 1.0  # compilation happened on the first call (an eager call takes milliseconds)
     assert trial.user_attrs["drift"]["relative_l2"] < 1e-3

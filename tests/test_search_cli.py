@@ -132,6 +132,8 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
         (["search", "--model", "resnet18", "--storage", "nodb://x"], "cannot open storage"),
         (["export", "--study", "nothing"], "no study 'nothing'"),
         (["search"], "--model"),
+        (["search", "--model", ":make"], "give the name of a function"),
+        (["compare"], "compare needs --study NAME or --best FILE"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(workdir, args, message):
@@ -139,3 +141,13 @@ def test_bad_input_is_one_line_and_exit_2(workdir, args, message):
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_latency_objective_minimises_median_latency(workdir):
+    result = search(workdir, "--trials", "3", "--objective", "latency", space=write_space(workdir / "space.yaml", batch_size=[1, 8]))
+    assert result.returncode == 0, result.stderr
+    study = load_study(workdir, "s")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    best = json.loads((workdir / "studies" / "s" / "best.json").read_text())
+    assert best["objective"]["value"] == min(t.value for t in study.trials if t.value is not None)
+    assert best["objective"]["value"] == best["metrics"]["latency_ms"]["p50"]

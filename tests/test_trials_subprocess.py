@@ -64,23 +64,34 @@ def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
     assert metrics["drift"]["relative_l2"] < 1e-5 and metrics["throughput_sps"] > 0
 
 
-def test_worker_refuses_an_environment_that_differs_from_its_config(reference, tmp_path):
-    config = TrialConfig("eager", "fp32", 2, "tcmalloc" if "tcmalloc" in MACHINE.allocators else "glibc", 1, 1)
+def _launch_with_env(reference, tmp_path, config, change):
     trial_dir = tmp_path / "t"
     (trial_dir / "barrier").mkdir(parents=True)
     job = {"task": "trial", "model": reference.model.to_dict(), "config": config.to_dict(), "measure": QUICK.to_dict(),
            "reference_path": None, "workdir": str(tmp_path), "barrier_dir": str(trial_dir / "barrier"), "barrier_timeout_s": 30}
     launch = plan_instances(config, MACHINE, trial_dir, job, tmp_path)[0]
-    wrong = {k: v for k, v in launch.env.items() if k != "LD_PRELOAD"}
-    wrong["OMP_NUM_THREADS"] = "3"
-    with pytest.raises(TrialFailed, match="environment check failed"):
-        run_instances([replace(launch, env=wrong)], 60, trial_dir / "barrier")
+    return run_instances([replace(launch, env=change(dict(launch.env)))], 60, trial_dir / "barrier")
+
+
+@pytest.mark.skipif("tcmalloc" not in MACHINE.allocators, reason="tcmalloc is not installed here (make setup installs it as root)")
+def test_worker_refuses_to_run_without_the_allocator_it_was_asked_for(reference, tmp_path):
+    config = TrialConfig("eager", "fp32", 2, "tcmalloc", 1, 1)
+    with pytest.raises(TrialFailed, match="environment check failed: allocator 'tcmalloc'"):
+        _launch_with_env(reference, tmp_path, config, lambda env: {k: v for k, v in env.items() if k != "LD_PRELOAD"})
+
+
+@pytest.mark.skipif(MACHINE.physical_cores < 2, reason="needs two physical cores for a two-thread instance")
+def test_worker_refuses_to_run_with_another_thread_count(reference, tmp_path):
+    config = TrialConfig("eager", "fp32", 2, "glibc", 1, 2)
+    with pytest.raises(TrialFailed, match="environment check failed: asked for 2 threads, torch runs with 1"):
+        _launch_with_env(reference, tmp_path, config, lambda env: {**env, "OMP_NUM_THREADS": "1"})
 
 
 def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
     with pytest.raises(TrialFailed) as info:
         run(TrialConfig("eager", "fp32", 4), reference, tmp_path, model=source("crashing").with_weights(reference.model.weights_path))
     assert "SIGABRT" in info.value.cause
+    assert "Fatal Python error: Aborted" in info.value.stderr_tail and "forward" in info.value.stderr_tail
 
 
 def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):

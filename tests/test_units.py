@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from autotune.data import fixed_batches
 from autotune.drift import compute_drift, relative_l2, top1_agreement
 from autotune.durations import parse_duration
 from autotune.errors import UserError
@@ -60,3 +61,13 @@ def test_drift_metrics():
     assert top1_agreement(np.array([[1.0, 0.0], [1.0, 0.0]]), ref) == 0.5
     bad = compute_drift(np.array([[np.nan, 0.0], [0.0, 1.0]]), ref)
     assert bad["relative_l2"] == float("inf") and bad["top1_agreement"] == 0.0
+
+
+def test_fixed_batches_keep_every_batch_full_even_with_few_inputs():
+    import torch
+
+    inputs = torch.arange(3).float().reshape(3, 1)
+    batches = fixed_batches(inputs, 8)
+    assert len(batches) == 1 and batches[0].shape == (8, 1)
+    assert batches[0][:3, 0].tolist() == [0, 1, 2] and set(batches[0][:, 0].tolist()) == {0, 1, 2}
+    assert [b.shape[0] for b in fixed_batches(torch.zeros(10, 1), 4)] == [4, 4, 4]

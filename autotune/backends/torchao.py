@@ -66,7 +66,10 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     import torch
     import torch._inductor.config as inductor_config
-    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  registers the quantized_decomposed ops the program uses
+    # Importing these registers the quantized_decomposed ops the program uses and the inductor passes
+    # that fuse them into int8 oneDNN kernels; without the latter the program runs dequantized (slow).
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer  # noqa: F401
 
     from autotune.backends.torch_common import input_converter
 
