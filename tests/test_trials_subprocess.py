@@ -84,7 +84,7 @@ def test_worker_refuses_to_run_without_the_allocator_it_was_asked_for(reference,
 def test_worker_refuses_to_run_with_another_thread_count(reference, tmp_path):
     config = TrialConfig("eager", "fp32", 2, "glibc", 1, 2)
     with pytest.raises(TrialFailed, match="environment check failed: asked for 2 threads, torch runs with 1"):
-        _launch_with_env(reference, tmp_path, config, lambda env: {**env, "OMP_NUM_THREADS": "1"})
+        _launch_with_env(reference, tmp_path, config, lambda env: {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
 def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
