@@ -46,20 +46,21 @@ def measure_side_by_side(configs: dict[str, TrialConfig], ctx: TrialContext, rep
 def results_table(title: str, configs: dict[str, TrialConfig], runs: dict[str, list[dict[str, Any]]], baseline: str) -> Table:
     medians = {name: statistics.median(m["throughput_sps"] for m in ms) if ms else None for name, ms in runs.items()}
     table = Table(title=title)
-    for column in ("config", "settings", "median samples/s", "min", "max", "p99 ms/batch", "drift (rel. L2)", "top-1 agree", "vs " + baseline):
+    for column in ("config", "settings", "median samples/s", "min", "max", "p50 ms", "p99 ms", "drift (rel. L2)", "top-1 agree", "vs " + baseline):
         table.add_column(column)
     for name, config in configs.items():
         ms = runs[name]
         if not ms:
-            table.add_row(name, config.summary(), "failed", "", "", "", "", "", "")
+            table.add_row(name, config.summary(), "failed", "", "", "", "", "", "", "")
             continue
         sps = [m["throughput_sps"] for m in ms]
+        p50 = [m["latency_ms"]["p50"] for m in ms if m["latency_ms"]["p50"] is not None]
         p99 = [m["latency_ms"]["p99"] for m in ms if m["latency_ms"]["p99"] is not None]
         drift = ms[0]["drift"] or {}
         ratio = medians[name] / medians[baseline] if medians.get(baseline) else None
         table.add_row(
             name, config.summary(), _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)),
-            _fmt(statistics.median(p99), 1) if p99 else "-", _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3),
+            _fmt(statistics.median(p50), 1) if p50 else "-", _fmt(statistics.median(p99), 1) if p99 else "-", _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3),
             f"{ratio:.2f}x" if ratio else "-",
         )
     return table

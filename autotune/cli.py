@@ -121,7 +121,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
     model = resolve_model(args.model, args.weights, args.input_shape)
     window = parse_duration(args.measure_seconds)
-    measure = MeasureSettings(window_min_s=window, window_max_s=max(window * 4, window + 10), warmup_min_s=min(1.0, window))
+    measure = MeasureSettings(window_min_s=window, window_min_iters=args.min_iterations, window_max_s=max(window * 4, window + 10, 300.0),
+                              warmup_min_s=min(1.0, window))
     benchmark_backends(model, args.batch_size, args.repeats, measure, Path(args.studies_dir).resolve(), console, args.only)
     return 0
 
@@ -194,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--input-shape")
     bench.add_argument("--batch-size", type=int, default=8)
     bench.add_argument("--repeats", type=int, default=1, help="interleaved runs of each config (default 1)")
-    bench.add_argument("--measure-seconds", default="10s")
+    bench.add_argument("--measure-seconds", default="10s", help="minimum timed window per run (default 10s)")
+    bench.add_argument("--min-iterations", type=int, default=100, help="minimum calls per run: p99 needs 100 (default 100)")
     bench.add_argument("--only", nargs="+", help="a subset of configs, e.g. 'openvino int8' 'torchao int8'")
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)

@@ -6,6 +6,7 @@ timeout, a crash of a sibling, a pruning decision or Ctrl-C kills everything the
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import signal
@@ -21,6 +22,16 @@ from autotune.errors import TrialFailed
 from autotune.files import read_json, tail
 
 POLL_S = 0.02
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: be killed if the orchestrator dies (even by SIGKILL), so no trial
+    process outlives it. Linux only; elsewhere the process-group kill on exit still applies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,8 @@ def run_instances(
             with open(inst.stdout_path, "wb") as out, open(inst.stderr_path, "wb") as err:
                 try:
                     procs.append(
-                        subprocess.Popen(inst.argv, env=inst.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+                        subprocess.Popen(inst.argv, env=inst.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
                     )
                 except OSError as exc:
                     raise TrialFailed(f"cannot start instance {len(procs)}: {exc}") from exc

@@ -53,6 +53,31 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert exported.returncode == 0, exported.stderr
     assert json.loads((workdir / "out.json").read_text())["config"] == best["config"]
 
+    compared = run_autotune("compare", "--study", "s", "--repeats", "1", cwd=workdir)
+    assert compared.returncode == 0, compared.stderr
+    rows = [line for line in compared.stdout.splitlines() if line.startswith("│ baseline") or line.startswith("│ winner")]
+    assert len(rows) == 2 and "1.00x" in rows[0]
+
+
+def test_trial_processes_die_with_a_killed_orchestrator(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[4])
+    args = [sys.executable, "-m", "autotune.cli", "search", "--model", tiny("hanging"), "--input-shape", "3x16x16",
+            "--study", "s", "--space", str(space), "--budget", "5m", *FAST]
+    proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trial_dir = workdir / "studies" / "s" / "trials" / "00000"
+    deadline = time.monotonic() + 60
+    while not (trial_dir / "stderr-0.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.kill()  # SIGKILL: no handler runs in the orchestrator
+    proc.wait()
+    from test_trials_subprocess import leftover_processes
+
+    deadline = time.monotonic() + 10
+    while leftover_processes(str(trial_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftover_processes(str(trial_dir)) == []
+
 
 def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):
     space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous"]}})
