@@ -21,6 +21,14 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see '{self.prog} --help')")
 
 
+def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.0):
+    """The measurement window from the user's --measure-seconds: capped at 4x (at least +10 s)."""
+    from autotune.measure import MeasureSettings
+
+    return MeasureSettings(window_min_s=window_s, window_min_iters=min_iterations,
+                           window_max_s=max(window_s * 4, window_s + 10, cap_s), warmup_min_s=min(1.0, window_s))
+
+
 def _storage_arg(args: argparse.Namespace) -> str:
     from autotune.spec import default_storage
 
@@ -29,7 +37,6 @@ def _storage_arg(args: argparse.Namespace) -> str:
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.durations import parse_duration
-    from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
     from autotune.space import load_space_file
     from autotune.spec import SearchSpec, default_storage, validate_study_name
@@ -51,7 +58,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         space=space, objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
         trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
         calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
-        measure=MeasureSettings(window_min_s=window, window_max_s=max(window * 4, window + 10), warmup_min_s=min(1.0, window)),
+        measure=measure_settings(window),
     )
     outcome = run_search(spec, console)
     if outcome.best_path:
@@ -116,13 +123,11 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from autotune.benchmark import benchmark_backends
     from autotune.durations import parse_duration
-    from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
 
     model = resolve_model(args.model, args.weights, args.input_shape)
     window = parse_duration(args.measure_seconds)
-    measure = MeasureSettings(window_min_s=window, window_min_iters=args.min_iterations, window_max_s=max(window * 4, window + 10, 300.0),
-                              warmup_min_s=min(1.0, window))
+    measure = measure_settings(window, min_iterations=args.min_iterations, cap_s=300.0)
     benchmark_backends(model, args.batch_size, args.repeats, measure, Path(args.studies_dir).resolve(), console, args.only)
     return 0
 
