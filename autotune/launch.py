@@ -93,17 +93,20 @@ def run_instances(
     instances: list[InstanceLaunch],
     timeout_s: float,
     barrier_dir: Path | None = None,
-    on_ready: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stage: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    stages: tuple[str, ...] = ("ready",),
 ) -> list[dict[str, Any]]:
     """Run all instances to completion and return their results, in instance order.
 
-    When every instance has written its ready file, `on_ready` gets their payloads; it may raise
-    (to prune the trial) and then every process is killed. Otherwise the barrier is released with `go`.
-    Raises TrialFailed on a crash, a missing result, or the timeout.
+    Barriers, in order of `stages`: when every instance has written its `<stage>-<i>.json`, `on_stage`
+    gets the stage and their payloads; it may raise (to prune the trial) and then every process is
+    killed. Otherwise the stage is released with `<stage>.go`. Raises TrialFailed on a crash, a
+    missing result, or the timeout.
     """
     procs: list[subprocess.Popen] = []
     deadline = time.monotonic() + timeout_s
-    released = barrier_dir is None
+    pending = list(stages) if barrier_dir is not None else []
+    released = not pending
     stage = "starting"
     try:
         for inst in instances:
@@ -121,13 +124,13 @@ def run_instances(
                 code = proc.poll()
                 if code is not None and code != 0:
                     raise TrialFailed(f"instance {i} {_exit_cause(code, instances[i].stderr_path)}", tail(instances[i].stderr_path))
-            if not released and barrier_dir is not None:
-                ready = [barrier_dir / f"ready-{i}.json" for i in range(len(instances))]
-                if all(p.exists() for p in ready):
-                    if on_ready is not None:
-                        on_ready([read_json(p) for p in ready])
-                    (barrier_dir / "go").touch()
-                    released, stage = True, "measuring"
+            if pending and barrier_dir is not None:
+                arrived = [barrier_dir / f"{pending[0]}-{i}.json" for i in range(len(instances))]
+                if all(p.exists() for p in arrived):
+                    if on_stage is not None:
+                        on_stage(pending[0], [read_json(p) for p in arrived])
+                    (barrier_dir / f"{pending.pop(0)}.go").touch()
+                    released, stage = not pending, "measuring"
             if all(proc.poll() == 0 for proc in procs):
                 break
             if time.monotonic() > deadline:

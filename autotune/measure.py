@@ -1,36 +1,53 @@
-"""The stopwatch: warm-up, a measurement window, percentiles, and multi-instance throughput.
+"""The stopwatch: one measurement protocol for every trial, comparison and replay.
 
-Pure functions over callables and timestamp arrays, so the statistics can be tested on synthetic series.
-Timestamps come from time.monotonic(), which is CLOCK_MONOTONIC on Linux and so comparable across the
-processes of one trial.
+warm-up (minimum count and time; load and first call are timed apart by the worker) -> optional short
+screening window -> measurement window that stops once the confidence interval of the median call time
+is narrow enough (after a minimum duration and count), or at a cap. Percentiles without enough samples
+are reported as missing. Pure functions over callables and timestamp arrays, so the statistics can be
+tested on synthetic series. Timestamps come from time.monotonic(), CLOCK_MONOTONIC on Linux, and so are
+comparable across the processes of one trial.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 import numpy as np
 
 PERCENTILES = (50, 90, 99)
+EXACT_BINOMIAL_MAX_N = 1000
+STOP_CHECK_EVERY_S = 0.25
 
 
 @dataclass(frozen=True)
 class MeasureSettings:
     warmup_min_iters: int = 3
     warmup_min_s: float = 1.0
+    warmup_max_s: float = 10.0  # after the minimum, warm-up goes on until call times are steady, up to this
+    steady_tolerance: float = 0.05  # steady: the medians of the last two halves of warm-up within 5%
     window_min_s: float = 5.0
     window_min_iters: int = 5
     window_max_s: float = 60.0
+    ci_confidence: float = 0.95
+    ci_target_rel: float = 0.02  # stop once the median's CI half-width is within 2% of the median
+    screen_s: float = 1.0  # screening window before the full one (speed pruning); 0 = no screening
+    screen_min_iters: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MeasureSettings":
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def screening(self) -> "MeasureSettings":
+        """The short window used to screen a trial: no CI rule, capped at 3x its minimum."""
+        return MeasureSettings(window_min_s=self.screen_s, window_min_iters=self.screen_min_iters,
+                               window_max_s=max(3 * self.screen_s, self.screen_s + 1.0), ci_target_rel=float("inf"))
 
 
 def samples_needed(percentile: float) -> int:
@@ -38,22 +55,131 @@ def samples_needed(percentile: float) -> int:
     return math.ceil(round(100.0 / (100.0 - percentile), 9))
 
 
-def warm_up(step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic) -> dict[str, float]:
-    """Run until both the minimum count and minimum time are reached; first calls are not measured."""
-    start, iters = clock(), 0
-    while iters < settings.warmup_min_iters or clock() - start < settings.warmup_min_s:
+def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
+    """0-based order-statistic ranks (lo, hi) bounding the median with at least `confidence`.
+
+    Distribution-free (binomial), so it holds for skewed and bimodal timings too; None when n is too
+    small for that confidence (n < 6 at 95%).
+    """
+    alpha = 1.0 - confidence
+    if n < 1:
+        return None
+    if n <= EXACT_BINOMIAL_MAX_N:
+        # largest k with P(B <= k) <= alpha/2 for B ~ Binomial(n, 1/2); interval [x_(k+1), x_(n-k)] 1-based
+        total, cumulative, k = 2**n, 0, -1
+        while True:
+            cumulative += math.comb(n, k + 1)
+            if cumulative / total > alpha / 2:
+                break
+            k += 1
+        if k < 0:
+            return None
+        return k, n - 1 - k
+    z = _normal_quantile(1 - alpha / 2)
+    k = int(math.floor(n / 2 - z * math.sqrt(n) / 2))
+    return max(k, 0), min(n - 1 - k, n - 1)
+
+
+def _normal_quantile(p: float) -> float:
+    """Inverse standard normal CDF by bisection on erf (no SciPy needed for one number)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def median_ci(values: np.ndarray, confidence: float = 0.95) -> dict[str, Any]:
+    """Median with its distribution-free confidence interval and the half-width relative to it."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(ordered)
+    median = float(np.median(ordered)) if n else None
+    ranks = median_ci_ranks(n, confidence)
+    if ranks is None or not median:
+        return {"median": median, "ci_low": None, "ci_high": None, "ci_rel": None, "confidence": confidence, "samples": n}
+    low, high = float(ordered[ranks[0]]), float(ordered[ranks[1]])
+    return {"median": median, "ci_low": low, "ci_high": high, "ci_rel": max(median - low, high - median) / median,
+            "confidence": confidence, "samples": n}
+
+
+def stability(values: np.ndarray) -> dict[str, float | None]:
+    """Shape of a series that reveals interference: spread (IQR/median) and early-vs-late drift.
+
+    Early-vs-late compares the median of the first third with that of the last third, relative to
+    the overall median; None below 9 samples (three per third).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < 4 or np.median(x) <= 0:
+        return {"iqr_rel": None, "early_late_rel": None}
+    median = float(np.median(x))
+    q1, q3 = np.percentile(x, [25, 75])
+    third = len(x) // 3
+    early_late = None if third < 3 else float((np.median(x[-third:]) - np.median(x[:third])) / median)
+    return {"iqr_rel": float((q3 - q1) / median), "early_late_rel": early_late}
+
+
+def warm_up(step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Run until the minimum count and time are reached and call times are steady (or the cap).
+
+    Steady means the median call time of the second half of the last stretch (at least 1/2 of the
+    minimum time, 6 calls) is within `steady_tolerance` of the first half's: compiled code, caches and
+    clocks have settled. First calls are not part of any measurement.
+    """
+    start, times = clock(), []
+    steady = False
+    while True:
+        t0 = clock()
         step()
-        iters += 1
-    return {"warmup_iters": iters, "warmup_s": clock() - start}
+        t1 = clock()
+        times.append(t1 - t0)
+        elapsed = t1 - start
+        if len(times) < settings.warmup_min_iters or elapsed < settings.warmup_min_s:
+            continue
+        steady = is_steady(times, settings.warmup_min_s / 2, settings.steady_tolerance)
+        if steady or elapsed >= settings.warmup_max_s:
+            break
+    return {"warmup_iters": len(times), "warmup_s": float(clock() - start), "warmup_steady": steady}
 
 
-def timed_window(step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic) -> np.ndarray:
-    """Time each call; stop once the window is long enough and has enough calls, or at the cap.
+def is_steady(times: list[float], stretch_s: float, tolerance: float, min_calls: int = 6) -> bool:
+    """Do the two halves of the most recent stretch of calls (at least `min_calls`) have medians
+    within `tolerance`? Fewer calls than that: not known yet (the warm-up cap ends very slow ones)."""
+    if len(times) < min_calls:
+        return False
+    recent, total = [], 0.0
+    for t in reversed(times):
+        recent.append(t)
+        total += t
+        if total >= stretch_s and len(recent) >= min_calls:
+            break
+    half = len(recent) // 2
+    late, early = float(np.median(recent[:half])), float(np.median(recent[half:]))
+    return bool(abs(late - early) <= tolerance * early)
 
-    Returns an (n, 2) array of [start, end] timestamps per iteration.
+
+def precise_enough(latencies: np.ndarray, settings: MeasureSettings) -> bool:
+    """The stop rule: the median's confidence interval is within the target."""
+    ci = median_ci(latencies, settings.ci_confidence)["ci_rel"]
+    return ci is not None and ci <= settings.ci_target_rel
+
+
+def timed_window(
+    step: Callable[[], Any],
+    settings: MeasureSettings,
+    clock: Callable[[], float] = time.monotonic,
+    agree_to_stop: Callable[[bool], bool] = lambda satisfied: satisfied,
+) -> np.ndarray:
+    """Time each call until the stop rule holds after the minimum window and count, or the cap.
+
+    `agree_to_stop(satisfied)` lets instances that run together stop together: each says whether its
+    own rule holds and learns whether all of them do. Returns an (n, 2) array of [start, end] per call.
     """
     stamps: list[tuple[float, float]] = []
     window_start = clock()
+    next_check = window_start
     while True:
         t0 = clock()
         step()
@@ -62,20 +188,28 @@ def timed_window(step: Callable[[], Any], settings: MeasureSettings, clock: Call
         elapsed = t1 - window_start
         if elapsed >= settings.window_max_s:
             break
-        if elapsed >= settings.window_min_s and len(stamps) >= settings.window_min_iters:
-            break
+        if elapsed >= settings.window_min_s and len(stamps) >= settings.window_min_iters and t1 >= next_check:
+            next_check = t1 + STOP_CHECK_EVERY_S
+            array = np.asarray(stamps, dtype=np.float64)
+            if agree_to_stop(precise_enough(array[:, 1] - array[:, 0], settings)):
+                break
     return np.asarray(stamps, dtype=np.float64)
 
 
-def latency_summary(latencies_s: np.ndarray) -> dict[str, float | None]:
-    """p50/p90/p99 in milliseconds; a percentile without enough samples is None, not a guess."""
+def latency_summary(latencies_s: np.ndarray, confidence: float = 0.95) -> dict[str, Any]:
+    """p50/p90/p99 in milliseconds (a percentile without enough samples is None, not a guess), with
+    the median's confidence interval, spread and drift."""
     latencies_ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
-    summary: dict[str, float | None] = {}
+    summary: dict[str, Any] = {}
     for p in PERCENTILES:
         enough = len(latencies_ms) >= samples_needed(p)
         summary[f"p{p}"] = float(np.percentile(latencies_ms, p)) if enough else None
     summary["mean"] = float(latencies_ms.mean()) if len(latencies_ms) else None
     summary["samples"] = int(len(latencies_ms))
+    ci = median_ci(latencies_ms, confidence)
+    summary["p50_ci"] = [ci["ci_low"], ci["ci_high"]] if ci["ci_rel"] is not None else None
+    summary["p50_ci_rel"] = ci["ci_rel"]
+    summary.update(stability(latencies_ms))
     return summary
 
 
@@ -87,18 +221,47 @@ def instance_throughput(stamps: np.ndarray, batch_size: int) -> float:
     return batch_size * len(stamps) / span if span > 0 else 0.0
 
 
-def common_window_throughput(per_instance: list[np.ndarray], batch_size: int) -> dict[str, float]:
+def common_window_throughput(per_instance: list[np.ndarray], batch_size: int, confidence: float = 0.95) -> dict[str, Any]:
     """Throughput of N instances counted only while all of them were running.
 
     The common window runs from the latest first-start to the earliest last-end. Each instance
-    contributes the iterations that finished inside it; the sum is divided by the window length.
+    contributes the calls that finished inside it; the sum is divided by the window length. The
+    confidence interval applies each instance's median-call-time interval to its share.
     """
+    invalid = {"throughput_sps": 0.0, "window_s": 0.0, "valid": False, "per_instance_sps": [], "ci_sps": None, "ci_rel": None}
     if not per_instance or any(len(s) == 0 for s in per_instance):
-        return {"throughput_sps": 0.0, "window_s": 0.0, "valid": False}
+        return invalid
     start = max(float(s[0, 0]) for s in per_instance)
     end = min(float(s[-1, 1]) for s in per_instance)
     window = end - start
     if window <= 0:
-        return {"throughput_sps": 0.0, "window_s": 0.0, "valid": False}
-    finished = sum(int(np.count_nonzero((s[:, 1] > start) & (s[:, 1] <= end))) for s in per_instance)
-    return {"throughput_sps": batch_size * finished / window, "window_s": window, "valid": finished > 0}
+        return invalid
+    shares, low, high = [], 0.0, 0.0
+    ci_known = True
+    for s in per_instance:
+        inside = (s[:, 1] > start) & (s[:, 1] <= end)
+        share = batch_size * int(np.count_nonzero(inside)) / window
+        shares.append(share)
+        ci = median_ci(s[inside, 1] - s[inside, 0], confidence) if inside.any() else {"ci_rel": None}
+        if ci["ci_rel"] is None:
+            ci_known = False
+            continue
+        low += share * ci["median"] / ci["ci_high"]
+        high += share * ci["median"] / ci["ci_low"] if ci["ci_low"] > 0 else math.inf
+    total = float(sum(shares))
+    ci_sps = [low, high] if ci_known and total > 0 else None
+    return {
+        "throughput_sps": total,
+        "window_s": window,
+        "valid": total > 0,
+        "per_instance_sps": shares,
+        "ci_sps": ci_sps,
+        "ci_rel": max(total - low, high - total) / total if ci_sps else None,
+    }
+
+
+def straggler_ratio(per_instance_sps: list[float]) -> float | None:
+    """Fastest over slowest instance in the common window: 1.0 means they kept pace."""
+    if not per_instance_sps or min(per_instance_sps) <= 0:
+        return None
+    return max(per_instance_sps) / min(per_instance_sps)

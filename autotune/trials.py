@@ -1,7 +1,7 @@
 """Run one configuration: write each instance's job, launch them pinned, aggregate their results.
 
 This is the bridge between a TrialConfig and the processes that measure it; it knows nothing about
-Optuna (the study passes an `on_ready` hook for drift pruning).
+Optuna (the study passes an `on_stage` hook: drift and speed pruning at the barriers).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from autotune.config import TrialConfig, clean_environment, pin_prefix
 from autotune.errors import TrialFailed
 from autotune.files import read_json, write_json_atomic
 from autotune.launch import InstanceLaunch, run_instances
-from autotune.measure import MeasureSettings, common_window_throughput, latency_summary
+from autotune.measure import MeasureSettings, common_window_throughput, latency_summary, straggler_ratio
 from autotune.models import ModelSource
+from autotune.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.probe import MachineProbe
 
 WORKER_MODULE = "autotune.worker"
@@ -46,6 +47,8 @@ class TrialContext:
     measure: MeasureSettings
     cache_dir: Path  # shared by the studies under one studies folder
     calibration_samples: int = 64
+    noise_limits: NoiseLimits = NoiseLimits()
+    noisy_retries: int = 1  # a contaminated measurement is repeated this many times before it is flagged
 
 
 def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
@@ -58,9 +61,14 @@ def replay_argv(best_path: Path, instance: int, python: str = sys.executable) ->
 
 
 def backend_env(config: TrialConfig, cache_dir: Path) -> dict[str, str]:
-    """Environment a backend needs beyond threads and allocator: compile caches shared by trials."""
+    """Environment a backend needs beyond threads and allocator: compile caches shared by trials, and
+    what makes OpenVINO's threading library live with a preloaded allocator."""
     if config.backend in ("inductor", "torchao"):
         return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")}
+    if config.backend == "openvino" and config.allocator != "glibc":
+        # oneTBB dlopens libtbbbind with RTLD_DEEPBIND, so hwloc frees with glibc what the preloaded
+        # allocator handed out and compile_model aborts (oneTBB #1645); this setting drops DEEPBIND.
+        return {"TBB_ENABLE_SANITIZERS": "1"}
     return {}
 
 
@@ -95,17 +103,18 @@ def plan_instances(
     return launches
 
 
-def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One trial's numbers from its instances: throughput over the window all of them shared."""
+def aggregate(config: TrialConfig, results: list[dict[str, Any]], settings: MeasureSettings) -> dict[str, Any]:
+    """One measurement's numbers from its instances: throughput over the window all of them shared,
+    each with how it was obtained (samples, duration, confidence interval of the median)."""
     stamps = [np.load(r["stamps_path"]) for r in results]
-    window = common_window_throughput(stamps, results[0]["samples_per_call"])
+    window = common_window_throughput(stamps, results[0]["samples_per_call"], settings.ci_confidence)
     if not window["valid"]:
         raise TrialFailed("the instances' measurement windows did not overlap: no common throughput")
-    per_instance = [r["throughput_sps"] for r in results]
     latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
     return {
         "throughput_sps": window["throughput_sps"],
-        "latency_ms": latency_summary(latencies),
+        "throughput_ci_sps": window["ci_sps"],
+        "latency_ms": latency_summary(latencies, settings.ci_confidence),
         "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
         "peak_rss_mib_total": sum(r["peak_rss_mib"] for r in results),
         "load_s": max(r["load_s"] for r in results),
@@ -113,18 +122,37 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]]) -> dict[str, A
         "pids": [r["pid"] for r in results],
         "drift": results[0].get("drift"),
         "torch_version": results[0]["torch"],
+        "backend_details": results[0].get("backend_details"),
         "instances": [
-            {k: r[k] for k in ("pid", "cpus", "allocator", "threads", "throughput_sps", "iterations", "window_s", "warmup_iters")}
-            for r in results
+            {**{k: r[k] for k in ("pid", "cpus", "allocator", "threads", "throughput_sps", "iterations", "window_s", "warmup_iters", "warmup_s")},
+             "common_window_sps": share, "latency_ms": r["latency_ms"], "noise": r.get("noise")}
+            for r, share in zip(results, window["per_instance_sps"])
         ],
         "measurement": {
             "common_window_s": window["window_s"],
-            "iterations": int(sum(len(s) for s in stamps)),
-            "straggler_ratio": (max(per_instance) / min(per_instance)) if min(per_instance) > 0 else None,
+            "calls": int(sum(len(s) for s in stamps)),
+            "samples": int(sum(len(s) for s in stamps)) * results[0]["samples_per_call"],
+            "throughput_ci_rel": window["ci_rel"],
+            "ci_confidence": settings.ci_confidence,
+            "ci_target_rel": settings.ci_target_rel,
+            "ci_target_met": window["ci_rel"] is not None and window["ci_rel"] <= settings.ci_target_rel,
+            "straggler_ratio": straggler_ratio(window["per_instance_sps"]),
             "samples_per_call": results[0]["samples_per_call"],
+            "warmup": {"iters": min(r["warmup_iters"] for r in results), "s": min(r["warmup_s"] for r in results)},
             "clock": "time.monotonic per call, input in, output out",
+            "stamps": [r["stamps_path"] for r in results],
         },
     }
+
+
+def judge_noise(metrics: dict[str, Any], machine_before: dict[str, float], machine_after: dict[str, float],
+                allowed_cpus: int, limits: NoiseLimits) -> list[str]:
+    """Record the interference signals on the metrics and return why the measurement is noisy, if it is."""
+    instances = [{"signals": inst["noise"], "latency": inst["latency_ms"]} for inst in metrics["instances"]]
+    flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits)
+    metrics["measurement"]["machine"] = {"before": machine_before, "after": machine_after}
+    metrics["measurement"]["noise_flags"] = flags
+    return flags
 
 
 def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> dict[str, Any]:
@@ -182,27 +210,69 @@ def run_config(
     ctx: TrialContext,
     trial_dir: Path,
     timeout_s: float,
-    on_ready: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_stage: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    screen: bool = False,
 ) -> tuple[dict[str, Any], list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
 
+    A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
+    `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).
     Returns the metrics, the launches (for the record) and the job template that replays it.
     """
     if trial_dir.exists():
         shutil.rmtree(trial_dir)
-    barrier = trial_dir / "barrier"
-    barrier.mkdir(parents=True)
+    trial_dir.mkdir(parents=True)
     started = time.monotonic()
     artifact = ensure_artifact(config, ctx, trial_dir, timeout_s)
     template = job_template(config, ctx, artifact)
-    job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s}
-    launches = plan_instances(config, ctx.machine, trial_dir, job, ctx.cache_dir)
-    remaining = timeout_s - (time.monotonic() - started)
-    results = run_instances(launches, remaining, barrier_dir=barrier, on_ready=on_ready)
-    metrics = aggregate(config, results)
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(ctx.noisy_retries + 1):
+        attempt_dir = trial_dir if attempt == 0 else trial_dir / f"retry-{attempt}"
+        barrier = attempt_dir / "barrier"
+        barrier.mkdir(parents=True)
+        first = attempt == 0
+        job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s, "screen": screen and first}
+        launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir)
+        stages = ("ready", "screened") if job["screen"] else ("ready",)
+        before = machine_snapshot()
+        remaining = timeout_s - (time.monotonic() - started)
+        if remaining <= 0:
+            if not attempts:
+                raise TrialFailed(f"timed out after {timeout_s:.0f}s while preparing")
+            break  # keep the attempts made; the last one stays flagged
+        results = run_instances(launches, remaining, barrier_dir=barrier, on_stage=on_stage if first else None, stages=stages)
+        metrics = aggregate(config, results, ctx.measure)
+        flags = judge_noise(metrics, before, machine_snapshot(), len(ctx.machine.allowed_cpus), ctx.noise_limits)
+        metrics["screening"] = _screening_summary(results)
+        attempts.append(metrics)
+        if not flags:
+            break
+    metrics = attempts[-1]
+    metrics["valid"] = not metrics["measurement"]["noise_flags"]
+    metrics["measurement"]["attempts"] = [
+        {"throughput_sps": m["throughput_sps"], "noise_flags": m["measurement"]["noise_flags"]} for m in attempts
+    ]
     metrics["prepare_s"] = artifact["prepare_s"] if artifact else 0.0
     metrics["artifact"] = artifact
     return metrics, launches, template
+
+
+def _screening_summary(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    screens = [r.get("screening") for r in results]
+    if not all(screens):
+        return None
+    return screening_value(screens)
+
+
+def screening_value(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """The screening measurement of a trial: instances screened together, throughputs add up."""
+    cis = [p["latency_ms"]["p50_ci_rel"] for p in payloads]
+    return {
+        "throughput_sps": sum(p["throughput_sps"] for p in payloads),
+        "p50_ms": max(p["latency_ms"]["p50"] or 0.0 for p in payloads),
+        "ci_rel": None if any(c is None for c in cis) else max(cis),
+        "calls": sum(p["latency_ms"]["samples"] for p in payloads),
+    }
 
 
 def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float) -> Reference:

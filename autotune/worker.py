@@ -28,6 +28,7 @@ from autotune.drift import compute_drift
 from autotune.files import read_json, write_json_atomic
 from autotune.measure import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.models import ModelSource, build_model, primary_output
+from autotune.noise import process_snapshot, window_signals
 
 EXIT_CHECK_FAILED = 3
 CALIBRATION_BATCH = 8
@@ -84,17 +85,31 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def wait_at_barrier(barrier_dir: Path, instance: int, payload: dict[str, Any], timeout_s: float) -> None:
-    """Say we are ready, then wait for the orchestrator's go (or abort, e.g. when drift prunes the trial)."""
-    write_json_atomic(barrier_dir / f"ready-{instance}.json", payload)
+def wait_at_barrier(barrier_dir: Path, stage: str, instance: int, payload: dict[str, Any], timeout_s: float) -> None:
+    """Say we reached `stage`, then wait for the orchestrator's go (or abort, e.g. when a pruner decides)."""
+    write_json_atomic(barrier_dir / f"{stage}-{instance}.json", payload)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (barrier_dir / "go").exists():
+        if (barrier_dir / f"{stage}.go").exists():
             return
         if (barrier_dir / "abort").exists():
             sys.exit(0)
         time.sleep(0.002)
-    raise TimeoutError(f"no go signal within {timeout_s:.0f}s at the start barrier")
+    raise TimeoutError(f"no go signal within {timeout_s:.0f}s at the {stage} barrier")
+
+
+class StopTogether:
+    """Instances of one trial stop their windows together: each marks when its own stop rule holds and
+    keeps running (so the others keep the same load) until every instance has marked."""
+
+    def __init__(self, barrier_dir: Path, instance: int, instances: int) -> None:
+        self.mine = barrier_dir / f"precise-{instance}"
+        self.all = [barrier_dir / f"precise-{i}" for i in range(instances)]
+
+    def __call__(self, satisfied: bool) -> bool:
+        if satisfied and not self.mine.exists():
+            self.mine.touch()
+        return all(p.exists() for p in self.all)
 
 
 def save_atomic(obj: Any, path: str) -> None:
@@ -182,15 +197,27 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
 
     step = lambda: runner(native)  # noqa: E731
     warmup = warm_up(step, settings)
-    if job.get("barrier_dir"):
-        wait_at_barrier(Path(job["barrier_dir"]), instance, {"pid": os.getpid(), "drift": drift}, job["barrier_timeout_s"])
-    stamps = timed_window(step, settings)
     samples_per_call = config.batch_size * runner.batches_per_call
+    barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
+    if barrier:
+        wait_at_barrier(barrier, "ready", instance, {"pid": os.getpid(), "drift": drift}, job["barrier_timeout_s"])
+    screening = None
+    if barrier and job.get("screen") and settings.screen_s > 0:
+        screen = timed_window(step, settings.screening())
+        np.save(job["stamps_path"].replace("stamps-", "screen-"), screen)
+        screening = {"throughput_sps": instance_throughput(screen, samples_per_call),
+                     "latency_ms": latency_summary(screen[:, 1] - screen[:, 0], settings.ci_confidence)}
+        wait_at_barrier(barrier, "screened", instance, screening, job["barrier_timeout_s"])
+    cpus = sorted(os.sched_getaffinity(0))
+    agree = StopTogether(barrier, instance, int(job["instances"])) if barrier else (lambda satisfied: satisfied)
+    before = process_snapshot(cpus)
+    stamps = timed_window(step, settings, agree_to_stop=agree)
+    signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
     np.save(job["stamps_path"], stamps)
     return {
         "pid": os.getpid(),
         "instance": instance,
-        "cpus": sorted(os.sched_getaffinity(0)),
+        "cpus": cpus,
         "allocator": allocator,
         "threads": threads,
         "torch": torch.__version__,
@@ -203,7 +230,9 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
         "window_s": float(stamps[-1, 1] - stamps[0, 0]),
         "samples_per_call": samples_per_call,
         "throughput_sps": instance_throughput(stamps, samples_per_call),
-        "latency_ms": latency_summary(stamps[:, 1] - stamps[:, 0]),
+        "latency_ms": latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
+        "noise": signals,
+        "screening": screening,
         "stamps_path": job["stamps_path"],
         "peak_rss_mib": peak_rss_mib(),
         "startup_to_ready_s": time.monotonic() - t_start,

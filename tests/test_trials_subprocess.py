@@ -1,5 +1,7 @@
 """Trials in real subprocesses: environment checks from inside, pinning, crashes, hangs, pruning hooks."""
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,9 +43,10 @@ def leftover_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
-def run(config, reference, tmp_path, timeout=120, on_ready=None, model=None):
+def run(config, reference, tmp_path, timeout=120, on_stage=None, model=None, screen=False, **context):
     ref = reference if model is None else replace(reference, model=model)
-    metrics, launches, _ = run_config(config, TrialContext(MACHINE, ref, QUICK, tmp_path / "cache"), tmp_path / "trial", timeout, on_ready=on_ready)
+    ctx = TrialContext(MACHINE, ref, QUICK, tmp_path / "cache", **context)
+    metrics, launches, _ = run_config(config, ctx, tmp_path / "trial", timeout, on_stage=on_stage, screen=screen)
     return metrics, launches
 
 
@@ -114,11 +117,48 @@ def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):
     class Stop(Exception):
         pass
 
-    def on_ready(payloads):
+    def on_stage(stage, payloads):
         seen.extend(payloads)
         raise Stop
 
     with pytest.raises(Stop):
-        run(TrialConfig("eager", "bf16", 2), reference, tmp_path, on_ready=on_ready)
+        run(TrialConfig("eager", "bf16", 2), reference, tmp_path, on_stage=on_stage)
     assert seen[0]["drift"]["relative_l2"] > 0 and seen[0]["drift"]["samples"] == 6
     assert leftover_processes(str(tmp_path / "trial")) == []
+
+
+def test_screening_reaches_the_hook_before_the_full_window(reference, tmp_path):
+    stages = []
+    metrics, _ = run(TrialConfig("eager", "fp32", 2), reference, tmp_path, screen=True,
+                     on_stage=lambda stage, payloads: stages.append((stage, payloads)))
+    assert [s for s, _ in stages] == ["ready", "screened"]
+    screening = stages[1][1][0]
+    assert screening["throughput_sps"] > 0 and screening["latency_ms"]["samples"] >= 3
+    assert metrics["screening"]["throughput_sps"] == pytest.approx(screening["throughput_sps"])
+    assert metrics["measurement"]["calls"] >= 3 and metrics["instances"][0]["noise"]["cpu_s"] > 0
+
+
+def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_path):
+    config = TrialConfig("eager", "fp32", 2, "glibc", 1, 1)
+    cpus = ",".join(map(str, config.instance_cpus(MACHINE)[0]))
+    spinner = subprocess.Popen(["taskset", "-c", cpus, sys.executable, "-c", "while True: pass"])
+    try:
+        metrics, _ = run(config, reference, tmp_path)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    attempts = metrics["measurement"]["attempts"]
+    assert metrics["valid"] is False and len(attempts) == 2  # measured, found noisy, measured again, still noisy
+    assert all(any("other processes used" in flag for flag in a["noise_flags"]) for a in attempts)
+    assert metrics["instances"][0]["noise"]["foreign_cpu"] > 0.3
+
+
+@pytest.mark.parametrize("allocator", ["tcmalloc", "jemalloc"])
+def test_openvino_runs_with_a_preloaded_allocator(allocator, reference, tmp_path):
+    if allocator not in MACHINE.allocators:
+        pytest.skip(f"{allocator} is not installed here (make setup installs it when run as root)")
+    # Without TBB_ENABLE_SANITIZERS, oneTBB's RTLD_DEEPBIND makes compile_model abort with jemalloc.
+    config = TrialConfig("openvino", "fp32", 2, allocator, 1, 1, {"hint": "LATENCY", "streams": 1})
+    metrics, launches = run(config, reference, tmp_path)
+    assert metrics["instances"][0]["allocator"]["verified"] is True and metrics["throughput_sps"] > 0
+    assert launches[0].set_env["TBB_ENABLE_SANITIZERS"] == "1"

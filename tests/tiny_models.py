@@ -52,3 +52,16 @@ def crashing() -> nn.Module:
 
 def hanging() -> nn.Module:
     return Hanging()
+
+
+class SlowAtBadBatch(TinyCNN):
+    """Takes 50 ms longer per call on a batch of BAD_BATCH: a config that is clearly slower, for real."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == BAD_BATCH:
+            time.sleep(0.05)
+        return super().forward(x)
+
+
+def slow_at_bad_batch() -> nn.Module:
+    return SlowAtBadBatch()

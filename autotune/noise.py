@@ -1,0 +1,135 @@
+"""What reveals interference during a measurement, and the verdict: clean, or flagged with why.
+
+Signals come from the kernel (per-CPU busy and steal time on the CPUs the instance was pinned to,
+runnable processes, load) and from the process itself (CPU time, context switches), read before and
+after the timed window; plus the shape of the timing series (spread, early-vs-late drift). A flagged
+measurement is repeated by the caller; one that stays flagged never makes a winner.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+BUSY_FIELDS = (0, 1, 2, 5, 6)  # user nice system irq softirq (iowait and idle are not busy)
+STEAL_FIELD = 7
+
+
+@dataclass(frozen=True)
+class NoiseLimits:
+    """Beyond these a measurement is contaminated. Spread and drift are judged on >= 20 calls only."""
+
+    max_foreign_cpu: float = 0.15  # share of our CPUs' time used by other processes
+    max_steal: float = 0.05  # share of our CPUs' time stolen by the hypervisor
+    max_iqr_rel: float = 0.5  # IQR of call times over their median (sub-ms calls jitter by 25% when clean)
+    max_early_late_rel: float = 0.10  # median of the last third vs the first third
+    max_runnable_others: float = 1.0  # runnable processes besides ours, per allowed CPU, before/after
+    min_calls_for_shape: int = 20
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_cpu_ticks(cpus: list[int]) -> dict[str, int]:
+    """Busy, steal and total clock ticks summed over the given CPUs since boot (/proc/stat)."""
+    wanted = {f"cpu{c}" for c in cpus}
+    busy = steal = total = 0
+    with open("/proc/stat") as stat:
+        for line in stat:
+            parts = line.split()
+            if parts and parts[0] in wanted:
+                values = [int(v) for v in parts[1:]]
+                busy += sum(values[i] for i in BUSY_FIELDS if i < len(values))
+                steal += values[STEAL_FIELD] if len(values) > STEAL_FIELD else 0
+                total += sum(values[:8])
+    return {"busy": busy, "steal": steal, "total": total}
+
+
+def runnable_processes() -> int:
+    """procs_running from /proc/stat: threads on a run queue right now, the reader included."""
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    return 0
+
+
+def sample_runnable(samples: int = 5, gap_s: float = 0.01) -> float:
+    """Median of a few readings: one reading of the run queue is too jumpy to judge by."""
+    readings = []
+    for _ in range(samples):
+        readings.append(runnable_processes())
+        time.sleep(gap_s)
+    return float(statistics.median(readings))
+
+
+def machine_snapshot() -> dict[str, float]:
+    """Taken by the orchestrator before launching a trial and after it ends (ours are not running)."""
+    load1, load5, _ = os.getloadavg()
+    return {"runnable_others": max(0.0, sample_runnable() - 1.0), "load1": load1, "load5": load5}
+
+
+def process_snapshot(cpus: list[int]) -> dict[str, Any]:
+    """Taken by a worker around its timed window."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "wall": time.monotonic(),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "voluntary_cs": usage.ru_nvcsw,
+        "involuntary_cs": usage.ru_nivcsw,
+        "cpu_ticks": read_cpu_ticks(cpus),
+    }
+
+
+def window_signals(before: dict[str, Any], after: dict[str, Any], threads: int) -> dict[str, float | None]:
+    """Interference during one instance's window, from two process snapshots."""
+    wall = after["wall"] - before["wall"]
+    cpu_s = after["cpu_s"] - before["cpu_s"]
+    ticks = {k: after["cpu_ticks"][k] - before["cpu_ticks"][k] for k in ("busy", "steal", "total")}
+    ours_ticks = cpu_s * CLOCK_TICKS
+    total = ticks["total"]
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu_s,
+        "cpu_over_wall_threads": cpu_s / (wall * threads) if wall > 0 and threads > 0 else None,
+        "foreign_cpu": max(0.0, ticks["busy"] - ours_ticks) / total if total > 0 else None,
+        "steal": ticks["steal"] / total if total > 0 else None,
+        "involuntary_cs_per_s": (after["involuntary_cs"] - before["involuntary_cs"]) / wall if wall > 0 else None,
+        "voluntary_cs_per_s": (after["voluntary_cs"] - before["voluntary_cs"]) / wall if wall > 0 else None,
+    }
+
+
+def noise_flags(
+    instances: list[dict[str, Any]],
+    machine_before: dict[str, float] | None,
+    machine_after: dict[str, float] | None,
+    allowed_cpus: int,
+    limits: NoiseLimits = NoiseLimits(),
+) -> list[str]:
+    """Reasons a measurement is contaminated (empty list: clean). Each reason names the number.
+
+    `instances` holds, per instance, its window signals and the latency summary of its own calls.
+    """
+    flags = []
+    for i, inst in enumerate(instances):
+        signals, latency = inst.get("signals") or {}, inst.get("latency") or {}
+        foreign, steal = signals.get("foreign_cpu"), signals.get("steal")
+        if foreign is not None and foreign > limits.max_foreign_cpu:
+            flags.append(f"instance {i}: other processes used {foreign:.0%} of its CPUs")
+        if steal is not None and steal > limits.max_steal:
+            flags.append(f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs")
+        if latency.get("samples", 0) >= limits.min_calls_for_shape:
+            iqr, drift = latency.get("iqr_rel"), latency.get("early_late_rel")
+            if iqr is not None and iqr > limits.max_iqr_rel:
+                flags.append(f"instance {i}: call times spread, IQR {iqr:.0%} of the median")
+            if drift is not None and abs(drift) > limits.max_early_late_rel:
+                flags.append(f"instance {i}: call times drifted {drift:+.0%} from the first to the last third")
+    for when, snap in (("before", machine_before), ("after", machine_after)):
+        if snap and snap["runnable_others"] > limits.max_runnable_others * allowed_cpus:
+            flags.append(f"{snap['runnable_others']:.0f} other runnable processes {when} the trial")
+    return flags

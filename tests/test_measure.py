@@ -1,0 +1,139 @@
+"""The measurement protocol on synthetic timing series: steady, drifting, bimodal, too short."""
+
+import numpy as np
+import pytest
+
+from autotune.measure import (
+    MeasureSettings,
+    common_window_throughput,
+    latency_summary,
+    median_ci,
+    median_ci_ranks,
+    stability,
+    straggler_ratio,
+    timed_window,
+    warm_up,
+)
+from autotune.noise import NoiseLimits, noise_flags
+
+RNG = np.random.default_rng(7)
+STEADY = RNG.normal(0.100, 0.002, 400)  # 100 ms calls, 2% jitter
+DRIFTING = np.linspace(0.100, 0.140, 400) + RNG.normal(0, 0.001, 400)  # slows down 40% (thermal, a neighbour)
+BIMODAL = np.where(RNG.random(400) < 0.5, 0.100, 0.200) + RNG.normal(0, 0.001, 400)  # half the calls preempted
+TOO_SHORT = np.array([0.1, 0.11, 0.09, 0.1, 0.1])
+
+
+class FakeClock:
+    """A clock that only moves when a step 'runs', by the next duration of a series."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.calls = 0.0, iter(durations), 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self) -> None:
+        self.now += next(self.durations)
+        self.calls += 1
+
+
+@pytest.mark.parametrize("n,ranks", [(5, None), (6, (0, 5)), (10, (1, 8)), (25, (7, 17)), (100, (39, 60))])
+def test_median_ci_ranks_match_binomial_tables(n, ranks):
+    assert median_ci_ranks(n, 0.95) == ranks
+
+
+def test_median_ci_ranks_large_n_uses_normal_approximation_consistently():
+    exact, approx = median_ci_ranks(1000), median_ci_ranks(1001)
+    assert abs(exact[0] - approx[0]) <= 1 and abs(exact[1] - approx[1]) <= 1
+
+
+def test_steady_series_is_precise_and_clean():
+    ci = median_ci(STEADY)
+    assert ci["ci_low"] <= ci["median"] <= ci["ci_high"] and ci["ci_rel"] < 0.01
+    shape = stability(STEADY)
+    assert shape["iqr_rel"] < 0.05 and abs(shape["early_late_rel"]) < 0.01
+    summary = latency_summary(STEADY)
+    assert noise_flags([{"signals": {}, "latency": summary}], None, None, 2) == []
+
+
+def test_drifting_series_is_flagged():
+    summary = latency_summary(DRIFTING)
+    assert summary["early_late_rel"] > 0.2
+    assert any("drifted" in flag for flag in noise_flags([{"signals": {}, "latency": summary}], None, None, 2))
+
+
+def test_bimodal_series_has_a_wide_ci_and_is_flagged():
+    summary = latency_summary(BIMODAL)
+    assert summary["p50_ci_rel"] > median_ci(STEADY)["ci_rel"] * 5
+    assert any("spread" in flag for flag in noise_flags([{"signals": {}, "latency": summary}], None, None, 2))
+
+
+def test_too_short_series_reports_missing_not_guessed():
+    summary = latency_summary(TOO_SHORT)
+    assert summary["p50"] is not None and summary["p90"] is None and summary["p99"] is None
+    assert summary["p50_ci"] is None and summary["p50_ci_rel"] is None and summary["early_late_rel"] is None
+    assert noise_flags([{"signals": {}, "latency": latency_summary(BIMODAL[:10])}], None, None, 2) == []  # shape needs 20 calls
+
+
+def test_interference_signals_are_flagged():
+    signals = {"foreign_cpu": 0.48, "steal": 0.2}
+    flags = noise_flags([{"signals": signals, "latency": {}}], {"runnable_others": 5.0}, {"runnable_others": 0.0}, 2)
+    assert len(flags) == 3 and "48%" in flags[0] and "stole 20%" in flags[1] and "before" in flags[2]
+    assert noise_flags([{"signals": {"foreign_cpu": 0.02, "steal": 0.0}, "latency": {}}], None, None, 2, NoiseLimits()) == []
+
+
+def test_window_stops_on_the_ci_rule_when_steady():
+    clock = FakeClock(np.full(10_000, 0.1) + RNG.normal(0, 0.001, 10_000))
+    settings = MeasureSettings(window_min_s=2.0, window_min_iters=5, window_max_s=60.0, ci_target_rel=0.02)
+    stamps = timed_window(clock.step, settings, clock=clock)
+    duration = stamps[-1, 1] - stamps[0, 0]
+    assert 2.0 <= duration < 3.0  # minimum window, then the first check finds the CI narrow enough
+    assert len(stamps) == clock.calls
+
+
+def test_window_runs_to_the_cap_when_the_median_stays_uncertain():
+    clock = FakeClock(np.tile([0.1, 0.2], 5000))  # strictly bimodal: the median never settles within 2%
+    settings = MeasureSettings(window_min_s=2.0, window_min_iters=5, window_max_s=10.0, ci_target_rel=0.02)
+    stamps = timed_window(clock.step, settings, clock=clock)
+    assert stamps[-1, 1] - stamps[0, 0] >= 10.0
+
+
+def test_window_waits_for_every_instance_to_agree():
+    clock = FakeClock(np.full(10_000, 0.1))
+    votes = []
+
+    def others_not_ready_until_5s(satisfied: bool) -> bool:
+        votes.append(satisfied)
+        return satisfied and clock.now >= 5.0
+
+    stamps = timed_window(clock.step, MeasureSettings(window_min_s=1.0, window_max_s=60.0), clock=clock, agree_to_stop=others_not_ready_until_5s)
+    assert 5.0 <= stamps[-1, 1] < 5.5 and votes[0] is True
+
+
+def test_warm_up_runs_until_call_times_are_steady():
+    slow_start = np.concatenate([np.linspace(0.3, 0.1, 30), np.full(1000, 0.1)])  # compiled code and caches settling
+    clock = FakeClock(slow_start)
+    result = warm_up(clock.step, MeasureSettings(warmup_min_iters=3, warmup_min_s=1.0, warmup_max_s=30.0), clock=clock)
+    assert result["warmup_steady"] is True and result["warmup_iters"] > 30
+
+
+def test_warm_up_gives_up_at_its_cap():
+    clock = FakeClock(0.01 * 1.05 ** np.arange(10_000))  # always slowing down, 5% per call
+    result = warm_up(clock.step, MeasureSettings(warmup_min_s=1.0, warmup_max_s=5.0), clock=clock)
+    assert result["warmup_steady"] is False and 5.0 <= result["warmup_s"] < 7.0
+
+
+def _stamps(start: float, durations: np.ndarray) -> np.ndarray:
+    ends = start + np.cumsum(durations)
+    return np.stack([ends - durations, ends], axis=1)
+
+
+def test_common_window_ci_brackets_the_throughput_and_straggler_ratio():
+    fast, slow = _stamps(0.0, np.full(100, 0.05) + RNG.normal(0, 0.001, 100)), _stamps(0.2, np.full(50, 0.1))
+    result = common_window_throughput([fast, slow], batch_size=2)
+    low, high = result["ci_sps"]
+    assert low <= result["throughput_sps"] <= high and 0 < result["ci_rel"] < 0.05
+    fast_share, slow_share = result["per_instance_sps"]
+    assert fast_share == pytest.approx(2 * slow_share, rel=0.1)
+    assert straggler_ratio(result["per_instance_sps"]) == pytest.approx(2.0, rel=0.1)
+    assert straggler_ratio([0.0, 3.0]) is None
