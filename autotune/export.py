@@ -15,12 +15,14 @@ from autotune.errors import UserError
 from autotune.config import UNSET_IN_COMMANDS
 from autotune.files import write_json_atomic
 from autotune.launch import shell_command
+from autotune.finalists import decide
+from autotune.pruners import is_valid
 from autotune.trials import replay_argv
 
-SCHEMA = "autotune.best/1"
+SCHEMA = "autotune.best/2"
 
 METRIC_KEYS = ("throughput_sps", "latency_ms", "peak_rss_mib", "peak_rss_mib_total", "prepare_s", "load_s", "first_call_s",
-               "artifact", "measurement", "instances", "torch_version")
+               "artifact", "measurement", "instances", "torch_version", "backend_details", "screening", "valid")
 
 
 def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
@@ -46,12 +48,52 @@ def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
     ]
 
 
+def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, dict[str, Any] | None, str]:
+    """The winning trial, the finalist record that chose it (if current), and why it won.
+
+    A finalist round decides when it is newer than every completed trial; otherwise the best clean
+    single measurement. A measurement flagged as noisy never wins.
+    """
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first")
+    clean = [t for t in complete if is_valid(t)]
+    if not clean:
+        raise UserError(f"every completed trial of study {study.study_name!r} was flagged as noisy: "
+                        "rerun 'autotune search' on a quieter machine (same command resumes)")
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    record = study.user_attrs.get("finalists")
+    if record:
+        record = decide(record, maximize)  # from the stored runs, with the current selection rule
+    by_number = {t.number: t for t in clean}
+    if record and record.get("winner_trial") in by_number and record.get("last_trial", -1) >= max(t.number for t in complete):
+        return by_number[record["winner_trial"]], record, f"finalists: {record['selection']}"
+    best = (max if maximize else min)(clean, key=lambda t: t.value)
+    why = "best clean single measurement (no finalist round after the last trial)"
+    return best, None, why
+
+
+def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any] | None:
+    """best.json's summary of the finalist round: every candidate's repeats and their spread."""
+    if record is None:
+        return None
+    return {
+        "selection": record["selection"],
+        "order": record["order"],
+        "repeats": record["repeats"],
+        "seconds": record["seconds"],
+        "candidates": [
+            {"trial": c["trial"], "winner": c["trial"] == winner, "candidate": c["candidate"], "baseline": c["baseline"],
+             "config": c.get("config"), "search_value": c["search_value"], "values": [r.get("value") for r in c["runs"]],
+             "runs": c["runs"], **{k: c["summary"][k] for k in ("median", "min", "max", "spread_rel", "noise_rel")}}
+            for c in record["candidates"]
+        ],
+    }
+
+
 def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
-    """The best.json document for a study's best COMPLETE trial."""
-    try:
-        best = study.best_trial
-    except ValueError:
-        raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first") from None
+    """The best.json document: the winner chosen by the finalist round, or the best clean trial."""
+    best, record, why = choose_winner(study)
     spec = study.user_attrs.get("spec", {})
     attrs = best.user_attrs
     baseline = baseline_trial(study)
@@ -61,7 +103,10 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": best.number, "trials": _counts(study)},
-        "objective": {"name": spec.get("objective"), "direction": study.direction.name.lower(), "value": best.value},
+        "objective": {"name": spec.get("objective"), "direction": study.direction.name.lower(), "value": best.value,
+                      "revalidated_median": _revalidated(record, best.number)},
+        "selection": why,
+        "finalists": _finalist_view(record, best.number),
         "model": study.user_attrs.get("model_for_trials", spec.get("model")),
         "config": attrs["config"],
         "environment": attrs.get("env", {}),
@@ -85,9 +130,29 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
             "throughput_sps": base_sps,
             "latency_ms": baseline.user_attrs.get("latency_ms"),
         },
-        "speedup_vs_baseline": (attrs["throughput_sps"] / base_sps) if base_sps and attrs.get("throughput_sps") else None,
+        **_speedup(record, best, base_sps, spec.get("objective")),
         "fingerprint": study.user_attrs.get("fingerprint"),
     }
+
+
+def _revalidated(record: dict[str, Any] | None, trial: int) -> float | None:
+    for candidate in (record or {}).get("candidates", []):
+        if candidate["trial"] == trial:
+            return candidate["summary"]["median"]
+    return None
+
+
+def _speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_sps: float | None, objective: str | None) -> dict[str, Any]:
+    """Throughput over the baseline's: from the interleaved finalist runs when both were re-measured."""
+    if record and objective == "throughput":
+        medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
+        base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
+        if base and medians.get(best.number):
+            return {"speedup_vs_baseline": medians[best.number] / base,
+                    "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)"}
+    sps = best.user_attrs.get("throughput_sps")
+    return {"speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
+            "speedup_source": "one search measurement each (winner and baseline trials)"}
 
 
 def export_best(study: optuna.study.Study, path: str | Path) -> Path:

@@ -9,6 +9,7 @@ import optuna
 from rich.console import Console
 
 from autotune.durations import format_duration
+from autotune.pruners import is_valid
 
 
 def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
@@ -17,7 +18,12 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
         lat = attrs.get("latency_ms", {})
         p50 = lat.get("p50")
         drift = (attrs.get("drift") or {}).get("relative_l2")
-        return f"{attrs.get('throughput_sps', 0):8.1f} samples/s  p50 {p50:.1f} ms  drift {drift:.2e}" if p50 is not None and drift is not None else ""
+        if p50 is None or drift is None:
+            return ""
+        ci = (attrs.get("measurement") or {}).get("throughput_ci_rel")
+        text = f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 {p50:.1f} ms  drift {drift:.2e}"
+        flags = (attrs.get("measurement") or {}).get("noise_flags")
+        return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if attrs.get("valid") is False and flags else text
     if trial.state == optuna.trial.TrialState.PRUNED:
         return attrs.get("prune_reason", "pruned")
     if trial.state == optuna.trial.TrialState.FAIL:
@@ -39,14 +45,13 @@ class ProgressPrinter:
         summary = trial.user_attrs.get("config_summary", "")
         line = f"trial {trial.number:>3} {trial.state.name:<8} {summary:<52} {_metric_text(trial)}"
         best = ""
-        try:
-            best_trial = study.best_trial
+        clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+        if clean:
+            best_trial = (max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min)(clean, key=lambda t: t.value)
             baseline = self.baseline_sps()
             sps = best_trial.user_attrs.get("throughput_sps")
             if sps and baseline:
                 best = f" | best #{best_trial.number} {sps:.1f} sps = {sps / baseline:.2f}x baseline"
             elif sps:
                 best = f" | best #{best_trial.number} {sps:.1f} sps"
-        except ValueError:
-            pass
         self.console.print(f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}", markup=False, highlight=False, soft_wrap=True)

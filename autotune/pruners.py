@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import optuna
 from optuna.pruners import BasePruner
@@ -31,3 +32,56 @@ class DriftPruner(BasePruner):
         if self.drift_exceeded(trial):
             return True
         return self.wrapped.prune(study, trial) if self.wrapped is not None else False
+
+
+def relative_noise(trial: optuna.trial.FrozenTrial) -> float:
+    """Relative half-width of a completed trial's throughput (or median latency) confidence interval."""
+    measurement = trial.user_attrs.get("measurement") or {}
+    value = measurement.get("throughput_ci_rel")
+    return float(value) if value is not None and math.isfinite(value) else 0.0
+
+
+def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
+    """A completed measurement that no noise check flagged (trials from before the checks count as valid)."""
+    return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True) is not False
+
+
+class SpeedPruner(BasePruner):
+    """Prune a trial whose screening measurement (intermediate value at step 0) is clearly worse than
+    the best clean trial so far: worse by more than `min_margin`, or by more than `noise_factor` times
+    the two measurements' combined relative confidence half-widths, whichever is larger.
+
+    The screening value is what the study reports before the full window: samples/s when maximizing,
+    median ms per call when minimizing. The eager baseline is never pruned (speedups need it).
+    """
+
+    def __init__(self, min_margin: float = 0.15, noise_factor: float = 2.0, screening_step: int = 0) -> None:
+        self.min_margin = min_margin
+        self.noise_factor = noise_factor
+        self.screening_step = screening_step
+        self.unknown_noise = 0.33
+
+    def margin(self, screening_ci_rel: float | None, best_ci_rel: float) -> float:
+        # Too few screening calls for a confidence interval (slow configs): only a 3x gap counts.
+        noise = (screening_ci_rel if screening_ci_rel is not None else self.unknown_noise) + best_ci_rel
+        return max(self.min_margin, self.noise_factor * noise)
+
+    def verdict(self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None,
+                baseline: bool = False) -> dict[str, Any] | None:
+        """The comparison behind the decision (None when there is nothing to compare yet)."""
+        if value is None or baseline:
+            return None
+        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+        if not clean:
+            return None
+        best = (max if maximize else min)(clean, key=lambda t: t.value)
+        margin = self.margin(screening_ci_rel, relative_noise(best))
+        worse = value < best.value * (1 - margin) if maximize else value > best.value * (1 + margin)
+        return {"value": value, "best_trial": best.number, "best_value": best.value, "margin": margin, "prune": worse}
+
+    def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        screening = trial.user_attrs.get("screening") or {}
+        verdict = self.verdict(study, trial.intermediate_values.get(self.screening_step), screening.get("ci_rel"),
+                               bool(trial.user_attrs.get("baseline")))
+        return bool(verdict and verdict["prune"])

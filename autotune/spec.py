@@ -50,6 +50,10 @@ class SearchSpec:
     eval_samples: int = 32
     calibration_samples: int = 64
     cover_backends: bool = True  # a new study first tries every backend x precision once
+    speed_pruning: bool = True  # screen each trial and prune the clearly slower ones
+    finalists: int = 3  # top configs re-measured at the end (0: none)
+    finalist_repeats: int = 3
+    finalist_share: float = 0.2  # of the budget, kept for the finalists
     studies_root: str = "studies"
     measure: MeasureSettings = field(default_factory=MeasureSettings)
 
@@ -63,6 +67,10 @@ class SearchSpec:
             raise UserError(f"--trials must be at least 1, got {self.trials}")
         if self.eval_samples < 1:
             raise UserError(f"--eval-samples must be at least 1, got {self.eval_samples}")
+        if self.finalists < 0 or self.finalist_repeats < 1:
+            raise UserError(f"--finalists must be >= 0 and --finalist-repeats >= 1, got {self.finalists} and {self.finalist_repeats}")
+        if not 0 <= self.finalist_share < 1:
+            raise UserError(f"--finalist-share is a fraction of the budget in [0, 1), got {self.finalist_share}")
         if self.calibration_samples < 1:
             raise UserError(f"--calibration-samples must be at least 1, got {self.calibration_samples}")
 

@@ -23,12 +23,13 @@ from autotune.export import baseline_trial, export_best
 from autotune.fingerprint import fingerprint
 from autotune.probe import MachineProbe, probe_machine
 from autotune.progress import ProgressPrinter
-from autotune.pruners import DriftPruner
+from autotune.finalists import run_finalists
+from autotune.pruners import DriftPruner, SpeedPruner
 from autotune.space import InfeasibleConfig, SearchSpace
 from autotune.spec import SearchSpec, identity_differences
 from autotune.storage import mask_url, open_storage
 from autotune.config import pin_prefix
-from autotune.trials import TrialContext, compute_reference, run_config
+from autotune.trials import TrialContext, compute_reference, run_config, screening_value
 
 MIN_TRIAL_S = 10.0
 
@@ -54,7 +55,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe) -> tuple[optuna.study.St
         sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
     study = optuna.create_study(
         study_name=spec.study, storage=storage, direction=spec.direction, sampler=sampler,
-        pruner=DriftPruner(spec.max_drift), load_if_exists=True,
+        pruner=DriftPruner(spec.max_drift, wrapped=SpeedPruner() if spec.speed_pruning else None), load_if_exists=True,
     )
     stored = study.user_attrs.get("spec")
     if stored is None:
@@ -102,17 +103,33 @@ class Objective:
         timeout = min(self.spec.trial_timeout_s, remaining)
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
 
-        def on_ready(payloads: list[dict[str, Any]]) -> None:
-            drift = payloads[0].get("drift")
-            trial.set_user_attr("drift", drift)
-            if trial.should_prune():
-                reason = f"drift {drift['relative_l2']:.3g} > max {self.spec.max_drift} (relative L2)"
-                trial.set_user_attr("prune_reason", reason)
-                raise optuna.TrialPruned(reason)
+        def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
+            if stage == "ready":
+                drift = payloads[0].get("drift")
+                trial.set_user_attr("drift", drift)
+                if trial.should_prune():
+                    reason = f"drift {drift['relative_l2']:.3g} > max {self.spec.max_drift} (relative L2)"
+                    trial.set_user_attr("prune_reason", reason)
+                    raise optuna.TrialPruned(reason)
+            elif stage == "screened":
+                screening = screening_value(payloads)
+                trial.set_user_attr("screening", screening)
+                value = screening["throughput_sps"] if self.spec.objective == "throughput" else screening["p50_ms"]
+                trial.report(value, step=0)
+                if trial.should_prune():
+                    speed = getattr(trial.study.pruner, "wrapped", None)
+                    verdict = speed.verdict(trial.study, value, screening["ci_rel"]) if isinstance(speed, SpeedPruner) else None
+                    unit = "samples/s" if self.spec.objective == "throughput" else "ms"
+                    reason = (f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
+                              f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin {verdict['margin']:.0%} with its noise)"
+                              if verdict else f"screening {value:.3g} {unit}: pruned")
+                    trial.set_user_attr("prune_reason", reason)
+                    raise optuna.TrialPruned(reason)
 
         try:
-            metrics, launches, template = run_config(config, self.ctx, trial_dir, timeout, on_ready=on_ready)
-            value = self._objective_value(metrics)
+            metrics, launches, template = run_config(config, self.ctx, trial_dir, timeout, on_stage=on_stage,
+                                                     screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0)
+            value = objective_value(self.spec.objective, metrics)
         except TrialFailed as exc:
             cause = exc.cause
             if "timed out" in cause and timeout < self.spec.trial_timeout_s:
@@ -135,13 +152,16 @@ class Objective:
         trial.set_user_attr("trial_dir", str(trial_dir))
         return value
 
-    def _objective_value(self, metrics: dict[str, Any]) -> float:
-        if self.spec.objective == "throughput":
-            return metrics["throughput_sps"]
-        p50 = metrics["latency_ms"]["p50"]
-        if p50 is None:
-            raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")
-        return p50
+
+
+def objective_value(objective: str, metrics: dict[str, Any]) -> float:
+    """The number Optuna optimizes: samples/s, or median latency per call in ms."""
+    if objective == "throughput":
+        return metrics["throughput_sps"]
+    p50 = metrics["latency_ms"]["p50"]
+    if p50 is None:
+        raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")
+    return p50
 
 
 class BudgetGuard:
@@ -183,6 +203,8 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         signal.signal(signum, _terminate_as_interrupt)
     started = time.monotonic()
     deadline = started + spec.budget_s
+    reserve = spec.finalist_share * spec.budget_s if spec.finalists > 0 else 0.0
+    search_deadline = deadline - reserve  # the finalists' share of the budget is kept for the end
     machine = probe_machine()
     space = SearchSpace.from_dict(spec.space, machine)
     for note in space.notes:
@@ -205,14 +227,20 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
     ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples)
-    objective = Objective(spec, space, ctx, deadline)
+    objective = Objective(spec, space, ctx, search_deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     interrupted = False
     try:
         study.optimize(
-            objective, n_trials=spec.trials, timeout=max(0.0, deadline - time.monotonic() - MIN_TRIAL_S),
-            catch=(TrialFailed,), callbacks=[printer, BudgetGuard(deadline)], gc_after_trial=False,
+            objective, n_trials=spec.trials, timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
+            catch=(TrialFailed,), callbacks=[printer, BudgetGuard(search_deadline)], gc_after_trial=False,
         )
+        if spec.finalists > 0:
+            run_finalists(
+                study, ctx, spec.dir / "finalists", spec.finalists, spec.finalist_repeats, deadline, spec.trial_timeout_s,
+                lambda metrics: objective_value(spec.objective, metrics), baseline_trial(study),
+                lambda line: console.print(line, markup=False),
+            )
     except KeyboardInterrupt:
         interrupted = True
         console.print("interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False)

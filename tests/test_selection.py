@@ -1,0 +1,111 @@
+"""Who may win: speed pruning against the best clean trial, noisy trials never win, ties go to the simpler config.
+
+Real Optuna studies (in memory) with trials recorded as a search records them.
+"""
+
+import optuna
+import pytest
+
+from autotune.export import choose_winner
+from autotune.finalists import complexity, select_winner, summarize_runs
+from autotune.pruners import DriftPruner, SpeedPruner
+
+EAGER = {"backend": "eager", "precision": "fp32", "batch_size": 8, "allocator": "glibc", "instances": 1}
+OPENVINO = {"backend": "openvino", "precision": "int8", "batch_size": 8, "allocator": "tcmalloc", "instances": 2}
+INDUCTOR = {"backend": "inductor", "precision": "bf16", "batch_size": 4, "allocator": "glibc", "instances": 1}
+
+
+def completed(value: float, ci_rel: float = 0.01, valid: bool = True, **attrs) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        value=value, user_attrs={"valid": valid, "measurement": {"throughput_ci_rel": ci_rel}, **attrs},
+    )
+
+
+def study_with(*trials, direction: str = "maximize") -> optuna.study.Study:
+    study = optuna.create_study(direction=direction, pruner=DriftPruner(0.05, wrapped=SpeedPruner()))
+    for trial in trials:
+        study.add_trial(trial)
+    return study
+
+
+def screened(study: optuna.study.Study, value: float, ci_rel: float | None = 0.02, **attrs) -> bool:
+    trial = study.ask()
+    trial.set_user_attr("screening", {"ci_rel": ci_rel})
+    for key, val in attrs.items():
+        trial.set_user_attr(key, val)
+    trial.report(value, step=0)
+    return trial.should_prune()
+
+
+def test_clearly_slower_screening_is_pruned_a_close_one_is_not():
+    study = study_with(completed(10.0), completed(40.0, ci_rel=0.02))
+    assert screened(study, 20.0) is True  # half the best: clearly worse
+    assert screened(study, 35.0) is False  # 12.5% slower: within the 15% minimum margin
+    assert screened(study, 30.0, ci_rel=0.3) is False  # a very uncertain screening is not trusted
+    assert screened(study, 20.0, ci_rel=None) is False  # too few calls for a CI: half the best is not proof
+    assert screened(study, 5.0, ci_rel=None) is True  # but 8x slower is
+
+
+def test_noisy_best_does_not_set_the_bar_and_the_baseline_is_never_pruned():
+    study = study_with(completed(10.0), completed(100.0, valid=False))
+    assert screened(study, 9.0) is False  # the 100 was flagged noisy; 9 vs the clean 10 is within the margin
+    assert screened(study, 2.0, baseline=True) is False
+
+
+def test_latency_objective_prunes_slower_calls():
+    study = study_with(completed(10.0), direction="minimize")
+    assert screened(study, 15.0) is True and screened(study, 10.5) is False
+
+
+def test_drift_pruner_still_decides_first():
+    study = study_with(completed(10.0))
+    trial = study.ask()
+    trial.set_user_attr("drift", {"relative_l2": 0.5})
+    assert trial.should_prune() is True  # before any screening value exists
+
+
+def test_a_noisy_measurement_never_wins():
+    study = study_with(completed(50.0, valid=False, config=OPENVINO), completed(20.0, config=EAGER))
+    winner, record, why = choose_winner(study)
+    assert winner.value == 20.0 and record is None and "clean" in why
+
+
+def test_clear_win_goes_to_the_fastest():
+    candidates = [
+        {"trial": 1, "config": EAGER, "summary": summarize_runs([20.0, 20.2, 19.9], [0.01])},
+        {"trial": 2, "config": OPENVINO, "summary": summarize_runs([30.0, 30.5, 29.8], [0.01])},
+    ]
+    index, why = select_winner(candidates, maximize=True)
+    assert candidates[index]["trial"] == 2 and why.startswith("beats the runner-up by")
+
+
+def test_tie_within_noise_goes_to_the_simpler_config():
+    candidates = [
+        {"trial": 1, "config": OPENVINO, "summary": summarize_runs([30.0, 33.0, 27.0], [0.02])},  # +-10% spread
+        {"trial": 2, "config": INDUCTOR, "summary": summarize_runs([29.0, 29.5, 28.5], [0.02])},
+    ]
+    index, why = select_winner(candidates, maximize=True)
+    assert candidates[index]["trial"] == 2 and "simpler config wins" in why
+    assert complexity(INDUCTOR) < complexity(OPENVINO) and complexity(EAGER) < complexity(INDUCTOR)
+
+
+def test_latency_finalists_pick_the_lowest_median():
+    candidates = [
+        {"trial": 1, "config": EAGER, "summary": summarize_runs([12.0, 12.1, 11.9], [0.01])},
+        {"trial": 2, "config": OPENVINO, "summary": summarize_runs([6.0, 6.1, 5.9], [0.01])},
+    ]
+    assert select_winner(candidates, maximize=False)[0] == 1
+
+
+def test_no_clean_finalist_is_an_error():
+    with pytest.raises(ValueError):
+        select_winner([{"trial": 1, "config": EAGER, "summary": summarize_runs([], [])}], maximize=True)
+
+
+def test_a_noisy_runner_up_does_not_tie_when_every_run_of_the_best_beat_it():
+    candidates = [
+        {"trial": 37, "config": OPENVINO, "summary": summarize_runs([93.4, 92.0, 91.7], [0.01])},
+        {"trial": 8, "config": INDUCTOR, "summary": summarize_runs([88.0, 85.2, 69.9], [0.01])},  # one slow run: 10% noise
+    ]
+    index, why = select_winner(candidates, maximize=True)
+    assert candidates[index]["trial"] == 37 and why.startswith("beats the runner-up")
