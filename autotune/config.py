@@ -14,7 +14,7 @@ from autotune.probe import JEMALLOC_CONF, MachineProbe, format_cpu_list
 
 # Variables autotune owns: removed from the inherited environment so a trial gets exactly what it asks for.
 MANAGED_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCHINDUCTOR_")
-MANAGED_ENV_VARS = ("LD_PRELOAD", "MALLOC_CONF", "THP_MEM_ALLOC_ENABLE")
+MANAGED_ENV_VARS = ("LD_PRELOAD", "MALLOC_CONF", "THP_MEM_ALLOC_ENABLE", "TBB_ENABLE_SANITIZERS")
 # What a pasted launch command unsets so the shell's own settings cannot leak in.
 UNSET_IN_COMMANDS = (*MANAGED_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY",
                      "KMP_BLOCKTIME", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FREEZING")

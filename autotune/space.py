@@ -146,7 +146,10 @@ class SearchSpace:
         """Ask an Optuna trial for one configuration; the result always fits the machine."""
         backend = trial.suggest_categorical("backend", list(self.backends))
         dims = self.backends[backend]
-        chosen = {key: trial.suggest_categorical(f"{backend}.{key}", values) for key, values in dims.items()}
+        precision = trial.suggest_categorical(f"{backend}.precision", dims["precision"])
+        spec = BACKENDS[backend]
+        chosen = {key: trial.suggest_categorical(f"{backend}.{key}", values)
+                  for key, values in dims.items() if key != "precision" and spec.applies(key, precision)}
         batch_size = trial.suggest_categorical("batch_size", self.batch_sizes)
         allocator = trial.suggest_categorical("allocator", self.allocators)
         instances = trial.suggest_categorical("instances", self.instances)
@@ -155,7 +158,6 @@ class SearchSpace:
             threads = trial.suggest_int("threads_per_instance", 1, max_threads)
         else:
             threads = trial.suggest_categorical("threads_per_instance", self.threads)
-        precision = chosen.pop("precision")
         config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen)
         if config.total_cores > self.cores:
             raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
@@ -176,7 +178,8 @@ class SearchSpace:
             for precision in dims["precision"]:
                 params: dict[str, Any] = {"backend": backend, f"{backend}.precision": precision, "batch_size": batch,
                                           "allocator": self.allocators[0], "instances": self.instances[0], "threads_per_instance": threads}
-                params.update({f"{backend}.{key}": values[0] for key, values in dims.items() if key != "precision"})
+                params.update({f"{backend}.{key}": values[0] for key, values in dims.items()
+                               if key != "precision" and BACKENDS[backend].applies(key, precision)})
                 plans.append(params)
         return plans
 

@@ -19,7 +19,7 @@ PAIRS = sum(len(d["precision"]) for d in ALL_BACKENDS.values())
 def run_study(workdir, name, backends, trials):
     space = write_space(workdir / f"{name}.yaml", batch_size=[4], baseline={"batch_size": 4}, backends=backends)
     result = run_autotune("search", "--model", "resnet18", "--input-shape", "3x32x32", "--study", name, "--space", str(space),
-                          "--trials", str(trials), "--budget", "12m", "--calibration-samples", "16", *FAST, cwd=workdir, timeout=900)
+                          "--trials", str(trials), "--budget", "12m", "--calibration-samples", "16", "--no-speed-pruning", *FAST, cwd=workdir, timeout=900)
     assert result.returncode == 0, result.stderr
     return load_study(workdir, name)
 

@@ -17,9 +17,15 @@ class BackendSpec:
     precisions: tuple[str, ...]
     options: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     requires: tuple[str, ...] = ()  # importable modules
+    # Options that only mean something at some precisions (sampled only there), e.g. {"int8_float": ("int8",)}.
+    option_precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Artifact backends build a file once (export, conversion, quantization) in a separate process and
     # their timing processes only load it; the others run the torch module directly.
     uses_artifact: bool = False
+
+
+    def applies(self, option: str, precision: str) -> bool:
+        return precision in self.option_precisions.get(option, self.precisions)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """OpenVINO on CPU: IR converted from the torch model (or from ONNX when that fails), f32 or bf16 made
 explicit (OpenVINO would pick bf16 by itself on CPUs that have it), int8 through NNCF post-training
-quantization. With several streams, one call keeps as many async requests in flight.
+quantization (its float layers in f32, or bf16 as an option). With several streams, one call keeps as many async requests in flight.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ SPEC = BackendSpec(
     name="openvino",
     description="OpenVINO (CPU plugin); int8 via NNCF",
     precisions=("fp32", "bf16", "int8"),
-    options={"hint": ("THROUGHPUT", "LATENCY"), "streams": ("auto", 1, 2, 4, 8)},
+    options={"hint": ("THROUGHPUT", "LATENCY"), "streams": ("auto", 1, 2, 4, 8), "int8_float": ("f32", "bf16")},
     requires=("openvino", "nncf"),
+    option_precisions={"int8_float": ("int8",)},
     uses_artifact=True,
 )
 
@@ -61,6 +62,12 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     return details
 
 
+def _float_precision(config: Any) -> str:
+    if config.precision == "int8":
+        return config.options.get("int8_float", "f32")
+    return "bf16" if config.precision == "bf16" else "f32"
+
+
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     import numpy as np
     import openvino as ov
@@ -72,8 +79,9 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     model.reshape([config.batch_size, *example.shape[1:]])
     properties: dict[Any, Any] = {
         hints.performance_mode: getattr(hints.PerformanceMode, config.options.get("hint", "THROUGHPUT")),
-        # int8 IR: the layers NNCF left in float run in f32 too, so drift is what quantization costs.
-        hints.inference_precision: ov.Type.bf16 if config.precision == "bf16" else ov.Type.f32,
+        # int8 IR: the layers NNCF left in float run in f32 (drift is what quantization costs) unless
+        # int8_float=bf16 asks for what OpenVINO would pick by itself on a CPU with bf16.
+        hints.inference_precision: ov.Type.bf16 if _float_precision(config) == "bf16" else ov.Type.f32,
         props.inference_num_threads: config.threads_per_instance,
     }
     streams = config.options.get("streams", "auto")
