@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -28,46 +28,65 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def measure_side_by_side(configs: dict[str, TrialConfig], ctx: TrialContext, repeats: int, work: Path, console: Console) -> dict[str, list[dict[str, Any]]]:
-    """Run every config `repeats` times, interleaved; a config that fails is reported, not fatal."""
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+Measure = Callable[[Path], dict[str, Any]]
+
+
+def measure_side_by_side(measures: dict[str, Measure], repeats: int, work: Path, console: Console) -> dict[str, list[dict[str, Any]]]:
+    """Run every measurement `repeats` times, interleaved; one that fails is reported, not fatal."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in measures}
     for repeat in range(repeats):
-        for name, config in configs.items():
+        for name, measure in measures.items():
             try:
-                metrics, _, _ = run_config(config, ctx, work / f"{repeat}-{name}", TIMEOUT_S)
+                metrics = measure(work / f"{repeat}-{name.replace(' ', '_')}")
             except TrialFailed as exc:
-                console.print(f"repeat {repeat + 1}/{repeats} {name:<18} FAILED: {exc.cause}", markup=False)
+                console.print(f"repeat {repeat + 1}/{repeats} {name:<28} FAILED: {exc.cause}", markup=False)
                 continue
             runs[name].append(metrics)
-            console.print(f"repeat {repeat + 1}/{repeats} {name:<18} {metrics['throughput_sps']:9.2f} samples/s", markup=False)
+            noisy = "" if metrics.get("valid", True) else "  (noisy: " + "; ".join(metrics["measurement"]["noise_flags"]) + ")"
+            console.print(f"repeat {repeat + 1}/{repeats} {name:<28} {metrics['throughput_sps']:9.2f} samples/s{noisy}", markup=False)
     return runs
 
 
-def results_table(title: str, configs: dict[str, TrialConfig], runs: dict[str, list[dict[str, Any]]], baseline: str) -> Table:
-    medians = {name: statistics.median(m["throughput_sps"] for m in ms) if ms else None for name, ms in runs.items()}
+def config_measure(config: TrialConfig, ctx: TrialContext) -> Measure:
+    """A config measured by autotune's own protocol, in fresh processes."""
+    return lambda work: run_config(config, ctx, work, TIMEOUT_S)[0]
+
+
+def median_throughput(runs: list[dict[str, Any]]) -> float | None:
+    return statistics.median(m["throughput_sps"] for m in runs) if runs else None
+
+
+def results_table(title: str, settings: dict[str, str], runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]) -> Table:
+    """Medians with their range, latency, drift, and the ratio of each row's median to some rows'."""
+    medians = {name: median_throughput(ms) for name, ms in runs.items()}
     table = Table(title=title)
-    for column in ("config", "settings", "median samples/s", "min", "max", "p50 ms", "p99 ms", "drift (rel. L2)", "top-1 agree", "vs " + baseline):
-        table.add_column(column)
-    for name, config in configs.items():
-        ms = runs[name]
+    for column in ("config", "settings", "median samples/s", "min", "max", "noisy runs", "p50 ms", "p99 ms", "drift (rel. L2)",
+                   "top-1 agree", *("vs " + name for name in ratios_to)):
+        table.add_column(column, no_wrap=column == "config")  # row names stay whole (and parseable)
+    for name, ms in runs.items():
         if not ms:
-            table.add_row(name, config.summary(), "failed", "", "", "", "", "", "", "")
+            table.add_row(name, settings[name], "failed", *[""] * (8 + len(ratios_to)))
             continue
         sps = [m["throughput_sps"] for m in ms]
-        p50 = [m["latency_ms"]["p50"] for m in ms if m["latency_ms"]["p50"] is not None]
-        p99 = [m["latency_ms"]["p99"] for m in ms if m["latency_ms"]["p99"] is not None]
-        drift = ms[0]["drift"] or {}
-        ratio = medians[name] / medians[baseline] if medians.get(baseline) else None
+        p50 = [m["latency_ms"]["p50"] for m in ms if (m.get("latency_ms") or {}).get("p50") is not None]
+        p99 = [m["latency_ms"]["p99"] for m in ms if (m.get("latency_ms") or {}).get("p99") is not None]
+        drift = ms[0].get("drift") or {}
+        noisy = sum(1 for m in ms if m.get("valid") is False)
+        ratios = [f"{medians[name] / medians[other]:.2f}x" if medians.get(other) else "-" for other in ratios_to]
         table.add_row(
-            name, config.summary(), _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)),
-            _fmt(statistics.median(p50), 1) if p50 else "-", _fmt(statistics.median(p99), 1) if p99 else "-", _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3),
-            f"{ratio:.2f}x" if ratio else "-",
+            name, settings[name], _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)), f"{noisy}/{len(ms)}",
+            _fmt(statistics.median(p50), 1) if p50 else "-", _fmt(statistics.median(p99), 1) if p99 else "-",
+            _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3), *ratios,
         )
     return table
 
 
-def compare_with_baseline(best_path: Path, repeats: int, console: Console) -> dict[str, Any]:
-    """Re-measure an exported winner against its study's eager fp32 baseline."""
+def compare_with_baseline(best_path: Path, repeats: int, console: Console, independent_s: float = 0.0,
+                          vs_benchmark_app_s: float = 0.0) -> dict[str, Any]:
+    """Re-measure an exported winner against its study's eager fp32 baseline, interleaved; optionally
+    also under an independent stopwatch and against `benchmark_app -hint throughput` on NNCF int8."""
+    from autotune.crosscheck import independent_winner, one_command_openvino
+
     try:
         best = read_json(best_path)
     except (OSError, ValueError) as exc:
@@ -79,10 +98,21 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console) -> di
         probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"])),
         MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
     )
-    configs = {"baseline": TrialConfig.from_dict(best["baseline"]["config"]), "winner": TrialConfig.from_dict(best["config"])}
-    runs = measure_side_by_side(configs, ctx, repeats, best_path.parent / "compare", console)
+    baseline, winner = TrialConfig.from_dict(best["baseline"]["config"]), TrialConfig.from_dict(best["config"])
+    measures: dict[str, Measure] = {"baseline": config_measure(baseline, ctx), "winner": config_measure(winner, ctx)}
+    settings = {"baseline": baseline.summary(), "winner": winner.summary()}
+    ratios_to = ["baseline"]
+    if independent_s > 0:
+        measures["winner, independent"] = lambda work: independent_winner(best, work, independent_s)
+        tool = "benchmark_app, same IR and settings" if winner.backend == "openvino" else "plain timing loop"
+        settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
+    if vs_benchmark_app_s > 0:
+        measures["benchmark_app one command"] = lambda work: one_command_openvino(ctx, best["model"]["input_shape"], work, vs_benchmark_app_s)
+        settings["benchmark_app one command"] = f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
+        ratios_to.append("benchmark_app one command")
+    runs = measure_side_by_side(measures, repeats, best_path.parent / "compare", console)
     shape = "x".join(map(str, best["model"]["input_shape"]))
-    console.print(results_table(f"{best['model']['name']} {shape}: {repeats} alternating runs each", configs, runs, "baseline"))
+    console.print(results_table(f"{best['model']['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to))
     return runs
 
 
@@ -100,7 +130,8 @@ def backend_configs(batch_size: int, cores: int) -> dict[str, TrialConfig]:
         "onnxruntime int8": config("onnxruntime", "int8", execution_mode="sequential", graph_optimization="all", inter_op_threads=1),
         "openvino fp32": config("openvino", "fp32", hint="THROUGHPUT", streams="auto"),
         "openvino bf16": config("openvino", "bf16", hint="THROUGHPUT", streams="auto"),
-        "openvino int8": config("openvino", "int8", hint="THROUGHPUT", streams="auto"),
+        "openvino int8": config("openvino", "int8", hint="THROUGHPUT", streams="auto", int8_float="f32"),
+        "openvino int8+bf16": config("openvino", "int8", hint="THROUGHPUT", streams="auto", int8_float="bf16"),
         "torchao int8": config("torchao", "int8", scheme="static", memory_format="channels_last"),
     }
 
@@ -122,8 +153,9 @@ def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measur
         if unknown:
             raise UserError(f"unknown benchmark config {unknown[0]!r}; choose from {', '.join(configs)}")
         configs = {name: configs[name] for name in ["eager fp32", *only] if name in configs}
-    runs = measure_side_by_side(configs, ctx, repeats, work / "runs", console)
+    measures = {name: config_measure(config, ctx) for name, config in configs.items()}
+    runs = measure_side_by_side(measures, repeats, work / "runs", console)
     shape = "x".join(map(str, model.input_shape))
     console.print(results_table(f"{model.name} {shape}, batch {batch_size}, 1 instance x {machine.physical_cores} threads, "
-                                f"{repeats} interleaved run(s) each", configs, runs, "eager fp32"))
+                                f"{repeats} interleaved run(s) each", {n: c.summary() for n, c in configs.items()}, runs, ["eager fp32"]))
     return runs

@@ -26,7 +26,8 @@ def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.
     from autotune.measure import MeasureSettings
 
     return MeasureSettings(window_min_s=window_s, window_min_iters=min_iterations,
-                           window_max_s=max(window_s * 4, window_s + 10, cap_s), warmup_min_s=min(1.0, window_s))
+                           window_max_s=max(window_s * 4, window_s + 10, cap_s), warmup_min_s=min(1.0, window_s),
+                           screen_s=min(1.0, window_s / 2))
 
 
 def _storage_arg(args: argparse.Namespace) -> str:
@@ -58,14 +59,18 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         space=space, objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
         trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
         calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
-        measure=measure_settings(window),
+        measure=measure_settings(window), finalists=args.finalists, finalist_repeats=args.finalist_repeats,
+        finalist_share=args.finalist_share, speed_pruning=not args.no_speed_pruning,
     )
     outcome = run_search(spec, console)
     if outcome.best_path:
         best = json.loads(outcome.best_path.read_text())
         speed = f", {best['speedup_vs_baseline']:.2f}x the eager fp32 baseline" if best.get("speedup_vs_baseline") else ""
+        revalidated = best["objective"].get("revalidated_median")
+        again = f" (re-measured median {revalidated:.1f})" if revalidated else ""
         console.print(
-            f"best: trial {best['study']['trial']} {best['metrics']['throughput_sps']:.1f} samples/s{speed}; wrote {outcome.best_path}",
+            f"best: trial {best['study']['trial']} {best['metrics']['throughput_sps']:.1f} samples/s{again}{speed}; "
+            f"{best['selection']}; wrote {outcome.best_path}",
             markup=False,
         )
     else:
@@ -116,7 +121,11 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study) / "best.json"
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
-    compare_with_baseline(path, args.repeats, console)
+    from autotune.durations import parse_duration
+
+    independent = parse_duration(args.independent) if args.independent != "0" else 0.0
+    versus = parse_duration(args.vs_benchmark_app) if args.vs_benchmark_app else 0.0
+    compare_with_baseline(path, args.repeats, console, independent, versus)
     return 0
 
 
@@ -171,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")
     search.add_argument("--calibration-samples", type=int, default=64,
                         help="inputs int8 quantization is calibrated on, disjoint from the evaluation set (default 64)")
+    search.add_argument("--no-speed-pruning", action="store_true",
+                        help="measure every trial fully (no screening window, no pruning of clearly slower configs)")
+    search.add_argument("--finalists", type=int, default=3, help="top configs re-measured at the end, interleaved (default 3; 0: none)")
+    search.add_argument("--finalist-repeats", type=int, default=3, help="runs of each finalist (default 3)")
+    search.add_argument("--finalist-share", type=float, default=0.2, help="fraction of the budget kept for the finalists (default 0.2)")
     search.add_argument("--no-cover-backends", action="store_true",
                         help="do not start a new study with one trial per backend x precision")
     _add_study_args(search, required=False)
@@ -192,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--best", help="a best.json file (instead of --study)")
     compare.add_argument("--studies-dir", default="studies")
     compare.add_argument("--repeats", type=int, default=3, help="runs of each config (default 3)")
+    compare.add_argument("--independent", default="20s",
+                         help="also time the winner with an independent stopwatch for this long per run: benchmark_app "
+                              "for an OpenVINO winner, a plain loop otherwise (default 20s; 0: skip)")
+    compare.add_argument("--vs-benchmark-app", metavar="SECONDS",
+                         help="also run 'benchmark_app -hint throughput' on the NNCF int8 IR for this long per run")
     compare.set_defaults(func=cmd_compare)
 
     bench = sub.add_parser("bench", help="every backend x precision side by side on one model (a benchmark table)")
@@ -214,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     try:
         args = build_parser().parse_args(argv)
