@@ -25,14 +25,15 @@ META_FILE = "meta.json"
 VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao")
 
 
-def artifact_key(model: ModelSource, config: TrialConfig, calibration_samples: int) -> dict[str, Any]:
+def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str, Any]) -> dict[str, Any]:
     """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator)."""
     return {
         "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256},
         "backend": config.backend,
         "builder_version": backend_module(config.backend).ARTIFACT_VERSION,
         "identity": backend_module(config.backend).artifact_identity(config),
-        "calibration": {"data": "synthetic", "samples": calibration_samples},
+        # the data's digest, not its path; synthetic calibration keeps its old key so caches stay valid
+        "calibration": {k: v for k, v in calibration.items() if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))},
         "versions": package_versions(VERSIONED_PACKAGES),
     }
 

@@ -95,7 +95,8 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console, indep
         raise UserError(f"{best_path} has no baseline trial to compare with")
     job = best["job"]
     ctx = TrialContext(
-        probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"])),
+        probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"]),
+                                   job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]}),
         MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
     )
     baseline, winner = TrialConfig.from_dict(best["baseline"]["config"]), TrialConfig.from_dict(best["config"])

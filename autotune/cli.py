@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from autotune.drift import METRIC_HELP, METRICS
 from autotune.errors import UserError
 
 EXIT_USAGE = 2
@@ -38,25 +39,41 @@ def _storage_arg(args: argparse.Namespace) -> str:
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.durations import parse_duration
+    from autotune.dataset import check_sizes, resolve_data
+    from autotune.drift import DriftCriterion
     from autotune.models import resolve_model
     from autotune.space import load_space_file
     from autotune.spec import SearchSpec, default_storage, validate_study_name
     from autotune.study import run_search
 
     budget_s = parse_duration(args.budget)
-    study = validate_study_name(args.study or args.model.rpartition(":")[2] or "model")
+    study = validate_study_name(args.study or Path(args.model.rpartition(":")[2]).stem or "model")
     space_path = Path(args.space or DEFAULT_SPACE)
     space = load_space_file(space_path)
     window = parse_duration(args.measure_seconds)
     model = resolve_model(args.model, args.weights, args.input_shape)
     origin = {"random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
               "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
-              "weights-file": f"weights from {model.weights_path}"}[model.weights_origin]
+              "weights-file": f"weights from {model.weights_path}",
+              "model-file": "weights inside the model file"}[model.weights_origin]
     console.print(f"model {model.name} input {'x'.join(map(str, model.input_shape))}: {origin}", markup=False)
+    try:
+        criterion = DriftCriterion.parse(args.drift_metric, args.max_drift)
+    except ValueError as exc:
+        raise UserError(f"--max-drift: {exc}") from None
+    data = resolve_data(args.data, model.input_shape)
+    calibration = resolve_data(args.calibration_data, model.input_shape, "--calibration-data") if args.calibration_data else None
+    check_sizes(data, calibration, args.eval_samples, args.calibration_samples)
+    if data.kind == "synthetic":
+        console.print("warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
+                      "pass --data (an image folder or a tensor file) to keep your accuracy", markup=False)
+    else:
+        console.print(f"data: {data.describe()}; calibration: {calibration.describe() if calibration else 'a disjoint split of it'}", markup=False)
     studies_root = str(Path(args.studies_dir).resolve())
     spec = SearchSpec(
         study=study, model=model, storage=args.storage or default_storage(studies_root, study), space_path=str(space_path),
-        space=space, objective=args.objective, max_drift=args.max_drift, budget_s=budget_s, trials=args.trials,
+        space=space, objective=args.objective, max_drift=criterion.max_drop, drift_metric=criterion.metric,
+        drift_relative=criterion.relative, data=data, calibration_data=calibration, budget_s=budget_s, trials=args.trials,
         trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
         calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
         measure=measure_settings(window), finalists=args.finalists, finalist_repeats=args.finalist_repeats,
@@ -166,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     search = sub.add_parser("search", help="run (or resume) a study")
-    search.add_argument("--model", required=True, help="torchvision classification model name, or file.py:function / module:function")
+    search.add_argument("--model", required=True, help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
+                                                             "or a TorchScript (.pt) or exported program (.pt2) file")
     search.add_argument("--weights", help="state_dict file (loaded with weights_only)")
     search.add_argument("--input-shape", help="one sample's shape, e.g. 3x224x224 (default: the model's)")
     search.add_argument("--budget", default="20m", help="wall-clock budget: 90s, 20m, 2h (default 20m)")
@@ -174,7 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})")
     search.add_argument("--objective", default="throughput", choices=("throughput", "latency"),
                         help="maximize samples/s, or minimize median latency per batch")
-    search.add_argument("--max-drift", type=float, default=0.05, help="largest relative L2 error vs FP32 eager (default 0.05)")
+    search.add_argument("--max-drift", default="0.05",
+                        help="largest drop from FP32 on --drift-metric: a number (absolute, default 0.05) or a percentage "
+                             "of FP32's value, e.g. 1%% (accuracy)")
+    search.add_argument("--drift-metric", default="relative_l2", choices=METRICS,
+                        help="what --max-drift bounds: " + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items()) + " (default relative_l2)")
+    search.add_argument("--data", help="drift (and calibration) data: an image folder (one subfolder per class gives labels) or a "
+                                       "tensor file ({'inputs', 'labels'} or a tensor); default: synthetic inputs")
+    search.add_argument("--calibration-data", help="calibrate int8 on this image folder or tensor file instead of a split of --data")
     search.add_argument("--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)")
     search.add_argument("--measure-seconds", default="5s", help="minimum measurement window per trial (default 5s)")
     search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")

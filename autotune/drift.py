@@ -1,31 +1,138 @@
-"""Drift of a candidate's outputs from the FP32 eager reference: pure functions over arrays."""
+"""Drift of a candidate's outputs from the FP32 eager reference, and the criterion that bounds it.
+
+Pure functions over arrays. Every metric is computed for every trial (relative L2 for any output,
+cosine similarity for embeddings, top-1 agreement for classifiers, and top-1 accuracy against labels
+when the data has them); the user's criterion picks one and bounds its *drop* from FP32, absolute or
+relative, as accuracy-aware quantization tools do (NNCF's max_drop / drop_type).
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
 import numpy as np
+
+METRICS = ("relative_l2", "cosine", "top1", "accuracy")
+METRIC_HELP = {
+    "relative_l2": "relative L2 error of the outputs, ||y - y_fp32|| / ||y_fp32||",
+    "cosine": "1 - mean cosine similarity of each sample's output with FP32's (embeddings)",
+    "top1": "share of samples whose top-1 class differs from FP32's",
+    "accuracy": "drop of top-1 accuracy against the data's labels, FP32 minus candidate",
+}
+
+
+def _flat(values: np.ndarray, rows: int) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64).reshape(rows, -1)
 
 
 def relative_l2(outputs: np.ndarray, reference: np.ndarray) -> float:
     """||y - y_ref|| / ||y_ref|| over the whole evaluation set: scale-free, 0 for identical outputs."""
-    outputs = np.asarray(outputs, dtype=np.float64).reshape(len(reference), -1)
-    reference = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
+    outputs, reference = _flat(outputs, len(reference)), _flat(reference, len(reference))
     denom = np.linalg.norm(reference)
     return float(np.linalg.norm(outputs - reference) / denom) if denom > 0 else float(np.linalg.norm(outputs))
 
 
+def cosine_similarity(outputs: np.ndarray, reference: np.ndarray) -> float:
+    """Mean over samples of the cosine between a sample's output vector and the reference's."""
+    outputs, reference = _flat(outputs, len(reference)), _flat(reference, len(reference))
+    norms = np.linalg.norm(outputs, axis=1) * np.linalg.norm(reference, axis=1)
+    dots = np.sum(outputs * reference, axis=1)
+    cos = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(np.linalg.norm(outputs, axis=1) == 0, 1.0, 0.0))
+    return float(np.mean(cos))
+
+
 def top1_agreement(outputs: np.ndarray, reference: np.ndarray) -> float:
     """Share of samples whose arg-max class equals the reference's."""
-    outputs = np.asarray(outputs).reshape(len(reference), -1)
-    reference = np.asarray(reference).reshape(len(reference), -1)
+    outputs, reference = _flat(outputs, len(reference)), _flat(reference, len(reference))
     return float(np.mean(outputs.argmax(axis=1) == reference.argmax(axis=1)))
 
 
-def compute_drift(outputs: np.ndarray, reference: np.ndarray) -> dict[str, float | int]:
+def top1_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Share of samples whose arg-max class is the label."""
+    outputs = _flat(outputs, len(labels))
+    return float(np.mean(outputs.argmax(axis=1) == np.asarray(labels).reshape(-1)))
+
+
+def compute_drift(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None = None) -> dict[str, Any]:
+    """Every drift metric of `outputs` against the FP32 `reference` (and `labels`, when there are some)."""
     if np.shape(outputs) != np.shape(reference):
         raise ValueError(f"output shape {np.shape(outputs)} differs from the reference {np.shape(reference)}")
     finite = bool(np.all(np.isfinite(outputs)))
-    return {
-        "relative_l2": relative_l2(outputs, reference) if finite else float("inf"),
+    drift: dict[str, Any] = {
+        "relative_l2": relative_l2(outputs, reference) if finite else math.inf,
+        "cosine_similarity": cosine_similarity(outputs, reference) if finite else 0.0,
         "top1_agreement": top1_agreement(outputs, reference) if finite else 0.0,
         "samples": int(len(reference)),
     }
+    if labels is not None:
+        reference_accuracy = top1_accuracy(reference, labels)
+        accuracy = top1_accuracy(outputs, labels) if finite else 0.0
+        drift.update(accuracy=accuracy, reference_accuracy=reference_accuracy, accuracy_delta=accuracy - reference_accuracy)
+    return drift
+
+
+@dataclass(frozen=True)
+class DriftCriterion:
+    """The largest drop from FP32 a config may have on one metric; `relative` divides by FP32's value."""
+
+    metric: str = "relative_l2"
+    max_drop: float = 0.05
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"drift metric {self.metric!r} is not known; choose from {', '.join(METRICS)}")
+        if not self.max_drop > 0:
+            raise ValueError(f"the largest drift must be positive, got {self.max_drop}")
+        if self.relative and self.metric != "accuracy":
+            raise ValueError(f"a relative drift bound (a %) applies to accuracy only; {self.metric} is already a share")
+
+    @classmethod
+    def parse(cls, metric: str, text: str) -> "DriftCriterion":
+        """'0.05' is an absolute drop; '1%' a drop relative to FP32's value (accuracy)."""
+        text = str(text).strip()
+        relative = text.endswith("%")
+        try:
+            value = float(text[:-1]) / 100 if relative else float(text)
+        except ValueError:
+            raise ValueError(f"cannot read the drift bound {text!r}: give a number (0.05) or a percentage (1%)") from None
+        return cls(metric, value, relative)
+
+    def drop(self, drift: dict[str, Any]) -> float | None:
+        """How much worse than FP32 the drift record is on this metric (None: cannot be told)."""
+        if self.metric == "relative_l2":
+            return drift.get("relative_l2")
+        if self.metric == "cosine":
+            value = drift.get("cosine_similarity")
+            return None if value is None else 1.0 - value
+        if self.metric == "top1":
+            value = drift.get("top1_agreement")
+            return None if value is None else 1.0 - value
+        if drift.get("accuracy") is None:
+            return None
+        loss = drift["reference_accuracy"] - drift["accuracy"]
+        if self.relative:
+            return loss / drift["reference_accuracy"] if drift["reference_accuracy"] > 0 else (0.0 if loss <= 0 else math.inf)
+        return loss
+
+    def exceeded(self, drift: dict[str, Any] | None) -> bool:
+        """True when the drop is beyond the bound, not finite, or cannot be told from the record."""
+        if not drift:
+            return False
+        value = self.drop(drift)
+        return value is None or not math.isfinite(value) or value > self.max_drop
+
+    def describe(self) -> str:
+        bound = f"{self.max_drop:.2%} of FP32's" if self.relative else f"{self.max_drop:g}"
+        return f"{self.metric} drop <= {bound}"
+
+    def verdict(self, drift: dict[str, Any]) -> str:
+        """One line for a pruned trial: the metric's drop against the bound."""
+        value = self.drop(drift)
+        shown = "unknown" if value is None else f"{value:.3g}"
+        return f"drift: {self.metric} drop {shown} > max {self.max_drop:g}{' (relative)' if self.relative else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

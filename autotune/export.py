@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from autotune.drift import DriftCriterion
 from autotune.errors import UserError
 from autotune.config import UNSET_IN_COMMANDS
 from autotune.files import write_json_atomic
@@ -118,12 +119,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "job": attrs.get("job"),
         "metrics": {key: attrs.get(key) for key in METRIC_KEYS},
         "measure_settings": attrs.get("measure_settings"),
-        "drift": {
-            **drift,
-            "metric": "relative_l2",
-            "max_drift": spec.get("max_drift"),
-            "data": f"synthetic: {spec.get('eval_samples')} seeded random inputs (FP32 eager outputs as reference)",
-        },
+        "drift": drift_report(drift, spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")),
         "baseline": None if baseline is None else {
             "trial": baseline.number,
             "config": baseline.user_attrs.get("config"),
@@ -132,6 +128,25 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         },
         **_speedup(record, best, base_sps, spec.get("objective")),
         "fingerprint": study.user_attrs.get("fingerprint"),
+    }
+
+
+def drift_report(drift: dict[str, Any], spec: dict[str, Any], evaluation: dict[str, Any] | None,
+                 calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """The winner's drift: every metric, the one bounded with its drop and bound, and what it was measured on."""
+    criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
+    evaluation = evaluation or {"data": "synthetic seeded random inputs", "samples": spec.get("eval_samples"), "synthetic": True}
+    return {
+        **drift,
+        "metric": criterion.metric,
+        "drop": criterion.drop(drift) if drift else None,
+        "max_drift": criterion.max_drop,
+        "relative": criterion.relative,
+        "criterion": criterion.describe(),
+        "data": f"{evaluation['data']}: {evaluation['samples']} evaluation samples, FP32 eager outputs as reference"
+                + (" (synthetic: says little about accuracy)" if evaluation.get("synthetic") else ""),
+        "evaluation": evaluation,
+        "calibration": calibration,
     }
 
 

@@ -19,13 +19,16 @@ from autotune.errors import UserError
 from autotune.files import file_digest
 
 RANDOM_INIT = "random-init"
+MODEL_FILE = "model-file"  # the weights are inside the TorchScript or exported-program file
+TORCHSCRIPT, EXPORTED = "torchscript", "exported-program"
+MODEL_FILE_SUFFIXES = (".pt", ".ts", ".pt2")
 WEIGHTS_FILE = "weights-file"
 HUB_CACHE = "torch-hub-cache"
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    kind: str  # "torchvision" or "factory" (module:function or file.py:function)
+    kind: str  # "torchvision", "factory" (module:function or file.py:function), "torchscript" or "exported-program"
     name: str
     input_shape: tuple[int, ...]  # one sample, without the batch dimension
     weights_path: str | None = None
@@ -42,6 +45,11 @@ class ModelSource:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelSource":
         return cls(**{**data, "input_shape": tuple(data["input_shape"])})
+
+    @property
+    def has_own_weights(self) -> bool:
+        """Weights come from a file (or the model file itself), not from a seeded random init."""
+        return bool(self.weights_path) or self.weights_origin == MODEL_FILE
 
     def with_weights(self, path: str) -> "ModelSource":
         return replace(self, weights_path=path, weights_sha256=file_digest(path))
@@ -86,6 +94,8 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None) -> Mo
         if not weights_file.is_file():
             raise UserError(f"weights file {weights!r} does not exist; pass a state_dict saved with torch.save")
         weights = str(weights_file.resolve())
+    if name.endswith(MODEL_FILE_SUFFIXES) and ":" not in name:
+        return _resolve_model_file(name, weights, shape)
     if ":" in name:
         return _resolve_factory(name, weights, shape)
     known = torchvision_classification_models()
@@ -100,6 +110,47 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None) -> Mo
     if cached:
         return ModelSource("torchvision", name, shape, str(cached), HUB_CACHE, weights_sha256=file_digest(cached))
     return ModelSource("torchvision", name, shape, None, RANDOM_INIT)
+
+
+def _exported_input_shape(path: Path) -> tuple[int, ...] | None:
+    """One sample's shape from an exported program's single input; refuses a fixed batch dimension."""
+    import torch
+
+    program = torch.export.load(str(path))
+    names = list(program.graph_signature.user_inputs)
+    if len(names) != 1:
+        raise UserError(f"model file {str(path)!r} takes {len(names)} inputs; autotune feeds models one input tensor")
+    node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == names[0])
+    shape = tuple(node.meta["val"].shape)
+    if isinstance(shape[0], int):
+        raise UserError(f"model file {str(path)!r} was exported with a fixed batch of {shape[0]}; export it with a dynamic batch "
+                        "dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}}) so autotune can try batch sizes")
+    return tuple(int(d) for d in shape[1:]) if all(isinstance(d, int) for d in shape[1:]) else None
+
+
+def _resolve_model_file(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
+    """A TorchScript archive (.pt, .ts: torch.jit.save) or an exported program (.pt2: torch.export.save).
+
+    Both hold code run by torch's own interpreters, not pickled Python; the file is the weights, so
+    its digest identifies the model."""
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise UserError(f"model file {name!r} does not exist")
+    if weights:
+        raise UserError(f"model file {name!r} already holds its weights; --weights is for torchvision and factory models")
+    kind = EXPORTED if path.suffix == ".pt2" else TORCHSCRIPT
+    try:
+        found = _exported_input_shape(path) if kind == EXPORTED else None
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"cannot load {name!r} as {'an exported program' if kind == EXPORTED else 'TorchScript'} "
+                        f"({type(exc).__name__}); save it with {'torch.export.save' if kind == EXPORTED else 'torch.jit.save'}") from None
+    shape = shape or found
+    if shape is None:
+        raise UserError(f"model {name!r}: give --input-shape (one sample, e.g. 3x224x224)")
+    resolved = str(path.resolve())
+    return ModelSource(kind, resolved, shape, None, MODEL_FILE, weights_sha256=file_digest(resolved))
 
 
 def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
@@ -142,6 +193,12 @@ def build_model(source: ModelSource) -> Any:
         import torchvision
 
         model = torchvision.models.get_model(source.name, weights=None)
+    elif source.kind == TORCHSCRIPT:
+        return torch.jit.load(source.name, map_location="cpu").eval()
+    elif source.kind == EXPORTED:
+        model = torch.export.load(source.name).module()
+        torch.ao.quantization.move_exported_model_to_eval(model)  # exported modules refuse .eval()
+        return model
     else:
         model = _import_factory(source.name)()
     if source.weights_path:

@@ -21,7 +21,9 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
         if p50 is None or drift is None:
             return ""
         ci = (attrs.get("measurement") or {}).get("throughput_ci_rel")
-        text = f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 {p50:.1f} ms  drift {drift:.2e}"
+        accuracy = (attrs.get("drift") or {}).get("accuracy")
+        text = (f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 {p50:.1f} ms  drift {drift:.2e}"
+                f"{f'  acc {accuracy:.3f}' if accuracy is not None else ''}")
         flags = (attrs.get("measurement") or {}).get("noise_flags")
         return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if attrs.get("valid") is False and flags else text
     if trial.state == optuna.trial.TrialState.PRUNED:

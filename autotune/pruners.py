@@ -8,25 +8,23 @@ from typing import Any
 import optuna
 from optuna.pruners import BasePruner
 
+from autotune.drift import DriftCriterion
+
 
 class DriftPruner(BasePruner):
-    """Prune a trial whose outputs drift from the FP32 reference more than the threshold.
+    """Prune a trial whose outputs drift from the FP32 reference beyond the user's criterion.
 
-    The worker reports drift (user attribute `drift`) before any timing starts, so a pruned trial
-    costs its preparation only. Another pruner (e.g. one on speed) can be wrapped and is asked next.
+    The worker reports drift (user attribute `drift`) before any timing starts, and a trial whose
+    numerics were already measured gets that record before it launches, so a pruned trial costs its
+    preparation at most. Another pruner (e.g. one on speed) can be wrapped and is asked next.
     """
 
-    def __init__(self, max_drift: float, metric: str = "relative_l2", wrapped: BasePruner | None = None) -> None:
-        self.max_drift = max_drift
-        self.metric = metric
+    def __init__(self, criterion: DriftCriterion, wrapped: BasePruner | None = None) -> None:
+        self.criterion = criterion
         self.wrapped = wrapped
 
     def drift_exceeded(self, trial: optuna.trial.FrozenTrial) -> bool:
-        drift = trial.user_attrs.get("drift")
-        if not drift:
-            return False
-        value = drift.get(self.metric)
-        return value is None or not math.isfinite(value) or value > self.max_drift
+        return self.criterion.exceeded(trial.user_attrs.get("drift"))
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if self.drift_exceeded(trial):

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.dataset import DataSource
+from autotune.drift import DriftCriterion
 from autotune.errors import UserError
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSource
@@ -18,7 +20,10 @@ from autotune.models import ModelSource
 OBJECTIVES = ("throughput", "latency")
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
-IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "measure", "eval_samples", "calibration_samples")
+IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "drift_metric", "drift_relative", "data", "calibration_data", "measure",
+                   "eval_samples", "calibration_samples")
+# Fields added after studies already existed: a stored spec without them had these values.
+IDENTITY_DEFAULTS = {"drift_metric": "relative_l2", "drift_relative": False, "data": DataSource().to_dict(), "calibration_data": None}
 
 
 def validate_study_name(name: str) -> str:
@@ -44,6 +49,10 @@ class SearchSpec:
     space: dict[str, Any]
     objective: str = "throughput"
     max_drift: float = 0.05
+    drift_metric: str = "relative_l2"
+    drift_relative: bool = False  # max_drift is a share of FP32's value (accuracy)
+    data: DataSource = field(default_factory=DataSource)  # drift (and calibration) data
+    calibration_data: DataSource | None = None  # calibration from its own source instead of a split of `data`
     budget_s: float = 1200.0
     trials: int | None = None
     trial_timeout_s: float = 600.0
@@ -61,8 +70,13 @@ class SearchSpec:
         validate_study_name(self.study)
         if self.objective not in OBJECTIVES:
             raise UserError(f"objective {self.objective!r} is not known; choose {' or '.join(OBJECTIVES)}")
-        if not self.max_drift > 0:
-            raise UserError(f"--max-drift must be positive (relative L2 error, e.g. 0.05), got {self.max_drift}")
+        try:
+            DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
+        except ValueError as exc:
+            raise UserError(f"--drift-metric/--max-drift: {exc}") from None
+        if self.drift_metric == "accuracy" and not self.data.labels:
+            raise UserError("--drift-metric accuracy needs labels: give --data as an image folder with one subfolder per class, "
+                            "or a tensor file holding {'inputs': ..., 'labels': ...}")
         if self.trials is not None and self.trials < 1:
             raise UserError(f"--trials must be at least 1, got {self.trials}")
         if self.eval_samples < 1:
@@ -84,6 +98,10 @@ class SearchSpec:
         return Path(self.studies_root) / ".cache"
 
     @property
+    def criterion(self) -> DriftCriterion:
+        return DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
+
+    @property
     def direction(self) -> str:
         return "maximize" if self.objective == "throughput" else "minimize"
 
@@ -95,7 +113,9 @@ class SearchSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchSpec":
-        return cls(**{**data, "model": ModelSource.from_dict(data["model"]), "measure": MeasureSettings.from_dict(data["measure"])})
+        calibration = data.get("calibration_data")
+        return cls(**{**data, "model": ModelSource.from_dict(data["model"]), "measure": MeasureSettings.from_dict(data["measure"]),
+                      "data": DataSource.from_dict(data.get("data")), "calibration_data": DataSource.from_dict(calibration) if calibration else None})
 
     def identity(self) -> dict[str, Any]:
         data = self.to_dict()
@@ -106,8 +126,8 @@ def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> lis
     """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']."""
     diffs = []
     for key in IDENTITY_FIELDS:
-        if stored.get(key) != current.get(key):
-            old, new = stored.get(key), current.get(key)
+        old, new = stored.get(key, IDENTITY_DEFAULTS.get(key)), current.get(key)
+        if old != new:
             if isinstance(old, dict) and isinstance(new, dict):
                 keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 diffs.append(f"{key} ({', '.join(keys)})")

@@ -55,7 +55,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe) -> tuple[optuna.study.St
         sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
     study = optuna.create_study(
         study_name=spec.study, storage=storage, direction=spec.direction, sampler=sampler,
-        pruner=DriftPruner(spec.max_drift, wrapped=SpeedPruner() if spec.speed_pruning else None), load_if_exists=True,
+        pruner=DriftPruner(spec.criterion, wrapped=SpeedPruner() if spec.speed_pruning else None), load_if_exists=True,
     )
     stored = study.user_attrs.get("spec")
     if stored is None:
@@ -102,13 +102,22 @@ class Objective:
         remaining = self.deadline - time.monotonic()
         timeout = min(self.spec.trial_timeout_s, remaining)
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
+        known_drift = same_numerics_drift(trial.study, config.numerics_key())
+        if known_drift is not None:
+            trial.set_user_attr("drift", known_drift)
+            if trial.should_prune():
+                reason = f"{self.spec.criterion.verdict(known_drift)}, as measured by trial {known_drift['reused_from']} (same numerics): not launched"
+                trial.set_user_attr("prune_reason", reason)
+                raise optuna.TrialPruned(reason)
 
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
             if stage == "ready":
                 drift = payloads[0].get("drift")
+                if drift is None:
+                    return  # reused: already judged before launch
                 trial.set_user_attr("drift", drift)
                 if trial.should_prune():
-                    reason = f"drift {drift['relative_l2']:.3g} > max {self.spec.max_drift} (relative L2)"
+                    reason = self.spec.criterion.verdict(drift)
                     trial.set_user_attr("prune_reason", reason)
                     raise optuna.TrialPruned(reason)
             elif stage == "screened":
@@ -128,7 +137,8 @@ class Objective:
 
         try:
             metrics, launches, template = run_config(config, self.ctx, trial_dir, timeout, on_stage=on_stage,
-                                                     screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0)
+                                                     screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
+                                                     known_drift=known_drift)
             value = objective_value(self.spec.objective, metrics)
         except TrialFailed as exc:
             cause = exc.cause
@@ -152,6 +162,14 @@ class Objective:
         trial.set_user_attr("trial_dir", str(trial_dir))
         return value
 
+def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> dict[str, Any] | None:
+    """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
+    the drift an earlier trial measured for the same numerics, marked as reused, or None."""
+    for earlier in study.get_trials(deepcopy=False):
+        drift = earlier.user_attrs.get("drift")
+        if drift and "reused_from" not in drift and earlier.user_attrs.get("numerics_key") == numerics_key:
+            return {**drift, "reused_from": earlier.number}
+    return None
 
 
 def objective_value(objective: str, metrics: dict[str, Any]) -> float:
@@ -217,13 +235,16 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     )
     _fail_stale_trials(study, console)
     try:
-        reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s))
+        reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s),
+                                      spec.data, spec.calibration_data, spec.calibration_samples)
     except TrialFailed as exc:
         raise UserError(
             f"the model does not run in FP32 eager mode, so there is no reference to compare with ({exc.cause}); "
             f"see {spec.dir / 'reference' / 'stderr.log'}"
         ) from None
     study.set_user_attr("model_for_trials", reference.model.to_dict())
+    study.set_user_attr("evaluation", reference.evaluation)
+    study.set_user_attr("calibration", reference.calibration)
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
     ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples)

@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from autotune.artifacts import META_FILE, artifact_dir, artifact_key, build_lock, read_meta
 from autotune.backends import BACKENDS
+from autotune.dataset import DataSource
 from autotune.config import TrialConfig, clean_environment, pin_prefix
 from autotune.errors import TrialFailed
 from autotune.files import read_json, write_json_atomic
@@ -36,6 +37,9 @@ class Reference:
 
     outputs_path: Path
     model: ModelSource  # with weights_path and weights_sha256 set: random inits are saved once and shared
+    # What int8 artifacts are calibrated on (part of their cache key) and what drift is measured on.
+    calibration: dict[str, Any] = field(default_factory=lambda: {"data": "synthetic", "samples": 64})
+    evaluation: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         "workdir": str(ctx.cache_dir),
         "artifact_dir": artifact["dir"] if artifact else None,
         "calibration_samples": ctx.calibration_samples,
+        "calibration": ctx.reference.calibration,
     }
 
 
@@ -173,7 +178,7 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
     """Build the backend's artifact in its own process unless the cache has it; say which happened."""
     if not BACKENDS[config.backend].uses_artifact:
         return None
-    key = artifact_key(ctx.reference.model, config, ctx.calibration_samples)
+    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration)
     directory = artifact_dir(ctx.cache_dir, key)
     with build_lock(directory):
         meta = read_meta(directory)
@@ -186,6 +191,8 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
         job_path = work_dir / "prepare-job.json"
         write_json_atomic(job_path, {"task": "prepare", "model": ctx.reference.model.to_dict(), "config": config.to_dict(),
                                      "artifact_dir": str(building), "calibration_samples": ctx.calibration_samples,
+                                     "reference_path": str(ctx.reference.outputs_path),
+                                     "calibration_description": ctx.reference.calibration["data"],
                                      "result_path": str(work_dir / "prepare-result.json")})
         launch = InstanceLaunch(
             argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={}, result_path=work_dir / "prepare-result.json",
@@ -212,6 +219,7 @@ def run_config(
     timeout_s: float,
     on_stage: Callable[[str, list[dict[str, Any]]], None] | None = None,
     screen: bool = False,
+    known_drift: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
 
@@ -231,7 +239,8 @@ def run_config(
         barrier = attempt_dir / "barrier"
         barrier.mkdir(parents=True)
         first = attempt == 0
-        job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s, "screen": screen and first}
+        job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s, "screen": screen and first,
+               "measure_drift": known_drift is None and first}
         launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir)
         stages = ("ready", "screened") if job["screen"] else ("ready",)
         before = machine_snapshot()
@@ -248,6 +257,7 @@ def run_config(
         if not flags:
             break
     metrics = attempts[-1]
+    metrics["drift"] = known_drift or attempts[0]["drift"]  # measured once: by the first attempt, or reused
     metrics["valid"] = not metrics["measurement"]["noise_flags"]
     metrics["measurement"]["attempts"] = [
         {"throughput_sps": m["throughput_sps"], "noise_flags": m["measurement"]["noise_flags"]} for m in attempts
@@ -275,18 +285,21 @@ def screening_value(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float) -> Reference:
-    """FP32 eager outputs on the evaluation set, computed once per study in a fresh process.
+def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float, data: DataSource = DataSource(),
+                      calibration_data: DataSource | None = None, calibration_samples: int = 64) -> Reference:
+    """FP32 eager outputs on the evaluation set, computed once per study in a fresh process, which also
+    draws the calibration set (disjoint from evaluation) and saves it beside them.
 
-    Reused only when it was computed for the same model, weights and evaluation set.
+    Reused only when it was computed for the same model, weights, data and set sizes.
     """
     ref_dir = study_dir / "reference"
     outputs_path = (ref_dir / "reference.pt").resolve()
     weights_path = (ref_dir / "weights.pt").resolve()
-    wanted = {"model": model.to_dict(), "eval_samples": eval_samples}
+    sources = {"data": data.to_dict(), "calibration_data": calibration_data.to_dict() if calibration_data else None}
+    wanted = {"model": model.to_dict(), "eval_samples": eval_samples, "calibration_samples": calibration_samples, **sources}
     try:
-        fresh = read_json(ref_dir / "meta.json") == wanted and outputs_path.exists()
-    except (OSError, ValueError):
+        fresh = read_json(ref_dir / "meta.json")["wanted"] == wanted and outputs_path.exists()
+    except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     if not fresh:
         ref_dir.mkdir(parents=True, exist_ok=True)
@@ -294,14 +307,24 @@ def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, ti
         write_json_atomic(
             job_path,
             {"task": "reference", "model": model.to_dict(), "eval_samples": eval_samples, "workdir": str(study_dir),
+             "calibration_samples": calibration_samples, **sources,
              "reference_path": str(outputs_path), "result_path": str((ref_dir / "result.json").resolve()),
-             "weights_out": None if model.weights_path else str(weights_path)},
+             "weights_out": None if model.has_own_weights else str(weights_path)},
         )
         launch = InstanceLaunch(
             argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={},
             result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
         )
-        run_instances([launch], timeout_s)
-        write_json_atomic(ref_dir / "meta.json", wanted)
-    shared = model if model.weights_path else model.with_weights(str(weights_path))
-    return Reference(outputs_path, shared)
+        result = run_instances([launch], timeout_s)[0]
+        write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})
+    result = read_json(ref_dir / "meta.json")["result"]
+    calibration_source = calibration_data or data
+    if calibration_source.kind == "synthetic":
+        calibration = {"data": "synthetic", "samples": calibration_samples}
+    else:
+        calibration = {"data": calibration_source.describe(), "digest": calibration_source.digest, "samples": result["calibration_samples"],
+                       "after_eval": None if calibration_data is not None else result["eval_samples"]}  # where the split starts
+    evaluation = {"data": data.describe(), "samples": result["eval_samples"], "labels": result["labels"],
+                  "reference_accuracy": result["reference_accuracy"], "synthetic": data.kind == "synthetic"}
+    shared = model if model.has_own_weights else model.with_weights(str(weights_path))
+    return Reference(outputs_path, shared, calibration, evaluation)

@@ -24,7 +24,8 @@ import numpy as np
 
 from autotune.config import TrialConfig
 from autotune.data import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, fixed_batches, synthetic_inputs, to_numpy
-from autotune.drift import compute_drift
+from autotune.dataset import DataSource, evaluation_and_calibration
+from autotune.drift import compute_drift, top1_accuracy
 from autotune.files import read_json, write_json_atomic
 from autotune.measure import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.models import ModelSource, build_model, primary_output
@@ -130,12 +131,22 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     model = build_model(source)
     if job.get("weights_out"):
         save_atomic(model.state_dict(), job["weights_out"])
-    inputs = synthetic_inputs(source.input_shape, job["eval_samples"], EVAL_SEED)
+    seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
+    sets = evaluation_and_calibration(
+        DataSource.from_dict(job.get("data")), DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
+        source, job["eval_samples"], job.get("calibration_samples", 0),
+        lambda count, purpose: synthetic_inputs(source.input_shape, count, seeds[purpose]),
+    )
+    inputs = sets["inputs"]
     config = TrialConfig("eager", "fp32", batch_size=min(8, len(inputs)))
     runner = backend_module("eager").prepare(model, inputs[:1], config, Path(job["workdir"]))
     outputs = run_in_batches(runner, inputs, config.batch_size)
-    save_atomic({"inputs": inputs, "outputs": torch.from_numpy(outputs)}, job["reference_path"])
-    return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__}
+    save_atomic({**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)}, job["reference_path"])
+    labels = sets["labels"]
+    accuracy = top1_accuracy(outputs, labels.numpy()) if labels is not None and outputs.ndim == 2 else None
+    return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__,
+            "eval_samples": len(inputs), "calibration_samples": len(sets["calibration"]), "labels": labels is not None,
+            "reference_accuracy": accuracy}
 
 
 def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
@@ -150,12 +161,17 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     model = build_model(source)
     example = synthetic_inputs(source.input_shape, batch, TIMING_SEED)
-    calibration = fixed_batches(synthetic_inputs(source.input_shape, job["calibration_samples"], CALIBRATION_SEED), batch)
+    import torch
+
+    # The calibration set the reference process drew (the user's data, disjoint from evaluation), else synthetic.
+    saved = torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
+    calibration_inputs = saved if saved is not None else synthetic_inputs(source.input_shape, job["calibration_samples"], CALIBRATION_SEED)
+    calibration = fixed_batches(calibration_inputs, batch)
     out_dir = Path(job["artifact_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     details = module.build_artifact(model, example, calibration, config, out_dir)
     return {"pid": os.getpid(), "prepare_s": time.monotonic() - t0, "details": details,
-            "calibration": {"data": "synthetic", "seed": CALIBRATION_SEED, "samples": job["calibration_samples"]}}
+            "calibration": {"data": job.get("calibration_description", "synthetic"), "samples": len(calibration_inputs)}}
 
 
 def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
@@ -190,10 +206,11 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     first_call_s = time.monotonic() - t0
 
     drift = None
-    if instance == 0 and job.get("reference_path"):
+    if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
         reference = torch.load(job["reference_path"], weights_only=True)
         outputs = run_in_batches(runner, reference["inputs"], config.batch_size)
-        drift = compute_drift(outputs, reference["outputs"].numpy())
+        labels = reference.get("labels")
+        drift = compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
 
     step = lambda: runner(native)  # noqa: E731
     warmup = warm_up(step, settings)

@@ -60,3 +60,48 @@ def test_inductor_study_on_a_torchvision_model(workdir):
     assert trial.user_attrs["config"]["backend"] == "inductor"
     assert trial.user_attrs["first_call_s"] > 1.0  # compilation happened on the first call (an eager call takes milliseconds)
     assert trial.user_attrs["drift"]["relative_l2"] < 1e-3
+
+
+def _saved_models(tmp_path):
+    """The same tiny CNN as TorchScript and as an exported program with a dynamic batch."""
+    import sys
+
+    sys.path.insert(0, str(TINY.parent))
+    from tiny_models import TinyCNN
+
+    model, example = TinyCNN().eval(), torch.randn(2, 3, 16, 16)
+    torch.jit.save(torch.jit.script(model), tmp_path / "tiny.pt")
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    torch.export.save(torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}}), tmp_path / "tiny.pt2")
+    torch.export.save(torch.export.export(model, (example,)), tmp_path / "fixed.pt2")
+    return model
+
+
+def test_model_files_load_with_their_own_weights(tmp_path):
+    model = _saved_models(tmp_path)
+    x = torch.randn(5, 3, 16, 16)
+    exported = resolve_model(str(tmp_path / "tiny.pt2"), None, None)
+    assert exported.kind == "exported-program" and exported.input_shape == (3, 16, 16)  # read from the program
+    assert exported.has_own_weights and exported.weights_sha256
+    scripted = resolve_model(str(tmp_path / "tiny.pt"), None, "3x16x16")
+    for source in (exported, scripted):
+        assert torch.allclose(build_model(source)(x), model(x), atol=1e-5)
+    with pytest.raises(UserError, match="fixed batch of 2"):
+        resolve_model(str(tmp_path / "fixed.pt2"), None, None)
+    with pytest.raises(UserError, match="give --input-shape"):
+        resolve_model(str(tmp_path / "tiny.pt"), None, None)
+
+
+@pytest.mark.parametrize("file", ["tiny.pt", "tiny.pt2"])
+def test_a_model_file_completes_a_short_study(workdir, file):
+    _saved_models(workdir)
+    space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]},
+                                                          "openvino": {"precision": ["fp32"], "hint": ["LATENCY"], "streams": [1]}})
+    result = run_autotune("search", "--model", str(workdir / file), "--input-shape", "3x16x16", "--space", str(space),
+                          "--trials", "3", "--budget", "3m", "--no-speed-pruning", *FAST, cwd=workdir, timeout=400)
+    assert result.returncode == 0, result.stderr
+    assert "weights inside the model file" in result.stdout
+    study = load_study(workdir, "tiny")
+    assert states(study) == ["COMPLETE"] * 3, [t.user_attrs.get("fail_cause") for t in study.trials]
+    assert study.trials[0].user_attrs["drift"]["relative_l2"] == 0.0
+    assert study.trials[2].user_attrs["config"]["backend"] == "openvino" and study.trials[2].user_attrs["drift"]["relative_l2"] < 1e-3

@@ -6,6 +6,7 @@ Real Optuna studies (in memory) with trials recorded as a search records them.
 import optuna
 import pytest
 
+from autotune.drift import DriftCriterion
 from autotune.export import choose_winner
 from autotune.finalists import complexity, select_winner, summarize_runs
 from autotune.pruners import DriftPruner, SpeedPruner
@@ -22,7 +23,7 @@ def completed(value: float, ci_rel: float = 0.01, valid: bool = True, **attrs) -
 
 
 def study_with(*trials, direction: str = "maximize") -> optuna.study.Study:
-    study = optuna.create_study(direction=direction, pruner=DriftPruner(0.05, wrapped=SpeedPruner()))
+    study = optuna.create_study(direction=direction, pruner=DriftPruner(DriftCriterion(), wrapped=SpeedPruner()))
     for trial in trials:
         study.add_trial(trial)
     return study

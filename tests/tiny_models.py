@@ -65,3 +65,23 @@ class SlowAtBadBatch(TinyCNN):
 
 def slow_at_bad_batch() -> nn.Module:
     return SlowAtBadBatch()
+
+
+class DigitsNet(nn.Module):
+    """A small CNN for scikit-learn's 8x8 digits (1x8x8 inputs in [0, 1], 10 classes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.ReLU(),
+            nn.Flatten(),
+        )
+        self.head = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def digits_net() -> nn.Module:
+    return DigitsNet()

@@ -1,0 +1,136 @@
+"""Your model, your data: a real classifier trained here, its accuracy kept by int8, destroyed by bad calibration.
+
+The digits classifier is trained in the test on scikit-learn's bundled digits; autotune evaluates and
+calibrates on the held-out part, never seen in training.
+"""
+
+import json
+
+import pytest
+import torch
+
+from conftest import FAST, load_study, run_autotune, tiny, write_space
+from digits import garbage_calibration, train_digits
+
+INT8 = {
+    "eager": {"precision": ["fp32"], "memory_format": ["contiguous"]},
+    "openvino": {"precision": ["int8"], "hint": ["LATENCY"], "streams": [1], "int8_float": ["f32"]},
+    "onnxruntime": {"precision": ["int8"], "execution_mode": ["sequential"], "graph_optimization": ["all"], "inter_op_threads": [1]},
+    "torchao": {"precision": ["int8"], "scheme": ["static"], "memory_format": ["contiguous"]},
+}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("digits")
+    trained = train_digits(workdir)
+    assert trained["accuracy"] > 0.9  # a real classifier, so that keeping its accuracy means something
+    return {**trained, "workdir": workdir}
+
+
+def digits_search(workdir, digits, study, *extra):
+    space = write_space(workdir / f"{study}.yaml", batch_size=[8], backends=INT8, baseline={"batch_size": 8})
+    result = run_autotune(
+        "search", "--model", tiny("digits_net"), "--input-shape", "1x8x8", "--weights", str(digits["weights"]),
+        "--data", str(digits["data"]), "--eval-samples", "300", "--calibration-samples", "200",
+        "--drift-metric", "accuracy", "--max-drift", "2%", "--study", study, "--space", str(space), "--trials", "4",
+        "--budget", "10m", "--no-speed-pruning", "--measure-seconds", "0.3", "--finalists", "0", *extra, cwd=workdir, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    return result, load_study(workdir, study)
+
+
+def test_int8_keeps_a_trained_classifiers_accuracy(digits):
+    result, study = digits_search(digits["workdir"], digits, "kept")
+    assert "data: tensor file" in result.stdout and "warning" not in result.stdout
+    int8 = [t for t in study.trials if t.user_attrs["config"]["precision"] == "int8"]
+    assert len(int8) == 3 and all(t.state.name == "COMPLETE" for t in int8), [t.user_attrs.get("prune_reason") for t in int8]
+    for trial in int8:
+        drift = trial.user_attrs["drift"]
+        assert drift["samples"] == 300 and drift["reference_accuracy"] > 0.9
+        assert drift["reference_accuracy"] - drift["accuracy"] <= 0.02 * drift["reference_accuracy"]
+        assert drift["relative_l2"] > 0  # quantized for real: outputs moved, accuracy kept
+        assert trial.user_attrs["artifact"]["details"]  # built from the user's calibration split
+    best = json.loads((digits["workdir"] / "studies" / "kept" / "best.json").read_text())
+    drift = best["drift"]
+    assert drift["metric"] == "accuracy" and drift["relative"] is True and drift["max_drift"] == 0.02
+    assert drift["evaluation"]["samples"] == 300 and drift["evaluation"]["labels"] is True
+    assert "tensor file" in drift["data"] and drift["calibration"]["samples"] == 200
+    assert drift["calibration"]["after_eval"] == 300  # calibration is the split after the evaluation samples
+
+
+def test_int8_calibrated_on_garbage_is_pruned(digits):
+    garbage = garbage_calibration(digits["workdir"])
+    _, study = digits_search(digits["workdir"], digits, "garbage", "--calibration-data", str(garbage))
+    int8 = [t for t in study.trials if t.user_attrs["config"]["precision"] == "int8"]
+    assert len(int8) == 3
+    for trial in int8:
+        assert trial.state.name == "PRUNED", (trial.user_attrs["config"]["backend"], trial.user_attrs.get("drift"))
+        assert trial.user_attrs["prune_reason"].startswith("drift: accuracy drop")
+        assert trial.user_attrs["drift"]["accuracy"] < 0.5  # really destroyed, not a borderline call
+        assert "throughput_sps" not in trial.user_attrs  # pruned before timing
+    assert study.trials[0].state.name == "COMPLETE"  # fp32 eager is untouched by calibration
+
+
+def test_drift_is_measured_once_per_numerics_and_reused(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[2, 4], backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}})
+    common = ["--model", tiny(), "--input-shape", "3x16x16", "--study", "s", "--space", str(space), "--budget", "3m",
+              "--no-cover-backends", "--max-drift", "1e-6", *FAST]
+    assert run_autotune("search", *common, "--trials", "1", cwd=workdir).returncode == 0  # the fp32 baseline, batch 2
+    study = load_study(workdir, "s")
+    base = study.trials[0].params
+    study.enqueue_trial({**base, "batch_size": 4})  # same numerics, another batch
+    study.enqueue_trial({**base, "eager.precision": "bf16"})  # bf16: drift measured, beyond 1e-6
+    study.enqueue_trial({**base, "eager.precision": "bf16", "batch_size": 4})  # same bf16 numerics: known to be beyond
+    result = run_autotune("search", *common, "--trials", "3", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    trials = load_study(workdir, "s").trials
+    assert trials[1].state.name == "COMPLETE" and trials[1].user_attrs["drift"]["reused_from"] == 0
+    assert trials[1].user_attrs["drift"]["relative_l2"] == trials[0].user_attrs["drift"]["relative_l2"]
+    assert trials[2].state.name == "PRUNED" and "reused_from" not in trials[2].user_attrs["drift"]
+    assert trials[3].state.name == "PRUNED" and trials[3].user_attrs["drift"]["reused_from"] == 2
+    assert "not launched" in trials[3].user_attrs["prune_reason"]
+    assert not (workdir / "studies" / "s" / "trials" / "00003").exists()
+
+
+def test_image_folder_with_class_subfolders_gives_labels(workdir):
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for label in ("cat", "dog"):
+        (workdir / "images" / label).mkdir(parents=True)
+        for i in range(6):
+            pixels = (torch.rand((20, 24, 3), generator=generator) * 255).to(torch.uint8).numpy()
+            Image.fromarray(pixels).save(workdir / "images" / label / f"{i}.png")
+    space = write_space(workdir / "space.yaml")
+    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--data", str(workdir / "images"),
+                          "--eval-samples", "8", "--calibration-samples", "4", "--study", "img", "--space", str(space),
+                          "--trials", "1", "--budget", "2m", "--measure-seconds", "0.3", "--finalists", "0", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "image folder" in result.stdout and "12 samples, with labels" in result.stdout
+    drift = load_study(workdir, "img").trials[0].user_attrs["drift"]
+    assert drift["samples"] == 8 and "accuracy" in drift and drift["accuracy_delta"] == 0.0  # fp32 eager is the reference
+    reference = torch.load(workdir / "studies" / "img" / "reference" / "reference.pt", weights_only=True)
+    assert reference["inputs"].shape == (8, 3, 16, 16) and reference["calibration"].shape == (4, 3, 16, 16)
+    assert set(reference["labels"].tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--data", "missing"], "--data 'missing' does not exist"),
+        (["--data", "DATA"], "samples have shape 1x8x8, the model's input is 3x16x16"),
+        (["--drift-metric", "accuracy"], "--drift-metric accuracy needs labels"),
+        (["--max-drift", "abc"], "cannot read the drift bound 'abc'"),
+        (["--max-drift", "5%"], "a relative drift bound (a %) applies to accuracy only"),
+        (["--data", "DATA_FEW", "--eval-samples", "8", "--calibration-samples", "8"], "--data has 10 samples"),
+    ],
+)
+def test_bad_data_input_is_one_line_and_exit_2(workdir, extra, message):
+    torch.save({"inputs": torch.rand(20, 1, 8, 8), "labels": torch.zeros(20, dtype=torch.long)}, workdir / "d.pt")
+    torch.save(torch.rand(10, 3, 16, 16), workdir / "few.pt")
+    extra = [{"DATA": str(workdir / "d.pt"), "DATA_FEW": str(workdir / "few.pt")}.get(a, a) for a in extra]
+    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", *extra, cwd=workdir, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
