@@ -56,16 +56,23 @@ def median_throughput(runs: list[dict[str, Any]]) -> float | None:
     return statistics.median(m["throughput_sps"] for m in runs) if runs else None
 
 
-def results_table(title: str, settings: dict[str, str], runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]) -> Table:
+def print_results(console: Console, title: str, settings: dict[str, str], runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]) -> None:
+    """The table, then each row's full settings (kept out of the table so it stays readable)."""
+    console.print(results_table(title, runs, ratios_to))
+    for name, text in settings.items():
+        console.print(f"  {name}: {text}", markup=False)
+
+
+def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]) -> Table:
     """Medians with their range, latency, drift, and the ratio of each row's median to some rows'."""
     medians = {name: median_throughput(ms) for name, ms in runs.items()}
     table = Table(title=title)
-    for column in ("config", "settings", "median samples/s", "min", "max", "noisy runs", "p50 ms", "p99 ms", "drift (rel. L2)",
+    for column in ("config", "median samples/s", "min", "max", "noisy runs", "p50 ms", "p99 ms", "drift (rel. L2)",
                    "top-1 agree", *("vs " + name for name in ratios_to)):
         table.add_column(column, no_wrap=column == "config")  # row names stay whole (and parseable)
     for name, ms in runs.items():
         if not ms:
-            table.add_row(name, settings[name], "failed", *[""] * (8 + len(ratios_to)))
+            table.add_row(name, "failed", *[""] * (8 + len(ratios_to)))
             continue
         sps = [m["throughput_sps"] for m in ms]
         p50 = [m["latency_ms"]["p50"] for m in ms if (m.get("latency_ms") or {}).get("p50") is not None]
@@ -74,7 +81,7 @@ def results_table(title: str, settings: dict[str, str], runs: dict[str, list[dic
         noisy = sum(1 for m in ms if m.get("valid") is False)
         ratios = [f"{medians[name] / medians[other]:.2f}x" if medians.get(other) else "-" for other in ratios_to]
         table.add_row(
-            name, settings[name], _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)), f"{noisy}/{len(ms)}",
+            name, _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)), f"{noisy}/{len(ms)}",
             _fmt(statistics.median(p50), 1) if p50 else "-", _fmt(statistics.median(p99), 1) if p99 else "-",
             _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3), *ratios,
         )
@@ -108,12 +115,12 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console, indep
         tool = "benchmark_app, same IR and settings" if winner.backend == "openvino" else "plain timing loop"
         settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
-        measures["benchmark_app one command"] = lambda work: one_command_openvino(ctx, best["model"]["input_shape"], work, vs_benchmark_app_s)
-        settings["benchmark_app one command"] = f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
-        ratios_to.append("benchmark_app one command")
+        measures["benchmark_app, one command"] = lambda work: one_command_openvino(ctx, best["model"]["input_shape"], work, vs_benchmark_app_s)
+        settings["benchmark_app, one command"] = f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
+        ratios_to.append("benchmark_app, one command")
     runs = measure_side_by_side(measures, repeats, best_path.parent / "compare", console)
     shape = "x".join(map(str, best["model"]["input_shape"]))
-    console.print(results_table(f"{best['model']['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to))
+    print_results(console, f"{best['model']['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to)
     return runs
 
 
@@ -157,6 +164,6 @@ def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measur
     measures = {name: config_measure(config, ctx) for name, config in configs.items()}
     runs = measure_side_by_side(measures, repeats, work / "runs", console)
     shape = "x".join(map(str, model.input_shape))
-    console.print(results_table(f"{model.name} {shape}, batch {batch_size}, 1 instance x {machine.physical_cores} threads, "
-                                f"{repeats} interleaved run(s) each", {n: c.summary() for n, c in configs.items()}, runs, ["eager fp32"]))
+    print_results(console, f"{model.name} {shape}, batch {batch_size}, 1 instance x {machine.physical_cores} threads, "
+                  f"{repeats} interleaved run(s) each", {n: c.summary() for n, c in configs.items()}, runs, ["eager fp32"])
     return runs

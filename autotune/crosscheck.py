@@ -72,8 +72,13 @@ def _run_together(commands: list[list[str]], env: dict[str, str], timeout_s: flo
 def _openvino_flags(config: TrialConfig, details: dict[str, Any]) -> list[str]:
     """benchmark_app flags that reproduce what the trial compiled (read back from OpenVINO itself)."""
     precision = "bf16" if "bf16" in str(details.get("effective_precision", "")) else "f32"
-    return ["-hint", config.options.get("hint", "THROUGHPUT").lower(), "-nstreams", str(details.get("effective_streams", 1)),
-            "-nthreads", str(config.threads_per_instance), "-infer_precision", precision]
+    # benchmark_app takes -nstreams/-nthreads only with -hint none; the streams, threads, precision and
+    # requests the hint chose in the trial are all given explicitly instead.
+    flags = ["-hint", "none", "-nstreams", str(details.get("effective_streams", 1)),
+             "-nthreads", str(config.threads_per_instance), "-infer_precision", precision]
+    if details.get("optimal_requests"):
+        flags += ["-nireq", str(details["optimal_requests"] if int(details.get("effective_streams", 1)) > 1 else 1)]
+    return flags
 
 
 def independent_winner(best: dict[str, Any], work: Path, seconds: float, timeout_s: float = 900.0) -> dict[str, Any]:
