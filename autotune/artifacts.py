@@ -28,7 +28,8 @@ VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime
 def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str, Any]) -> dict[str, Any]:
     """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator)."""
     return {
-        "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256},
+        "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256,
+                  **({"inputs": model.inputs} if model.inputs else {})},
         "backend": config.backend,
         "builder_version": backend_module(config.backend).ARTIFACT_VERSION,
         "identity": backend_module(config.backend).artifact_identity(config),

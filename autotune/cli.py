@@ -41,6 +41,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.durations import parse_duration
     from autotune.dataset import check_sizes, resolve_data
     from autotune.drift import DriftCriterion
+    from autotune.inputs import describe as describe_inputs
     from autotune.models import resolve_model
     from autotune.space import load_space_file
     from autotune.spec import SearchSpec, default_storage, validate_study_name
@@ -56,13 +57,13 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
               "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
               "weights-file": f"weights from {model.weights_path}",
               "model-file": "weights inside the model file"}[model.weights_origin]
-    console.print(f"model {model.name} input {'x'.join(map(str, model.input_shape))}: {origin}", markup=False)
+    console.print(f"model {model.name} input {describe_inputs(model.specs)}: {origin}", markup=False)
     try:
         criterion = DriftCriterion.parse(args.drift_metric, args.max_drift)
     except ValueError as exc:
         raise UserError(f"--max-drift: {exc}") from None
-    data = resolve_data(args.data, model.input_shape)
-    calibration = resolve_data(args.calibration_data, model.input_shape, "--calibration-data") if args.calibration_data else None
+    data = resolve_data(args.data, model.specs)
+    calibration = resolve_data(args.calibration_data, model.specs, "--calibration-data") if args.calibration_data else None
     check_sizes(data, calibration, args.eval_samples, args.calibration_samples)
     if data.kind == "synthetic":
         console.print("warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
@@ -186,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--model", required=True, help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
                                                              "or a TorchScript (.pt) or exported program (.pt2) file")
     search.add_argument("--weights", help="state_dict file (loaded with weights_only)")
-    search.add_argument("--input-shape", help="one sample's shape, e.g. 3x224x224 (default: the model's)")
+    search.add_argument("--input-shape", "--inputs", dest="input_shape",
+                        help="one sample's shape, e.g. 3x224x224 (default: the model's); several or integer inputs as "
+                             "name:dtype:shape[:low-high],..., e.g. input_ids:int64:128:0-30522,attention_mask:int64:128:1-2")
     search.add_argument("--budget", default="20m", help="wall-clock budget: 90s, 20m, 2h (default 20m)")
     search.add_argument("--trials", type=int, help="stop after this many trials in this run")
     search.add_argument("--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})")

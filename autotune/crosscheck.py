@@ -87,6 +87,8 @@ def independent_winner(best: dict[str, Any], work: Path, seconds: float, timeout
     machine = probe_machine()
     env = {**clean_environment(dict(os.environ)), **best["environment"]}
     job = best["job"]
+    if best["model"].get("inputs"):
+        raise TrialFailed("the independent cross-check feeds one input tensor; this model takes several")
     shape = f"[{config.batch_size},{','.join(map(str, best['model']['input_shape']))}]"
     commands = []
     if config.backend == "openvino":

@@ -1,4 +1,4 @@
-"""Inputs the worker feeds models: seeded synthetic tensors, with disjoint seeds per purpose.
+"""Inputs the worker feeds models: seeded synthetic batches, with disjoint seeds per purpose.
 
 Evaluation (drift), calibration (int8) and timing inputs never share a seed, so calibration data is
 disjoint from the data drift is measured on.
@@ -15,25 +15,11 @@ CALIBRATION_SEED = 5678
 TIMING_SEED = 4321
 
 
-def synthetic_inputs(shape: tuple[int, ...], count: int, seed: int) -> Any:
-    import torch
+def synthetic_inputs(specs: tuple[Any, ...], count: int, seed: int) -> tuple[Any, ...]:
+    """A batch (tuple, one tensor per model input) of `count` seeded random samples."""
+    from autotune.inputs import synthetic
 
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn((count, *shape), generator=generator)
-
-
-def fixed_batches(inputs: Any, batch_size: int) -> list[Any]:
-    """Split into batches of exactly batch_size, padding the last by cycling through the inputs, so shapes
-    never change (fixed-shape backends) even when there are fewer inputs than one batch."""
-    import torch
-
-    batches = []
-    for start in range(0, len(inputs), batch_size):
-        chunk = inputs[start : start + batch_size]
-        if len(chunk) < batch_size:
-            chunk = torch.cat([chunk, inputs[torch.arange(batch_size - len(chunk)) % len(inputs)]])
-        batches.append(chunk)
-    return batches
+    return synthetic(specs, count, seed)
 
 
 def to_numpy(output: Any) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.files import file_digest
+from autotune.inputs import InputSpec, as_batch, describe
 
 SYNTHETIC = "synthetic"
 IMAGE_FOLDER = "image-folder"
@@ -54,8 +55,9 @@ def image_files(root: Path) -> tuple[list[Path], bool]:
     return sorted(f for f in root.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES), False
 
 
-def _load_tensor_file(path: Path) -> tuple[Any, Any]:
-    """(inputs, labels or None) from a tensor file: a tensor, or a dict with 'inputs' and maybe 'labels'."""
+def _load_tensor_file(path: Path) -> tuple[tuple[Any, ...], Any]:
+    """(inputs batch, labels or None) from a tensor file: a tensor, or a dict with 'inputs' (a tensor, a
+    tuple of tensors or a dict of them, one per model input) and maybe 'labels'."""
     import torch
 
     try:
@@ -64,16 +66,17 @@ def _load_tensor_file(path: Path) -> tuple[Any, Any]:
         raise UserError(f"cannot read data file {str(path)!r} ({type(exc).__name__}); save a tensor or "
                         "{'inputs': tensor, 'labels': tensor} with torch.save") from None
     if isinstance(data, torch.Tensor):
-        return data, None
-    if isinstance(data, dict) and isinstance(data.get("inputs"), torch.Tensor):
+        return (data,), None
+    inputs = as_batch(data.get("inputs")) if isinstance(data, dict) and data.get("inputs") is not None else ()
+    if inputs and all(isinstance(t, torch.Tensor) for t in inputs) and len({len(t) for t in inputs}) == 1:
         labels = data.get("labels")
-        if labels is not None and (not isinstance(labels, torch.Tensor) or len(labels) != len(data["inputs"])):
+        if labels is not None and (not isinstance(labels, torch.Tensor) or len(labels) != len(inputs[0])):
             raise UserError(f"data file {str(path)!r}: 'labels' must be a tensor with one label per input")
-        return data["inputs"], labels
+        return inputs, labels
     raise UserError(f"data file {str(path)!r} holds {type(data).__name__}; save a tensor or {{'inputs': tensor, 'labels': tensor}}")
 
 
-def resolve_data(path: str | None, input_shape: tuple[int, ...], option: str = "--data") -> DataSource:
+def resolve_data(path: str | None, specs: tuple[InputSpec, ...], option: str = "--data") -> DataSource:
     """Check what the user pointed at and describe it; synthetic when nothing was given."""
     if path is None:
         return DataSource()
@@ -82,16 +85,19 @@ def resolve_data(path: str | None, input_shape: tuple[int, ...], option: str = "
         raise UserError(f"{option} {path!r} does not exist: give an image folder (one subfolder per class) or a tensor file")
     target = target.resolve()
     if target.is_dir():
+        if len(specs) != 1:
+            raise UserError(f"{option} {path!r} is an image folder, but the model takes {len(specs)} inputs: give a tensor file")
         files, labelled = image_files(target)
         if not files:
             raise UserError(f"{option} {path!r} has no images ({', '.join(IMAGE_SUFFIXES[:3])}, ...) in it or in its class subfolders")
         listing = "\n".join(f"{f.relative_to(target)}:{f.stat().st_size}" for f in files)
         return DataSource(IMAGE_FOLDER, str(target), hashlib.sha256(listing.encode()).hexdigest(), len(files), labelled)
     inputs, labels = _load_tensor_file(target)
-    if tuple(inputs.shape[1:]) != tuple(input_shape):
-        raise UserError(f"{option} {path!r}: samples have shape {'x'.join(map(str, inputs.shape[1:]))}, "
-                        f"the model's input is {'x'.join(map(str, input_shape))} (change --input-shape or the data)")
-    return DataSource(TENSOR_FILE, str(target), file_digest(str(target)), int(len(inputs)), labels is not None)
+    found = [tuple(t.shape[1:]) for t in inputs]
+    if found != [tuple(s.shape) for s in specs]:
+        raise UserError(f"{option} {path!r}: samples have shape {', '.join('x'.join(map(str, f)) for f in found)}, "
+                        f"the model's input is {describe(specs)} (change --input-shape or the data)")
+    return DataSource(TENSOR_FILE, str(target), file_digest(str(target)), int(len(inputs[0])), labels is not None)
 
 
 def check_sizes(data: DataSource, calibration: DataSource | None, eval_samples: int, calibration_samples: int) -> None:
@@ -127,14 +133,15 @@ def image_transform(model: Any) -> Any:
     return transforms.Compose([*steps, transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
-def load_samples(data: DataSource, model: Any, indices: list[int]) -> tuple[Any, Any]:
-    """The selected samples as one input tensor (preprocessed), and their labels (or None)."""
+def load_samples(data: DataSource, model: Any, indices: list[int]) -> tuple[tuple[Any, ...], Any]:
+    """The selected samples as a batch (preprocessed; each input in its spec's dtype), and their labels (or None)."""
     import torch
 
     if data.kind == TENSOR_FILE:
         inputs, labels = _load_tensor_file(Path(data.path))
         picked = torch.as_tensor(indices, dtype=torch.long)
-        return inputs[picked].float(), None if labels is None else labels[picked].long()
+        batch = tuple(t[picked].to(getattr(torch, spec.dtype)) for t, spec in zip(inputs, model.specs))
+        return batch, None if labels is None else labels[picked].long()
     from PIL import Image
 
     files, labelled = image_files(Path(data.path))
@@ -145,7 +152,7 @@ def load_samples(data: DataSource, model: Any, indices: list[int]) -> tuple[Any,
     if tuple(inputs.shape[1:]) != tuple(model.input_shape):
         raise ValueError(f"preprocessed images have shape {tuple(inputs.shape[1:])}, the model takes {tuple(model.input_shape)}")
     labels = torch.as_tensor([classes.index(files[i].parent.name) for i in indices]) if labelled else None
-    return inputs, labels
+    return (inputs,), labels
 
 
 def split(total: int, eval_samples: int, calibration_samples: int) -> tuple[list[int], list[int]]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.files import file_digest
+from autotune.inputs import DEFAULT_NAME, InputSpec, parse_inputs, parse_shape
 
 RANDOM_INIT = "random-init"
 MODEL_FILE = "model-file"  # the weights are inside the TorchScript or exported-program file
@@ -35,6 +36,14 @@ class ModelSource:
     weights_origin: str = RANDOM_INIT
     seed: int = 0
     weights_sha256: str | None = None  # what the weights are, whatever their path
+    inputs: list[dict[str, Any]] | None = None  # several or non-float inputs (InputSpec dicts); None: one float tensor
+
+    @property
+    def specs(self) -> tuple[InputSpec, ...]:
+        """The model's inputs: the ones given, or one float tensor of input_shape."""
+        if self.inputs:
+            return tuple(InputSpec.from_dict(d) for d in self.inputs)
+        return (InputSpec(DEFAULT_NAME, tuple(self.input_shape)),)
 
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,13 +65,7 @@ class ModelSource:
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in text.lower().replace(",", "x").split("x"))
-    except ValueError:
-        raise UserError(f"cannot read input shape {text!r}: give one sample's shape, e.g. 3x224x224") from None
-    if not shape or any(d <= 0 for d in shape):
-        raise UserError(f"input shape {text!r} must have positive dimensions, e.g. 3x224x224")
-    return shape
+    return parse_shape(text)
 
 
 def torchvision_classification_models() -> list[str]:
@@ -88,7 +91,14 @@ def _hub_cache_weights(name: str) -> tuple[Path | None, tuple[int, ...] | None]:
 
 def resolve_model(name: str, weights: str | None, input_shape: str | None) -> ModelSource:
     """Validate what the user named and decide where the weights come from."""
-    shape = parse_input_shape(input_shape) if input_shape else None
+    specs = parse_inputs(input_shape) if input_shape else None
+    source = _resolve_source(name, weights, specs[0].shape if specs else None)
+    if specs and (len(specs) > 1 or specs[0].dtype != "float32"):
+        return replace(source, inputs=[spec.to_dict() for spec in specs])
+    return source
+
+
+def _resolve_source(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
     if weights is not None:
         weights_file = Path(weights).expanduser()
         if not weights_file.is_file():
@@ -113,19 +123,21 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None) -> Mo
 
 
 def _exported_input_shape(path: Path) -> tuple[int, ...] | None:
-    """One sample's shape from an exported program's single input; refuses a fixed batch dimension."""
+    """One sample's shape from an exported program with a single input (several: give --inputs);
+    refuses a fixed batch dimension."""
     import torch
 
     program = torch.export.load(str(path))
     names = list(program.graph_signature.user_inputs)
-    if len(names) != 1:
-        raise UserError(f"model file {str(path)!r} takes {len(names)} inputs; autotune feeds models one input tensor")
-    node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == names[0])
-    shape = tuple(node.meta["val"].shape)
-    if isinstance(shape[0], int):
-        raise UserError(f"model file {str(path)!r} was exported with a fixed batch of {shape[0]}; export it with a dynamic batch "
-                        "dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}}) so autotune can try batch sizes")
-    return tuple(int(d) for d in shape[1:]) if all(isinstance(d, int) for d in shape[1:]) else None
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    shapes = [tuple(nodes[name].meta["val"].shape) for name in names if name in nodes]
+    for shape in shapes:
+        if shape and isinstance(shape[0], int):
+            raise UserError(f"model file {str(path)!r} was exported with a fixed batch of {shape[0]}; export it with a dynamic batch "
+                            "dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}}) so autotune can try batch sizes")
+    if len(shapes) != 1:
+        return None
+    return tuple(int(d) for d in shapes[0][1:]) if all(isinstance(d, int) for d in shapes[0][1:]) else None
 
 
 def _resolve_model_file(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:

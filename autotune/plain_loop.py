@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     config = TrialConfig.from_dict(job["config"])
     instance = int(job.get("instance", 0))
     source = ModelSource.from_dict(job["model"])
-    example = synthetic_inputs(source.input_shape, config.batch_size, TIMING_SEED + instance)
+    example = synthetic_inputs(source.specs, config.batch_size, TIMING_SEED + instance)
     runner = build_runner(job, config, source, example)
     x = runner.convert_input(example)
     end = time.perf_counter() + WARMUP_S

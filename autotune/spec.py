@@ -130,7 +130,8 @@ def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> lis
         if old != new:
             if isinstance(old, dict) and isinstance(new, dict):
                 keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-                diffs.append(f"{key} ({', '.join(keys)})")
+                if keys:  # a field added since (absent = None) is no difference
+                    diffs.append(f"{key} ({', '.join(keys)})")
             else:
                 diffs.append(f"{key}: {old!r} -> {new!r}")
     return diffs

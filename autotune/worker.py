@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from autotune.config import TrialConfig
-from autotune.data import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, fixed_batches, synthetic_inputs, to_numpy
+from autotune.data import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, synthetic_inputs, to_numpy
+from autotune.inputs import as_batch, batch_len, fixed_batches, take
 from autotune.dataset import DataSource, evaluation_and_calibration
 from autotune.drift import compute_drift, top1_accuracy
 from autotune.files import read_json, write_json_atomic
@@ -79,7 +80,7 @@ def check_threads(expected: int) -> dict[str, Any]:
 def run_in_batches(runner, inputs, batch_size: int) -> np.ndarray:
     """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change."""
     outputs = [to_numpy(primary_output(runner(runner.convert_input(batch)))) for batch in fixed_batches(inputs, batch_size)]
-    return np.concatenate(outputs)[: len(inputs)]
+    return np.concatenate(outputs)[: batch_len(inputs)]
 
 
 def peak_rss_mib() -> float:
@@ -135,17 +136,17 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     sets = evaluation_and_calibration(
         DataSource.from_dict(job.get("data")), DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
         source, job["eval_samples"], job.get("calibration_samples", 0),
-        lambda count, purpose: synthetic_inputs(source.input_shape, count, seeds[purpose]),
+        lambda count, purpose: synthetic_inputs(source.specs, count, seeds[purpose]),
     )
     inputs = sets["inputs"]
-    config = TrialConfig("eager", "fp32", batch_size=min(8, len(inputs)))
-    runner = backend_module("eager").prepare(model, inputs[:1], config, Path(job["workdir"]))
+    config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
+    runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
     outputs = run_in_batches(runner, inputs, config.batch_size)
     save_atomic({**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)}, job["reference_path"])
     labels = sets["labels"]
     accuracy = top1_accuracy(outputs, labels.numpy()) if labels is not None and outputs.ndim == 2 else None
     return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__,
-            "eval_samples": len(inputs), "calibration_samples": len(sets["calibration"]), "labels": labels is not None,
+            "eval_samples": batch_len(inputs), "calibration_samples": batch_len(sets["calibration"]), "labels": labels is not None,
             "reference_accuracy": accuracy}
 
 
@@ -160,18 +161,18 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     batch = config.batch_size if "batch_size" in module.artifact_identity(config) else CALIBRATION_BATCH
     t0 = time.monotonic()
     model = build_model(source)
-    example = synthetic_inputs(source.input_shape, batch, TIMING_SEED)
+    example = synthetic_inputs(source.specs, batch, TIMING_SEED)
     import torch
 
     # The calibration set the reference process drew (the user's data, disjoint from evaluation), else synthetic.
     saved = torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
-    calibration_inputs = saved if saved is not None else synthetic_inputs(source.input_shape, job["calibration_samples"], CALIBRATION_SEED)
+    calibration_inputs = as_batch(saved) if saved is not None else synthetic_inputs(source.specs, job["calibration_samples"], CALIBRATION_SEED)
     calibration = fixed_batches(calibration_inputs, batch)
     out_dir = Path(job["artifact_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     details = module.build_artifact(model, example, calibration, config, out_dir)
     return {"pid": os.getpid(), "prepare_s": time.monotonic() - t0, "details": details,
-            "calibration": {"data": job.get("calibration_description", "synthetic"), "samples": len(calibration_inputs)}}
+            "calibration": {"data": job.get("calibration_description", "synthetic"), "samples": batch_len(calibration_inputs)}}
 
 
 def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
@@ -195,7 +196,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     source = ModelSource.from_dict(job["model"])
-    example = synthetic_inputs(source.input_shape, config.batch_size, TIMING_SEED + instance)
+    example = synthetic_inputs(source.specs, config.batch_size, TIMING_SEED + instance)
     t0 = time.monotonic()
     runner = build_runner(job, config, source, example)
     native = runner.convert_input(example)
@@ -208,7 +209,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     drift = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
         reference = torch.load(job["reference_path"], weights_only=True)
-        outputs = run_in_batches(runner, reference["inputs"], config.batch_size)
+        outputs = run_in_batches(runner, as_batch(reference["inputs"]), config.batch_size)
         labels = reference.get("labels")
         drift = compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
 

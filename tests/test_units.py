@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from autotune.data import fixed_batches
+from autotune.inputs import fixed_batches
 from autotune.drift import compute_drift, relative_l2, top1_agreement
 from autotune.durations import parse_duration
 from autotune.errors import UserError
@@ -66,8 +66,22 @@ def test_drift_metrics():
 def test_fixed_batches_keep_every_batch_full_even_with_few_inputs():
     import torch
 
-    inputs = torch.arange(3).float().reshape(3, 1)
+    inputs = (torch.arange(3).float().reshape(3, 1), torch.arange(3).reshape(3, 1) * 10)  # two model inputs, kept aligned
     batches = fixed_batches(inputs, 8)
-    assert len(batches) == 1 and batches[0].shape == (8, 1)
-    assert batches[0][:3, 0].tolist() == [0, 1, 2] and set(batches[0][:, 0].tolist()) == {0, 1, 2}
-    assert [b.shape[0] for b in fixed_batches(torch.zeros(10, 1), 4)] == [4, 4, 4]
+    assert len(batches) == 1 and batches[0][0].shape == (8, 1) and batches[0][1].dtype == torch.int64
+    assert batches[0][0][:3, 0].tolist() == [0, 1, 2] and set(batches[0][0][:, 0].tolist()) == {0, 1, 2}
+    assert (batches[0][1] == batches[0][0].long() * 10).all()
+    assert [b[0].shape[0] for b in fixed_batches((torch.zeros(10, 1),), 4)] == [4, 4, 4]
+
+
+def test_input_specs_parse_and_draw_in_range():
+    from autotune.inputs import parse_inputs, synthetic
+
+    (image,) = parse_inputs("3x8x8")
+    assert image.name == "input" and image.shape == (3, 8, 8) and image.dtype == "float32"
+    ids, mask = parse_inputs("input_ids:int64:16:5-9,attention_mask:int64:16:1-2")
+    batch = synthetic((ids, mask), 4, seed=0)
+    assert batch[0].shape == (4, 16) and int(batch[0].min()) >= 5 and int(batch[0].max()) <= 8 and (batch[1] == 1).all()
+    for bad in ("ids:int64:16:9-5", "ids:float16:16", "ids:int64", "a:int64:4,a:int64:4"):
+        with pytest.raises(UserError):
+            parse_inputs(bad)

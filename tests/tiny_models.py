@@ -85,3 +85,23 @@ class DigitsNet(nn.Module):
 
 def digits_net() -> nn.Module:
     return DigitsNet()
+
+
+class SentenceEncoder(nn.Module):
+    """A BERT-style text encoder (random weights from a transformers config): token ids and attention
+    mask in, the [CLS] embedding out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        config = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=128, max_position_embeddings=64)
+        self.bert = BertModel(config, add_pooling_layer=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]
+
+
+def sentence_encoder() -> nn.Module:
+    return SentenceEncoder()

@@ -54,11 +54,13 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
     import numpy as np
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
 
-    from autotune.backends.onnx_export import INPUT_NAME
+    from autotune.backends.onnx_export import input_names
+
+    names = input_names(calibration[0])
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([{INPUT_NAME: b.numpy().astype(np.float32)} for b in calibration])
+            self.batches = iter([dict(zip(names, _numpy_batch(b))) for b in calibration])
 
         def get_next(self) -> dict[str, Any] | None:
             return next(self.batches, None)
@@ -79,6 +81,13 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
     return {"quantization": "static QDQ s8s8 per-channel", "preprocessed": preprocessed, "calibration_batches": len(calibration)}
 
 
+def _numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Contiguous numpy arrays: floats as float32, integer inputs (token ids) keep their type."""
+    import numpy as np
+
+    return tuple(np.ascontiguousarray(x.numpy(), dtype=np.float32 if x.is_floating_point() else None) for x in batch)
+
+
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     import numpy as np
     import onnxruntime as ort
@@ -94,13 +103,13 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[config.options.get("graph_optimization", "all")]
     session = ort.InferenceSession(str(artifact_dir / MODEL_FILE), options, providers=["CPUExecutionProvider"])
-    input_name = session.get_inputs()[0].name
+    names = [i.name for i in session.get_inputs()]
 
-    def run(x: Any) -> Any:
-        return session.run(None, {input_name: x})[0]
+    def run(batch: tuple[Any, ...]) -> Any:
+        return session.run(None, dict(zip(names, batch)))[0]
 
     return Runner(
         run=run,
-        convert_input=lambda x: np.ascontiguousarray(x.numpy(), dtype=np.float32),
+        convert_input=_numpy_batch,
         details={"onnxruntime": ort.__version__, "inter_op_threads": options.inter_op_num_threads},
     )

@@ -36,7 +36,7 @@ def _convert(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
     import openvino as ov
 
     try:
-        return ov.convert_model(model, example_input=example), "torch"
+        return ov.convert_model(model, example_input=example if len(example) > 1 else example[0]), "torch"
     except Exception:  # tracing fails on some models: go through ONNX instead
         from autotune.backends.onnx_export import export_onnx
 
@@ -55,11 +55,22 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     if config.precision == "int8":
         import nncf
 
-        dataset = nncf.Dataset([batch.numpy() for batch in calibration])
+        dataset = nncf.Dataset([_feed(_numpy_batch(batch)) for batch in calibration])
         ov_model = nncf.quantize(ov_model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.PERFORMANCE)
         details.update({"quantization": "NNCF PTQ, performance preset", "calibration_batches": len(calibration), "nncf": nncf.__version__})
     ov.save_model(ov_model, str(out_dir / MODEL_FILE), compress_to_fp16=False)
     return details
+
+
+def _numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
+    import numpy as np
+
+    return tuple(np.ascontiguousarray(x.numpy()) for x in batch)
+
+
+def _feed(arrays: tuple[Any, ...]) -> dict[int, Any]:
+    """Inputs by position, as OpenVINO's infer and NNCF's dataset take them."""
+    return dict(enumerate(arrays))
 
 
 def _float_precision(config: Any) -> str:
@@ -69,14 +80,13 @@ def _float_precision(config: Any) -> str:
 
 
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
-    import numpy as np
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
 
     core = ov.Core()
     model = core.read_model(str(artifact_dir / MODEL_FILE))
-    model.reshape([config.batch_size, *example.shape[1:]])
+    model.reshape({model.inputs[i]: list(x.shape) for i, x in enumerate(example)})
     properties: dict[Any, Any] = {
         hints.performance_mode: getattr(hints.PerformanceMode, config.options.get("hint", "THROUGHPUT")),
         # int8 IR: the layers NNCF left in float run in f32 (drift is what quantization costs) unless
@@ -99,19 +109,20 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     if effective_streams <= 1:
         request = compiled.create_infer_request()
 
-        def run(x: Any) -> Any:
-            return request.infer({0: x})[0]
+        def run(batch: tuple[Any, ...]) -> Any:
+            return request.infer(_feed(batch))[0]
 
-        return Runner(run=run, convert_input=lambda x: np.ascontiguousarray(x.numpy()), details=details)
+        return Runner(run=run, convert_input=_numpy_batch, details=details)
 
     queue = ov.AsyncInferQueue(compiled, details["optimal_requests"])
     outputs: dict[int, Any] = {}
     queue.set_callback(lambda request, slot: outputs.__setitem__(slot, request.get_output_tensor(0).data.copy()))
 
-    def run_async(x: Any) -> Any:
+    def run_async(batch: tuple[Any, ...]) -> Any:
+        feed = _feed(batch)
         for slot in range(len(queue)):
-            queue.start_async({0: x}, userdata=slot)
+            queue.start_async(feed, userdata=slot)
         queue.wait_all()
         return outputs[0]
 
-    return Runner(run=run_async, convert_input=lambda x: np.ascontiguousarray(x.numpy()), details=details, batches_per_call=len(queue))
+    return Runner(run=run_async, convert_input=_numpy_batch, details=details, batches_per_call=len(queue))

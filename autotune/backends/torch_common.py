@@ -19,10 +19,11 @@ def convert_for(model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Mod
 
 
 def input_converter(options: dict[str, Any]):
+    """Batch (tuple of tensors) in, batch out: 4-D float inputs take the memory format, the rest stay."""
     fmt = memory_format_of(options)
 
-    def convert(x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=fmt) if x.dim() == 4 else x
+    def convert(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(x.contiguous(memory_format=fmt) if x.dim() == 4 and x.is_floating_point() else x for x in batch)
 
     return convert
 
@@ -38,8 +39,8 @@ def precision_context(precision: str) -> contextlib.AbstractContextManager:
 def module_runner(module: Any, precision: str, options: dict[str, Any], details: dict[str, Any] | None = None) -> Runner:
     """Wrap a callable module so every call runs under inference mode and the precision's autocast."""
 
-    def run(x: torch.Tensor) -> Any:
+    def run(batch: tuple[torch.Tensor, ...]) -> Any:
         with torch.inference_mode(), precision_context(precision):
-            return module(x)
+            return module(*batch)
 
     return Runner(run=run, convert_input=input_converter(options), details=details or {})

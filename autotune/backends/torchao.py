@@ -51,14 +51,14 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
         # Strict export: non-strict export failed inside the quantizer on resnet50 with current versions.
         # Only the input takes the memory format: channels_last weights do not survive torch.export.save,
         # and freezing repacks weights for the kernels anyway.
-        graph = torch.export.export(model.eval(), (example,), strict=True).module()
+        graph = torch.export.export(model.eval(), example, strict=True).module()
         quantizer = X86InductorQuantizer()
         quantizer.set_global(get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
         prepared = prepare_pt2e(graph, quantizer)
         for batch in calibration:
-            prepared(convert(batch))
+            prepared(*convert(batch))
         quantized = convert_pt2e(prepared)
-        program = torch.export.export(quantized, (example,), strict=False)
+        program = torch.export.export(quantized, example, strict=False)
     torch.export.save(program, str(out_dir / PROGRAM_FILE))
     return {"quantization": f"PT2E X86InductorQuantizer {'dynamic' if dynamic else 'static'}", "calibration_batches": len(calibration)}
 
@@ -77,8 +77,8 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     inductor_config.freezing = True  # int8 weights are prepacked only with freezing
     compiled = torch.compile(module)
 
-    def run(x: Any) -> Any:
+    def run(batch: tuple[Any, ...]) -> Any:
         with torch.no_grad():
-            return compiled(x)
+            return compiled(*batch)
 
     return Runner(run=run, convert_input=input_converter(config.options), details={"freezing": True})
