@@ -196,6 +196,31 @@ def _import_factory(spec: str) -> Any:
     return getattr(module, func)
 
 
+def _exported_module_class() -> type:
+    import torch
+
+    class ExportedModule(torch.nn.Module):
+        """An exported program's module as backends expect one: .eval() and .train() are accepted and do
+        nothing (the graph keeps the behaviour it was exported with; its own module refuses them)."""
+
+        def __init__(self, graph_module: Any) -> None:
+            super().__init__()
+            self.graph_module = graph_module
+
+        def train(self, mode: bool = True) -> "ExportedModule":
+            self.training = mode
+            return self
+
+        def forward(self, *args: Any) -> Any:
+            return self.graph_module(*args)
+
+    return ExportedModule
+
+
+def _ExportedModule(graph_module: Any) -> Any:
+    return _exported_module_class()(graph_module)
+
+
 def build_model(source: ModelSource) -> Any:
     """Build the nn.Module in eval mode, seeded so a random init is the same in every process."""
     import torch
@@ -208,9 +233,7 @@ def build_model(source: ModelSource) -> Any:
     elif source.kind == TORCHSCRIPT:
         return torch.jit.load(source.name, map_location="cpu").eval()
     elif source.kind == EXPORTED:
-        model = torch.export.load(source.name).module()
-        torch.ao.quantization.move_exported_model_to_eval(model)  # exported modules refuse .eval()
-        return model
+        return _ExportedModule(torch.export.load(source.name).module())
     else:
         model = _import_factory(source.name)()
     if source.weights_path:

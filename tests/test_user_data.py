@@ -111,7 +111,7 @@ def test_image_folder_with_class_subfolders_gives_labels(workdir):
     drift = load_study(workdir, "img").trials[0].user_attrs["drift"]
     assert drift["samples"] == 8 and "accuracy" in drift and drift["accuracy_delta"] == 0.0  # fp32 eager is the reference
     reference = torch.load(workdir / "studies" / "img" / "reference" / "reference.pt", weights_only=True)
-    assert reference["inputs"].shape == (8, 3, 16, 16) and reference["calibration"].shape == (4, 3, 16, 16)
+    assert reference["inputs"][0].shape == (8, 3, 16, 16) and reference["calibration"][0].shape == (4, 3, 16, 16)  # batches: one tensor per input
     assert set(reference["labels"].tolist()) <= {0, 1}
 
 
