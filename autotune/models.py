@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.files import file_digest
-from autotune.inputs import DEFAULT_NAME, InputSpec, parse_inputs, parse_shape
+from autotune.inputs import DEFAULT_NAME, DTYPES, InputSpec, as_batch, parse_inputs, parse_shape
 
 RANDOM_INIT = "random-init"
 MODEL_FILE = "model-file"  # the weights are inside the TorchScript or exported-program file
@@ -176,10 +176,45 @@ def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | No
         target = str(path.resolve())
     elif importlib.util.find_spec(target.split(".")[0]) is None:
         raise UserError(f"model {spec!r}: module {target!r} cannot be imported")
+    inputs = None
     if shape is None:
-        raise UserError(f"model {spec!r}: give --input-shape (one sample, e.g. 3x224x224) for a factory model")
+        found = _factory_example_specs(f"{target}:{func}")
+        if found is None:
+            raise UserError(f"model {spec!r}: give --input-shape (one sample, e.g. 3x224x224) for a factory model, "
+                            "or return (model, example_inputs) from the factory")
+        shape = found[0].shape
+        if len(found) > 1 or found[0].dtype != "float32":
+            inputs = [s.to_dict() for s in found]
     return ModelSource("factory", f"{target}:{func}", shape, weights, WEIGHTS_FILE if weights else RANDOM_INIT,
-                       weights_sha256=file_digest(weights) if weights else None)
+                       weights_sha256=file_digest(weights) if weights else None, inputs=inputs)
+
+
+def _factory_example_specs(spec: str) -> tuple[InputSpec, ...] | None:
+    """Input specs from the example inputs a factory may return beside its model: (model, example),
+    the example a batched tensor, a tuple of them or a dict of them; None when it returns a model only."""
+    import torch
+
+    try:
+        made = _import_factory(spec)()
+    except Exception as exc:
+        raise UserError(f"model {spec!r}: the factory failed ({type(exc).__name__}: {exc})") from None
+    if not (isinstance(made, (tuple, list)) and len(made) == 2):
+        return None
+    example = made[1]
+    named = example.items() if isinstance(example, dict) else enumerate(as_batch(example))
+    specs = []
+    for key, tensor in named:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
+            raise UserError(f"model {spec!r}: example inputs must be batched tensors (batch first)")
+        name = key if isinstance(key, str) else (DEFAULT_NAME if not isinstance(example, (tuple, list)) else f"{DEFAULT_NAME}_{key}")
+        if tensor.is_floating_point():
+            specs.append(InputSpec(name, tuple(tensor.shape[1:])))
+        else:  # integer inputs: synthetic values span what the example holds
+            if str(tensor.dtype).removeprefix("torch.") not in DTYPES:
+                raise UserError(f"model {spec!r}: example input {name!r} is {tensor.dtype}; inputs may be {', '.join(DTYPES)}")
+            specs.append(InputSpec(name, tuple(tensor.shape[1:]), str(tensor.dtype).removeprefix("torch."),
+                                   int(tensor.min()), int(tensor.max()) + 1))
+    return tuple(specs)
 
 
 def _import_factory(spec: str) -> Any:
@@ -236,6 +271,8 @@ def build_model(source: ModelSource) -> Any:
         return _ExportedModule(torch.export.load(source.name).module())
     else:
         model = _import_factory(source.name)()
+        if isinstance(model, (tuple, list)):  # (model, example_inputs)
+            model = model[0]
     if source.weights_path:
         state = torch.load(source.weights_path, map_location="cpu", weights_only=True)
         model.load_state_dict(state)

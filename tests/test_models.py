@@ -105,3 +105,12 @@ def test_a_model_file_completes_a_short_study(workdir, file):
     assert states(study) == ["COMPLETE"] * 3, [t.user_attrs.get("fail_cause") for t in study.trials]
     assert study.trials[0].user_attrs["drift"]["relative_l2"] == 0.0
     assert study.trials[2].user_attrs["config"]["backend"] == "openvino" and study.trials[2].user_attrs["drift"]["relative_l2"] < 1e-3
+
+
+def test_a_factory_may_return_example_inputs():
+    source = resolve_model(f"{TINY}:sentence_encoder_with_example", None, None)
+    ids, mask = source.specs
+    assert (ids.name, ids.shape, ids.dtype, mask.name, mask.high) == ("input_ids", (32,), "int64", "attention_mask", 2)
+    assert ids.high <= 1000 and source.input_shape == (32,)
+    model = build_model(source)
+    assert isinstance(model, torch.nn.Module) and model(torch.zeros(3, 32, dtype=torch.long), torch.ones(3, 32, dtype=torch.long)).shape == (3, 64)

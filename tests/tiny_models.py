@@ -105,3 +105,8 @@ class SentenceEncoder(nn.Module):
 
 def sentence_encoder() -> nn.Module:
     return SentenceEncoder()
+
+
+def sentence_encoder_with_example() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A factory that also says what the model takes: autotune reads the input specs from the example."""
+    return SentenceEncoder(), {"input_ids": torch.randint(0, 1000, (2, 32)), "attention_mask": torch.ones(2, 32, dtype=torch.long)}
