@@ -1,4 +1,4 @@
-"""Inputs the worker feeds models: seeded synthetic batches, with disjoint seeds per purpose.
+"""Seeds of the synthetic batches the worker feeds models (disjoint per purpose), and outputs as numpy.
 
 Evaluation (drift), calibration (int8) and timing inputs never share a seed, so calibration data is
 disjoint from the data drift is measured on.
@@ -13,13 +13,6 @@ import numpy as np
 EVAL_SEED = 1234
 CALIBRATION_SEED = 5678
 TIMING_SEED = 4321
-
-
-def synthetic_inputs(specs: tuple[Any, ...], count: int, seed: int) -> tuple[Any, ...]:
-    """A batch (tuple, one tensor per model input) of `count` seeded random samples."""
-    from autotune.inputs import synthetic
-
-    return synthetic(specs, count, seed)
 
 
 def to_numpy(output: Any) -> np.ndarray:

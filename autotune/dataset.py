@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.files import file_digest
-from autotune.inputs import InputSpec, as_batch, describe
+from autotune.inputs import InputSpec, as_batch, describe, take
 
 SYNTHETIC = "synthetic"
 IMAGE_FOLDER = "image-folder"
@@ -109,7 +109,7 @@ def check_sizes(data: DataSource, calibration: DataSource | None, eval_samples: 
         raise UserError(f"--data has {data.samples} samples, but --eval-samples {eval_samples}"
                         f"{f' + --calibration-samples {calibration_samples}' if needed > eval_samples else ''} "
                         f"need {needed} (the two sets are disjoint): lower them or add data")
-    if calibration is not None and calibration.kind != SYNTHETIC and calibration != data and calibration.samples < calibration_samples:
+    if calibration is not None and calibration != data and calibration.samples < calibration_samples:
         raise UserError(f"--calibration-data has {calibration.samples} samples, fewer than --calibration-samples {calibration_samples}")
 
 
@@ -167,19 +167,22 @@ def evaluation_and_calibration(data: DataSource, calibration: DataSource | None,
                                calibration_samples: int, synthetic: Any) -> dict[str, Any]:
     """What the reference process saves: eval inputs (+ labels) and calibration inputs, disjoint.
 
-    `synthetic(count, purpose)` makes seeded random inputs for a source that is synthetic.
+    `calibration` is a separate source (None: a split of `data`); `synthetic(count, purpose)` makes
+    seeded random inputs when `data` is synthetic. Each source is read once.
     """
     separate = calibration is not None and calibration != data
+    calibration_inputs = None
     if data.kind == SYNTHETIC:
         inputs, labels = synthetic(eval_samples, "eval"), None
-        calib_idx: list[int] = []
+        if not separate:
+            calibration_inputs = synthetic(calibration_samples, "calibration")
     else:
         eval_idx, calib_idx = split(data.samples, eval_samples, 0 if separate else calibration_samples)
-        inputs, labels = load_samples(data, model, eval_idx)
-    if separate and calibration.kind != SYNTHETIC:
+        batch, all_labels = load_samples(data, model, eval_idx + calib_idx)
+        head, tail = slice(0, len(eval_idx)), slice(len(eval_idx), None)
+        inputs, labels = take(batch, head), None if all_labels is None else all_labels[head]
+        if not separate:
+            calibration_inputs = take(batch, tail)
+    if separate:
         calibration_inputs = load_samples(calibration, model, split(calibration.samples, 0, calibration_samples)[1])[0]
-    elif data.kind != SYNTHETIC and not separate:
-        calibration_inputs = load_samples(data, model, calib_idx)[0]
-    else:
-        calibration_inputs = synthetic(calibration_samples, "calibration")
     return {"inputs": inputs, "labels": labels, "calibration": calibration_inputs}

@@ -17,7 +17,7 @@ from autotune.config import UNSET_IN_COMMANDS
 from autotune.files import write_json_atomic
 from autotune.launch import shell_command
 from autotune.finalists import decide
-from autotune.pruners import is_valid
+from autotune.pruners import clean_trials
 from autotune.trials import replay_argv
 
 SCHEMA = "autotune.best/2"
@@ -58,7 +58,7 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not complete:
         raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first")
-    clean = [t for t in complete if is_valid(t)]
+    clean = clean_trials(study)
     if not clean:
         raise UserError(f"every completed trial of study {study.study_name!r} was flagged as noisy: "
                         "rerun 'autotune search' on a quieter machine (same command resumes)")
@@ -69,9 +69,7 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
     by_number = {t.number: t for t in clean}
     if record and record.get("winner_trial") in by_number and record.get("last_trial", -1) >= max(t.number for t in complete):
         return by_number[record["winner_trial"]], record, f"finalists: {record['selection']}"
-    best = (max if maximize else min)(clean, key=lambda t: t.value)
-    why = "best clean single measurement (no finalist round after the last trial)"
-    return best, None, why
+    return clean[0], None, "best clean single measurement (no finalist round after the last trial)"
 
 
 def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ import optuna
 
 from autotune.config import TrialConfig
 from autotune.errors import TrialFailed
-from autotune.pruners import is_valid
+from autotune.pruners import clean_trials
 from autotune.trials import TrialContext, run_config
 
 BACKEND_COMPLEXITY = {"eager": 0, "inductor": 1, "onnxruntime": 2, "openvino": 3, "torchao": 4}
@@ -38,11 +38,8 @@ def complexity(config: dict[str, Any]) -> tuple:
 
 def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
     """The best `count` clean trials with distinct configs, best first."""
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
-    clean.sort(key=lambda t: t.value, reverse=maximize)
     picked, seen = [], set()
-    for trial in clean:
+    for trial in clean_trials(study):
         key = trial.user_attrs.get("config_summary") or str(trial.params)
         if key not in seen:
             seen.add(key)
@@ -126,28 +123,27 @@ def run_finalists(
         entries.append({"trial": base_number, "config": baseline.user_attrs["config"], "search_value": baseline.value,
                         "runs": [], "candidate": False, "baseline": True})
     typical = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
+    # Drift depends on numerics only: the search already measured it for every entry.
+    known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
     started = time.monotonic()
     log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
-    for round_index in range(repeats):
-        for entry in entries:
-            if deadline - time.monotonic() < typical[entry["trial"]]:
-                log("finalists: budget reached; deciding on the runs made so far")
-                break
-            run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
-            try:
-                metrics, _, _ = run_config(TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s)
-            except TrialFailed as exc:
-                entry["runs"].append({"failed": exc.cause})
-                log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
-                continue
-            value = objective_value(metrics)
-            entry["runs"].append({"value": value, "valid": metrics["valid"], "ci_rel": metrics["measurement"]["throughput_ci_rel"],
-                                  "noise_flags": metrics["measurement"]["noise_flags"], "drift": metrics["drift"],
-                                  "calls": metrics["measurement"]["calls"], "window_s": metrics["measurement"]["common_window_s"]})
-            log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{'' if metrics['valid'] else ' (noisy: ' + '; '.join(metrics['measurement']['noise_flags']) + ')'}")
-        else:
+    schedule = [(round_index, entry) for round_index in range(repeats) for entry in entries]  # A B C A B C ...
+    for round_index, entry in schedule:
+        if deadline - time.monotonic() < typical[entry["trial"]]:
+            log("finalists: budget reached; deciding on the runs made so far")
+            break
+        run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
+        try:
+            metrics, _, _ = run_config(TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s, known_drift=known_drift[entry["trial"]])
+        except TrialFailed as exc:
+            entry["runs"].append({"failed": exc.cause})
+            log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
             continue
-        break
+        value = objective_value(metrics)
+        entry["runs"].append({"value": value, "valid": metrics["valid"], "ci_rel": metrics["measurement"]["throughput_ci_rel"],
+                              "noise_flags": metrics["measurement"]["noise_flags"], "drift": metrics["drift"],
+                              "calls": metrics["measurement"]["calls"], "window_s": metrics["measurement"]["common_window_s"]})
+        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{'' if metrics['valid'] else ' (noisy: ' + '; '.join(metrics['measurement']['noise_flags']) + ')'}")
     record: dict[str, Any] = {
         "repeats": repeats, "seconds": time.monotonic() - started, "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
@@ -170,6 +166,11 @@ def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
     except ValueError as exc:
         record.update(winner_trial=None, selection=str(exc))
     return record
+
+
+def _search_drift(study: optuna.study.Study, number: int) -> dict[str, Any] | None:
+    drift = study.trials[number].user_attrs.get("drift")
+    return None if not drift else {**drift, "reused_from": drift.get("reused_from", number)}
 
 
 def _trial_seconds(study: optuna.study.Study, number: int) -> float:

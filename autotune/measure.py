@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, fields
+from statistics import NormalDist
 from typing import Any, Callable
 
 import numpy as np
@@ -75,21 +76,9 @@ def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
         if k < 0:
             return None
         return k, n - 1 - k
-    z = _normal_quantile(1 - alpha / 2)
+    z = NormalDist().inv_cdf(1 - alpha / 2)
     k = int(math.floor(n / 2 - z * math.sqrt(n) / 2))
     return max(k, 0), min(n - 1 - k, n - 1)
-
-
-def _normal_quantile(p: float) -> float:
-    """Inverse standard normal CDF by bisection on erf (no SciPy needed for one number)."""
-    lo, hi = -10.0, 10.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 def median_ci(values: np.ndarray, confidence: float = 0.95) -> dict[str, Any]:

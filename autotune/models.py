@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.files import file_digest
-from autotune.inputs import DEFAULT_NAME, DTYPES, InputSpec, as_batch, parse_inputs, parse_shape
+from autotune.inputs import DEFAULT_NAME, DTYPES, InputSpec, as_batch, parse_inputs
 
 RANDOM_INIT = "random-init"
 MODEL_FILE = "model-file"  # the weights are inside the TorchScript or exported-program file
@@ -62,10 +62,6 @@ class ModelSource:
 
     def with_weights(self, path: str) -> "ModelSource":
         return replace(self, weights_path=path, weights_sha256=file_digest(path))
-
-
-def parse_input_shape(text: str) -> tuple[int, ...]:
-    return parse_shape(text)
 
 
 def torchvision_classification_models() -> list[str]:
@@ -231,14 +227,13 @@ def _import_factory(spec: str) -> Any:
     return getattr(module, func)
 
 
-def _exported_module_class() -> type:
+def _exported_module(graph_module: Any) -> Any:
+    """An exported program's module as backends expect one: .eval() and .train() are accepted and do
+    nothing (the graph keeps the behaviour it was exported with; its own module refuses them)."""
     import torch
 
     class ExportedModule(torch.nn.Module):
-        """An exported program's module as backends expect one: .eval() and .train() are accepted and do
-        nothing (the graph keeps the behaviour it was exported with; its own module refuses them)."""
-
-        def __init__(self, graph_module: Any) -> None:
+        def __init__(self) -> None:
             super().__init__()
             self.graph_module = graph_module
 
@@ -249,11 +244,7 @@ def _exported_module_class() -> type:
         def forward(self, *args: Any) -> Any:
             return self.graph_module(*args)
 
-    return ExportedModule
-
-
-def _ExportedModule(graph_module: Any) -> Any:
-    return _exported_module_class()(graph_module)
+    return ExportedModule()
 
 
 def build_model(source: ModelSource) -> Any:
@@ -268,7 +259,7 @@ def build_model(source: ModelSource) -> Any:
     elif source.kind == TORCHSCRIPT:
         return torch.jit.load(source.name, map_location="cpu").eval()
     elif source.kind == EXPORTED:
-        return _ExportedModule(torch.export.load(source.name).module())
+        return _exported_module(torch.export.load(source.name).module())
     else:
         model = _import_factory(source.name)()
         if isinstance(model, (tuple, list)):  # (model, example_inputs)

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.data import TIMING_SEED, synthetic_inputs
+from autotune.data import TIMING_SEED
+from autotune.inputs import synthetic
 from autotune.models import ModelSource
 from autotune.worker import build_runner
 
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
     config = TrialConfig.from_dict(job["config"])
     instance = int(job.get("instance", 0))
     source = ModelSource.from_dict(job["model"])
-    example = synthetic_inputs(source.specs, config.batch_size, TIMING_SEED + instance)
+    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
     runner = build_runner(job, config, source, example)
     x = runner.convert_input(example)
     end = time.perf_counter() + WARMUP_S

@@ -9,7 +9,7 @@ import optuna
 from rich.console import Console
 
 from autotune.durations import format_duration
-from autotune.pruners import is_valid
+from autotune.pruners import clean_trials
 
 
 def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
@@ -47,9 +47,9 @@ class ProgressPrinter:
         summary = trial.user_attrs.get("config_summary", "")
         line = f"trial {trial.number:>3} {trial.state.name:<8} {summary:<52} {_metric_text(trial)}"
         best = ""
-        clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+        clean = clean_trials(study)
         if clean:
-            best_trial = (max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min)(clean, key=lambda t: t.value)
+            best_trial = clean[0]
             baseline = self.baseline_sps()
             sps = best_trial.user_attrs.get("throughput_sps")
             if sps and baseline:

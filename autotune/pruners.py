@@ -44,6 +44,13 @@ def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True) is not False
 
 
+def clean_trials(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
+    """COMPLETE trials no noise check flagged, best first in the study's direction: the only ones that
+    may win, set the speed pruner's bar or become finalists."""
+    clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+    return sorted(clean, key=lambda t: t.value, reverse=study.direction == optuna.study.StudyDirection.MAXIMIZE)
+
+
 class SpeedPruner(BasePruner):
     """Prune a trial whose screening measurement (intermediate value at step 0) is clearly worse than
     the best clean trial so far: worse by more than `min_margin`, or by more than `noise_factor` times
@@ -70,10 +77,10 @@ class SpeedPruner(BasePruner):
         if value is None or baseline:
             return None
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-        clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+        clean = clean_trials(study)
         if not clean:
             return None
-        best = (max if maximize else min)(clean, key=lambda t: t.value)
+        best = clean[0]
         margin = self.margin(screening_ci_rel, relative_noise(best))
         worse = value < best.value * (1 - margin) if maximize else value > best.value * (1 + margin)
         return {"value": value, "best_trial": best.number, "best_value": best.value, "margin": margin, "prune": worse}

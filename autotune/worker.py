@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from autotune.config import TrialConfig
-from autotune.data import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, synthetic_inputs, to_numpy
-from autotune.inputs import as_batch, batch_len, fixed_batches, take
+from autotune.data import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_numpy
+from autotune.inputs import as_batch, batch_len, fixed_batches, synthetic, take
 from autotune.dataset import DataSource, evaluation_and_calibration
 from autotune.drift import compute_drift, top1_accuracy
 from autotune.files import read_json, write_json_atomic
@@ -136,7 +136,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     sets = evaluation_and_calibration(
         DataSource.from_dict(job.get("data")), DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
         source, job["eval_samples"], job.get("calibration_samples", 0),
-        lambda count, purpose: synthetic_inputs(source.specs, count, seeds[purpose]),
+        lambda count, purpose: synthetic(source.specs, count, seeds[purpose]),
     )
     inputs = sets["inputs"]
     config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
@@ -161,12 +161,12 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     batch = config.batch_size if "batch_size" in module.artifact_identity(config) else CALIBRATION_BATCH
     t0 = time.monotonic()
     model = build_model(source)
-    example = synthetic_inputs(source.specs, batch, TIMING_SEED)
+    example = synthetic(source.specs, batch, TIMING_SEED)
     import torch
 
     # The calibration set the reference process drew (the user's data, disjoint from evaluation), else synthetic.
     saved = torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
-    calibration_inputs = as_batch(saved) if saved is not None else synthetic_inputs(source.specs, job["calibration_samples"], CALIBRATION_SEED)
+    calibration_inputs = as_batch(saved) if saved is not None else synthetic(source.specs, job["calibration_samples"], CALIBRATION_SEED)
     calibration = fixed_batches(calibration_inputs, batch)
     out_dir = Path(job["artifact_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     source = ModelSource.from_dict(job["model"])
-    example = synthetic_inputs(source.specs, config.batch_size, TIMING_SEED + instance)
+    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
     t0 = time.monotonic()
     runner = build_runner(job, config, source, example)
     native = runner.convert_input(example)

@@ -39,3 +39,11 @@ class Runner:
 
     def __call__(self, native_input: Any) -> Any:
         return self.run(native_input)
+
+
+def numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A batch of torch tensors as contiguous numpy arrays, for the runtimes fed numpy (ONNX Runtime,
+    OpenVINO): floats as float32, integer inputs (token ids) keep their type."""
+    import numpy as np
+
+    return tuple(np.ascontiguousarray(x.numpy(), dtype=np.float32 if x.is_floating_point() else None) for x in batch)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner
+from autotune.backends.base import BackendSpec, Runner, numpy_batch
 
 SPEC = BackendSpec(
     name="onnxruntime",
@@ -51,7 +51,6 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
 
 def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[str, Any]:
     """Static int8, QDQ format, signed activations and weights, per-channel: ORT's advice for x86 with VNNI."""
-    import numpy as np
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
 
     from autotune.backends.onnx_export import input_names
@@ -60,7 +59,7 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([dict(zip(names, _numpy_batch(b))) for b in calibration])
+            self.batches = iter([dict(zip(names, numpy_batch(b))) for b in calibration])
 
         def get_next(self) -> dict[str, Any] | None:
             return next(self.batches, None)
@@ -81,15 +80,7 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
     return {"quantization": "static QDQ s8s8 per-channel", "preprocessed": preprocessed, "calibration_batches": len(calibration)}
 
 
-def _numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Contiguous numpy arrays: floats as float32, integer inputs (token ids) keep their type."""
-    import numpy as np
-
-    return tuple(np.ascontiguousarray(x.numpy(), dtype=np.float32 if x.is_floating_point() else None) for x in batch)
-
-
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
-    import numpy as np
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -110,6 +101,6 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
 
     return Runner(
         run=run,
-        convert_input=_numpy_batch,
+        convert_input=numpy_batch,
         details={"onnxruntime": ort.__version__, "inter_op_threads": options.inter_op_num_threads},
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner
+from autotune.backends.base import BackendSpec, Runner, numpy_batch
 
 SPEC = BackendSpec(
     name="openvino",
@@ -55,17 +55,11 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     if config.precision == "int8":
         import nncf
 
-        dataset = nncf.Dataset([_feed(_numpy_batch(batch)) for batch in calibration])
+        dataset = nncf.Dataset([_feed(numpy_batch(batch)) for batch in calibration])
         ov_model = nncf.quantize(ov_model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.PERFORMANCE)
         details.update({"quantization": "NNCF PTQ, performance preset", "calibration_batches": len(calibration), "nncf": nncf.__version__})
     ov.save_model(ov_model, str(out_dir / MODEL_FILE), compress_to_fp16=False)
     return details
-
-
-def _numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
-    import numpy as np
-
-    return tuple(np.ascontiguousarray(x.numpy()) for x in batch)
 
 
 def _feed(arrays: tuple[Any, ...]) -> dict[int, Any]:
@@ -112,7 +106,7 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         def run(batch: tuple[Any, ...]) -> Any:
             return request.infer(_feed(batch))[0]
 
-        return Runner(run=run, convert_input=_numpy_batch, details=details)
+        return Runner(run=run, convert_input=numpy_batch, details=details)
 
     queue = ov.AsyncInferQueue(compiled, details["optimal_requests"])
     outputs: dict[int, Any] = {}
@@ -125,4 +119,4 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         queue.wait_all()
         return outputs[0]
 
-    return Runner(run=run_async, convert_input=_numpy_batch, details=details, batches_per_call=len(queue))
+    return Runner(run=run_async, convert_input=numpy_batch, details=details, batches_per_call=len(queue))
