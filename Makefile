@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.setup-done
+# The IPEX runtime: intel-extension-for-pytorch 2.8.0 imports only with torch 2.8.0, so IPEX trials run
+# in their own environment beside the main one (found there by autotune).
+IPEX_VENV  := .venv-ipex
+IPEX_STAMP := $(IPEX_VENV)/.setup-done
 APT_PACKAGES := libgoogle-perftools4 libjemalloc2 numactl
 
 MODEL  ?= resnet50
@@ -13,7 +17,7 @@ ARGS   ?=
 
 .PHONY: setup system-packages search test clean-venv
 
-setup: $(STAMP)
+setup: $(STAMP) $(IPEX_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory system-packages
@@ -21,6 +25,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
+
+$(IPEX_STAMP): constraints-ipex.txt pyproject.toml
+	$(PYTHON) -m venv $(IPEX_VENV)
+	$(IPEX_VENV)/bin/pip install --quiet --upgrade pip
+	$(IPEX_VENV)/bin/pip install --quiet -r constraints-ipex.txt
+	$(IPEX_VENV)/bin/pip install --quiet --no-deps -e .
+	@touch $(IPEX_STAMP)
 
 # Allocators and numactl come from Debian; installed when running as root, otherwise reported.
 system-packages:
@@ -33,11 +44,11 @@ system-packages:
 		echo "warning: missing Debian packages ($$missing); run 'sudo apt-get install $$missing' to search those allocators"; \
 	fi
 
-search: $(STAMP)
+search: setup
 	$(BIN)/autotune search --model $(MODEL) --budget $(BUDGET) $(ARGS)
 
-test: $(STAMP)
+test: setup
 	$(BIN)/python -m pytest -q $(ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(IPEX_VENV)

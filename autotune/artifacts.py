@@ -22,11 +22,14 @@ from autotune.fingerprint import package_versions
 from autotune.models import ModelSource
 
 META_FILE = "meta.json"
-VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao")
+VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao",
+                      "intel-extension-for-pytorch")
 
 
-def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str, Any]) -> dict[str, Any]:
-    """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator)."""
+def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str, Any],
+                 runtime_packages: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator).
+    `runtime_packages`: the versions in the runtime that builds it (default: this process's)."""
     return {
         "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256,
                   **({"inputs": model.inputs} if model.inputs else {})},
@@ -35,7 +38,8 @@ def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str,
         "identity": backend_module(config.backend).artifact_identity(config),
         # the data's digest, not its path; synthetic calibration keeps its old key so caches stay valid
         "calibration": {k: v for k, v in calibration.items() if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))},
-        "versions": package_versions(VERSIONED_PACKAGES),
+        "versions": ({k: v for k, v in runtime_packages.items() if k in VERSIONED_PACKAGES} if runtime_packages is not None
+                     else package_versions(VERSIONED_PACKAGES)),
     }
 
 

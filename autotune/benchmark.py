@@ -19,6 +19,7 @@ from autotune.files import read_json
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSource
 from autotune.probe import probe_machine
+from autotune.runtimes import candidates, discover_runtimes, runtimes_with
 from autotune.trials import Reference, TrialContext, compute_reference, run_config
 
 TIMEOUT_S = 1800.0
@@ -105,13 +106,14 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console, indep
         probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"]),
                                    job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]}),
         MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
+        runtimes=runtimes_with(best.get("runtime")),
     )
     baseline, winner = TrialConfig.from_dict(best["baseline"]["config"]), TrialConfig.from_dict(best["config"])
     measures: dict[str, Measure] = {"baseline": config_measure(baseline, ctx), "winner": config_measure(winner, ctx)}
     settings = {"baseline": baseline.summary(), "winner": winner.summary()}
     ratios_to = ["baseline"]
     if independent_s > 0:
-        measures["winner, independent"] = lambda work: independent_winner(best, work, independent_s)
+        measures["winner, independent"] = lambda work: independent_winner(best, work, independent_s, ctx.runtime(winner.runtime))
         tool = "benchmark_app, same IR and settings" if winner.backend == "openvino" else "plain timing loop"
         settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
@@ -124,10 +126,17 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console, indep
     return runs
 
 
-def backend_configs(batch_size: int, cores: int) -> dict[str, TrialConfig]:
-    """One config per backend x precision, all on one instance using every core, for a fair comparison."""
-    def config(backend: str, precision: str, **options: Any) -> TrialConfig:
-        return TrialConfig(backend, precision, batch_size, "glibc", 1, cores, options)
+def backend_configs(batch_size: int, cores: int, ipex_runtime: str | None = None) -> dict[str, TrialConfig]:
+    """One config per backend x precision, all on one instance using every core, for a fair comparison;
+    IPEX ones when a runtime imports it."""
+    def config(backend: str, precision: str, runtime: str = "main", **options: Any) -> TrialConfig:
+        return TrialConfig(backend, precision, batch_size, "glibc", 1, cores, options, runtime)
+
+    ipex = {} if ipex_runtime is None else {
+        "ipex fp32": config("ipex", "fp32", ipex_runtime, graph="torchscript", memory_format="channels_last"),
+        "ipex bf16": config("ipex", "bf16", ipex_runtime, graph="torchscript", memory_format="channels_last"),
+        "ipex int8": config("ipex", "int8", ipex_runtime, memory_format="channels_last"),
+    }
 
     return {
         "eager fp32": config("eager", "fp32", memory_format="contiguous"),
@@ -141,6 +150,7 @@ def backend_configs(batch_size: int, cores: int) -> dict[str, TrialConfig]:
         "openvino int8": config("openvino", "int8", hint="THROUGHPUT", streams="auto", int8_float="f32"),
         "openvino int8+bf16": config("openvino", "int8", hint="THROUGHPUT", streams="auto", int8_float="bf16"),
         "torchao int8": config("torchao", "int8", scheme="static", memory_format="channels_last"),
+        **ipex,
     }
 
 
@@ -154,8 +164,9 @@ def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measur
         reference = compute_reference(model, work, eval_samples=32, timeout_s=TIMEOUT_S)
     except TrialFailed as exc:
         raise UserError(f"the model does not run in FP32 eager mode ({exc.cause}); see {work / 'reference' / 'stderr.log'}") from None
-    ctx = TrialContext(machine, reference, measure, studies_root / ".cache")
-    configs = backend_configs(batch_size, machine.physical_cores)
+    runtimes = discover_runtimes()
+    ctx = TrialContext(machine, reference, measure, studies_root / ".cache", runtimes=runtimes)
+    configs = backend_configs(batch_size, machine.physical_cores, next(iter(candidates("ipex", runtimes)), None))
     if only:
         unknown = [name for name in only if name not in configs]
         if unknown:

@@ -43,6 +43,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.drift import DriftCriterion
     from autotune.inputs import describe as describe_inputs
     from autotune.models import resolve_model
+    from autotune.runtimes import interpreter_of
     from autotune.space import load_space_file
     from autotune.spec import SearchSpec, default_storage, validate_study_name
     from autotune.study import run_search
@@ -79,6 +80,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
         measure=measure_settings(window), finalists=args.finalists, finalist_repeats=args.finalist_repeats,
         finalist_share=args.finalist_share, speed_pruning=not args.no_speed_pruning,
+        runtimes=[str(interpreter_of(path)) for path in args.runtime or ()],
     )
     outcome = run_search(spec, console)
     if outcome.best_path:
@@ -160,9 +162,15 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
+    from autotune.machine_report import probe_json, probe_lines
     from autotune.probe import probe_machine
+    from autotune.runtimes import discover_runtimes
 
-    print(json.dumps(probe_machine().to_dict(), indent=2))
+    machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
+    if args.json:
+        print(json.dumps(probe_json(machine, runtimes), indent=2))
+    else:
+        print("\n".join(probe_lines(machine, runtimes)))
     return 0
 
 
@@ -213,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--finalists", type=int, default=3, help="top configs re-measured at the end, interleaved (default 3; 0: none)")
     search.add_argument("--finalist-repeats", type=int, default=3, help="runs of each finalist (default 3)")
     search.add_argument("--finalist-share", type=float, default=0.2, help="fraction of the budget kept for the finalists (default 0.2)")
+    search.add_argument("--runtime", action="append", metavar="PATH",
+                        help="another Python environment (virtual environment folder or its python) trials may run in, "
+                             "e.g. another torch version; repeatable. The main one and .venv-ipex are always used")
     search.add_argument("--no-cover-backends", action="store_true",
                         help="do not start a new study with one trial per backend x precision")
     _add_study_args(search, required=False)
@@ -253,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)
 
-    probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators)")
+    probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators, OpenMP, runtimes and their backends)")
+    probe.add_argument("--runtime", action="append", metavar="PATH", help="also probe this runtime (a virtual environment or its python)")
+    probe.add_argument("--json", action="store_true", help="machine-readable output")
     probe.set_defaults(func=cmd_probe)
     models = sub.add_parser("models", help="list the torchvision classification models")
     models.set_defaults(func=cmd_models)

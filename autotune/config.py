@@ -29,6 +29,13 @@ class TrialConfig:
     instances: int = 1
     threads_per_instance: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+    runtime: str = "main"  # the Python environment its processes run in (autotune.runtimes)
+    # PyTorch's thread pool and allocations (torch backends only): GNU OpenMP as bundled with torch, or
+    # Intel OpenMP preloaded (with its affinity and spin-wait settings); THP_MEM_ALLOC_ENABLE.
+    openmp: str = "gnu"
+    kmp_affinity: str | None = None
+    kmp_blocktime: int | None = None
+    thp: bool = False
 
     # ---- identity -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -41,14 +48,23 @@ class TrialConfig:
         return cls(**{**data, "options": dict(data.get("options", {}))})
 
     def numerics_key(self) -> str:
-        """What changes the outputs: backend, precision and backend options, not threads or allocator."""
-        return json.dumps({"backend": self.backend, "precision": self.precision, "options": self.to_dict()["options"]}, sort_keys=True)
+        """What changes the outputs: backend, precision, backend options and the runtime (another torch
+        may compute differently), not threads, allocator or OpenMP."""
+        key = {"backend": self.backend, "precision": self.precision, "options": self.to_dict()["options"]}
+        if self.runtime != "main":
+            key["runtime"] = self.runtime
+        return json.dumps(key, sort_keys=True)
 
     def summary(self) -> str:
         opts = " ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        extras = [f"runtime={self.runtime}"] if self.runtime != "main" else []
+        if self.openmp != "gnu":
+            extras.append(f"iomp(affinity={self.kmp_affinity},blocktime={self.kmp_blocktime})")
+        if self.thp:
+            extras.append("thp")
         return (
             f"{self.backend}/{self.precision} bs={self.batch_size} {self.instances}x{self.threads_per_instance}thr "
-            f"{self.allocator}{' ' + opts if opts else ''}"
+            f"{self.allocator}{' ' + opts if opts else ''}{' ' + ' '.join(extras) if extras else ''}"
         )
 
     # ---- launch -----------------------------------------------------------------------------------
@@ -56,16 +72,32 @@ class TrialConfig:
     def total_cores(self) -> int:
         return self.instances * self.threads_per_instance
 
-    def to_env(self, machine: MachineProbe) -> dict[str, str]:
-        """The environment variables this config sets (on top of a cleaned inherited environment)."""
+    def to_env(self, machine: MachineProbe, openmp_libraries: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment variables this config sets (on top of a cleaned inherited environment).
+        `openmp_libraries` are the runtime's (autotune.runtimes.Runtime.openmp): Intel OpenMP is preloaded
+        from the environment the trial runs in."""
         threads = str(self.threads_per_instance)
         env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        preload = []
         if self.allocator != "glibc":
             if self.allocator not in machine.allocators:
                 raise ValueError(f"allocator {self.allocator!r} was not found on this machine")
-            env["LD_PRELOAD"] = machine.allocators[self.allocator]
+            preload.append(machine.allocators[self.allocator])
         if self.allocator == "jemalloc":
             env["MALLOC_CONF"] = JEMALLOC_CONF
+        if self.openmp == "intel":
+            library = (openmp_libraries or {}).get("intel")
+            if not library:
+                raise ValueError(f"Intel OpenMP (libiomp5.so from the intel-openmp wheel) was not found in runtime {self.runtime!r}")
+            preload.append(library)
+            if self.kmp_affinity is not None:
+                env["KMP_AFFINITY"] = self.kmp_affinity
+            if self.kmp_blocktime is not None:
+                env["KMP_BLOCKTIME"] = str(self.kmp_blocktime)
+        if self.thp:
+            env["THP_MEM_ALLOC_ENABLE"] = "1"
+        if preload:
+            env["LD_PRELOAD"] = ":".join(preload)
         return env
 
     def instance_cpus(self, machine: MachineProbe) -> list[tuple[int, ...]]:

@@ -23,6 +23,7 @@ from autotune.config import TrialConfig, clean_environment, pin_prefix
 from autotune.errors import TrialFailed
 from autotune.files import write_json_atomic
 from autotune.probe import probe_machine
+from autotune.runtimes import Runtime, runtime_env
 from autotune.trials import TrialContext, ensure_artifact
 
 THROUGHPUT_LINE = re.compile(r"Throughput:\s+([0-9.]+)\s+FPS")
@@ -81,11 +82,11 @@ def _openvino_flags(config: TrialConfig, details: dict[str, Any]) -> list[str]:
     return flags
 
 
-def independent_winner(best: dict[str, Any], work: Path, seconds: float, timeout_s: float = 900.0) -> dict[str, Any]:
+def independent_winner(best: dict[str, Any], work: Path, seconds: float, runtime: Runtime, timeout_s: float = 900.0) -> dict[str, Any]:
     """Throughput of best.json's winner, summed over its instances, under an independent stopwatch."""
     config = TrialConfig.from_dict(best["config"])
     machine = probe_machine()
-    env = {**clean_environment(dict(os.environ)), **best["environment"]}
+    env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **best["environment"]})
     job = best["job"]
     if best["model"].get("inputs"):
         raise TrialFailed("the independent cross-check feeds one input tensor; this model takes several")
@@ -103,7 +104,7 @@ def independent_winner(best: dict[str, Any], work: Path, seconds: float, timeout
         ready.mkdir(parents=True)
         for i, cpus in enumerate(config.instance_cpus(machine)):
             job_path = write_json_atomic(work / f"plain-job-{i}.json", {**job, "instance": i})
-            commands.append([*pin_prefix(cpus, machine), sys.executable, "-m", "autotune.plain_loop", str(job_path), str(seconds), str(ready)])
+            commands.append([*pin_prefix(cpus, machine), runtime.python, "-m", "autotune.plain_loop", str(job_path), str(seconds), str(ready)])
         tool = "plain timing loop (autotune.plain_loop), fresh processes, same environment and pinning"
     outputs = _run_together(commands, env, timeout_s, work / "logs")
     if config.backend == "openvino":

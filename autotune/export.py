@@ -6,6 +6,7 @@ Reads the stored study only; never re-runs the search. Schema documented in docs
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from autotune.files import write_json_atomic
 from autotune.launch import shell_command
 from autotune.finalists import decide
 from autotune.pruners import clean_trials
+from autotune.runtimes import MAIN, worker_pythonpath
 from autotune.trials import replay_argv
 
 SCHEMA = "autotune.best/2"
@@ -42,9 +44,15 @@ def _counts(study: optuna.study.Study) -> dict[str, int]:
 
 
 def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
-    """One command per instance that re-runs the winner from best.json, pinned as it was tuned."""
+    """One command per instance that re-runs the winner from best.json, pinned as it was tuned, in the
+    runtime it ran in (another runtime gets this autotune on PYTHONPATH)."""
+    runtime = attrs.get("runtime") or {}
+    env = dict(attrs.get("env", {}))
+    if runtime.get("name", MAIN) != MAIN:
+        env["PYTHONPATH"] = worker_pythonpath()
+    python = runtime.get("python") or sys.executable
     return [
-        shell_command(attrs.get("env", {}), [*prefix, *replay_argv(best_path.resolve(), i)], UNSET_IN_COMMANDS)
+        shell_command(env, [*prefix, *replay_argv(best_path.resolve(), i, python)], UNSET_IN_COMMANDS)
         for i, prefix in enumerate(attrs.get("pin_prefixes", []))
     ]
 
@@ -108,6 +116,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "finalists": _finalist_view(record, best.number),
         "model": study.user_attrs.get("model_for_trials", spec.get("model")),
         "config": attrs["config"],
+        "runtime": attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
         "environment": attrs.get("env", {}),
         "launch": {
             "pinning": attrs.get("pinning"),

@@ -40,6 +40,7 @@ class PhysicalCore:
     core_id: int
     cpus: tuple[int, ...]
     numa_node: int
+    siblings: tuple[int, ...] = ()  # every logical CPU of the core (thread_siblings_list), allowed or not
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class MachineProbe:
     allocators: dict[str, str]
     pinning: str  # "numactl" (with memory binding), "numactl-cpu" (no membind), "taskset" or "none"
     kernel: str = field(default_factory=platform.release)
+    thp: str = "unknown"  # transparent huge pages mode: always / madvise / never
+    allocator_versions: dict[str, str] = field(default_factory=dict)  # name -> Debian package and version
 
     @property
     def physical_cores(self) -> int:
@@ -93,6 +96,17 @@ def format_cpu_list(cpus: list[int] | tuple[int, ...]) -> str:
     return ",".join(str(c) for c in cpus)
 
 
+def format_cpu_ranges(cpus: list[int] | tuple[int, ...]) -> str:
+    """The kernel's compact form, for people: [0, 1, 2, 5] -> '0-2,5'."""
+    parts: list[str] = []
+    for cpu in sorted(set(cpus)):
+        if parts and cpu == int(parts[-1].split("-")[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{cpu}"
+        else:
+            parts.append(str(cpu))
+    return ",".join(parts) or "-"
+
+
 def read_cpuinfo() -> tuple[str, set[str]]:
     model, flags = platform.processor() or "unknown", set()
     try:
@@ -120,14 +134,16 @@ def discover_cores(allowed: list[int]) -> list[PhysicalCore]:
     """Group allowed logical CPUs into physical cores using sysfs topology."""
     numa = _numa_of_cpus()
     groups: dict[tuple[int, int], list[int]] = {}
+    siblings: dict[tuple[int, int], tuple[int, ...]] = {}
     for cpu in allowed:
         topo = SYS_CPU / f"cpu{cpu}" / "topology"
         package = _read(topo / "physical_package_id")
         core = _read(topo / "core_id")
         key = (int(package), int(core)) if package is not None and core is not None else (0, 10_000 + cpu)
         groups.setdefault(key, []).append(cpu)
+        siblings[key] = tuple(parse_cpu_list(_read(topo / "thread_siblings_list") or str(cpu)))
     cores = [
-        PhysicalCore(package=pkg, core_id=core, cpus=tuple(sorted(cpus)), numa_node=numa.get(min(cpus), 0))
+        PhysicalCore(package=pkg, core_id=core, cpus=tuple(sorted(cpus)), numa_node=numa.get(min(cpus), 0), siblings=siblings[(pkg, core)])
         for (pkg, core), cpus in groups.items()
     ]
     return sorted(cores, key=lambda c: c.cpus[0])
@@ -176,6 +192,29 @@ def find_allocators() -> dict[str, str]:
     return found
 
 
+def debian_package_version(path: str) -> str:
+    """'libjemalloc2 5.3.0-3' for a library Debian installed, else the file name (no dpkg: not Debian)."""
+    try:
+        owner = subprocess.run(["dpkg-query", "-S", os.path.realpath(path)], capture_output=True, text=True, timeout=10)
+        if owner.returncode != 0:
+            owner = subprocess.run(["dpkg-query", "-S", path], capture_output=True, text=True, timeout=10)
+        package = owner.stdout.split(":", 1)[0].strip() if owner.returncode == 0 else ""
+        if package:
+            version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, timeout=10)
+            if version.returncode == 0:
+                return f"{package} {version.stdout.strip()}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.path.basename(os.path.realpath(path))
+
+
+def transparent_huge_pages() -> str:
+    """The kernel's THP mode: the bracketed word of 'always [madvise] never'."""
+    text = _read(Path("/sys/kernel/mm/transparent_hugepage/enabled")) or ""
+    match = re.search(r"\[(\w+)\]", text)
+    return match.group(1) if match else "unknown"
+
+
 def detect_pinning(cpu: int) -> str:
     """Prefer numactl with memory binding; containers often forbid membind, so test it for real."""
     numactl = shutil.which("numactl")
@@ -196,6 +235,7 @@ def probe_machine() -> MachineProbe:
     model, flags = read_cpuinfo()
     allowed = sorted(os.sched_getaffinity(0))
     cores = discover_cores(allowed)
+    allocators = find_allocators()
     nodes: dict[int, list[int]] = {}
     for core in cores:
         nodes.setdefault(core.numa_node, []).extend(core.cpus)
@@ -205,6 +245,8 @@ def probe_machine() -> MachineProbe:
         allowed_cpus=tuple(allowed),
         cores=tuple(cores),
         numa_nodes={k: tuple(sorted(v)) for k, v in sorted(nodes.items())},
-        allocators=find_allocators(),
+        allocators=allocators,
         pinning=detect_pinning(allowed[0]),
+        thp=transparent_huge_pages(),
+        allocator_versions={name: debian_package_version(path) for name, path in allocators.items()},
     )

@@ -21,9 +21,10 @@ OBJECTIVES = ("throughput", "latency")
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
 IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "drift_metric", "drift_relative", "data", "calibration_data", "measure",
-                   "eval_samples", "calibration_samples")
+                   "eval_samples", "calibration_samples", "runtimes")
 # Fields added after studies already existed: a stored spec without them had these values.
-IDENTITY_DEFAULTS = {"drift_metric": "relative_l2", "drift_relative": False, "data": DataSource().to_dict(), "calibration_data": None}
+IDENTITY_DEFAULTS = {"drift_metric": "relative_l2", "drift_relative": False, "data": DataSource().to_dict(), "calibration_data": None,
+                     "runtimes": []}
 
 
 def validate_study_name(name: str) -> str:
@@ -65,6 +66,7 @@ class SearchSpec:
     finalist_share: float = 0.2  # of the budget, kept for the finalists
     studies_root: str = "studies"
     measure: MeasureSettings = field(default_factory=MeasureSettings)
+    runtimes: list[str] = field(default_factory=list)  # --runtime interpreters, besides main (and .venv-ipex)
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)

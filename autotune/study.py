@@ -25,6 +25,7 @@ from autotune.probe import MachineProbe, probe_machine
 from autotune.progress import ProgressPrinter
 from autotune.finalists import run_finalists
 from autotune.pruners import DriftPruner, SpeedPruner
+from autotune.runtimes import discover_runtimes
 from autotune.space import InfeasibleConfig, SearchSpace
 from autotune.spec import SearchSpec, identity_differences
 from autotune.storage import mask_url, open_storage
@@ -224,9 +225,13 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     reserve = spec.finalist_share * spec.budget_s if spec.finalists > 0 else 0.0
     search_deadline = deadline - reserve  # the finalists' share of the budget is kept for the end
     machine = probe_machine()
-    space = SearchSpace.from_dict(spec.space, machine)
+    runtimes = discover_runtimes(spec.runtimes)
+    space = SearchSpace.from_dict(spec.space, machine, runtimes)
     for note in space.notes:
         console.print(f"note: {note}", markup=False)
+    for backend, names in space.runtimes.items():
+        if names != ["main"]:
+            console.print(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False)
     spec.dir.mkdir(parents=True, exist_ok=True)
     study, created = open_study(spec, machine)
     console.print(
@@ -247,7 +252,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     study.set_user_attr("calibration", reference.calibration)
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
-    ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples)
+    ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples, runtimes=runtimes)
     objective = Objective(spec, space, ctx, search_deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     interrupted = False

@@ -27,6 +27,7 @@ from autotune.measure import MeasureSettings, common_window_throughput, latency_
 from autotune.models import ModelSource
 from autotune.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.probe import MachineProbe
+from autotune.runtimes import Runtime, discover_runtimes, runtime_env
 
 WORKER_MODULE = "autotune.worker"
 
@@ -53,6 +54,17 @@ class TrialContext:
     calibration_samples: int = 64
     noise_limits: NoiseLimits = NoiseLimits()
     noisy_retries: int = 1  # a contaminated measurement is repeated this many times before it is flagged
+    runtimes: dict[str, Runtime] | None = None  # None: discovered when first needed (main and .venv-ipex)
+
+    def runtime(self, name: str) -> Runtime:
+        """The runtime a config names; one the context does not know is a failed trial, not a crash."""
+        if self.runtimes is None:
+            object.__setattr__(self, "runtimes", discover_runtimes())
+        try:
+            return self.runtimes[name]
+        except KeyError:
+            raise TrialFailed(f"runtime {name!r} is not known here (known: {', '.join(self.runtimes)}); "
+                              "pass it again with --runtime PATH") from None
 
 
 def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
@@ -82,10 +94,14 @@ def plan_instances(
     trial_dir: Path,
     job: dict[str, Any],
     cache_dir: Path,
+    runtime: Runtime,
 ) -> list[InstanceLaunch]:
-    """Write one job file per instance and describe how to start it (pinned, with its env)."""
-    set_env = {**config.to_env(machine), **backend_env(config, cache_dir)}
-    base_env = {**clean_environment(dict(os.environ)), **set_env}
+    """Write one job file per instance and describe how to start it (pinned, with its env, in its runtime)."""
+    try:
+        set_env = {**config.to_env(machine, runtime.openmp), **backend_env(config, cache_dir)}
+    except ValueError as exc:
+        raise TrialFailed(str(exc)) from None
+    base_env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **set_env})
     launches = []
     for i, cpus in enumerate(config.instance_cpus(machine)):
         job_path = trial_dir / f"job-{i}.json"
@@ -96,7 +112,7 @@ def plan_instances(
         )
         launches.append(
             InstanceLaunch(
-                argv=[*pin_prefix(cpus, machine), *worker_argv(job_path)],
+                argv=[*pin_prefix(cpus, machine), *worker_argv(job_path, runtime.python)],
                 env=base_env,
                 set_env=set_env,
                 result_path=trial_dir / f"result-{i}.json",
@@ -128,7 +144,8 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]], settings: Meas
         "torch_version": results[0]["torch"],
         "backend_details": results[0].get("backend_details"),
         "instances": [
-            {**{k: r[k] for k in ("pid", "cpus", "allocator", "threads", "throughput_sps", "iterations", "window_s", "warmup_iters", "warmup_s")},
+            {**{k: r.get(k) for k in ("pid", "cpus", "allocator", "threads", "openmp", "throughput_sps", "iterations", "window_s", "warmup_iters",
+                                      "warmup_s")},
              "common_window_sps": share, "latency_ms": r["latency_ms"], "noise": r.get("noise")}
             for r, share in zip(results, window["per_instance_sps"])
         ],
@@ -176,9 +193,10 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
 
 def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
     """Build the backend's artifact in its own process unless the cache has it; say which happened."""
-    if not BACKENDS[config.backend].uses_artifact:
+    if not BACKENDS[config.backend].builds_artifact(config.precision):
         return None
-    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration)
+    runtime = ctx.runtime(config.runtime)
+    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration, runtime.packages)
     directory = artifact_dir(ctx.cache_dir, key)
     with build_lock(directory):
         meta = read_meta(directory)
@@ -195,7 +213,8 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
                                      "calibration_description": ctx.reference.calibration["data"],
                                      "result_path": str(work_dir / "prepare-result.json")})
         launch = InstanceLaunch(
-            argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={}, result_path=work_dir / "prepare-result.json",
+            argv=worker_argv(job_path, runtime.python), env=runtime_env(runtime, clean_environment(dict(os.environ))), set_env={},
+            result_path=work_dir / "prepare-result.json",
             stdout_path=work_dir / "prepare-stdout.log", stderr_path=work_dir / "prepare-stderr.log",
         )
         try:
@@ -241,7 +260,7 @@ def run_config(
         first = attempt == 0
         job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s, "screen": screen and first,
                "measure_drift": known_drift is None and first}
-        launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir)
+        launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
         stages = ("ready", "screened") if job["screen"] else ("ready",)
         before = machine_snapshot()
         remaining = timeout_s - (time.monotonic() - started)
@@ -262,6 +281,7 @@ def run_config(
     metrics["measurement"]["attempts"] = [
         {"throughput_sps": m["throughput_sps"], "noise_flags": m["measurement"]["noise_flags"]} for m in attempts
     ]
+    metrics["runtime"] = ctx.runtime(config.runtime).record()
     metrics["prepare_s"] = artifact["prepare_s"] if artifact else 0.0
     metrics["artifact"] = artifact
     return metrics, launches, template

@@ -59,11 +59,25 @@ def check_allocator(allocator: str) -> dict[str, Any]:
     if allocator == "glibc":
         ok = not found
     else:
-        wanted = os.path.realpath(preload) if preload else ""
-        ok = bool(wanted) and any(os.path.realpath(p) == wanted for p in found)
+        wanted = {os.path.realpath(p) for p in preload.split(":") if allocator in os.path.basename(p)}
+        ok = bool(wanted) and any(os.path.realpath(p) in wanted for p in found)
     report = {"asked": allocator, "ld_preload": preload, "mapped": found, "verified": ok}
     if not ok:
         raise EnvironmentMismatch(f"allocator {allocator!r} asked for, but mapped allocator libraries are {found or 'none (glibc)'}")
+    return report
+
+
+def check_openmp(config: TrialConfig) -> dict[str, Any]:
+    """After torch is imported: Intel OpenMP mapped when asked for (and only then), with its settings."""
+    mapped = mapped_libraries()
+    intel = [p for p in mapped if os.path.basename(p).startswith("libiomp5")]
+    gnu = [p for p in mapped if os.path.basename(p).startswith("libgomp")]
+    report = {"asked": config.openmp, "intel": intel, "gnu": gnu, "KMP_AFFINITY": os.environ.get("KMP_AFFINITY"),
+              "KMP_BLOCKTIME": os.environ.get("KMP_BLOCKTIME"), "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE")}
+    if config.openmp == "intel" and not intel:
+        raise EnvironmentMismatch(f"Intel OpenMP asked for, but libiomp5 is not mapped (mapped OpenMP: {gnu or 'none'})")
+    if config.openmp == "gnu" and intel:
+        raise EnvironmentMismatch(f"GNU OpenMP asked for, but Intel OpenMP is mapped: {intel}")
     return report
 
 
@@ -180,7 +194,7 @@ def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, 
     from autotune.backends import BACKENDS, backend_module
 
     module = backend_module(config.backend)
-    if BACKENDS[config.backend].uses_artifact:
+    if BACKENDS[config.backend].builds_artifact(config.precision):
         return module.load(example, config, Path(job["artifact_dir"]))
     return module.prepare(build_model(source), example, config, Path(job["workdir"]))
 
@@ -199,6 +213,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
     t0 = time.monotonic()
     runner = build_runner(job, config, source, example)
+    openmp = check_openmp(config)
     native = runner.convert_input(example)
     load_s = time.monotonic() - t0
 
@@ -238,6 +253,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
         "cpus": cpus,
         "allocator": allocator,
         "threads": threads,
+        "openmp": openmp,
         "torch": torch.__version__,
         "python": sys.executable,
         "load_s": load_s,

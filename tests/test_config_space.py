@@ -7,17 +7,29 @@ import pytest
 
 from autotune.config import TrialConfig, clean_environment, pin_prefix
 from autotune.errors import UserError
+from autotune.backends import BACKENDS
 from autotune.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
+from autotune.runtimes import Runtime
 from autotune.space import InfeasibleConfig, SearchSpace
 
 
-def fake_machine(cores: int = 4, smt: int = 2, allocators=None, pinning="numactl") -> MachineProbe:
+def described_runtime(name="main", role="main", lacks=("ipex",), openmp=("gnu", "intel")) -> Runtime:
+    """A runtime as its probe would report it: every backend imports except `lacks`."""
+    return Runtime(name, f"/envs/{name}/bin/python", role, torch="2.14.1",
+                   backends={b: (f"{b}: ModuleNotFoundError" if b in lacks else None) for b in BACKENDS},
+                   openmp={kind: f"/envs/{name}/lib/lib{kind}.so" for kind in openmp})
+
+
+RUNTIMES = {"main": described_runtime()}
+
+
+def fake_machine(cores: int = 4, smt: int = 2, allocators=None, pinning="numactl", thp="madvise") -> MachineProbe:
     """A described machine (not this one) to test arithmetic for bigger hosts; cpus numbered non-contiguously."""
     phys = tuple(PhysicalCore(0, i, tuple(i + k * cores for k in range(smt)), numa_node=0 if i < cores // 2 else 1) for i in range(cores))
     return MachineProbe(
         cpu_model="test", isa={}, allowed_cpus=tuple(sorted(c for core in phys for c in core.cpus)), cores=phys,
         numa_nodes={0: (), 1: ()}, allocators=allocators if allocators is not None else {"tcmalloc": "/x/libtcmalloc.so.4", "jemalloc": "/x/libjemalloc.so.2"},
-        pinning=pinning,
+        pinning=pinning, thp=thp,
     )
 
 
@@ -63,7 +75,7 @@ SPACE = {
 
 def test_space_samples_only_valid_conditional_configs():
     machine = fake_machine(cores=8)
-    space = SearchSpace.from_dict(SPACE, machine)
+    space = SearchSpace.from_dict(SPACE, machine, RUNTIMES)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     seen = set()
     for _ in range(60):
@@ -80,7 +92,7 @@ def test_space_samples_only_valid_conditional_configs():
 
 
 def test_space_drops_missing_allocators_with_a_note():
-    space = SearchSpace.from_dict(SPACE, fake_machine(allocators={"jemalloc": "/x/libjemalloc.so.2"}))
+    space = SearchSpace.from_dict(SPACE, fake_machine(allocators={"jemalloc": "/x/libjemalloc.so.2"}), RUNTIMES)
     assert space.allocators == ["glibc", "jemalloc"]
     assert any("tcmalloc" in note for note in space.notes)
 
@@ -99,17 +111,17 @@ def test_space_drops_missing_allocators_with_a_note():
 )
 def test_space_rejects_bad_values(bad, message):
     with pytest.raises(UserError, match=message):
-        SearchSpace.from_dict({**SPACE, **bad}, fake_machine(cores=8))
+        SearchSpace.from_dict({**SPACE, **bad}, fake_machine(cores=8), RUNTIMES)
 
 
 def test_baseline_is_eager_fp32_on_all_cores():
-    params = SearchSpace.from_dict(SPACE, fake_machine(cores=8)).baseline_params()
+    params = SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).baseline_params()
     assert params == {"backend": "eager", "eager.precision": "fp32", "batch_size": 8, "allocator": "glibc",
-                      "instances": 1, "threads_per_instance": 8, "eager.memory_format": "contiguous"}
+                      "instances": 1, "threads_per_instance": 8, "eager.memory_format": "contiguous", "openmp": "gnu", "thp": False}
 
 
 def test_explicit_thread_lists_never_launch_what_does_not_fit():
-    space = SearchSpace.from_dict({**SPACE, "instances": [1, 2], "threads_per_instance": [2, 4]}, fake_machine(cores=4))
+    space = SearchSpace.from_dict({**SPACE, "instances": [1, 2], "threads_per_instance": [2, 4]}, fake_machine(cores=4), RUNTIMES)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     outcomes = set()
     for _ in range(40):
@@ -128,12 +140,108 @@ def test_explicit_thread_lists_never_launch_what_does_not_fit():
 
 
 def test_coverage_tries_every_backend_and_precision_once():
-    pairs = {(p["backend"], p[f"{p['backend']}.precision"]) for p in SearchSpace.from_dict(SPACE, fake_machine(cores=8)).coverage_params()}
+    pairs = {(p["backend"], p[f"{p['backend']}.precision"]) for p in SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).coverage_params()}
     assert pairs == {("eager", "fp32"), ("eager", "bf16"), ("inductor", "fp32")}
 
 
 def test_baseline_batch_must_be_in_the_space():
     with pytest.raises(UserError, match="baseline batch_size 3"):
-        SearchSpace.from_dict({**SPACE, "baseline": {"batch_size": 3}}, fake_machine())
+        SearchSpace.from_dict({**SPACE, "baseline": {"batch_size": 3}}, fake_machine(), RUNTIMES)
     with pytest.raises(UserError, match="'baseline' must be a mapping"):
-        SearchSpace.from_dict({**SPACE, "baseline": 5}, fake_machine())
+        SearchSpace.from_dict({**SPACE, "baseline": 5}, fake_machine(), RUNTIMES)
+
+
+def sample(space: SearchSpace, n: int, seed: int = 0) -> list[tuple[TrialConfig | None, dict]]:
+    """Ask a real Optuna study n times; None where the space refused the combination."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        try:
+            config = space.suggest(trial)
+        except InfeasibleConfig:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            out.append((None, trial.params))
+            continue
+        study.tell(trial, 1.0)
+        out.append((config, trial.params))
+    return out
+
+
+ROUTED = {"backends": {"eager": {}, "ipex": {"precision": ["bf16"]}, "openvino": {}}, "batch_size": [8]}
+
+
+def test_routing_sends_each_backend_to_a_runtime_that_imports_it():
+    runtimes = {"main": described_runtime(), "ipex": described_runtime("ipex", "auto", lacks=("onnxruntime", "openvino"))}
+    space = SearchSpace.from_dict(ROUTED, fake_machine(), runtimes)
+    assert space.runtimes == {"eager": ["main"], "ipex": ["ipex"], "openvino": ["main"]}  # .venv-ipex only fills the gap
+    for config, params in sample(space, 40):
+        assert config.runtime == ("ipex" if config.backend == "ipex" else "main")
+        assert not any(key.endswith(".runtime") for key in params)  # one choice: not a dimension
+
+
+def test_an_explicit_runtime_competes_for_the_backends_it_runs():
+    runtimes = {"main": described_runtime(), "t28": described_runtime("t28", "explicit", lacks=("ipex", "openvino"))}
+    space = SearchSpace.from_dict(ROUTED | {"backends": {"eager": {}, "openvino": {}}}, fake_machine(), runtimes)
+    assert space.runtimes == {"eager": ["main", "t28"], "openvino": ["main"]}
+    seen = {(c.backend, c.runtime) for c, _ in sample(space, 60)}
+    assert seen == {("eager", "main"), ("eager", "t28"), ("openvino", "main")}
+    coverage = [(p["backend"], p.get("eager.runtime")) for p in space.coverage_params()]
+    assert ("eager", "main") in coverage and ("eager", "t28") in coverage  # each runtime measured once early
+    assert space.baseline_params()["eager.runtime"] == "main"
+
+
+def test_a_backend_no_runtime_imports_is_left_out_with_the_reason():
+    space = SearchSpace.from_dict(ROUTED, fake_machine(), {"main": described_runtime()})
+    assert "ipex" not in space.backends
+    assert any("ipex imports in no runtime" in note and "ModuleNotFoundError" in note for note in space.notes)
+    with pytest.raises(UserError, match="none of the listed backends"):
+        SearchSpace.from_dict({"backends": {"ipex": {}}}, fake_machine(), {"main": described_runtime()})
+
+
+def test_an_explicit_runtime_that_runs_nothing_is_refused():
+    runtimes = {"main": described_runtime(), "bare": described_runtime("bare", "explicit", lacks=tuple(BACKENDS))}
+    with pytest.raises(UserError, match="runtime bare .* runs none of"):
+        SearchSpace.from_dict(ROUTED, fake_machine(), runtimes)
+
+
+def test_openmp_and_huge_pages_are_sampled_for_torch_backends_only():
+    space = SearchSpace.from_dict({**ROUTED, "openmp": ["gnu", "intel"], "kmp_blocktime": [0, 200], "thp": [False, True]},
+                                  fake_machine(), {"main": described_runtime(lacks=())})
+    seen_openmp = set()
+    for config, params in sample(space, 80):
+        if config.backend == "openvino":  # its own thread pool (TBB): the settings would do nothing
+            assert not {"openmp", "thp", "kmp_blocktime"} & set(params) and config.openmp == "gnu" and not config.thp
+            continue
+        seen_openmp.add(config.openmp)
+        if config.openmp == "gnu":
+            assert "kmp_blocktime" not in params and config.kmp_blocktime is None
+        else:
+            assert config.kmp_blocktime in (0, 200) and config.kmp_affinity == "granularity=fine,compact,1,0"
+    assert seen_openmp == {"gnu", "intel"}
+
+
+def test_openmp_and_thp_are_left_out_where_they_cannot_work():
+    no_iomp = {"main": described_runtime(openmp=("gnu",))}
+    space = SearchSpace.from_dict({**ROUTED, "openmp": ["gnu", "intel"], "thp": [False, True]}, fake_machine(thp="always"), no_iomp)
+    assert space.thread_pool.openmp == ["gnu"] and space.thread_pool.thp == [False]
+    assert any("Intel OpenMP" in n for n in space.notes) and any("huge pages are 'always'" in n for n in space.notes)
+    with pytest.raises(UserError, match="unknown openmp 'llvm'"):
+        SearchSpace.from_dict({**ROUTED, "openmp": ["llvm"]}, fake_machine(), RUNTIMES)
+
+
+def test_intel_openmp_is_preloaded_after_the_allocator_with_its_settings():
+    config = TrialConfig("eager", "fp32", 8, "tcmalloc", 1, 2, openmp="intel", kmp_affinity="disabled", kmp_blocktime=0, thp=True)
+    env = config.to_env(fake_machine(), {"intel": "/envs/main/lib/libiomp5.so"})
+    assert env["LD_PRELOAD"] == "/x/libtcmalloc.so.4:/envs/main/lib/libiomp5.so"
+    assert (env["KMP_AFFINITY"], env["KMP_BLOCKTIME"], env["THP_MEM_ALLOC_ENABLE"]) == ("disabled", "0", "1")
+    with pytest.raises(ValueError, match="Intel OpenMP"):
+        config.to_env(fake_machine(), {"gnu": "/x/libgomp.so.1"})
+    plain = TrialConfig("eager", "fp32", 8).to_env(fake_machine())
+    assert not {"LD_PRELOAD", "KMP_AFFINITY", "THP_MEM_ALLOC_ENABLE"} & set(plain)
+
+
+def test_the_runtime_is_part_of_the_numerics_key():
+    a = TrialConfig("eager", "bf16", 8)
+    assert a.numerics_key() != replace(a, runtime="ipex").numerics_key()
+    assert a.numerics_key() == replace(a, openmp="intel", thp=True).numerics_key()

@@ -20,12 +20,20 @@ class BackendSpec:
     # Options that only mean something at some precisions (sampled only there), e.g. {"int8_float": ("int8",)}.
     option_precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Artifact backends build a file once (export, conversion, quantization) in a separate process and
-    # their timing processes only load it; the others run the torch module directly.
-    uses_artifact: bool = False
-
+    # their timing processes only load it; the others run the torch module directly. A tuple: only at
+    # those precisions (IPEX builds a file for int8 only).
+    uses_artifact: bool | tuple[str, ...] = False
+    # Runs on PyTorch's OpenMP thread pool: the OpenMP runtime and PyTorch's huge-page setting matter.
+    # ONNX Runtime and OpenVINO keep their own thread pools (and allocators' huge pages), so not there.
+    torch_threads: bool = False
 
     def applies(self, option: str, precision: str) -> bool:
         return precision in self.option_precisions.get(option, self.precisions)
+
+    def builds_artifact(self, precision: str) -> bool:
+        if isinstance(self.uses_artifact, tuple):
+            return precision in self.uses_artifact
+        return self.uses_artifact
 
 
 @dataclass

@@ -13,6 +13,7 @@ SPEC = BackendSpec(
     precisions=("fp32", "bf16"),
     options={"memory_format": ("contiguous", "channels_last")},
     requires=("torch",),
+    torch_threads=True,
 )
 
 

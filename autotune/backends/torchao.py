@@ -19,6 +19,7 @@ SPEC = BackendSpec(
     options={"scheme": ("static", "dynamic"), "memory_format": ("contiguous", "channels_last")},
     requires=("torchao",),
     uses_artifact=True,
+    torch_threads=True,
 )
 
 PROGRAM_FILE = "quantized.pt2"

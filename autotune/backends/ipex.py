@@ -1,0 +1,96 @@
+"""Intel Extension for PyTorch: ipex.optimize (fp32, bf16) run eagerly, traced and frozen with
+TorchScript, or compiled with torch.compile (IPEX's own backend or inductor); int8 is IPEX static
+quantization, calibrated once, traced, frozen and saved, then loaded by the timing processes.
+
+IPEX 2.8 imports only with torch 2.8, so these trials run in the runtime `make setup` builds for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import BackendSpec, Runner
+
+SPEC = BackendSpec(
+    name="ipex",
+    description="Intel Extension for PyTorch (ipex.optimize; static int8)",
+    precisions=("fp32", "bf16", "int8"),
+    options={"graph": ("eager", "torchscript", "compile_ipex", "compile_inductor"), "memory_format": ("channels_last", "contiguous")},
+    requires=("intel_extension_for_pytorch",),
+    option_precisions={"graph": ("fp32", "bf16")},  # int8 is always traced and frozen (IPEX's int8 path)
+    uses_artifact=("int8",),
+    torch_threads=True,
+)
+
+PROGRAM_FILE = "quantized.pt"
+ARTIFACT_VERSION = 1
+
+
+def _example(batch: tuple[Any, ...], options: dict[str, Any]) -> tuple[Any, ...]:
+    from autotune.backends.torch_common import input_converter
+
+    return input_converter(options)(batch)
+
+
+def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
+    """ipex.optimize at the trial's precision, then the graph mode the trial asked for."""
+    import intel_extension_for_pytorch as ipex
+    import torch
+
+    from autotune.backends.torch_common import convert_for, module_runner
+
+    graph = config.options.get("graph", "eager")
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    optimized = ipex.optimize(convert_for(model, config.options), dtype=dtype)
+    if graph == "torchscript":
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+            traced = torch.jit.trace(optimized, _example(example, config.options), check_trace=False, strict=False)
+            optimized = torch.jit.freeze(traced)
+    elif graph.startswith("compile_"):
+        optimized = torch.compile(optimized, backend=graph.removeprefix("compile_"), dynamic=False)
+    return module_runner(optimized, config.precision, config.options, details={"graph": graph, "ipex": ipex.__version__})
+
+
+def artifact_identity(config: Any) -> dict[str, Any]:
+    """The traced int8 graph is specialised to the batch size and memory format."""
+    return {"precision": config.precision, "memory_format": config.options.get("memory_format", "channels_last"),
+            "batch_size": config.batch_size}
+
+
+def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
+    """IPEX static int8: observers from the default static qconfig, calibration, convert, trace, freeze."""
+    import intel_extension_for_pytorch as ipex
+    import torch
+    from intel_extension_for_pytorch.quantization import convert, prepare as prepare_int8
+
+    from autotune.backends.torch_common import convert_for
+
+    example = _example(example, config.options)
+    model = convert_for(model, config.options)
+    prepared = prepare_int8(model, ipex.quantization.default_static_qconfig_mapping, example_inputs=example, inplace=False)
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(*_example(batch, config.options))
+        quantized = convert(prepared)
+        traced = torch.jit.freeze(torch.jit.trace(quantized, example, check_trace=False, strict=False))
+        traced(*example)  # the first calls fuse the int8 graph; save it fused
+        traced(*example)
+    traced.save(str(out_dir / PROGRAM_FILE))
+    return {"quantization": "IPEX static int8 (default_static_qconfig_mapping), TorchScript traced and frozen",
+            "calibration_batches": len(calibration), "ipex": ipex.__version__}
+
+
+def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
+    import intel_extension_for_pytorch as ipex  # registers the int8 kernels the saved graph calls
+    import torch
+
+    from autotune.backends.torch_common import input_converter
+
+    module = torch.jit.load(str(artifact_dir / PROGRAM_FILE))
+
+    def run(batch: tuple[Any, ...]) -> Any:
+        with torch.no_grad():
+            return module(*batch)
+
+    return Runner(run=run, convert_input=input_converter(config.options), details={"graph": "torchscript", "ipex": ipex.__version__})
