@@ -23,7 +23,8 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return versions
 
 
-def fingerprint(machine: MachineProbe) -> dict[str, Any]:
+def fingerprint(machine: MachineProbe, runtimes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`runtimes`: name -> autotune.runtimes.Runtime, whose interpreters and torch versions are recorded too."""
     return {
         "hardware": {
             "cpu_model": machine.cpu_model,
@@ -40,6 +41,8 @@ def fingerprint(machine: MachineProbe) -> dict[str, Any]:
             "allocators": {name: os.path.realpath(path) for name, path in machine.allocators.items()},
             "libc": "-".join(platform.libc_ver()),
             "kernel": machine.kernel,
+            "transparent_hugepages": machine.thp,
+            "runtimes": {name: {"python": r.python, "torch": r.torch, "packages": r.packages} for name, r in (runtimes or {}).items()},
         },
         "host": socket.gethostname(),
     }

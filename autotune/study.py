@@ -47,7 +47,7 @@ def baseline_throughput(study: optuna.study.Study) -> float | None:
     return trial.user_attrs.get("throughput_sps") if trial else None
 
 
-def open_study(spec: SearchSpec, machine: MachineProbe) -> tuple[optuna.study.Study, bool]:
+def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None) -> tuple[optuna.study.Study, bool]:
     """Create the study, or resume it after checking the settings are the same."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(spec.storage)
@@ -61,7 +61,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe) -> tuple[optuna.study.St
     stored = study.user_attrs.get("spec")
     if stored is None:
         study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
-        study.set_user_attr("fingerprint", fingerprint(machine))
+        study.set_user_attr("fingerprint", fingerprint(machine, runtimes))
         return study, True
     stored_identity = {k: stored.get(k) for k in spec.identity()}
     diffs = identity_differences(stored_identity, spec.identity())
@@ -233,7 +233,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         if names != ["main"]:
             console.print(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False)
     spec.dir.mkdir(parents=True, exist_ok=True)
-    study, created = open_study(spec, machine)
+    study, created = open_study(spec, machine, runtimes)
     console.print(
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,

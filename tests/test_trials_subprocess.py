@@ -13,6 +13,7 @@ from autotune.errors import TrialFailed
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSource
 from autotune.probe import probe_machine
+from autotune.runtimes import discover_runtimes
 from autotune.trials import TrialContext, compute_reference, plan_instances, run_config
 from autotune.launch import run_instances
 from conftest import TINY
@@ -72,7 +73,7 @@ def _launch_with_env(reference, tmp_path, config, change):
     (trial_dir / "barrier").mkdir(parents=True)
     job = {"task": "trial", "model": reference.model.to_dict(), "config": config.to_dict(), "measure": QUICK.to_dict(),
            "reference_path": None, "workdir": str(tmp_path), "barrier_dir": str(trial_dir / "barrier"), "barrier_timeout_s": 30}
-    launch = plan_instances(config, MACHINE, trial_dir, job, tmp_path)[0]
+    launch = plan_instances(config, MACHINE, trial_dir, job, tmp_path, discover_runtimes()["main"])[0]
     return run_instances([replace(launch, env=change(dict(launch.env)))], 60, trial_dir / "barrier")
 
 
@@ -80,6 +81,12 @@ def _launch_with_env(reference, tmp_path, config, change):
 def test_worker_refuses_to_run_without_the_allocator_it_was_asked_for(reference, tmp_path):
     config = TrialConfig("eager", "fp32", 2, "tcmalloc", 1, 1)
     with pytest.raises(TrialFailed, match="environment check failed: allocator 'tcmalloc'"):
+        _launch_with_env(reference, tmp_path, config, lambda env: {k: v for k, v in env.items() if k != "LD_PRELOAD"})
+
+
+def test_worker_refuses_to_run_without_the_openmp_it_was_asked_for(reference, tmp_path):
+    config = TrialConfig("eager", "fp32", 2, "glibc", 1, 1, openmp="intel", kmp_blocktime=1)
+    with pytest.raises(TrialFailed, match="environment check failed: Intel OpenMP asked for, but libiomp5 is not mapped"):
         _launch_with_env(reference, tmp_path, config, lambda env: {k: v for k, v in env.items() if k != "LD_PRELOAD"})
 
 
