@@ -4,6 +4,7 @@ An artifact is keyed by everything that changes its bytes: the model and a diges
 input shape, the backend, what the backend says changes the artifact (precision, some options), the
 calibration data, and the library versions. It lives under <studies>/.cache/artifacts/<name>-<key>/ and
 is complete once its meta.json exists (written last, atomically). A lock file serialises builders.
+Each use touches its `last-used` file; past the cache's size cap the least recently used are evicted.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,6 +24,7 @@ from autotune.fingerprint import package_versions
 from autotune.models import ModelSource
 
 META_FILE = "meta.json"
+LAST_USED = "last-used"
 VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao",
                       "intel-extension-for-pytorch")
 
@@ -68,3 +71,43 @@ def build_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def mark_used(directory: Path) -> None:
+    """Record a use: its mtime orders the cache for eviction."""
+    (directory / LAST_USED).touch()
+
+
+def _size_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def evict_least_recently_used(cache_root: Path, cap_mib: float, keep: Path) -> list[str]:
+    """Delete complete artifacts, least recently used first, until the cache fits `cap_mib`; never `keep`
+    (the one in use) nor one whose lock another process holds (being built or checked). Returns the names."""
+    root = cache_root / "artifacts"
+    entries = []
+    for directory in root.iterdir() if root.is_dir() else ():
+        if directory.is_dir() and (directory / META_FILE).exists():
+            stamp = directory / LAST_USED if (directory / LAST_USED).exists() else directory / META_FILE
+            entries.append((stamp.stat().st_mtime, directory, _size_bytes(directory)))
+    total = sum(size for _, _, size in entries)
+    evicted: list[str] = []
+    for _, directory, size in sorted(entries, key=lambda e: e[0]):
+        if total <= cap_mib * 2**20:
+            break
+        if directory.resolve() == keep.resolve():
+            continue
+        with open(directory.with_suffix(".lock"), "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            try:
+                (directory / META_FILE).unlink()  # incomplete from here on: never read half-deleted
+                shutil.rmtree(directory, ignore_errors=True)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        total -= size
+        evicted.append(directory.name)
+    return evicted

@@ -7,6 +7,7 @@ B, C, ...) so slow drifts of a shared machine hit all alike; tables report media
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -138,8 +139,11 @@ def backend_configs(batch_size: int, cores: int, ipex_runtime: str | None = None
         "ipex int8": config("ipex", "int8", ipex_runtime, memory_format="channels_last"),
     }
 
+    plain = config("eager", "fp32", memory_format="contiguous")
     return {
-        "eager fp32": config("eager", "fp32", memory_format="contiguous"),
+        "eager fp32": plain,
+        "eager fp32 iomp": replace(plain, openmp="intel", kmp_affinity="granularity=fine,compact,1,0", kmp_blocktime=1),
+        "eager fp32 thp": replace(plain, thp=True),
         "eager bf16": config("eager", "bf16", memory_format="channels_last"),
         "inductor fp32": config("inductor", "fp32", memory_format="channels_last", freezing=True),
         "inductor bf16": config("inductor", "bf16", memory_format="channels_last", freezing=True),

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from autotune.drift import METRIC_HELP, METRICS
 from autotune.errors import UserError
+from autotune.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -44,6 +45,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.inputs import describe as describe_inputs
     from autotune.models import resolve_model
     from autotune.runtimes import interpreter_of
+    from autotune.sizes import machine_memory_mib, parse_size_mib
     from autotune.space import load_space_file
     from autotune.spec import SearchSpec, default_storage, validate_study_name
     from autotune.study import run_search
@@ -53,7 +55,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     space_path = Path(args.space or DEFAULT_SPACE)
     space = load_space_file(space_path)
     window = parse_duration(args.measure_seconds)
-    model = resolve_model(args.model, args.weights, args.input_shape)
+    model = resolve_model(args.model, args.weights, args.input_shape, args.allow_pickle)
     origin = {"random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
               "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
               "weights-file": f"weights from {model.weights_path}",
@@ -81,9 +83,14 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         measure=measure_settings(window), finalists=args.finalists, finalist_repeats=args.finalist_repeats,
         finalist_share=args.finalist_share, speed_pruning=not args.no_speed_pruning,
         runtimes=[str(interpreter_of(path)) for path in args.runtime or ()],
+        memory_limit_mib=parse_size_mib(args.memory_limit, "--memory-limit", machine_memory_mib()),
+        cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"),
     )
     outcome = run_search(spec, console)
-    if outcome.best_path:
+    if outcome.best_path and not json.loads(outcome.best_path.read_text()).get("meets_drift", True):
+        best = json.loads(outcome.best_path.read_text())
+        console.print(f"no trial met the drift bound: {best['selection']}; wrote {outcome.best_path} (meets_drift: false)", markup=False)
+    elif outcome.best_path:
         best = json.loads(outcome.best_path.read_text())
         speed = f", {best['speedup_vs_baseline']:.2f}x the eager fp32 baseline" if best.get("speedup_vs_baseline") else ""
         revalidated = best["objective"].get("revalidated_median")
@@ -195,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--model", required=True, help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
                                                              "or a TorchScript (.pt) or exported program (.pt2) file")
     search.add_argument("--weights", help="state_dict file (loaded with weights_only)")
+    search.add_argument("--allow-pickle", action="store_true",
+                        help="load an exported program (.pt2) although its loader may unpickle Python objects (trusted files only)")
     search.add_argument("--input-shape", "--inputs", dest="input_shape",
                         help="one sample's shape, e.g. 3x224x224 (default: the model's); several or integer inputs as "
                              "name:dtype:shape[:low-high],..., e.g. input_ids:int64:128:0-30522,attention_mask:int64:128:1-2")
@@ -221,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--finalists", type=int, default=3, help="top configs re-measured at the end, interleaved (default 3; 0: none)")
     search.add_argument("--finalist-repeats", type=int, default=3, help="runs of each finalist (default 3)")
     search.add_argument("--finalist-share", type=float, default=0.2, help="fraction of the budget kept for the finalists (default 0.2)")
+    search.add_argument("--memory-limit", default=DEFAULT_TRIAL_MEMORY, metavar="SIZE",
+                        help=f"a trial whose processes together hold more memory is killed and failed: 8G, 800M, or a share "
+                             f"of this machine's memory (default {DEFAULT_TRIAL_MEMORY})")
+    search.add_argument("--cache-size", default=DEFAULT_CACHE_SIZE, metavar="SIZE",
+                        help=f"cap of the artifact cache (<studies-dir>/.cache/artifacts); the least recently used are evicted "
+                             f"(default {DEFAULT_CACHE_SIZE})")
     search.add_argument("--runtime", action="append", metavar="PATH",
                         help="another Python environment (virtual environment folder or its python) trials may run in, "
                              "e.g. another torch version; repeatable. The main one and .venv-ipex are always used")

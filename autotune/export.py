@@ -109,6 +109,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "meets_drift": True,
         "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": best.number, "trials": _counts(study)},
         "objective": {"name": spec.get("objective"), "direction": study.direction.name.lower(), "value": best.value,
                       "revalidated_median": _revalidated(record, best.number)},
@@ -177,5 +178,52 @@ def _speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base
             "speedup_source": "one search measurement each (winner and baseline trials)"}
 
 
+def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+    """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
+    spec = study.user_attrs.get("spec", {})
+    criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
+    measured = [(criterion.drop(t.user_attrs["drift"]), t) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("drift") and t.user_attrs.get("config")]
+    measured = [(drop, t) for drop, t in measured if drop is not None]
+    return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
+
+
+def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """best.json for a study where no configuration met the drift bound: the closest one, marked so,
+    with its drift and how to run it, but no speed (it was never timed)."""
+    spec = study.user_attrs.get("spec", {})
+    attrs = trial.user_attrs
+    drift = drift_report(dict(attrs["drift"]), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration"))
+    return {
+        "schema": SCHEMA,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "meets_drift": False,
+        "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": trial.number, "trials": _counts(study)},
+        "objective": {"name": spec.get("objective"), "direction": study.direction.name.lower(), "value": None, "revalidated_median": None},
+        "selection": (f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
+                      f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen --max-drift, "
+                      "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"),
+        "finalists": None,
+        "model": study.user_attrs.get("model_for_trials", spec.get("model")),
+        "config": attrs["config"],
+        "runtime": attrs.get("runtime"),
+        "environment": attrs.get("env"),
+        "launch": None,
+        "job": None,
+        "metrics": None,
+        "measure_settings": None,
+        "drift": drift,
+        "baseline": None,
+        "speedup_vs_baseline": None,
+        "fingerprint": study.user_attrs.get("fingerprint"),
+    }
+
+
 def export_best(study: optuna.study.Study, path: str | Path) -> Path:
+    """Write best.json: the winner; when no trial completed because none met the drift bound, the
+    closest candidate marked `meets_drift: false`. Atomic: a reader never sees half a file."""
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        closest = closest_candidate(study)
+        if closest is not None:
+            return write_json_atomic(path, build_closest(study, closest))
     return write_json_atomic(path, build_best(study, Path(path)))

@@ -22,6 +22,7 @@ from autotune.errors import TrialFailed
 from autotune.files import read_json, tail
 
 POLL_S = 0.02
+MEMORY_POLL_S = 0.25  # reading the trial's memory is cheap, but not free on a 2-core machine
 PR_SET_PDEATHSIG = 1
 
 
@@ -89,25 +90,44 @@ def kill_process_tree(proc: subprocess.Popen) -> None:
         pass
 
 
+def tree_rss_mib(procs: list[subprocess.Popen]) -> float:
+    """Resident memory of the processes and all their descendants, in MiB."""
+    total = 0
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            members = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for member in members:
+            try:
+                total += member.memory_info().rss
+            except psutil.Error:
+                pass
+    return total / 2**20
+
+
 def run_instances(
     instances: list[InstanceLaunch],
     timeout_s: float,
     barrier_dir: Path | None = None,
     on_stage: Callable[[str, list[dict[str, Any]]], None] | None = None,
     stages: tuple[str, ...] = ("ready",),
+    memory_limit_mib: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run all instances to completion and return their results, in instance order.
 
     Barriers, in order of `stages`: when every instance has written its `<stage>-<i>.json`, `on_stage`
     gets the stage and their payloads; it may raise (to prune the trial) and then every process is
     killed. Otherwise the stage is released with `<stage>.go`. Raises TrialFailed on a crash, a
-    missing result, or the timeout.
+    missing result, the timeout, or when the processes together hold more than `memory_limit_mib`.
     """
     procs: list[subprocess.Popen] = []
     deadline = time.monotonic() + timeout_s
     pending = list(stages) if barrier_dir is not None else []
     released = not pending
     stage = "starting"
+    next_memory_check = 0.0
     try:
         for inst in instances:
             with open(inst.stdout_path, "wb") as out, open(inst.stderr_path, "wb") as err:
@@ -135,6 +155,12 @@ def run_instances(
                 break
             if time.monotonic() > deadline:
                 raise TrialFailed(f"timed out after {timeout_s:.0f}s while {stage}", tail(instances[0].stderr_path))
+            if memory_limit_mib is not None and time.monotonic() >= next_memory_check:
+                next_memory_check = time.monotonic() + MEMORY_POLL_S
+                used = tree_rss_mib(procs)
+                if used > memory_limit_mib:
+                    raise TrialFailed(f"used {used:.0f} MiB while {stage}, over the trial memory limit of {memory_limit_mib:.0f} MiB "
+                                      "(--memory-limit): killed", tail(instances[0].stderr_path))
             time.sleep(POLL_S)
         results = []
         for i, inst in enumerate(instances):

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import zipfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -85,13 +86,29 @@ def _hub_cache_weights(name: str) -> tuple[Path | None, tuple[int, ...] | None]:
     return (path if path.is_file() else None), shape
 
 
-def resolve_model(name: str, weights: str | None, input_shape: str | None) -> ModelSource:
-    """Validate what the user named and decide where the weights come from."""
+def resolve_model(name: str, weights: str | None, input_shape: str | None, allow_pickle: bool = False) -> ModelSource:
+    """Validate what the user named and decide where the weights come from. `allow_pickle`: the user
+    trusts a model file whose loader may unpickle Python objects (exported programs)."""
     specs = parse_inputs(input_shape) if input_shape else None
+    if Path(name).suffix == ".pt2" and ":" not in name and not allow_pickle and Path(name).expanduser().is_file():
+        raise UserError(f"model file {name!r} is an exported program, whose loader (torch.export.load) may unpickle Python "
+                        "objects, which can run code: pass --allow-pickle if you trust the file")
     source = _resolve_source(name, weights, specs[0].shape if specs else None)
     if specs and (len(specs) > 1 or specs[0].dtype != "float32"):
         return replace(source, inputs=[spec.to_dict() for spec in specs])
     return source
+
+
+def check_torch_save_file(path: Path, what: str) -> None:
+    """Readable, and a torch.save archive (zip) or legacy pickle stream: caught here, in one line,
+    instead of deep inside the reference process."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError as exc:
+        raise UserError(f"{what} {str(path)!r} cannot be read ({exc.strerror}); check its permissions") from None
+    if not (zipfile.is_zipfile(path) or head[:1] == b"\x80"):
+        raise UserError(f"{what} {str(path)!r} is not a file saved with torch.save; pass a state_dict saved with torch.save(model.state_dict(), path)")
 
 
 def _resolve_source(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
@@ -99,6 +116,7 @@ def _resolve_source(name: str, weights: str | None, shape: tuple[int, ...] | Non
         weights_file = Path(weights).expanduser()
         if not weights_file.is_file():
             raise UserError(f"weights file {weights!r} does not exist; pass a state_dict saved with torch.save")
+        check_torch_save_file(weights_file, "weights file")
         weights = str(weights_file.resolve())
     if name.endswith(MODEL_FILE_SUFFIXES) and ":" not in name:
         return _resolve_model_file(name, weights, shape)
@@ -139,8 +157,9 @@ def _exported_input_shape(path: Path) -> tuple[int, ...] | None:
 def _resolve_model_file(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
     """A TorchScript archive (.pt, .ts: torch.jit.save) or an exported program (.pt2: torch.export.save).
 
-    Both hold code run by torch's own interpreters, not pickled Python; the file is the weights, so
-    its digest identifies the model."""
+    TorchScript holds code run by torch's own interpreter; an exported program may carry pickled
+    constants, so it is loaded only with --allow-pickle. The file is the weights, so its digest
+    identifies the model."""
     path = Path(name).expanduser()
     if not path.is_file():
         raise UserError(f"model file {name!r} does not exist")

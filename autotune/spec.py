@@ -67,6 +67,8 @@ class SearchSpec:
     studies_root: str = "studies"
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     runtimes: list[str] = field(default_factory=list)  # --runtime interpreters, besides main (and .venv-ipex)
+    memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
+    cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)

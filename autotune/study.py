@@ -6,6 +6,7 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import statistics
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from rich.console import Console
 
 from autotune.errors import TrialFailed, UserError
-from autotune.export import baseline_trial, export_best
+from autotune.export import baseline_trial, closest_candidate, export_best
 from autotune.fingerprint import fingerprint
 from autotune.probe import MachineProbe, probe_machine
 from autotune.progress import ProgressPrinter
@@ -47,7 +49,8 @@ def baseline_throughput(study: optuna.study.Study) -> float | None:
     return trial.user_attrs.get("throughput_sps") if trial else None
 
 
-def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None) -> tuple[optuna.study.Study, bool]:
+def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None
+               ) -> tuple[optuna.study.Study, bool, optuna.storages.BaseStorage]:
     """Create the study, or resume it after checking the settings are the same."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(spec.storage)
@@ -62,7 +65,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
     if stored is None:
         study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
         study.set_user_attr("fingerprint", fingerprint(machine, runtimes))
-        return study, True
+        return study, True, storage
     stored_identity = {k: stored.get(k) for k in spec.identity()}
     diffs = identity_differences(stored_identity, spec.identity())
     if diffs:
@@ -70,11 +73,33 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
             f"study {spec.study!r} exists with different settings ({'; '.join(diffs)}): "
             "rerun with the same settings to resume, or pick a new --study name"
         )
-    return study, False
+    return study, False, storage
 
 
-def _fail_stale_trials(study: optuna.study.Study, console: Console) -> None:
-    """Trials left RUNNING by a run that died: failed once their heartbeat is stale."""
+def orchestrator_record() -> dict[str, Any]:
+    """Who runs a trial: host, pid and the process's start time (a pid can be reused)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def _is_alive(record: dict[str, Any]) -> bool:
+    try:
+        return abs(psutil.Process(record["pid"]).create_time() - record["started"]) < 1.0
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+def _fail_stale_trials(study: optuna.study.Study, storage: optuna.storages.BaseStorage, console: Console) -> None:
+    """Trials left RUNNING by a run that died: on this host as soon as its process is gone; from other
+    hosts once their heartbeat is stale."""
+    host = socket.gethostname()
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("orchestrator")
+        if owner and owner.get("host") == host and not _is_alive(owner):
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            storage.set_trial_user_attr(trial_id, "fail_cause", f"the run that started it (pid {owner['pid']}) died; found RUNNING on resume")
+            storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+            console.print(f"trial {trial.number} was left running by a run that died (pid {owner['pid']}): marked FAIL", markup=False)
     before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -91,6 +116,7 @@ class Objective:
         self.spec, self.space, self.ctx, self.deadline = spec, space, ctx, deadline
 
     def __call__(self, trial: optuna.trial.Trial) -> float:
+        trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
         try:
             config = self.space.suggest(trial)
         except InfeasibleConfig as exc:
@@ -233,12 +259,12 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         if names != ["main"]:
             console.print(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False)
     spec.dir.mkdir(parents=True, exist_ok=True)
-    study, created = open_study(spec, machine, runtimes)
+    study, created, storage = open_study(spec, machine, runtimes)
     console.print(
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,
     )
-    _fail_stale_trials(study, console)
+    _fail_stale_trials(study, storage, console)
     try:
         reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s),
                                       spec.data, spec.calibration_data, spec.calibration_samples)
@@ -252,7 +278,8 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     study.set_user_attr("calibration", reference.calibration)
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
-    ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples, runtimes=runtimes)
+    ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples, runtimes=runtimes,
+                       memory_limit_mib=spec.memory_limit_mib, cache_size_mib=spec.cache_size_mib)
     objective = Objective(spec, space, ctx, search_deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     interrupted = False
@@ -271,6 +298,6 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         interrupted = True
         console.print("interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False)
     best_path = None
-    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) or closest_candidate(study):
         best_path = export_best(study, spec.dir / "best.json")
     return SearchOutcome(study, best_path, interrupted)

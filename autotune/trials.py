@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from autotune.artifacts import META_FILE, artifact_dir, artifact_key, build_lock, read_meta
+from autotune.artifacts import META_FILE, artifact_dir, artifact_key, build_lock, evict_least_recently_used, mark_used, read_meta
 from autotune.backends import BACKENDS
 from autotune.dataset import DataSource
 from autotune.config import TrialConfig, clean_environment, pin_prefix
@@ -55,6 +55,8 @@ class TrialContext:
     noise_limits: NoiseLimits = NoiseLimits()
     noisy_retries: int = 1  # a contaminated measurement is repeated this many times before it is flagged
     runtimes: dict[str, Runtime] | None = None  # None: discovered when first needed (main and .venv-ipex)
+    memory_limit_mib: float | None = None  # all processes of a trial together (artifact builds too)
+    cache_size_mib: float | None = None  # the artifact cache's cap: least recently used evicted past it
 
     def runtime(self, name: str) -> Runtime:
         """The runtime a config names; one the context does not know is a failed trial, not a crash."""
@@ -192,7 +194,18 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
 
 
 def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
-    """Build the backend's artifact in its own process unless the cache has it; say which happened."""
+    """The backend's artifact, from the cache or built in its own process; says which happened, and
+    which least recently used artifacts were evicted to keep the cache under its cap."""
+    artifact = _cached_or_built_artifact(config, ctx, work_dir, timeout_s)
+    if artifact is not None:
+        directory = Path(artifact["dir"])
+        mark_used(directory)
+        if ctx.cache_size_mib is not None:
+            artifact["evicted"] = evict_least_recently_used(ctx.cache_dir, ctx.cache_size_mib, keep=directory)
+    return artifact
+
+
+def _cached_or_built_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
     if not BACKENDS[config.backend].builds_artifact(config.precision):
         return None
     runtime = ctx.runtime(config.runtime)
@@ -218,7 +231,7 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
             stdout_path=work_dir / "prepare-stdout.log", stderr_path=work_dir / "prepare-stderr.log",
         )
         try:
-            result = run_instances([launch], timeout_s)[0]
+            result = run_instances([launch], timeout_s, memory_limit_mib=ctx.memory_limit_mib)[0]
         except TrialFailed as exc:
             shutil.rmtree(building, ignore_errors=True)
             raise TrialFailed(f"preparing the {config.backend} artifact failed: {exc.cause}", exc.stderr_tail) from exc
@@ -268,7 +281,8 @@ def run_config(
             if not attempts:
                 raise TrialFailed(f"timed out after {timeout_s:.0f}s while preparing")
             break  # keep the attempts made; the last one stays flagged
-        results = run_instances(launches, remaining, barrier_dir=barrier, on_stage=on_stage if first else None, stages=stages)
+        results = run_instances(launches, remaining, barrier_dir=barrier, on_stage=on_stage if first else None, stages=stages,
+                                memory_limit_mib=ctx.memory_limit_mib)
         metrics = aggregate(config, results, ctx.measure)
         flags = judge_noise(metrics, before, machine_snapshot(), len(ctx.machine.allowed_cpus), ctx.noise_limits)
         metrics["screening"] = _screening_summary(results)

@@ -80,14 +80,16 @@ def _saved_models(tmp_path):
 def test_model_files_load_with_their_own_weights(tmp_path):
     model = _saved_models(tmp_path)
     x = torch.randn(5, 3, 16, 16)
-    exported = resolve_model(str(tmp_path / "tiny.pt2"), None, None)
+    with pytest.raises(UserError, match="pass --allow-pickle if you trust the file"):
+        resolve_model(str(tmp_path / "tiny.pt2"), None, None)  # nothing unpickled without consent
+    exported = resolve_model(str(tmp_path / "tiny.pt2"), None, None, allow_pickle=True)
     assert exported.kind == "exported-program" and exported.input_shape == (3, 16, 16)  # read from the program
     assert exported.has_own_weights and exported.weights_sha256
     scripted = resolve_model(str(tmp_path / "tiny.pt"), None, "3x16x16")
     for source in (exported, scripted):
         assert torch.allclose(build_model(source)(x), model(x), atol=1e-5)
     with pytest.raises(UserError, match="fixed batch of 2"):
-        resolve_model(str(tmp_path / "fixed.pt2"), None, None)
+        resolve_model(str(tmp_path / "fixed.pt2"), None, None, allow_pickle=True)
     with pytest.raises(UserError, match="give --input-shape"):
         resolve_model(str(tmp_path / "tiny.pt"), None, None)
 
@@ -97,7 +99,8 @@ def test_a_model_file_completes_a_short_study(workdir, file):
     _saved_models(workdir)
     space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]},
                                                           "openvino": {"precision": ["fp32"], "hint": ["LATENCY"], "streams": [1]}})
-    result = run_autotune("search", "--model", str(workdir / file), "--input-shape", "3x16x16", "--space", str(space),
+    trust = ["--allow-pickle"] if file.endswith(".pt2") else []
+    result = run_autotune("search", "--model", str(workdir / file), *trust, "--input-shape", "3x16x16", "--space", str(space),
                           "--trials", "3", "--budget", "3m", "--no-speed-pruning", *FAST, cwd=workdir, timeout=400)
     assert result.returncode == 0, result.stderr
     assert "weights inside the model file" in result.stdout

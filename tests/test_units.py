@@ -8,7 +8,8 @@ from autotune.drift import compute_drift, relative_l2, top1_agreement
 from autotune.durations import parse_duration
 from autotune.errors import UserError
 from autotune.measure import common_window_throughput, latency_summary, samples_needed
-from autotune.probe import parse_cpu_list
+from autotune.probe import format_cpu_ranges, parse_cpu_list
+from autotune.sizes import parse_size_mib
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("20m", 1200), ("2h", 7200), ("1h30m", 5400), ("45", 45), (" 3M ", 180)])
@@ -85,3 +86,38 @@ def test_input_specs_parse_and_draw_in_range():
     for bad in ("ids:int64:16:9-5", "ids:float16:16", "ids:int64", "a:int64:4,a:int64:4"):
         with pytest.raises(UserError):
             parse_inputs(bad)
+
+
+def test_sizes_parse_units_and_shares():
+    assert parse_size_mib("8G", "--x") == 8192 and parse_size_mib("800M", "--x") == 800 and parse_size_mib("1.5gib", "--x") == 1536
+    assert parse_size_mib("50%", "--x", share_of_mib=1000) == 500
+    for bad in ("lots", "10", "-1G", "50%"):
+        with pytest.raises(UserError, match="--x"):
+            parse_size_mib(bad, "--x")
+
+
+def test_cpu_ranges_are_compact_for_people():
+    assert format_cpu_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and format_cpu_ranges(()) == "-"
+    assert parse_cpu_list(format_cpu_ranges([3, 0, 1, 9])) == [0, 1, 3, 9]
+
+
+def test_cache_eviction_removes_least_recently_used_first_and_never_the_one_in_use(tmp_path):
+    import os
+    import time
+
+    from autotune.artifacts import META_FILE, evict_least_recently_used, mark_used
+
+    dirs = []
+    for i, name in enumerate(("old", "middle", "new")):
+        d = tmp_path / "artifacts" / name
+        d.mkdir(parents=True)
+        (d / "model.bin").write_bytes(b"x" * 600_000)
+        (d / META_FILE).write_text("{}")
+        mark_used(d)
+        os.utime(d / "last-used", (time.time() - 100 + i, time.time() - 100 + i))
+        dirs.append(d)
+    (tmp_path / "artifacts" / "half-built.building").mkdir()  # not complete: not counted, not touched
+    mark_used(dirs[0])  # "old" used just now: now the most recent
+    assert evict_least_recently_used(tmp_path, cap_mib=1.2, keep=dirs[1]) == ["new"]
+    assert evict_least_recently_used(tmp_path, cap_mib=0.1, keep=dirs[1]) == ["old"]  # "middle" is in use: kept
+    assert sorted(p.name for p in (tmp_path / "artifacts").iterdir() if p.is_dir()) == ["half-built.building", "middle"]

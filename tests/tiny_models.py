@@ -1,6 +1,8 @@
 """Tiny models for tests: fast to build, and a few that misbehave on purpose (real faults, no mocks)."""
 
+import ctypes
 import os
+import sys
 import time
 
 import torch
@@ -52,6 +54,66 @@ def crashing() -> nn.Module:
 
 def hanging() -> nn.Module:
     return Hanging()
+
+
+class Segfaulting(TinyCNN):
+    """Reads address 0 (SIGSEGV) on a batch of BAD_BATCH."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == BAD_BATCH:
+            ctypes.string_at(0)
+        return super().forward(x)
+
+
+class SilentExit(TinyCNN):
+    """Prints garbage and leaves with exit code 0 without writing a result, on a batch of BAD_BATCH."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == BAD_BATCH:
+            sys.stdout.buffer.write(bytes(range(256)))
+            sys.stdout.flush()
+            os._exit(0)
+        return super().forward(x)
+
+
+class MemoryHog(TinyCNN):
+    """Keeps 200 MB more on every call at a batch of BAD_BATCH: runaway memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hoard: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == BAD_BATCH:
+            self.hoard.append(torch.ones(50_000_000))
+        return super().forward(x)
+
+
+class DiesOnLastCpu(TinyCNN):
+    """Aborts only in a process pinned to the single last CPU its parent may use: with two one-core
+    instances, instance 1 dies while instance 0 runs on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mine = os.sched_getaffinity(0)
+        if len(mine) == 1 and mine == {max(os.sched_getaffinity(os.getppid()))}:
+            os.abort()
+        return super().forward(x)
+
+
+def segfaulting() -> nn.Module:
+    return Segfaulting()
+
+
+def silent_exit() -> nn.Module:
+    return SilentExit()
+
+
+def memory_hog() -> nn.Module:
+    return MemoryHog()
+
+
+def dies_on_last_cpu() -> nn.Module:
+    return DiesOnLastCpu()
 
 
 class SlowAtBadBatch(TinyCNN):
