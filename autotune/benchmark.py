@@ -90,25 +90,41 @@ def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: 
     return table
 
 
+def read_best(best_path: Path) -> dict[str, Any]:
+    """A best.json with a timed winner, or one line saying what is wrong with it."""
+    try:
+        best = read_json(best_path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {best_path}: {exc}") from None
+    if not isinstance(best, dict) or "config" not in best:
+        raise UserError(f"{best_path} is not an autotune best.json")
+    if not best.get("meets_drift", True) or not best.get("job"):
+        raise UserError(f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure")
+    return best
+
+
+def context_from_best(best: dict[str, Any]) -> TrialContext:
+    """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
+    measurement settings, caches and runtime."""
+    job = best["job"]
+    return TrialContext(
+        probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"]),
+                                   job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]}),
+        MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
+        runtimes=runtimes_with(best.get("runtime")),
+    )
+
+
 def compare_with_baseline(best_path: Path, repeats: int, console: Console, independent_s: float = 0.0,
                           vs_benchmark_app_s: float = 0.0) -> dict[str, Any]:
     """Re-measure an exported winner against its study's eager fp32 baseline, interleaved; optionally
     also under an independent stopwatch and against `benchmark_app -hint throughput` on NNCF int8."""
     from autotune.crosscheck import independent_winner, one_command_openvino
 
-    try:
-        best = read_json(best_path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {best_path}: {exc}") from None
+    best = read_best(best_path)
     if not best.get("baseline"):
         raise UserError(f"{best_path} has no baseline trial to compare with")
-    job = best["job"]
-    ctx = TrialContext(
-        probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"]),
-                                   job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]}),
-        MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
-        runtimes=runtimes_with(best.get("runtime")),
-    )
+    ctx = context_from_best(best)
     baseline, winner = TrialConfig.from_dict(best["baseline"]["config"]), TrialConfig.from_dict(best["config"])
     measures: dict[str, Measure] = {"baseline": config_measure(baseline, ctx), "winner": config_measure(winner, ctx)}
     settings = {"baseline": baseline.summary(), "winner": winner.summary()}

@@ -87,6 +87,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"),
     )
     outcome = run_search(spec, console)
+    print_study(outcome.study, console, top=5)
     if outcome.best_path and not json.loads(outcome.best_path.read_text()).get("meets_drift", True):
         best = json.loads(outcome.best_path.read_text())
         console.print(f"no trial met the drift bound: {best['selection']}; wrote {outcome.best_path} (meets_drift: false)", markup=False)
@@ -122,21 +123,54 @@ def _load_study(args: argparse.Namespace):
         raise UserError(f"no study {args.study!r} in {mask_url(_storage_arg(args))}: check --study and --storage") from None
 
 
+def print_study(study, console: Console, top: int) -> None:
+    """The study's summary, its leaderboard, and its failures and prunings grouped by cause."""
+    from autotune.leaderboard import leaderboard_rows, leaderboard_table, outcome_table, study_summary
+
+    console.print(study_summary(study), markup=False)
+    if leaderboard_rows(study, top):
+        console.print(leaderboard_table(study, top))
+    outcomes = outcome_table(study)
+    if outcomes is not None:
+        console.print(outcomes)
+
+
+def cmd_show(args: argparse.Namespace, console: Console) -> int:
+    print_study(_load_study(args), console, args.top)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from autotune.export import export_best
     from autotune.spec import study_dir
 
     study = _load_study(args)
-    path = export_best(study, args.output or study_dir(args.studies_dir, args.study) / "best.json")
-    console.print(f"wrote {path}", markup=False)
+    folder = study_dir(args.studies_dir, args.study)
+    if args.format == "json":
+        path = export_best(study, args.output or folder / "best.json")
+        console.print(f"wrote {path}", markup=False)
+        return 0
+    from autotune.files import read_json, write_text_atomic
+    from autotune.launch_script import launch_script
+    from autotune.study_artifacts import attach_to_study
+
+    best_path = export_best(study, folder / "best.json")
+    best = read_json(best_path)
+    attach_to_study(study, folder, best_path, "application/json")
+    if not best.get("meets_drift", True) or not (best.get("launch") or {}).get("pin_prefixes"):
+        raise UserError(f"study {args.study!r} has no timed winner to launch (best.json says why: {best_path})")
+    script = write_text_atomic(args.output or folder / "launch.sh", launch_script(best, best_path), mode=0o755)
+    console.print(f"wrote {script} (runs your command as tuned: {script} python serve.py) and {best_path}", markup=False)
     return 0
 
 
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     from autotune.dashboard import serve
+    from autotune.spec import study_dir
+    from autotune.study_artifacts import artifact_folder
 
     _load_study(args)
-    return serve(_storage_arg(args), args.host, args.port, console)
+    return serve(_storage_arg(args), args.host, args.port, console, artifact_folder(study_dir(args.studies_dir, args.study)))
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
@@ -154,6 +188,14 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     versus = parse_duration(args.vs_benchmark_app) if args.vs_benchmark_app else 0.0
     compare_with_baseline(path, args.repeats, console, independent, versus)
     return 0
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from autotune.verify import verify
+
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, got {args.repeats}")
+    return verify(Path(args.best), args.repeats, console)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -246,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write best.json from a stored study")
     _add_study_args(export, required=True)
-    export.add_argument("-o", "--output", help="output path (default studies/<study>/best.json)")
+    export.add_argument("-o", "--output", help="output path (default studies/<study>/best.json, or launch.sh with --format sh)")
+    export.add_argument("--format", choices=("json", "sh"), default="json",
+                        help="json: best.json; sh: a launch script that starts your command pinned with the tuned environment")
     export.set_defaults(func=cmd_export)
 
     dash = sub.add_parser("dashboard", help="serve the study in optuna-dashboard")
@@ -278,6 +322,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", nargs="+", help="a subset of configs, e.g. 'openvino int8' 'torchao int8'")
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)
+
+    verify = sub.add_parser("verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed")
+    verify.add_argument("best", help="a best.json file")
+    verify.add_argument("--repeats", type=int, default=3, help="runs, in fresh processes (default 3)")
+    verify.set_defaults(func=cmd_verify)
+
+    show = sub.add_parser("show", help="a study's leaderboard, and its failures grouped by cause")
+    _add_study_args(show, required=True)
+    show.add_argument("--top", type=int, default=10, help="configurations in the leaderboard (default 10)")
+    show.set_defaults(func=cmd_show)
 
     probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators, OpenMP, runtimes and their backends)")
     probe.add_argument("--runtime", action="append", metavar="PATH", help="also probe this runtime (a virtual environment or its python)")

@@ -21,12 +21,18 @@ def dashboard_executable() -> str:
     return found
 
 
-def serve(storage_url: str, host: str, port: int, console: Console) -> int:
+def dashboard_argv(storage_url: str, host: str, port: int, artifact_dir: Path) -> list[str]:
+    """optuna-dashboard serving the study and its artifacts (trial logs, best.json, report)."""
+    artifact_dir.mkdir(parents=True, exist_ok=True)
+    return [dashboard_executable(), storage_url, "--host", host, "--port", str(port), "--artifact-dir", str(artifact_dir)]
+
+
+def serve(storage_url: str, host: str, port: int, console: Console, artifact_dir: Path) -> int:
     """Replace this process with optuna-dashboard, so Ctrl-C and signals reach the server directly."""
     open_storage(storage_url)  # fail early, with one line, on a bad or unreachable storage
-    exe = dashboard_executable()
+    argv = dashboard_argv(storage_url, host, port, artifact_dir)
     console.print(f"optuna-dashboard for {mask_url(storage_url)} at http://{host}:{port}/ (Ctrl-C to stop)", markup=False)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(exe, [exe, storage_url, "--host", host, "--port", str(port)])
+    os.execv(argv[0], argv)
     return 0  # not reached

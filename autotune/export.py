@@ -121,6 +121,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "environment": attrs.get("env", {}),
         "launch": {
             "pinning": attrs.get("pinning"),
+            "pin_prefixes": attrs.get("pin_prefixes"),
             "commands": replay_commands(attrs, best_path),
             "note": "one command per instance, started together; each re-measures its instance and prints JSON",
         },

@@ -1,12 +1,17 @@
-"""One line per finished trial, plain text (no control characters) so logs and CI stay readable."""
+"""Progress of a search: one plain line per finished trial (no control characters, so logs and CI stay
+readable), and on a terminal a live panel under them: budget used and left, trials by state, the
+running trial's config, the best so far with its speedup over the baseline."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Callable
 
 import optuna
-from rich.console import Console
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.text import Text
 
 from autotune.durations import format_duration
 from autotune.pruners import clean_trials
@@ -57,3 +62,39 @@ class ProgressPrinter:
             elif sps:
                 best = f" | best #{best_trial.number} {sps:.1f} sps"
         self.console.print(f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}", markup=False, highlight=False, soft_wrap=True)
+
+
+class LiveStatus:
+    """The live panel (rendered by rich.live.Live on a terminal only). Also an Optuna callback: the study
+    is read when a trial ends, never on a refresh, so the panel adds no load while a trial is timed."""
+
+    def __init__(self, study: optuna.study.Study, started: float, budget_s: float, baseline_sps: Callable[[], float | None]) -> None:
+        self.started = started
+        self.budget_s = budget_s
+        self.baseline_sps = baseline_sps
+        self.running: str | None = None  # "trial 12: <config>", set by the objective
+        self.counts: Counter = Counter()
+        self.best = "best so far: -"
+        self(study, None)
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None) -> None:
+        self.counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
+        self.running = None
+        clean = clean_trials(study)
+        if clean:
+            best = clean[0]
+            sps, baseline = best.user_attrs.get("throughput_sps"), self.baseline_sps()
+            speedup = f" = {sps / baseline:.2f}x the baseline" if sps and baseline else ""
+            self.best = f"best so far: trial {best.number} {best.user_attrs.get('config_summary', '')}: {sps or 0:.1f} samples/s{speedup}"
+
+    def lines(self) -> list[str]:
+        used = time.monotonic() - self.started
+        return [
+            f"budget {format_duration(used)} used, {format_duration(max(0.0, self.budget_s - used))} left",
+            f"trials: {self.counts['COMPLETE']} complete, {self.counts['PRUNED']} pruned, {self.counts['FAIL']} failed",
+            f"running: {self.running or '-'}",
+            self.best,
+        ]
+
+    def __rich__(self) -> Panel:
+        return Panel(Group(*(Text(line) for line in self.lines())), title="autotune search", expand=False)

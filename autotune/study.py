@@ -6,6 +6,7 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,18 +20,20 @@ from typing import Any
 import optuna
 import psutil
 from rich.console import Console
+from rich.live import Live
 
 from autotune.errors import TrialFailed, UserError
 from autotune.export import baseline_trial, closest_candidate, export_best
 from autotune.fingerprint import fingerprint
 from autotune.probe import MachineProbe, probe_machine
-from autotune.progress import ProgressPrinter
+from autotune.progress import LiveStatus, ProgressPrinter
 from autotune.finalists import run_finalists
 from autotune.pruners import DriftPruner, SpeedPruner
 from autotune.runtimes import discover_runtimes
 from autotune.space import InfeasibleConfig, SearchSpace
 from autotune.spec import SearchSpec, identity_differences
 from autotune.storage import mask_url, open_storage
+from autotune.study_artifacts import attach_to_study, attach_trial_log
 from autotune.config import pin_prefix
 from autotune.trials import TrialContext, compute_reference, run_config, screening_value
 
@@ -114,6 +117,7 @@ class Objective:
 
     def __init__(self, spec: SearchSpec, space: SearchSpace, ctx: TrialContext, deadline: float) -> None:
         self.spec, self.space, self.ctx, self.deadline = spec, space, ctx, deadline
+        self.status: LiveStatus | None = None  # the live panel, told which trial runs
 
     def __call__(self, trial: optuna.trial.Trial) -> float:
         trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
@@ -124,6 +128,8 @@ class Objective:
             raise optuna.TrialPruned(str(exc)) from None
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("config_summary", config.summary())
+        if self.status is not None:
+            self.status.running = f"trial {trial.number}: {config.summary()}"
         trial.set_user_attr("numerics_key", config.numerics_key())
         trial.set_user_attr("host", socket.gethostname())
         remaining = self.deadline - time.monotonic()
@@ -174,6 +180,10 @@ class Objective:
             trial.set_user_attr("fail_cause", cause)
             trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
             trial.set_user_attr("trial_dir", str(trial_dir))
+            attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
+            raise
+        except optuna.TrialPruned:
+            attach_trial_log(trial, self.spec.dir, trial_dir, {})
             raise
         except KeyboardInterrupt:
             trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
@@ -187,6 +197,7 @@ class Objective:
         trial.set_user_attr("pinning", self.ctx.machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
+        attach_trial_log(trial, self.spec.dir, trial_dir, {"commands": [launch.shell_command() for launch in launches]})
         return value
 
 def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> dict[str, Any] | None:
@@ -282,22 +293,29 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
                        memory_limit_mib=spec.memory_limit_mib, cache_size_mib=spec.cache_size_mib)
     objective = Objective(spec, space, ctx, search_deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
+    status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
+    objective.status = status
     interrupted = False
-    try:
-        study.optimize(
-            objective, n_trials=spec.trials, timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
-            catch=(TrialFailed,), callbacks=[printer, BudgetGuard(search_deadline)], gc_after_trial=False,
-        )
-        if spec.finalists > 0:
-            run_finalists(
-                study, ctx, spec.dir / "finalists", spec.finalists, spec.finalist_repeats, deadline, spec.trial_timeout_s,
-                lambda metrics: objective_value(spec.objective, metrics), baseline_trial(study),
-                lambda line: console.print(line, markup=False),
+    # The live panel only on a terminal: logs and CI get the plain lines alone.
+    live = Live(status, console=console, refresh_per_second=1, transient=True) if console.is_terminal else contextlib.nullcontext()
+    with live:
+        try:
+            study.optimize(
+                objective, n_trials=spec.trials, timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
+                catch=(TrialFailed,), callbacks=[printer, status, BudgetGuard(search_deadline)], gc_after_trial=False,
             )
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print("interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False)
+            if spec.finalists > 0:
+                status.running = "finalists: the top configurations re-measured, interleaved"
+                run_finalists(
+                    study, ctx, spec.dir / "finalists", spec.finalists, spec.finalist_repeats, deadline, spec.trial_timeout_s,
+                    lambda metrics: objective_value(spec.objective, metrics), baseline_trial(study),
+                    lambda line: console.print(line, markup=False),
+                )
+        except KeyboardInterrupt:
+            interrupted = True
+            console.print("interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False)
     best_path = None
     if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) or closest_candidate(study):
         best_path = export_best(study, spec.dir / "best.json")
+        attach_to_study(study, spec.dir, best_path, "application/json")
     return SearchOutcome(study, best_path, interrupted)

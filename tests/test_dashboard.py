@@ -1,5 +1,6 @@
 """`autotune dashboard` serves the study's storage with optuna-dashboard, on loopback only."""
 
+import json
 import socket
 import subprocess
 import sys
@@ -30,6 +31,14 @@ def test_dashboard_serves_the_study_on_loopback(workdir):
             except OSError:
                 time.sleep(0.5)
         assert body is not None and '"d"' in body
+        study_id = next(s["study_id"] for s in json.loads(body)["studies"] if s["study_name"] == "d")
+        detail = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}", timeout=10).read())
+        assert [a["filename"] for a in detail["artifacts"]] == ["best.json"]  # the study's artifact
+        log = detail["trials"][0]["artifacts"][0]
+        assert log["filename"] == "trial.log" and log["mimetype"] == "text/plain"
+        served = urllib.request.urlopen(f"http://127.0.0.1:{port}/artifacts/{study_id}/{detail['trials'][0]['trial_id']}/{log['artifact_id']}",
+                                        timeout=10).read().decode()
+        assert "instance 0: env" in served and "==== stderr-0.log ====" in served
         listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
         local_addresses = [line.split()[3] for line in listening.splitlines()]
         assert local_addresses == [f"127.0.0.1:{port}"]

@@ -1,0 +1,143 @@
+"""What a user sees and takes away: the leaderboard, the launch script, autotune.load, verify."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import FAST, load_study, run_autotune, tiny, write_space
+
+ARGS = ["--input-shape", "3x16x16", "--study", "s"]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A finished study: eager fp32, two instances of one core, jemalloc; best.json and launch.sh exported."""
+    workdir = tmp_path_factory.mktemp("tuned")
+    space = write_space(workdir / "space.yaml", batch_size=[4], instances=[2], threads_per_instance=[1], allocator=["jemalloc"])
+    result = run_autotune("search", "--model", tiny(), *ARGS, "--space", str(space), "--trials", "1", "--budget", "3m", *FAST, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    exported = run_autotune("export", "--study", "s", "--format", "sh", cwd=workdir)
+    assert exported.returncode == 0, exported.stderr
+    return workdir
+
+
+SERVE = """
+import json, os, sys
+import torch
+import autotune
+
+infer = autotune.load()
+torch.manual_seed(0)
+x = torch.randn(infer.config.batch_size, 3, 16, 16)
+out = infer(x)
+print(json.dumps({"instance": int(os.environ["AUTOTUNE_INSTANCE"]), "of": int(os.environ["AUTOTUNE_INSTANCES"]),
+                  "cpus": sorted(os.sched_getaffinity(0)), "out": out.tolist(), "preload": os.environ.get("LD_PRELOAD", "")}))
+"""
+
+
+def test_the_launch_script_starts_your_program_pinned_and_load_gives_the_tuned_model(tuned):
+    script = tuned / "studies" / "s" / "launch.sh"
+    (tuned / "serve.py").write_text(SERVE)
+    done = subprocess.run(["bash", str(script), sys.executable, "serve.py"], cwd=tuned, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["instance"])
+    assert [r["instance"] for r in lines] == [0, 1] and all(r["of"] == 2 for r in lines)
+    assert len(lines[0]["cpus"]) == 1 and lines[0]["cpus"] != lines[1]["cpus"]  # one core each, disjoint
+    assert all("jemalloc" in r["preload"] for r in lines)
+    # The tuned callable computes what the model with the study's weights computes.
+    best = json.loads((tuned / "studies" / "s" / "best.json").read_text())
+    from tiny_models import TinyCNN
+
+    model = TinyCNN().eval()
+    model.load_state_dict(torch.load(best["job"]["model"]["weights_path"], weights_only=True))
+    torch.manual_seed(0)
+    expected = model(torch.randn(4, 3, 16, 16))
+    assert torch.allclose(torch.tensor(lines[0]["out"]), expected, atol=1e-5)
+
+
+def test_load_refuses_a_process_not_started_as_tuned(tuned):
+    (tuned / "serve.py").write_text(SERVE)
+    env = {"AUTOTUNE_BEST": str(tuned / "studies" / "s" / "best.json"), "PATH": "/usr/bin:/bin", "AUTOTUNE_INSTANCE": "0",
+           "AUTOTUNE_INSTANCES": "1"}
+    done = subprocess.run([sys.executable, "serve.py"], cwd=tuned, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0
+    assert "TunedEnvironmentMismatch" in done.stderr and "libjemalloc" in done.stderr and "launch.sh" in done.stderr
+
+
+def test_show_prints_the_leaderboard_and_failures_grouped_by_cause(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[2, 4], baseline={"batch_size": 2})
+    assert run_autotune("search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "1", *FAST, cwd=workdir).returncode == 0
+    study = load_study(workdir, "s")
+    for _ in range(2):  # the same config at the batch size the model crashes at
+        study.enqueue_trial({**study.trials[0].params, "batch_size": 4})
+    assert run_autotune("search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "2", *FAST, cwd=workdir).returncode == 0
+    shown = run_autotune("show", "--study", "s", cwd=workdir)
+    assert shown.returncode == 0, shown.stderr
+    assert "3 trials: 1 COMPLETE, 2 FAIL" in shown.stdout
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.stdout.splitlines() if line.startswith("│")]
+    assert rows[0][:2] == ["1", "0 (baseline)"] and rows[0][-1] == "1.00x"
+    assert ["FAIL", "2", "instance N killed by signal SIGABRT"] in rows
+
+
+def test_verify_remeasures_and_says_when_it_regressed_or_the_machine_differs(tuned):
+    best_path = tuned / "studies" / "s" / "best.json"
+    first = run_autotune("verify", str(best_path), "--repeats", "1", cwd=tuned)
+    assert first.returncode in (0, 1), first.stderr
+    assert "same hardware and software as when it was tuned" in first.stdout
+    assert "samples/s here (median of 1) vs" in first.stdout
+    best = json.loads(best_path.read_text())
+    best["metrics"]["throughput_sps"] *= 10  # as if it once ran ten times faster
+    best["objective"]["revalidated_median"] = None
+    best["fingerprint"]["hardware"]["cpu_model"] = "Some Other CPU"
+    tampered = tuned / "tampered.json"
+    tampered.write_text(json.dumps(best))
+    second = run_autotune("verify", str(tampered), "--repeats", "1", cwd=tuned)
+    assert second.returncode == 1, second.stderr
+    assert "hardware: cpu_model 'Some Other CPU' -> " in second.stdout and "REGRESSED" in second.stdout
+
+
+def test_verify_refuses_what_it_cannot_remeasure(workdir):
+    (workdir / "nothing.json").write_text(json.dumps({"meets_drift": False, "config": {}}))
+    result = run_autotune("verify", str(workdir / "nothing.json"), cwd=workdir)
+    assert result.returncode == 2 and "no timed winner" in result.stderr and "Traceback" not in result.stderr
+
+
+def _run_on_a_terminal(args: list[str], cwd, timeout: float = 300) -> str:
+    """Run with stdout and stderr on a pseudo-terminal, as a user at a shell would; return what it drew."""
+    import os
+    import pty
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "160"})
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the other side closed: the program ended
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=30)
+    os.close(master)
+    assert proc.returncode == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_live_progress_on_a_terminal_and_plain_lines_in_logs(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[2, 4])
+    args = ["search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "3", *FAST]
+    drawn = _run_on_a_terminal([sys.executable, "-m", "autotune.cli", *args, "--study", "tty"], workdir)
+    assert "autotune search" in drawn and "used," in drawn and "left" in drawn  # the live panel
+    assert "running: trial" in drawn and "best so far: trial" in drawn
+    logged = run_autotune(*args, "--study", "log", cwd=workdir)
+    assert logged.returncode == 0, logged.stderr
+    assert "\x1b" not in logged.stdout + logged.stderr and "\r" not in logged.stdout  # no control characters in a log
+    assert logged.stdout.count("trial   ") == 3 and "running: trial" not in logged.stdout
