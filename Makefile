@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.setup-done
 # in their own environment beside the main one (found there by autotune).
 IPEX_VENV  := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.setup-done
-APT_PACKAGES := libgoogle-perftools4 libjemalloc2 numactl
+# Allocators and numactl for the search; chromium for the tests that open the dashboard and the report.
+APT_PACKAGES := libgoogle-perftools4 libjemalloc2 numactl chromium
 
 MODEL  ?= resnet50
 BUDGET ?= 20m

@@ -80,11 +80,12 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         drift_relative=criterion.relative, data=data, calibration_data=calibration, budget_s=budget_s, trials=args.trials,
         trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
         calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
-        measure=measure_settings(window), finalists=args.finalists, finalist_repeats=args.finalist_repeats,
-        finalist_share=args.finalist_share, speed_pruning=not args.no_speed_pruning,
+        measure=measure_settings(window, min_iterations=100 if args.slo_ms is not None or args.objective == "pareto" else 5),
+        finalists=0 if args.objective == "pareto" else args.finalists, finalist_repeats=args.finalist_repeats,
+        finalist_share=args.finalist_share, speed_pruning=not args.no_speed_pruning and args.objective != "pareto",
         runtimes=[str(interpreter_of(path)) for path in args.runtime or ()],
         memory_limit_mib=parse_size_mib(args.memory_limit, "--memory-limit", machine_memory_mib()),
-        cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"),
+        cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"), slo_ms=args.slo_ms,
     )
     outcome = run_search(spec, console)
     print_study(outcome.study, console, top=5)
@@ -133,6 +134,19 @@ def print_study(study, console: Console, top: int) -> None:
     outcomes = outcome_table(study)
     if outcomes is not None:
         console.print(outcomes)
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from autotune.report import write_report
+    from autotune.spec import study_dir
+    from autotune.study_artifacts import attach_to_study
+
+    study = _load_study(args)
+    folder = study_dir(args.studies_dir, args.study)
+    path = write_report(study, Path(args.output) if args.output else folder / "report.html")
+    attach_to_study(study, folder, path, "text/html")
+    console.print(f"wrote {path} (self-contained: open it in any browser, no network needed)", markup=False)
+    return 0
 
 
 def cmd_show(args: argparse.Namespace, console: Console) -> int:
@@ -252,8 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--budget", default="20m", help="wall-clock budget: 90s, 20m, 2h (default 20m)")
     search.add_argument("--trials", type=int, help="stop after this many trials in this run")
     search.add_argument("--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})")
-    search.add_argument("--objective", default="throughput", choices=("throughput", "latency"),
-                        help="maximize samples/s, or minimize median latency per batch")
+    search.add_argument("--objective", default="throughput", choices=("throughput", "latency", "pareto"),
+                        help="maximize samples/s; minimize median latency per call; or pareto: samples/s up and p99 latency "
+                             "down together (a multi-objective study; best.json lists the Pareto front)")
+    search.add_argument("--slo-ms", type=float, metavar="MS",
+                        help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
+                             "(slower configs are measured, then pruned; every measurement takes at least 100 calls)")
     search.add_argument("--max-drift", default="0.05",
                         help="largest drop from FP32 on --drift-metric: a number (absolute, default 0.05) or a percentage "
                              "of FP32's value, e.g. 1%% (accuracy)")
@@ -327,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("best", help="a best.json file")
     verify.add_argument("--repeats", type=int, default=3, help="runs, in fresh processes (default 3)")
     verify.set_defaults(func=cmd_verify)
+
+    report = sub.add_parser("report", help="write a self-contained HTML report of a study (charts, leaderboard, failures)")
+    _add_study_args(report, required=True)
+    report.add_argument("-o", "--output", help="output path (default studies/<study>/report.html)")
+    report.set_defaults(func=cmd_report)
 
     show = sub.add_parser("show", help="a study's leaderboard, and its failures grouped by cause")
     _add_study_args(show, required=True)

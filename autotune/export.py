@@ -18,7 +18,7 @@ from autotune.config import UNSET_IN_COMMANDS
 from autotune.files import write_json_atomic
 from autotune.launch import shell_command
 from autotune.finalists import decide
-from autotune.pruners import clean_trials
+from autotune.pruners import clean_trials, maximizes, primary_value
 from autotune.runtimes import MAIN, worker_pythonpath
 from autotune.trials import replay_argv
 
@@ -70,7 +70,7 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
     if not clean:
         raise UserError(f"every completed trial of study {study.study_name!r} was flagged as noisy: "
                         "rerun 'autotune search' on a quieter machine (same command resumes)")
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = maximizes(study)
     record = study.user_attrs.get("finalists")
     if record:
         record = decide(record, maximize)  # from the stored runs, with the current selection rule
@@ -111,9 +111,11 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "meets_drift": True,
         "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": best.number, "trials": _counts(study)},
-        "objective": {"name": spec.get("objective"), "direction": study.direction.name.lower(), "value": best.value,
+        "objective": {"name": spec.get("objective"), "direction": _directions(study), "value": primary_value(best),
+                      **({"values": best.values} if len(study.directions) > 1 else {}),
                       "revalidated_median": _revalidated(record, best.number)},
         "selection": why,
+        **({"pareto_front": pareto_front(study)} if len(study.directions) > 1 else {}),
         "finalists": _finalist_view(record, best.number),
         "model": study.user_attrs.get("model_for_trials", spec.get("model")),
         "config": attrs["config"],
@@ -179,12 +181,26 @@ def _speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base
             "speedup_source": "one search measurement each (winner and baseline trials)"}
 
 
+def _directions(study: optuna.study.Study) -> str | list[str]:
+    names = [d.name.lower() for d in study.directions]
+    return names[0] if len(names) == 1 else names
+
+
+def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
+    """A Pareto study's non-dominated clean trials (throughput up, p99 down), fastest first: each one
+    is a valid answer; which to deploy depends on the latency the application can take."""
+    clean = {t.number for t in clean_trials(study)}
+    front = [t for t in study.best_trials if t.number in clean]
+    return [{"trial": t.number, "throughput_sps": t.values[0], "p99_ms": t.values[1], "config": t.user_attrs.get("config"),
+             "config_summary": t.user_attrs.get("config_summary")} for t in sorted(front, key=lambda t: -t.values[0])]
+
+
 def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
     spec = study.user_attrs.get("spec", {})
     criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
     measured = [(criterion.drop(t.user_attrs["drift"]), t) for t in study.get_trials(deepcopy=False)
-                if t.user_attrs.get("drift") and t.user_attrs.get("config")]
+                if t.user_attrs.get("drift") and t.user_attrs.get("config") and criterion.exceeded(t.user_attrs["drift"])]
     measured = [(drop, t) for drop, t in measured if drop is not None]
     return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
 
@@ -200,7 +216,7 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "meets_drift": False,
         "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": trial.number, "trials": _counts(study)},
-        "objective": {"name": spec.get("objective"), "direction": study.direction.name.lower(), "value": None, "revalidated_median": None},
+        "objective": {"name": spec.get("objective"), "direction": _directions(study), "value": None, "revalidated_median": None},
         "selection": (f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
                       f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen --max-drift, "
                       "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"),

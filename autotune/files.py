@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int | None = None) -> Path:
     """Write to a temp file in the same folder, fsync, then rename over the target."""
     target = Path(path)
@@ -20,8 +26,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int | None 
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())  # as open() would have made it
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):

@@ -16,7 +16,7 @@ import optuna
 
 from autotune.config import TrialConfig
 from autotune.errors import TrialFailed
-from autotune.pruners import clean_trials
+from autotune.pruners import clean_trials, maximizes
 from autotune.trials import TrialContext, run_config
 
 BACKEND_COMPLEXITY = {"eager": 0, "inductor": 1, "onnxruntime": 2, "openvino": 3, "torchao": 4}
@@ -112,7 +112,7 @@ def run_finalists(
     log: Callable[[str], None],
 ) -> dict[str, Any] | None:
     """Re-measure the top candidates (and the baseline) round-robin; store and return the record."""
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = maximizes(study)
     picked = pick_candidates(study, count)
     if not picked:
         return None

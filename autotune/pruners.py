@@ -44,11 +44,21 @@ def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True) is not False
 
 
+def maximizes(study: optuna.study.Study) -> bool:
+    """Whether the primary value grows with goodness: throughput, and a Pareto study's first objective."""
+    return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+
+
+def primary_value(trial: optuna.trial.FrozenTrial) -> float:
+    """The trial's value; for a Pareto study (throughput, p99) its throughput."""
+    return trial.values[0]
+
+
 def clean_trials(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
-    """COMPLETE trials no noise check flagged, best first in the study's direction: the only ones that
-    may win, set the speed pruner's bar or become finalists."""
+    """COMPLETE trials no noise check flagged, best first in the study's direction (a Pareto study:
+    by throughput): the only ones that may win, set the speed pruner's bar or become finalists."""
     clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
-    return sorted(clean, key=lambda t: t.value, reverse=study.direction == optuna.study.StudyDirection.MAXIMIZE)
+    return sorted(clean, key=primary_value, reverse=maximizes(study))
 
 
 class SpeedPruner(BasePruner):
@@ -76,7 +86,7 @@ class SpeedPruner(BasePruner):
         """The comparison behind the decision (None when there is nothing to compare yet)."""
         if value is None or baseline:
             return None
-        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        maximize = maximizes(study)
         clean = clean_trials(study)
         if not clean:
             return None

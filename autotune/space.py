@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from autotune.backends import BACKENDS
+from autotune.backends import BACKENDS, backend_module
 from autotune.config import TrialConfig
 from autotune.errors import UserError
 from autotune.probe import MachineProbe
@@ -219,6 +219,9 @@ class SearchSpace:
         config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen, runtime, **pool)
         if config.total_cores > self.cores:
             raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
+        refusal = getattr(backend_module(backend), "unsupported", lambda _: None)(config)
+        if refusal:
+            raise InfeasibleConfig(refusal)
         if config.openmp == "intel" and "intel" not in self.runtime_openmp.get(runtime, ["intel"]):
             raise InfeasibleConfig(f"runtime {runtime} has no Intel OpenMP library (pip install intel-openmp there)")
         return config

@@ -17,14 +17,14 @@ from autotune.errors import UserError
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSource
 
-OBJECTIVES = ("throughput", "latency")
+OBJECTIVES = ("throughput", "latency", "pareto")
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
 IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "drift_metric", "drift_relative", "data", "calibration_data", "measure",
-                   "eval_samples", "calibration_samples", "runtimes")
+                   "eval_samples", "calibration_samples", "runtimes", "slo_ms")
 # Fields added after studies already existed: a stored spec without them had these values.
 IDENTITY_DEFAULTS = {"drift_metric": "relative_l2", "drift_relative": False, "data": DataSource().to_dict(), "calibration_data": None,
-                     "runtimes": []}
+                     "runtimes": [], "slo_ms": None}
 
 
 def validate_study_name(name: str) -> str:
@@ -69,6 +69,7 @@ class SearchSpec:
     runtimes: list[str] = field(default_factory=list)  # --runtime interpreters, besides main (and .venv-ipex)
     memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
     cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
+    slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)
@@ -89,6 +90,13 @@ class SearchSpec:
             raise UserError(f"--finalists must be >= 0 and --finalist-repeats >= 1, got {self.finalists} and {self.finalist_repeats}")
         if not 0 <= self.finalist_share < 1:
             raise UserError(f"--finalist-share is a fraction of the budget in [0, 1), got {self.finalist_share}")
+        if self.slo_ms is not None and (self.objective != "throughput" or self.slo_ms <= 0):
+            raise UserError(f"--slo-ms must be a positive bound on p99 latency and goes with --objective throughput, got {self.slo_ms}")
+        if self.objective == "pareto" and (self.speed_pruning or self.finalists or self.measure.window_min_iters < 100):
+            raise UserError("--objective pareto measures p99 (100 calls per measurement) and has no single value to prune or "
+                            "re-measure finalists by: use it with --no-speed-pruning --finalists 0")
+        if self.slo_ms is not None and self.measure.window_min_iters < 100:
+            raise UserError("--slo-ms needs at least 100 calls per measurement for a p99")
         if self.calibration_samples < 1:
             raise UserError(f"--calibration-samples must be at least 1, got {self.calibration_samples}")
 
@@ -106,8 +114,9 @@ class SearchSpec:
         return DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
 
     @property
-    def direction(self) -> str:
-        return "maximize" if self.objective == "throughput" else "minimize"
+    def directions(self) -> list[str]:
+        """pareto: throughput up and p99 latency down, together (a multi-objective study)."""
+        return {"throughput": ["maximize"], "latency": ["minimize"], "pareto": ["maximize", "minimize"]}[self.objective]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

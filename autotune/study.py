@@ -61,9 +61,11 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
     study = optuna.create_study(
-        study_name=spec.study, storage=storage, direction=spec.direction, sampler=sampler,
+        study_name=spec.study, storage=storage, directions=spec.directions, sampler=sampler,
         pruner=DriftPruner(spec.criterion, wrapped=SpeedPruner() if spec.speed_pruning else None), load_if_exists=True,
     )
+    if not study.metric_names:  # how optuna-dashboard labels the objectives
+        study.set_metric_names({"throughput": ["samples/s"], "latency": ["p50 ms per call"], "pareto": ["samples/s", "p99 ms per call"]}[spec.objective])
     stored = study.user_attrs.get("spec")
     if stored is None:
         study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
@@ -138,7 +140,7 @@ class Objective:
         known_drift = same_numerics_drift(trial.study, config.numerics_key())
         if known_drift is not None:
             trial.set_user_attr("drift", known_drift)
-            if trial.should_prune():
+            if self._drift_prunes(trial, known_drift):
                 reason = f"{self.spec.criterion.verdict(known_drift)}, as measured by trial {known_drift['reused_from']} (same numerics): not launched"
                 trial.set_user_attr("prune_reason", reason)
                 raise optuna.TrialPruned(reason)
@@ -149,7 +151,7 @@ class Objective:
                 if drift is None:
                     return  # reused: already judged before launch
                 trial.set_user_attr("drift", drift)
-                if trial.should_prune():
+                if self._drift_prunes(trial, drift):
                     reason = self.spec.criterion.verdict(drift)
                     trial.set_user_attr("prune_reason", reason)
                     raise optuna.TrialPruned(reason)
@@ -198,7 +200,28 @@ class Objective:
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
         attach_trial_log(trial, self.spec.dir, trial_dir, {"commands": [launch.shell_command() for launch in launches]})
+        if self.spec.slo_ms is not None:
+            self._check_slo(trial, metrics)
         return value
+
+    def _drift_prunes(self, trial: optuna.trial.Trial, drift: dict[str, Any]) -> bool:
+        """Optuna's pruner decides (DriftPruner); a multi-objective study cannot ask it, so the same
+        criterion is applied directly there."""
+        if len(trial.study.directions) > 1:
+            return self.spec.criterion.exceeded(drift)
+        return trial.should_prune()
+
+    def _check_slo(self, trial: optuna.trial.Trial, metrics: dict[str, Any]) -> None:
+        """--slo-ms: a config whose p99 latency per call exceeds the bound is measured and kept in the
+        study, but PRUNED, so it never wins, becomes a finalist or sets the speed pruner's bar."""
+        p99 = (metrics.get("latency_ms") or {}).get("p99")
+        slo = {"bound_ms": self.spec.slo_ms, "p99_ms": p99, "met": p99 is not None and p99 <= self.spec.slo_ms}
+        trial.set_user_attr("slo", slo)
+        if not slo["met"]:
+            reason = (f"latency SLO: p99 {p99:.1f} ms > {self.spec.slo_ms:g} ms" if p99 is not None
+                      else "latency SLO: too few calls for a p99 (needs 100)")
+            trial.set_user_attr("prune_reason", reason)
+            raise optuna.TrialPruned(reason)
 
 def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> dict[str, Any] | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
@@ -210,10 +233,15 @@ def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> dict[st
     return None
 
 
-def objective_value(objective: str, metrics: dict[str, Any]) -> float:
-    """The number Optuna optimizes: samples/s, or median latency per call in ms."""
+def objective_value(objective: str, metrics: dict[str, Any]) -> float | tuple[float, float]:
+    """What Optuna optimizes: samples/s, median latency per call in ms, or (samples/s, p99 ms) for pareto."""
     if objective == "throughput":
         return metrics["throughput_sps"]
+    if objective == "pareto":
+        p99 = metrics["latency_ms"]["p99"]
+        if p99 is None:
+            raise TrialFailed("too few calls for a p99 latency (needs 100)")
+        return metrics["throughput_sps"], p99
     p50 = metrics["latency_ms"]["p50"]
     if p50 is None:
         raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")

@@ -35,10 +35,9 @@ def trial_log(trial_dir: Path, commands: list[str] | None, cause: str | None) ->
         parts.append(f"FAILED: {cause}")
     for i, command in enumerate(commands or []):
         parts.append(f"instance {i}: {command}")
-    for log in sorted(trial_dir.rglob("*.log")):
-        text = tail(log, LOG_CHARS)
-        if text.strip():
-            parts.append(f"==== {log.relative_to(trial_dir)} ====\n{text.rstrip()}")
+    for log in sorted(p for p in trial_dir.rglob("*.log") if p.name != "trial.log"):
+        text = tail(log, LOG_CHARS).rstrip()
+        parts.append(f"==== {log.relative_to(trial_dir)} ====\n{text or '(empty)'}")
     return "\n\n".join(parts) + "\n"
 
 

@@ -245,3 +245,18 @@ def test_the_runtime_is_part_of_the_numerics_key():
     a = TrialConfig("eager", "bf16", 8)
     assert a.numerics_key() != replace(a, runtime="ipex").numerics_key()
     assert a.numerics_key() == replace(a, openmp="intel", thp=True).numerics_key()
+
+
+def test_ipex_with_intel_openmp_affinity_disabled_is_never_launched():
+    runtimes = {"main": described_runtime(), "ipex": described_runtime("ipex", "auto", lacks=("openvino",))}
+    space = SearchSpace.from_dict({"backends": {"ipex": {}, "eager": {}}, "batch_size": [8], "openmp": ["intel"],
+                                   "kmp_affinity": ["granularity=fine,compact,1,0", "disabled"]}, fake_machine(), runtimes)
+    refused = launched = 0
+    for config, params in sample(space, 60):
+        if config is None:
+            assert params["backend"] == "ipex" and params["kmp_affinity"] == "disabled"
+            refused += 1
+        else:
+            launched += 1
+            assert not (config.backend == "ipex" and config.kmp_affinity == "disabled")
+    assert refused and launched

@@ -31,7 +31,7 @@ def test_dashboard_serves_the_study_on_loopback(workdir):
             except OSError:
                 time.sleep(0.5)
         assert body is not None and '"d"' in body
-        study_id = next(s["study_id"] for s in json.loads(body)["studies"] if s["study_name"] == "d")
+        study_id = next(s["study_id"] for s in json.loads(body)["study_summaries"] if s["study_name"] == "d")
         detail = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}", timeout=10).read())
         assert [a["filename"] for a in detail["artifacts"]] == ["best.json"]  # the study's artifact
         log = detail["trials"][0]["artifacts"][0]

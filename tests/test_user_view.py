@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -140,4 +141,37 @@ def test_live_progress_on_a_terminal_and_plain_lines_in_logs(workdir):
     logged = run_autotune(*args, "--study", "log", cwd=workdir)
     assert logged.returncode == 0, logged.stderr
     assert "\x1b" not in logged.stdout + logged.stderr and "\r" not in logged.stdout  # no control characters in a log
-    assert logged.stdout.count("trial   ") == 3 and "running: trial" not in logged.stdout
+    assert len(re.findall(r"^trial +\d+ (COMPLETE|PRUNED|FAIL) ", logged.stdout, re.M)) == 3  # one plain line per trial
+    assert "running: trial" not in logged.stdout
+
+
+def test_a_latency_slo_keeps_only_configs_whose_p99_stays_under_it(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[2])
+    common = ["search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "2", "--no-speed-pruning", *FAST]
+    tight = run_autotune(*common, "--study", "tight", "--slo-ms", "0.0001", cwd=workdir)
+    assert tight.returncode == 0, tight.stderr
+    for trial in load_study(workdir, "tight").trials:
+        assert trial.state.name == "PRUNED" and trial.user_attrs["prune_reason"].startswith("latency SLO: p99")
+        assert trial.user_attrs["slo"]["met"] is False and trial.user_attrs["latency_ms"]["p99"] > 0.0001  # measured, then refused
+        assert trial.user_attrs["measurement"]["calls"] >= 100
+    assert "no trial completed" in tight.stdout
+    loose = run_autotune(*common, "--study", "loose", "--slo-ms", "100000", cwd=workdir)
+    assert loose.returncode == 0, loose.stderr
+    assert all(t.state.name == "COMPLETE" and t.user_attrs["slo"]["met"] for t in load_study(workdir, "loose").trials)
+    wrong = run_autotune(*common, "--study", "w", "--slo-ms", "5", "--objective", "latency", cwd=workdir)
+    assert wrong.returncode == 2 and "--slo-ms" in wrong.stderr
+
+
+def test_the_pareto_objective_exports_the_front_of_throughput_and_p99(workdir):
+    space = write_space(workdir / "space.yaml", batch_size=[1, 16], baseline={"batch_size": 1})
+    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "4",
+                          "--objective", "pareto", "--study", "p", *FAST, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    study = load_study(workdir, "p")
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(complete) >= 3 and all(t.values[1] == t.user_attrs["latency_ms"]["p99"] for t in complete)
+    front = json.loads((workdir / "studies" / "p" / "best.json").read_text())["pareto_front"]
+    assert front and [p["throughput_sps"] for p in front] == sorted((p["throughput_sps"] for p in front), reverse=True)
+    for point in front:  # nothing completed beats a front point on both objectives
+        assert not any(t.values[0] > point["throughput_sps"] and t.values[1] < point["p99_ms"] for t in complete)

@@ -1,4 +1,5 @@
-"""Backend registry. Adding a backend: one module here with SPEC and prepare(), plus its YAML entry."""
+"""Backend registry. Adding a backend: one module here with SPEC and prepare(), plus its YAML entry;
+optionally `unsupported(config) -> reason | None` for combinations that cannot run (refused before launch)."""
 
 from __future__ import annotations
 

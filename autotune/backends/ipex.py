@@ -24,6 +24,15 @@ SPEC = BackendSpec(
 )
 
 PROGRAM_FILE = "quantized.pt"
+
+
+def unsupported(config: Any) -> str | None:
+    """Combinations that cannot run, refused before launch. IPEX builds a CPU pool from Intel OpenMP's
+    affinity when it is imported; with KMP_AFFINITY=disabled that pool is empty and the import fails
+    ("Can't find available core id ... CPUPool construction"), seen on every such trial."""
+    if config.openmp == "intel" and config.kmp_affinity == "disabled":
+        return "IPEX cannot import with Intel OpenMP's KMP_AFFINITY=disabled (its CPU pool finds no core)"
+    return None
 ARTIFACT_VERSION = 1
 
 
