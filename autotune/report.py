@@ -24,7 +24,8 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 0.9em; } td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
-.charts { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } figure { margin: 0; } figcaption { font-size: 0.85em; color: #555; }
+.charts { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } figure { margin: 0; min-width: 0; }
+figure svg { max-width: 100%; height: auto; } figcaption { font-size: 0.85em; color: #555; }
 .note { color: #555; font-size: 0.9em; }
 """
 
@@ -93,7 +94,9 @@ def importance_chart(study: optuna.study.Study) -> str | None:
         return None
     if not importances:
         return None
-    names = list(importances)[::-1]
+    names = [name for name, value in importances.items() if value > 0][:12][::-1]  # the ones that matter
+    if not names:
+        return None
     fig, ax = _figure()
     ax.barh(names, [importances[n] for n in names], color="#47a")
     ax.set_xlabel("importance for the objective (fANOVA, parameters every completed trial has)")

@@ -53,6 +53,7 @@ def main() -> int:
             page.screenshot(path=str(OUT / "dashboard-study.png"))
             page.goto(f"http://127.0.0.1:{port}/dashboard/studies/{study_id}/trials")
             page.get_by_text("trial.log").first.wait_for(timeout=30_000)
+            page.get_by_text("trial.log").first.scroll_into_view_if_needed()
             page.wait_for_timeout(1500)
             page.screenshot(path=str(OUT / "dashboard-trial.png"))
             page.goto((Path(args.studies_dir) / args.study / "report.html").resolve().as_uri())
