@@ -4,7 +4,7 @@
 
 Which backends import for real (not only whether their packages exist: a torch/IPEX version mismatch
 fails at import), the versions of the packages that matter, and the OpenMP libraries this runtime's
-torch can run with. Standard library only at module level: it must start in any runtime.
+torch can run with. Standard library only (and autotune's stdlib-only modules): it must start in any runtime.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib
-import importlib.metadata
 import io
 import json
 import os
@@ -20,18 +19,10 @@ import platform
 import sys
 import warnings
 
+from autotune.fingerprint import package_versions
+
 PACKAGES = ("torch", "torchvision", "numpy", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao", "intel-extension-for-pytorch",
             "intel-openmp")
-
-
-def _versions() -> dict[str, str]:
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return found
 
 
 def _try_import(modules: tuple[str, ...]) -> str | None:
@@ -72,7 +63,7 @@ def _openmp_libraries() -> dict[str, str]:
 def report(backend_requires: dict[str, tuple[str, ...]]) -> dict[str, object]:
     torch_error = _try_import(("torch",))
     backends = {name: _try_import(requires) for name, requires in backend_requires.items()}
-    versions = _versions()
+    versions = package_versions(PACKAGES)
     return {
         "python": sys.executable,
         "python_version": platform.python_version(),
