@@ -204,6 +204,20 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace, console: Console) -> int:
+    from autotune.durations import parse_duration
+    from autotune.join import worker_spec
+    from autotune.study import run_search
+
+    spec = worker_spec(args.study, _storage_arg(args), Path(args.studies_dir), parse_duration(args.budget), args.trials,
+                       args.allow_mixed_hardware)
+    if spec.mixed_hardware:
+        console.print(f"warning: joining from a different machine ({'; '.join(spec.mixed_hardware)}); recorded in each trial", markup=False)
+    outcome = run_search(spec, console)
+    print_study(outcome.study, console, top=5)
+    return EXIT_INTERRUPTED if outcome.interrupted else 0
+
+
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from autotune.verify import verify
 
@@ -340,6 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", nargs="+", help="a subset of configs, e.g. 'openvino int8' 'torchao int8'")
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)
+
+    worker = sub.add_parser("worker", help="join an existing study from this machine, with the settings stored in it")
+    _add_study_args(worker, required=True)
+    worker.add_argument("--budget", default="20m", help="this worker's wall-clock budget (default 20m)")
+    worker.add_argument("--trials", type=int, help="stop after this many trials")
+    worker.add_argument("--allow-mixed-hardware", action="store_true",
+                        help="join although this machine's hardware or software differs from the study's (recorded in each trial)")
+    worker.set_defaults(func=cmd_worker)
 
     verify = sub.add_parser("verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed")
     verify.add_argument("best", help="a best.json file")

@@ -7,7 +7,7 @@ compared must not change between runs of one study.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ class SearchSpec:
     memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
     cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
     slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
+    mixed_hardware: list[str] | None = None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)
@@ -126,6 +127,8 @@ class SearchSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchSpec":
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}  # settings of another autotune version are dropped
         calibration = data.get("calibration_data")
         return cls(**{**data, "model": ModelSource.from_dict(data["model"]), "measure": MeasureSettings.from_dict(data["measure"]),
                       "data": DataSource.from_dict(data.get("data")), "calibration_data": DataSource.from_dict(calibration) if calibration else None})

@@ -134,6 +134,8 @@ class Objective:
             self.status.running = f"trial {trial.number}: {config.summary()}"
         trial.set_user_attr("numerics_key", config.numerics_key())
         trial.set_user_attr("host", socket.gethostname())
+        if self.spec.mixed_hardware:
+            trial.set_user_attr("mixed_hardware", self.spec.mixed_hardware)
         remaining = self.deadline - time.monotonic()
         timeout = min(self.spec.trial_timeout_s, remaining)
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"

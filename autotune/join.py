@@ -1,0 +1,51 @@
+"""`autotune worker`: join an existing study from this machine, with the settings stored in the study.
+
+Nothing is typed again: model, space, drift bound and measurement settings come from the study; only
+where it lives, this worker's budget and the local studies folder come from the command line. Results
+are only comparable between identical machines, so a machine whose hardware or software differs from
+the one that created the study is refused unless `--allow-mixed-hardware`, which each trial records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import UserError
+from autotune.fingerprint import fingerprint
+from autotune.probe import probe_machine
+from autotune.runtimes import discover_runtimes
+from autotune.spec import SearchSpec
+from autotune.storage import mask_url, open_storage
+from autotune.verify import fingerprint_differences
+
+
+def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The settings and fingerprint the creating `autotune search` stored on the study."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
+    except KeyError:
+        raise UserError(f"no study {study_name!r} in {mask_url(storage_url)}: create it with 'autotune search' first") from None
+    spec = study.user_attrs.get("spec")
+    if not spec:
+        raise UserError(f"study {study_name!r} was not created by 'autotune search': it holds no settings to join with")
+    return spec, study.user_attrs.get("fingerprint")
+
+
+def worker_spec(study_name: str, storage_url: str, studies_root: Path, budget_s: float, trials: int | None,
+                allow_mixed_hardware: bool) -> SearchSpec:
+    """This worker's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
+    stored, recorded = stored_spec(study_name, storage_url)
+    runtimes = discover_runtimes(stored.get("runtimes") or ())
+    here = fingerprint(probe_machine(), runtimes)
+    differences = [line for line in fingerprint_differences(recorded, here) if not line.startswith("software: kernel")]
+    if differences and not allow_mixed_hardware:
+        raise UserError(f"this machine differs from the one that created study {study_name!r} ({'; '.join(differences)}): "
+                        "its timings would not compare; run on an identical machine, or pass --allow-mixed-hardware (recorded in each trial)")
+    spec = SearchSpec.from_dict({**stored, "storage": storage_url, "budget_s": budget_s, "trials": trials,
+                                 "studies_root": str(studies_root.resolve())})
+    return replace(spec, mixed_hardware=differences or None)
