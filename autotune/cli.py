@@ -129,8 +129,9 @@ def print_study(study, console: Console, top: int) -> None:
     from autotune.leaderboard import leaderboard_rows, leaderboard_table, outcome_table, study_summary
 
     console.print(study_summary(study), markup=False)
-    if leaderboard_rows(study, top):
-        console.print(leaderboard_table(study, top))
+    rows = leaderboard_rows(study, top)
+    if rows:
+        console.print(leaderboard_table(study, top, rows))
     outcomes = outcome_table(study)
     if outcomes is not None:
         console.print(outcomes)

@@ -6,7 +6,6 @@ Reads the stored study only; never re-runs the search. Schema documented in docs
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from autotune.files import write_json_atomic
 from autotune.launch import shell_command
 from autotune.finalists import decide
 from autotune.pruners import clean_trials, maximizes, primary_value
-from autotune.runtimes import MAIN, worker_pythonpath
+from autotune.runtimes import MAIN, replay_env
 from autotune.trials import replay_argv
 
 SCHEMA = "autotune.best/2"
@@ -46,11 +45,7 @@ def _counts(study: optuna.study.Study) -> dict[str, int]:
 def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
     """One command per instance that re-runs the winner from best.json, pinned as it was tuned, in the
     runtime it ran in (another runtime gets this autotune on PYTHONPATH)."""
-    runtime = attrs.get("runtime") or {}
-    env = dict(attrs.get("env", {}))
-    if runtime.get("name", MAIN) != MAIN:
-        env["PYTHONPATH"] = worker_pythonpath()
-    python = runtime.get("python") or sys.executable
+    python, env = replay_env(attrs.get("runtime"), attrs.get("env", {}))
     return [
         shell_command(env, [*prefix, *replay_argv(best_path.resolve(), i, python)], UNSET_IN_COMMANDS)
         for i, prefix in enumerate(attrs.get("pin_prefixes", []))

@@ -9,22 +9,18 @@ AUTOTUNE_BEST (what `autotune.load()` reads). Without a command it re-measures t
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.config import UNSET_IN_COMMANDS
-from autotune.runtimes import MAIN, worker_pythonpath
+from autotune.runtimes import MAIN, replay_env
 
 
 def launch_script(best: dict[str, Any], best_path: Path) -> str:
     config = best["config"]
     pin_prefixes = best["launch"]["pin_prefixes"]
     runtime = best.get("runtime") or {"name": MAIN}
-    python = runtime.get("python") or sys.executable
-    env = dict(best.get("environment") or {})
-    if runtime.get("name", MAIN) != MAIN:
-        env["PYTHONPATH"] = worker_pythonpath()
+    python, env = replay_env(runtime, best.get("environment") or {})
     summary = f"{config['backend']}/{config['precision']} batch {config['batch_size']}, {config['instances']} x {config['threads_per_instance']} threads"
     lines = [
         "#!/usr/bin/env bash",

@@ -39,11 +39,11 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str,
     return rows
 
 
-def leaderboard_table(study: optuna.study.Study, top: int = 10) -> Table:
+def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[str, Any]] | None = None) -> Table:
     table = Table(title=f"study {study.study_name}: best {top} clean configurations")
     for column in ("#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
-    for row in leaderboard_rows(study, top):
+    for row in rows if rows is not None else leaderboard_rows(study, top):
         table.add_row(str(row["rank"]), f"{row['trial']}{' (baseline)' if row['baseline'] else ''}", row["config"],
                       _fmt(row["throughput_sps"]), _fmt(row["p50_ms"]), _fmt(row["p99_ms"]),
                       "-" if row["drift"] is None else f"{row['drift']:.2e}", "-" if row["speedup"] is None else f"{row['speedup']:.2f}x")

@@ -38,6 +38,17 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
     return ""
 
 
+def best_so_far(study: optuna.study.Study, baseline_sps: Callable[[], float | None]
+                ) -> tuple[optuna.trial.FrozenTrial | None, float | None, float | None]:
+    """The best clean trial, its samples/s, and its speedup over the baseline (None where unknown)."""
+    clean = clean_trials(study)
+    if not clean:
+        return None, None, None
+    sps = clean[0].user_attrs.get("throughput_sps")
+    baseline = baseline_sps() if sps else None
+    return clean[0], sps, sps / baseline if sps and baseline else None
+
+
 class ProgressPrinter:
     """Optuna callback: prints each trial as it ends, with the best so far and the budget used."""
 
@@ -52,15 +63,9 @@ class ProgressPrinter:
         summary = trial.user_attrs.get("config_summary", "")
         line = f"trial {trial.number:>3} {trial.state.name:<8} {summary:<52} {_metric_text(trial)}"
         best = ""
-        clean = clean_trials(study)
-        if clean:
-            best_trial = clean[0]
-            baseline = self.baseline_sps()
-            sps = best_trial.user_attrs.get("throughput_sps")
-            if sps and baseline:
-                best = f" | best #{best_trial.number} {sps:.1f} sps = {sps / baseline:.2f}x baseline"
-            elif sps:
-                best = f" | best #{best_trial.number} {sps:.1f} sps"
+        best_trial, sps, speedup = best_so_far(study, self.baseline_sps)
+        if best_trial is not None and sps:
+            best = f" | best #{best_trial.number} {sps:.1f} sps" + (f" = {speedup:.2f}x baseline" if speedup else "")
         self.console.print(f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -80,12 +85,10 @@ class LiveStatus:
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None) -> None:
         self.counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
         self.running = None
-        clean = clean_trials(study)
-        if clean:
-            best = clean[0]
-            sps, baseline = best.user_attrs.get("throughput_sps"), self.baseline_sps()
-            speedup = f" = {sps / baseline:.2f}x the baseline" if sps and baseline else ""
-            self.best = f"best so far: trial {best.number} {best.user_attrs.get('config_summary', '')}: {sps or 0:.1f} samples/s{speedup}"
+        best, sps, speedup = best_so_far(study, self.baseline_sps)
+        if best is not None:
+            times = f" = {speedup:.2f}x the baseline" if speedup else ""
+            self.best = f"best so far: trial {best.number} {best.user_attrs.get('config_summary', '')}: {sps or 0:.1f} samples/s{times}"
 
     def lines(self) -> list[str]:
         used = time.monotonic() - self.started

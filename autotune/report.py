@@ -125,9 +125,9 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
 
 def drift_chart(study: optuna.study.Study) -> str | None:
     spec = study.user_attrs.get("spec", {})
-    rows = [(t.user_attrs.get("drift") or {}).get("relative_l2") for t in clean_trials(study)]
-    points = [(d, t.user_attrs.get("throughput_sps"), (t.user_attrs.get("config") or {}).get("backend"))
-              for d, t in zip(rows, clean_trials(study)) if d is not None]
+    points = [((t.user_attrs.get("drift") or {}).get("relative_l2"), t.user_attrs.get("throughput_sps"),
+               (t.user_attrs.get("config") or {}).get("backend")) for t in clean_trials(study)]
+    points = [p for p in points if p[0] is not None]
     if not points:
         return None
     fig, ax = _figure()

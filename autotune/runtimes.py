@@ -105,6 +105,15 @@ def runtime_env(runtime: Runtime, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def replay_env(runtime_record: dict[str, Any] | None, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """For commands a user pastes (best.json, launch script): the interpreter of the runtime a trial ran
+    in, and its variables plus PYTHONPATH when that runtime is not the main one."""
+    runtime = runtime_record or {}
+    if runtime.get("name", MAIN) != MAIN:
+        env = {**env, "PYTHONPATH": worker_pythonpath()}
+    return runtime.get("python") or sys.executable, env
+
+
 def _cache_path() -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "autotune" / "runtimes.json"

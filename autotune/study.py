@@ -194,14 +194,15 @@ class Objective:
             raise
         for key, metric in metrics.items():
             trial.set_user_attr(key, metric)
+        commands = [launch.shell_command() for launch in launches]
         trial.set_user_attr("env", launches[0].set_env)
-        trial.set_user_attr("commands", [launch.shell_command() for launch in launches])
+        trial.set_user_attr("commands", commands)
         trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, self.ctx.machine) for cpus in config.instance_cpus(self.ctx.machine)])
         trial.set_user_attr("job", template)
         trial.set_user_attr("pinning", self.ctx.machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
-        attach_trial_log(trial, self.spec.dir, trial_dir, {"commands": [launch.shell_command() for launch in launches]})
+        attach_trial_log(trial, self.spec.dir, trial_dir, {"commands": commands})
         if self.spec.slo_ms is not None:
             self._check_slo(trial, metrics)
         return value
