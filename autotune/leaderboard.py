@@ -84,4 +84,4 @@ def outcome_table(study: optuna.study.Study) -> Table | None:
 
 def study_summary(study: optuna.study.Study) -> str:
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
-    return f"{len(study.trials)} trials: " + ", ".join(f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING") if counts[s])
+    return f"{len(study.trials)} trials: " + ", ".join(f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s])

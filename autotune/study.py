@@ -65,7 +65,9 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
         pruner=DriftPruner(spec.criterion, wrapped=SpeedPruner() if spec.speed_pruning else None), load_if_exists=True,
     )
     if not study.metric_names:  # how optuna-dashboard labels the objectives
-        study.set_metric_names({"throughput": ["samples/s"], "latency": ["p50 ms per call"], "pareto": ["samples/s", "p99 ms per call"]}[spec.objective])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names({"throughput": ["samples/s"], "latency": ["p50 ms per call"], "pareto": ["samples/s", "p99 ms per call"]}[spec.objective])
     stored = study.user_attrs.get("spec")
     if stored is None:
         study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
