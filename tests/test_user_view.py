@@ -36,8 +36,10 @@ infer = autotune.load()
 torch.manual_seed(0)
 x = torch.randn(infer.config.batch_size, 3, 16, 16)
 out = infer(x)
-print(json.dumps({"instance": int(os.environ["AUTOTUNE_INSTANCE"]), "of": int(os.environ["AUTOTUNE_INSTANCES"]),
-                  "cpus": sorted(os.sched_getaffinity(0)), "out": out.tolist(), "preload": os.environ.get("LD_PRELOAD", "")}))
+instance = int(os.environ["AUTOTUNE_INSTANCE"])
+with open(f"served-{instance}.json", "w") as f:  # one file per instance: concurrent writes to one pipe may interleave
+    json.dump({"instance": instance, "of": int(os.environ["AUTOTUNE_INSTANCES"]),
+               "cpus": sorted(os.sched_getaffinity(0)), "out": out.tolist(), "preload": os.environ.get("LD_PRELOAD", "")}, f)
 """
 
 
@@ -46,7 +48,7 @@ def test_the_launch_script_starts_your_program_pinned_and_load_gives_the_tuned_m
     (tuned / "serve.py").write_text(SERVE)
     done = subprocess.run(["bash", str(script), sys.executable, "serve.py"], cwd=tuned, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    lines = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")), key=lambda r: r["instance"])
+    lines = sorted((json.loads(path.read_text()) for path in tuned.glob("served-*.json")), key=lambda r: r["instance"])
     assert [r["instance"] for r in lines] == [0, 1] and all(r["of"] == 2 for r in lines)
     assert len(lines[0]["cpus"]) == 1 and lines[0]["cpus"] != lines[1]["cpus"]  # one core each, disjoint
     assert all("jemalloc" in r["preload"] for r in lines)
