@@ -9,14 +9,16 @@ STAMP  := $(VENV)/.setup-done
 # in their own environment beside the main one (found there by autotune).
 IPEX_VENV  := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.setup-done
-# Allocators and numactl for the search; chromium for the tests that open the dashboard and the report.
-APT_PACKAGES := libgoogle-perftools4 libjemalloc2 numactl chromium
+# Allocators and numactl for the search. For the tests only: chromium opens the dashboard and the report;
+# PostgreSQL and MariaDB servers are started by the tests of a study shared by several workers.
+APT_PACKAGES      := libgoogle-perftools4 libjemalloc2 numactl
+TEST_APT_PACKAGES := chromium postgresql mariadb-server
 
 MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages search test clean-venv
+.PHONY: setup system-packages test-system-packages search test clean-venv
 
 setup: $(STAMP) $(IPEX_STAMP)
 
@@ -34,21 +36,28 @@ $(IPEX_STAMP): constraints-ipex.txt pyproject.toml
 	$(IPEX_VENV)/bin/pip install --quiet --no-deps -e .
 	@touch $(IPEX_STAMP)
 
-# Allocators and numactl come from Debian; installed when running as root, otherwise reported.
-system-packages:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+# Debian packages: installed when running as root, otherwise reported with the command that installs them.
+define apt_install
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing Debian packages: $$missing"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
 	else \
-		echo "warning: missing Debian packages ($$missing); run 'sudo apt-get install $$missing' to search those allocators"; \
+		echo "warning: missing Debian packages ($$missing); run 'sudo apt-get install $$missing' ($(2))"; \
 	fi
+endef
+
+system-packages:
+	$(call apt_install,$(APT_PACKAGES),to search those allocators)
+
+test-system-packages:
+	$(call apt_install,$(TEST_APT_PACKAGES),the tests that need them fail without)
 
 search: setup
 	$(BIN)/autotune search --model $(MODEL) --budget $(BUDGET) $(ARGS)
 
-test: setup
+test: setup test-system-packages
 	$(BIN)/python -m pytest -q $(ARGS)
 
 clean-venv:

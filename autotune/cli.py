@@ -38,6 +38,15 @@ def _storage_arg(args: argparse.Namespace) -> str:
     return args.storage or default_storage(args.studies_dir, args.study)
 
 
+def _heartbeat_grace(args: argparse.Namespace) -> float:
+    from autotune.durations import parse_duration
+
+    grace = parse_duration(args.heartbeat_grace)
+    if grace < 2:
+        raise UserError(f"--heartbeat-grace must be at least 2s, got {args.heartbeat_grace}")
+    return grace
+
+
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.durations import parse_duration
     from autotune.dataset import check_sizes, resolve_data
@@ -86,6 +95,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         runtimes=[str(interpreter_of(path)) for path in args.runtime or ()],
         memory_limit_mib=parse_size_mib(args.memory_limit, "--memory-limit", machine_memory_mib()),
         cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"), slo_ms=args.slo_ms,
+        heartbeat_grace_s=_heartbeat_grace(args),
     )
     outcome = run_search(spec, console)
     print_study(outcome.study, console, top=5)
@@ -211,7 +221,7 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     from autotune.study import run_search
 
     spec = worker_spec(args.study, _storage_arg(args), Path(args.studies_dir), parse_duration(args.budget), args.trials,
-                       args.allow_mixed_hardware)
+                       args.allow_mixed_hardware, _heartbeat_grace(args))
     if spec.mixed_hardware:
         console.print(f"warning: joining from a different machine ({'; '.join(spec.mixed_hardware)}); recorded in each trial", markup=False)
     outcome = run_search(spec, console)
@@ -257,6 +267,12 @@ def cmd_models(args: argparse.Namespace, console: Console) -> int:
 
     print("\n".join(torchvision_classification_models()))
     return 0
+
+
+def _add_heartbeat_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--heartbeat-grace", default="60s",
+                        help="a trial whose worker sent no heartbeat this long is failed and queued again (default 60s; "
+                             "each running trial beats every quarter of it)")
 
 
 def _add_study_args(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -317,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--no-cover-backends", action="store_true",
                         help="do not start a new study with one trial per backend x precision")
     _add_study_args(search, required=False)
+    _add_heartbeat_arg(search)
     search.set_defaults(func=cmd_search)
 
     export = sub.add_parser("export", help="write best.json from a stored study")
@@ -362,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--trials", type=int, help="stop after this many trials")
     worker.add_argument("--allow-mixed-hardware", action="store_true",
                         help="join although this machine's hardware or software differs from the study's (recorded in each trial)")
+    _add_heartbeat_arg(worker)
     worker.set_defaults(func=cmd_worker)
 
     verify = sub.add_parser("verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed")

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.errors import UserError
-from autotune.storage import mask_url, open_storage
+from autotune.storage import database_url, mask_url, open_storage
 
 
 def dashboard_executable() -> str:
@@ -24,7 +24,7 @@ def dashboard_executable() -> str:
 def dashboard_argv(storage_url: str, host: str, port: int, artifact_dir: Path) -> list[str]:
     """optuna-dashboard serving the study and its artifacts (trial logs, best.json, report)."""
     artifact_dir.mkdir(parents=True, exist_ok=True)
-    return [dashboard_executable(), storage_url, "--host", host, "--port", str(port), "--artifact-dir", str(artifact_dir)]
+    return [dashboard_executable(), database_url(storage_url), "--host", host, "--port", str(port), "--artifact-dir", str(artifact_dir)]
 
 
 def serve(storage_url: str, host: str, port: int, console: Console, artifact_dir: Path) -> int:

@@ -36,16 +36,28 @@ def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict
     return spec, study.user_attrs.get("fingerprint")
 
 
+def _comparable(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What makes timings comparable between two processes: how many CPUs they may use, not which ones
+    (two workers of one host pinned to disjoint cores time alike), and not the kernel's patch level."""
+    if not recorded:
+        return recorded
+    hardware = dict(recorded.get("hardware") or {})
+    if "allowed_cpus" in hardware:
+        hardware["allowed_cpus"] = f"{len(hardware['allowed_cpus'])} CPUs"
+    software = {k: v for k, v in (recorded.get("software") or {}).items() if k != "kernel"}
+    return {**recorded, "hardware": hardware, "software": software}
+
+
 def worker_spec(study_name: str, storage_url: str, studies_root: Path, budget_s: float, trials: int | None,
-                allow_mixed_hardware: bool) -> SearchSpec:
+                allow_mixed_hardware: bool, heartbeat_grace_s: float = 60.0) -> SearchSpec:
     """This worker's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
     stored, recorded = stored_spec(study_name, storage_url)
     runtimes = discover_runtimes(stored.get("runtimes") or ())
     here = fingerprint(probe_machine(), runtimes)
-    differences = [line for line in fingerprint_differences(recorded, here) if not line.startswith("software: kernel")]
+    differences = fingerprint_differences(_comparable(recorded), _comparable(here))
     if differences and not allow_mixed_hardware:
         raise UserError(f"this machine differs from the one that created study {study_name!r} ({'; '.join(differences)}): "
                         "its timings would not compare; run on an identical machine, or pass --allow-mixed-hardware (recorded in each trial)")
     spec = SearchSpec.from_dict({**stored, "storage": storage_url, "budget_s": budget_s, "trials": trials,
-                                 "studies_root": str(studies_root.resolve())})
+                                 "studies_root": str(studies_root.resolve()), "heartbeat_grace_s": heartbeat_grace_s})
     return replace(spec, mixed_hardware=differences or None)

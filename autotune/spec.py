@@ -70,6 +70,7 @@ class SearchSpec:
     memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
     cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
     slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
+    heartbeat_grace_s: float = 60.0  # a trial whose worker is silent this long is failed and retried (per process)
     mixed_hardware: list[str] | None = None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Optuna storage: any RDB URL (SQLite by default), with heartbeats so dead runs are detected."""
+"""Optuna storage: any RDB URL (SQLite by default; PostgreSQL or MySQL for a fleet), with heartbeats so
+the trials of a dead worker are failed and retried."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import UserError
 
-HEARTBEAT_INTERVAL_S = 15
-GRACE_PERIOD_S = 60
+GRACE_PERIOD_S = 60  # a RUNNING trial whose worker sent no heartbeat for this long is failed and retried
+# The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).
+DEFAULT_DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql"}
 
 
 def mask_url(url: str) -> str:
@@ -23,22 +25,37 @@ def mask_url(url: str) -> str:
         return url
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
+def database_url(url: str) -> str:
+    """The URL with the installed driver where it names none: postgresql://h/db -> postgresql+psycopg://h/db."""
     try:
-        parsed = make_url(url)
+        parsed = make_url(url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url)
     except (ArgumentError, ValueError):
-        raise UserError(f"storage {mask_url(url)!r} is not a database URL, e.g. sqlite:///studies/x/study.db or postgresql://host/db") from None
+        raise UserError(f"storage {mask_url(url)!r} is not a database URL, e.g. sqlite:///studies/x/study.db or postgresql://user@host/db") from None
+    driver = DEFAULT_DRIVERS.get(parsed.drivername)
+    return parsed.set(drivername=f"{parsed.drivername}+{driver}").render_as_string(hide_password=False) if driver else url
+
+
+def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.storages.RDBStorage:
+    """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds."""
+    from autotune.fleet import retry_abandoned_trial
+
+    given, url = url, database_url(url)
+    parsed = make_url(url)
     kwargs = {}
     try:
         if parsed.get_backend_name() == "sqlite":
             if parsed.database:
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        else:  # a database server: a connection it dropped (restart, idle timeout) is replaced, not an error
+            kwargs["engine_kwargs"] = {"pool_pre_ping": True}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            grace = max(2, round(grace_period_s))
             return optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S, **kwargs
+                url, heartbeat_interval=max(1, grace // 4), grace_period=grace,
+                heartbeat_stale_trial_callback=retry_abandoned_trial, **kwargs
             )
     except Exception as exc:  # driver missing, server down, bad credentials: one clear line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot open storage {mask_url(url)}: {first}") from None
+        raise UserError(f"cannot open storage {mask_url(given)}: {first}") from None

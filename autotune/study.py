@@ -7,7 +7,6 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import statistics
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import psutil
 from rich.console import Console
 from rich.live import Live
 
@@ -28,6 +26,7 @@ from autotune.fingerprint import fingerprint
 from autotune.probe import MachineProbe, probe_machine
 from autotune.progress import LiveStatus, ProgressPrinter
 from autotune.finalists import run_finalists
+from autotune.fleet import AbandonedTrialsCheck, fail_abandoned_trials, orchestrator_record, register_worker
 from autotune.pruners import DriftPruner, SpeedPruner
 from autotune.runtimes import discover_runtimes
 from autotune.space import InfeasibleConfig, SearchSpace
@@ -56,7 +55,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
                ) -> tuple[optuna.study.Study, bool, optuna.storages.BaseStorage]:
     """Create the study, or resume it after checking the settings are the same."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = open_storage(spec.storage)
+    storage = open_storage(spec.storage, spec.heartbeat_grace_s)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
@@ -81,39 +80,6 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
             "rerun with the same settings to resume, or pick a new --study name"
         )
     return study, False, storage
-
-
-def orchestrator_record() -> dict[str, Any]:
-    """Who runs a trial: host, pid and the process's start time (a pid can be reused)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
-
-
-def _is_alive(record: dict[str, Any]) -> bool:
-    try:
-        return abs(psutil.Process(record["pid"]).create_time() - record["started"]) < 1.0
-    except (psutil.Error, KeyError, TypeError):
-        return False
-
-
-def _fail_stale_trials(study: optuna.study.Study, storage: optuna.storages.BaseStorage, console: Console) -> None:
-    """Trials left RUNNING by a run that died: on this host as soon as its process is gone; from other
-    hosts once their heartbeat is stale."""
-    host = socket.gethostname()
-    study_id = storage.get_study_id_from_name(study.study_name)
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("orchestrator")
-        if owner and owner.get("host") == host and not _is_alive(owner):
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-            storage.set_trial_user_attr(trial_id, "fail_cause", f"the run that started it (pid {owner['pid']}) died; found RUNNING on resume")
-            storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
-            console.print(f"trial {trial.number} was left running by a run that died (pid {owner['pid']}): marked FAIL", markup=False)
-    before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-    after = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-    for number in sorted(before - after):
-        console.print(f"trial {number} was left running by a run that stopped: marked FAIL", markup=False)
 
 
 class Objective:
@@ -308,7 +274,11 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,
     )
-    _fail_stale_trials(study, storage, console)
+    register_worker(study)  # refused beside another process of this study on the same cores of this host
+    def say(line: str) -> None:
+        console.print(line, markup=False)
+
+    fail_abandoned_trials(study, say)
     try:
         reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s),
                                       spec.data, spec.calibration_data, spec.calibration_samples)
@@ -335,7 +305,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         try:
             study.optimize(
                 objective, n_trials=spec.trials, timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
-                catch=(TrialFailed,), callbacks=[printer, status, BudgetGuard(search_deadline)], gc_after_trial=False,
+                catch=(TrialFailed,), callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(search_deadline)], gc_after_trial=False,
             )
             if spec.finalists > 0:
                 status.running = "finalists: the top configurations re-measured, interleaved"

@@ -53,3 +53,19 @@ def states(study: optuna.study.Study) -> list[str]:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A function returning the URL of a new database on a real PostgreSQL server on loopback."""
+    from db_servers import start_postgres
+
+    yield from start_postgres()
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory):
+    """The same on a real MariaDB (MySQL) server."""
+    from db_servers import start_mariadb
+
+    yield from start_mariadb(tmp_path_factory.mktemp("mariadb"))

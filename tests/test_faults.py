@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,9 +75,10 @@ def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on
     assert states(load_study(workdir, "s")) == ["RUNNING"]
     again = search(workdir, "hanging", "--trials", "1", "--trial-timeout", "5s", space=space)
     assert again.returncode == 0, again.stderr
-    assert "trial 0 was left running by a run that died" in again.stdout
-    first = load_study(workdir, "s").trials[0]
+    assert f"trial 0: the autotune process running it (host {socket.gethostname()}, pid {proc.pid}) died" in again.stdout
+    first, retry = load_study(workdir, "s").trials
     assert first.state.name == "FAIL" and "died" in first.user_attrs["fail_cause"]
+    assert retry.user_attrs["retry_of"] == 0 and retry.params == first.params  # its configuration, queued again
 
 
 def test_best_json_is_always_whole_when_export_is_killed_or_interrupted(workdir):

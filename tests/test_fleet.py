@@ -1,0 +1,117 @@
+"""One study, several workers, through a real PostgreSQL (and MariaDB) server: a worker killed mid-trial
+has its trial failed by heartbeat and retried by another, nothing is lost or run twice, a second worker
+on the same cores of a host is refused, and the winner is exported from a machine that ran nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import FAST, run_autotune, tiny, write_space
+
+STUDY = ["--study", "fleet"]
+MODEL = ["--model", tiny(), "--input-shape", "3x16x16"]
+FINISHED = {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL}
+
+
+def pinned(cpus: str, *args: str, cwd: Path) -> subprocess.Popen:
+    """autotune started as a user pins a worker: taskset -c CPUS autotune ..."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(["taskset", "-c", cpus, sys.executable, "-m", "autotune.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def load(url: str) -> optuna.study.Study:
+    from autotune.storage import database_url
+
+    return optuna.load_study(study_name="fleet", storage=database_url(url))
+
+
+def running_trial_of(url: str, pid: int, timeout_s: float = 120) -> optuna.trial.FrozenTrial:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for trial in load(url).get_trials(states=(optuna.trial.TrialState.RUNNING,)):
+            if (trial.user_attrs.get("orchestrator") or {}).get("pid") == pid and "config" in trial.user_attrs:
+                return trial
+        time.sleep(0.3)
+    pytest.fail(f"worker {pid} started no trial within {timeout_s}s")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two workers pinned to disjoint cores need two CPUs")
+def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed_by_heartbeat_and_retried(workdir, postgres):
+    url = postgres()
+    space = write_space(workdir / "space.yaml", batch_size=[2, 4, 8], threads_per_instance=[1])
+    created = pinned("0", "search", *MODEL, *STUDY, "--storage", url, "--space", str(space), "--trials", "1", *FAST, cwd=workdir)
+    code, out, err = finish(created)
+    assert code == 0, err
+    assert "created study 'fleet' in postgresql://autotune@127.0.0.1" in out
+
+    grace = ["--heartbeat-grace", "4s"]
+    worker = ["worker", *STUDY, "--storage", url, *grace]
+    doomed = pinned("0", *worker, "--trials", "3", "--studies-dir", "studies-a", cwd=workdir)
+    survivor = pinned("1", *worker, "--trials", "5", "--studies-dir", "studies-b", cwd=workdir)
+    killed = running_trial_of(url, doomed.pid)
+    time.sleep(1.0)  # its trial's processes are measuring
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(timeout=30)
+
+    # Beside the survivor, on its cores: refused (timing on shared cores corrupts both).
+    code, _, err = finish(pinned("1", *worker, "--trials", "1", "--studies-dir", "studies-c", cwd=workdir), timeout=120)
+    assert code == 2 and "overlap" in err and f"pid {survivor.pid}" in err, err
+
+    code, out, err = finish(survivor)
+    assert code == 0, err
+    assert f"trial {killed.number}: its worker" in out and "no heartbeat" in out
+
+    study = load(url)
+    trials = study.get_trials()
+    owners = [t.user_attrs["orchestrator"]["pid"] for t in trials]
+    assert all(t.state in FINISHED for t in trials), [t.state.name for t in trials]  # nothing left running or waiting
+    assert owners.count(survivor.pid) == 5 and owners.count(created.pid) == 1  # each worker's --trials, exactly
+    assert len(trials) == 1 + 5 + owners.count(doomed.pid)  # and nothing else: no trial lost or run twice
+    assert all(t.user_attrs.get("host") for t in trials)
+
+    dead = study.trials[killed.number]
+    assert dead.state == optuna.trial.TrialState.FAIL
+    assert "no heartbeat for over 4s" in dead.user_attrs["fail_cause"] and f"pid {doomed.pid}" in dead.user_attrs["fail_cause"]
+    retries = [t for t in trials if t.user_attrs.get("retry_of") == killed.number]
+    assert len(retries) == 1 and retries[0].params == dead.params  # queued once, run once, by the survivor
+    assert retries[0].state != optuna.trial.TrialState.FAIL and owners[retries[0].number] == survivor.pid
+    assert sum(1 for t in trials if t.user_attrs.get("baseline") and "retry_of" not in t.user_attrs) == 1
+
+    # Export from a machine that ran none of it: only the storage URL.
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    exported = run_autotune("export", *STUDY, "--storage", url, "-o", "best.json", cwd=elsewhere)
+    assert exported.returncode == 0, exported.stderr
+    best = json.loads((elsewhere / "best.json").read_text())
+    clean = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert best["study"]["trial"] == max(clean, key=lambda t: t.value).number
+    assert best["study"]["storage"].startswith("postgresql://autotune@127.0.0.1")
+
+
+def test_a_search_runs_on_mysql_and_resumes_there(workdir, mariadb):
+    url = mariadb()
+    space = write_space(workdir / "space.yaml", batch_size=[2, 4], threads_per_instance=[1])
+    args = ["search", *MODEL, *STUDY, "--storage", url, "--space", str(space), "--trials", "1", *FAST]
+    first = run_autotune(*args, cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    again = run_autotune(*args, cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    assert "resuming study 'fleet' in mysql://autotune@127.0.0.1" in again.stdout
+    study = load(url)
+    assert len(study.trials) == 2 and all(t.state != optuna.trial.TrialState.FAIL for t in study.trials)
+    assert (workdir / "studies" / "fleet" / "best.json").exists()
