@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,10 +33,11 @@ def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.
                            screen_s=min(1.0, window_s / 2))
 
 
-def _storage_arg(args: argparse.Namespace) -> str:
+def _storage_arg(args: argparse.Namespace, study: str | None = None) -> str:
+    """--storage, else $AUTOTUNE_STORAGE (keeps a password out of the process list), else the study's SQLite file."""
     from autotune.spec import default_storage
 
-    return args.storage or default_storage(args.studies_dir, args.study)
+    return args.storage or os.environ.get("AUTOTUNE_STORAGE") or default_storage(args.studies_dir, study or args.study)
 
 
 def _heartbeat_grace(args: argparse.Namespace) -> float:
@@ -56,7 +58,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.runtimes import interpreter_of
     from autotune.sizes import machine_memory_mib, parse_size_mib
     from autotune.space import load_space_file
-    from autotune.spec import SearchSpec, default_storage, validate_study_name
+    from autotune.spec import SearchSpec, validate_study_name
     from autotune.study import run_search
 
     budget_s = parse_duration(args.budget)
@@ -84,7 +86,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         console.print(f"data: {data.describe()}; calibration: {calibration.describe() if calibration else 'a disjoint split of it'}", markup=False)
     studies_root = str(Path(args.studies_dir).resolve())
     spec = SearchSpec(
-        study=study, model=model, storage=args.storage or default_storage(studies_root, study), space_path=str(space_path),
+        study=study, model=model, storage=_storage_arg(args, study), space_path=str(space_path),
         space=space, objective=args.objective, max_drift=criterion.max_drop, drift_metric=criterion.metric,
         drift_relative=criterion.relative, data=data, calibration_data=calibration, budget_s=budget_s, trials=args.trials,
         trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
@@ -123,7 +125,7 @@ def _load_study(args: argparse.Namespace):
     from autotune.spec import default_storage
     from autotune.storage import mask_url, open_storage
 
-    if not args.storage:
+    if not (args.storage or os.environ.get("AUTOTUNE_STORAGE")):
         database = default_storage(args.studies_dir, args.study).removeprefix("sqlite:///")
         if not Path(database).is_file():
             raise UserError(f"no study {args.study!r} under {args.studies_dir}/: check --study, --studies-dir or --storage")
@@ -221,7 +223,7 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     from autotune.study import run_search
 
     spec = worker_spec(args.study, _storage_arg(args), Path(args.studies_dir), parse_duration(args.budget), args.trials,
-                       args.allow_mixed_hardware, _heartbeat_grace(args))
+                       args.allow_mixed_hardware, _heartbeat_grace(args), args.finalists)
     if spec.mixed_hardware:
         console.print(f"warning: joining from a different machine ({'; '.join(spec.mixed_hardware)}); recorded in each trial", markup=False)
     outcome = run_search(spec, console)
@@ -277,7 +279,8 @@ def _add_heartbeat_arg(parser: argparse.ArgumentParser) -> None:
 
 def _add_study_args(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--study", required=required, help="study name (default: the model name)")
-    parser.add_argument("--storage", help="Optuna storage URL (default: sqlite:///studies/<study>/study.db)")
+    parser.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: $AUTOTUNE_STORAGE, "
+                                           "else sqlite:///studies/<study>/study.db); a password is best kept in $AUTOTUNE_STORAGE")
     parser.add_argument("--studies-dir", default="studies", help="where study folders live (default: ./studies)")
 
 
@@ -377,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_study_args(worker, required=True)
     worker.add_argument("--budget", default="20m", help="this worker's wall-clock budget (default 20m)")
     worker.add_argument("--trials", type=int, help="stop after this many trials")
+    worker.add_argument("--finalists", type=int,
+                        help="top configs this worker re-measures at its end (default: the study's; 0 leaves it to another worker)")
     worker.add_argument("--allow-mixed-hardware", action="store_true",
                         help="join although this machine's hardware or software differs from the study's (recorded in each trial)")
     _add_heartbeat_arg(worker)

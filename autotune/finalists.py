@@ -7,6 +7,7 @@ must beat the runner-up by more than the noise; otherwise the simpler config win
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -148,6 +149,7 @@ def run_finalists(
         "repeats": repeats, "seconds": time.monotonic() - started, "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
         "order": "round-robin over the candidates and the baseline, fresh processes per run",
+        "host": socket.gethostname(),  # in a fleet, the worker whose round this is (the last to finish)
     }
     decide(record, maximize)
     study.set_user_attr("finalists", record)

@@ -49,7 +49,7 @@ def _comparable(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def worker_spec(study_name: str, storage_url: str, studies_root: Path, budget_s: float, trials: int | None,
-                allow_mixed_hardware: bool, heartbeat_grace_s: float = 60.0) -> SearchSpec:
+                allow_mixed_hardware: bool, heartbeat_grace_s: float = 60.0, finalists: int | None = None) -> SearchSpec:
     """This worker's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
     stored, recorded = stored_spec(study_name, storage_url)
     runtimes = discover_runtimes(stored.get("runtimes") or ())
@@ -59,5 +59,6 @@ def worker_spec(study_name: str, storage_url: str, studies_root: Path, budget_s:
         raise UserError(f"this machine differs from the one that created study {study_name!r} ({'; '.join(differences)}): "
                         "its timings would not compare; run on an identical machine, or pass --allow-mixed-hardware (recorded in each trial)")
     spec = SearchSpec.from_dict({**stored, "storage": storage_url, "budget_s": budget_s, "trials": trials,
-                                 "studies_root": str(studies_root.resolve()), "heartbeat_grace_s": heartbeat_grace_s})
+                                 "studies_root": str(studies_root.resolve()), "heartbeat_grace_s": heartbeat_grace_s,
+                                 "finalists": stored.get("finalists", 3) if finalists is None else finalists})
     return replace(spec, mixed_hardware=differences or None)
