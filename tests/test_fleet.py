@@ -116,3 +116,25 @@ def test_a_search_runs_on_mysql_and_resumes_there(workdir, mariadb):
     study = load(url)
     assert len(study.trials) == 2 and all(t.state != optuna.trial.TrialState.FAIL for t in study.trials)
     assert (workdir / "studies" / "fleet" / "best.json").exists()
+
+
+def test_the_fleet_guide_uses_real_options_and_valid_manifests():
+    """docs/FLEET.md: every autotune command parses with the real CLI, the Kubernetes Job is valid YAML
+    whose command does too, and the systemd unit's ExecStart as well."""
+    import shlex
+
+    import yaml
+
+    from autotune.cli import build_parser
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "FLEET.md").read_text()
+    parser = build_parser()
+    commands = [line.split("#")[0].strip() for line in guide.splitlines() if "autotune " in line and not line.startswith(("#", "|"))]
+    commands = [c[c.index("autotune "):] for c in commands if c.startswith(("autotune ", "numactl ", "ExecStart="))]
+    assert len(commands) >= 8
+    for command in commands:
+        parser.parse_args(shlex.split(command)[1:])  # an unknown option raises (exit 2)
+    job = next(doc for block in guide.split("```yaml")[1:] for doc in yaml.safe_load_all(block.split("```")[0]))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    parser.parse_args(container["command"][1:])
+    assert job["kind"] == "Job" and job["spec"]["parallelism"] == job["spec"]["completions"]
