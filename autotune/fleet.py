@@ -43,10 +43,11 @@ def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenT
     Optuna's RetryFailedTrialCallback would copy every user attribute, the dead trial's cause and
     config included; the retry carries only why it was enqueued and which trial it repeats."""
     retries = int(trial.user_attrs.get("retries", 0))
-    if not trial.params or retries >= MAX_RETRIES:
+    params = trial.params or trial.system_attrs.get("fixed_params")  # an enqueued trial that died before suggesting
+    if not params or retries >= MAX_RETRIES:
         return
     kept = {key: trial.user_attrs[key] for key in KEPT_ON_RETRY if key in trial.user_attrs}
-    study.enqueue_trial(trial.params, user_attrs={**kept, "retry_of": trial.number, "retries": retries + 1})
+    study.enqueue_trial(params, user_attrs={**kept, "retry_of": trial.number, "retries": retries + 1})
 
 
 def _stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> set[int]:

@@ -119,7 +119,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
     args = [sys.executable, "-m", "autotune.cli", "search", "--model", tiny("hanging"), "--input-shape", "3x16x16",
             "--study", "s", "--space", str(space), "--budget", "5m", "--trial-timeout", "2m", *FAST]
-    proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     trial_dir = workdir / "studies" / "s" / "trials" / "00000"
     deadline = time.monotonic() + 60
     while not (trial_dir / "stderr-0.log").exists() and time.monotonic() < deadline:
