@@ -26,13 +26,23 @@ MEMORY_POLL_S = 0.25  # reading the trial's memory is cheap, but not free on a 2
 PR_SET_PDEATHSIG = 1
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+# Loaded here, in the parent: the child between fork and exec must not dlopen (another thread of the
+# orchestrator, e.g. Optuna's heartbeat, may hold the loader's lock at the fork and the child would hang).
+_LIBC = _load_libc()
+
+
 def _die_with_parent() -> None:
     """In the child before exec: be killed if the orchestrator dies (even by SIGKILL), so no trial
     process outlives it. Linux only; elsewhere the process-group kill on exit still applies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
