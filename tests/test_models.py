@@ -49,19 +49,6 @@ def test_factory_model_needs_an_input_shape():
     assert resolve_model(f"{TINY}:tiny_cnn", None, "3x8x8").kind == "factory"
 
 
-def test_inductor_study_on_a_torchvision_model(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[4],
-                        backends={"inductor": {"precision": ["fp32"], "memory_format": ["channels_last"], "freezing": [True]}})
-    result = run_autotune("search", "--model", "resnet18", "--input-shape", "3x32x32", "--study", "r", "--space", str(space),
-                          "--trials", "1", "--budget", "4m", *FAST, cwd=workdir, timeout=400)
-    assert result.returncode == 0, result.stderr
-    trial = load_study(workdir, "r").trials[0]
-    assert states(load_study(workdir, "r")) == ["COMPLETE"]
-    assert trial.user_attrs["config"]["backend"] == "inductor"
-    assert trial.user_attrs["first_call_s"] > 1.0  # compilation happened on the first call (an eager call takes milliseconds)
-    assert trial.user_attrs["drift"]["relative_l2"] < 1e-3
-
-
 def _saved_models(tmp_path):
     """The same tiny CNN as TorchScript and as an exported program with a dynamic batch."""
     import sys
