@@ -33,11 +33,15 @@ def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.
                            screen_s=min(1.0, window_s / 2))
 
 
+def _given_storage(args: argparse.Namespace) -> str | None:
+    """--storage, else $AUTOTUNE_STORAGE (keeps a password out of the process list); None: the study's SQLite file."""
+    return args.storage or os.environ.get("AUTOTUNE_STORAGE")
+
+
 def _storage_arg(args: argparse.Namespace, study: str | None = None) -> str:
-    """--storage, else $AUTOTUNE_STORAGE (keeps a password out of the process list), else the study's SQLite file."""
     from autotune.spec import default_storage
 
-    return args.storage or os.environ.get("AUTOTUNE_STORAGE") or default_storage(args.studies_dir, study or args.study)
+    return _given_storage(args) or default_storage(args.studies_dir, study or args.study)
 
 
 def _heartbeat_grace(args: argparse.Namespace) -> float:
@@ -125,7 +129,7 @@ def _load_study(args: argparse.Namespace):
     from autotune.spec import default_storage
     from autotune.storage import mask_url, open_storage
 
-    if not (args.storage or os.environ.get("AUTOTUNE_STORAGE")):
+    if not _given_storage(args):
         database = default_storage(args.studies_dir, args.study).removeprefix("sqlite:///")
         if not Path(database).is_file():
             raise UserError(f"no study {args.study!r} under {args.studies_dir}/: check --study, --studies-dir or --storage")

@@ -125,8 +125,3 @@ def register_worker(study: optuna.study.Study) -> dict[str, Any]:
                 "and 'taskset -c 8-15 autotune worker ...') or wait for it to finish")
     return me
 
-
-def workers(study: optuna.study.Study) -> list[dict[str, Any]]:
-    """Every process that has worked on the study (host, pid, started, cpus), oldest first."""
-    attrs = study._storage.get_study_system_attrs(study._study_id)
-    return sorted((v for k, v in attrs.items() if k.startswith(WORKER_KEY)), key=lambda r: r.get("started", 0))

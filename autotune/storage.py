@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import UserError
+from autotune.fleet import retry_abandoned_trial
 
 GRACE_PERIOD_S = 60  # a RUNNING trial whose worker sent no heartbeat for this long is failed and retried
 # The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).
@@ -37,8 +38,6 @@ def database_url(url: str) -> str:
 
 def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.storages.RDBStorage:
     """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds."""
-    from autotune.fleet import retry_abandoned_trial
-
     given, url = url, database_url(url)
     parsed = make_url(url)
     kwargs = {}

@@ -52,7 +52,7 @@ def baseline_throughput(study: optuna.study.Study) -> float | None:
 
 
 def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None
-               ) -> tuple[optuna.study.Study, bool, optuna.storages.BaseStorage]:
+               ) -> tuple[optuna.study.Study, bool]:
     """Create the study, or resume it after checking the settings are the same."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(spec.storage, spec.heartbeat_grace_s)
@@ -71,7 +71,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
     if stored is None:
         study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
         study.set_user_attr("fingerprint", fingerprint(machine, runtimes))
-        return study, True, storage
+        return study, True
     stored_identity = {k: stored.get(k) for k in spec.identity()}
     diffs = identity_differences(stored_identity, spec.identity())
     if diffs:
@@ -79,7 +79,7 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
             f"study {spec.study!r} exists with different settings ({'; '.join(diffs)}): "
             "rerun with the same settings to resume, or pick a new --study name"
         )
-    return study, False, storage
+    return study, False
 
 
 class Objective:
@@ -269,7 +269,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         if names != ["main"]:
             console.print(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False)
     spec.dir.mkdir(parents=True, exist_ok=True)
-    study, created, storage = open_study(spec, machine, runtimes)
+    study, created = open_study(spec, machine, runtimes)
     console.print(
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,
