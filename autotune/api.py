@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from autotune.config import TrialConfig
-from autotune.files import read_json
+from autotune.records.config import TrialConfig
+from autotune.common.files import read_json
 
 
 class TunedEnvironmentMismatch(RuntimeError):
@@ -25,7 +25,7 @@ class TunedEnvironmentMismatch(RuntimeError):
 
 def environment_differences(best: dict[str, Any]) -> list[str]:
     """What this process's environment lacks of the tuned one (libraries preloaded, variables, threads)."""
-    from autotune.worker import mapped_libraries
+    from autotune.worker.checks import mapped_libraries
 
     import torch
 
@@ -51,8 +51,8 @@ def load(best_path: str | os.PathLike[str] | None = None, model: Any = None, che
     TunedEnvironmentMismatch when the process was not started as tuned (see the launch script).
     """
     from autotune.backends import BACKENDS, backend_module
-    from autotune.inputs import as_batch, synthetic
-    from autotune.models import ModelSource, build_model
+    from autotune.model.inputs import as_batch, synthetic
+    from autotune.model.sources import ModelSource, build_model
 
     path = Path(best_path or os.environ.get("AUTOTUNE_BEST") or "best.json")
     best = read_json(path)

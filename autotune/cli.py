@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.drift import METRIC_HELP, METRICS
-from autotune.errors import UserError
-from autotune.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
+from autotune.measure.drift import METRIC_HELP, METRICS
+from autotune.common.errors import UserError
+from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.0):
     """The measurement window from the user's --measure-seconds: capped at 4x (at least +10 s)."""
-    from autotune.measure import MeasureSettings
+    from autotune.measure.stopwatch import MeasureSettings
 
     return MeasureSettings(window_min_s=window_s, window_min_iters=min_iterations,
                            window_max_s=max(window_s * 4, window_s + 10, cap_s), warmup_min_s=min(1.0, window_s),
@@ -39,13 +39,13 @@ def _given_storage(args: argparse.Namespace) -> str | None:
 
 
 def _storage_arg(args: argparse.Namespace, study: str | None = None) -> str:
-    from autotune.spec import default_storage
+    from autotune.search.spec import default_storage
 
     return _given_storage(args) or default_storage(args.studies_dir, study or args.study)
 
 
 def _heartbeat_grace(args: argparse.Namespace) -> float:
-    from autotune.durations import parse_duration
+    from autotune.common.durations import parse_duration
 
     grace = parse_duration(args.heartbeat_grace)
     if grace < 2:
@@ -54,16 +54,16 @@ def _heartbeat_grace(args: argparse.Namespace) -> float:
 
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
-    from autotune.durations import parse_duration
-    from autotune.dataset import check_sizes, resolve_data
-    from autotune.drift import DriftCriterion
-    from autotune.inputs import describe as describe_inputs
-    from autotune.models import resolve_model
-    from autotune.runtimes import interpreter_of
-    from autotune.sizes import machine_memory_mib, parse_size_mib
-    from autotune.space import load_space_file
-    from autotune.spec import SearchSpec, validate_study_name
-    from autotune.study import run_search
+    from autotune.common.durations import parse_duration
+    from autotune.model.dataset import check_sizes, resolve_data
+    from autotune.measure.drift import DriftCriterion
+    from autotune.model.inputs import describe as describe_inputs
+    from autotune.model.sources import resolve_model
+    from autotune.machine.runtimes import interpreter_of
+    from autotune.common.sizes import machine_memory_mib, parse_size_mib
+    from autotune.search.space import load_space_file
+    from autotune.search.spec import SearchSpec, validate_study_name
+    from autotune.search.study import run_search
 
     budget_s = parse_duration(args.budget)
     study = validate_study_name(args.study or Path(args.model.rpartition(":")[2]).stem or "model")
@@ -126,8 +126,9 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
 def _load_study(args: argparse.Namespace):
     import optuna
 
-    from autotune.spec import default_storage
-    from autotune.storage import mask_url, open_storage
+    from autotune.search.spec import default_storage
+    from autotune.common.storage_urls import mask_url
+    from autotune.search.storage import open_storage
 
     if not _given_storage(args):
         database = default_storage(args.studies_dir, args.study).removeprefix("sqlite:///")
@@ -142,7 +143,7 @@ def _load_study(args: argparse.Namespace):
 
 def print_study(study, console: Console, top: int) -> None:
     """The study's summary, its leaderboard, and its failures and prunings grouped by cause."""
-    from autotune.leaderboard import leaderboard_rows, leaderboard_table, outcome_table, study_summary
+    from autotune.results.leaderboard import leaderboard_rows, leaderboard_table, outcome_table, study_summary
 
     console.print(study_summary(study), markup=False)
     rows = leaderboard_rows(study, top)
@@ -154,9 +155,9 @@ def print_study(study, console: Console, top: int) -> None:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from autotune.report import write_report
-    from autotune.spec import study_dir
-    from autotune.study_artifacts import attach_to_study
+    from autotune.results.report import write_report
+    from autotune.search.spec import study_dir
+    from autotune.results.optuna_artifacts import attach_to_study
 
     study = _load_study(args)
     folder = study_dir(args.studies_dir, args.study)
@@ -172,8 +173,8 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from autotune.export import export_best
-    from autotune.spec import study_dir
+    from autotune.results.best_json import export_best
+    from autotune.search.spec import study_dir
 
     study = _load_study(args)
     folder = study_dir(args.studies_dir, args.study)
@@ -181,9 +182,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         path = export_best(study, args.output or folder / "best.json")
         console.print(f"wrote {path}", markup=False)
         return 0
-    from autotune.files import read_json, write_text_atomic
-    from autotune.launch_script import launch_script
-    from autotune.study_artifacts import attach_to_study
+    from autotune.common.files import read_json, write_text_atomic
+    from autotune.results.launch_script import launch_script
+    from autotune.results.optuna_artifacts import attach_to_study
 
     best_path = export_best(study, folder / "best.json")
     best = read_json(best_path)
@@ -196,24 +197,24 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
-    from autotune.dashboard import serve
-    from autotune.spec import study_dir
-    from autotune.study_artifacts import artifact_folder
+    from autotune.results.dashboard import serve
+    from autotune.search.spec import study_dir
+    from autotune.results.optuna_artifacts import artifact_folder
 
     _load_study(args)
     return serve(_storage_arg(args), args.host, args.port, console, artifact_folder(study_dir(args.studies_dir, args.study)))
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    from autotune.benchmark import compare_with_baseline
-    from autotune.spec import study_dir
+    from autotune.checks.bench import compare_with_baseline
+    from autotune.search.spec import study_dir
 
     if not (args.best or args.study):
         raise UserError("compare needs --study NAME or --best FILE")
     path = Path(args.best) if args.best else study_dir(args.studies_dir, args.study) / "best.json"
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
-    from autotune.durations import parse_duration
+    from autotune.common.durations import parse_duration
 
     independent = parse_duration(args.independent) if args.independent != "0" else 0.0
     versus = parse_duration(args.vs_benchmark_app) if args.vs_benchmark_app else 0.0
@@ -222,9 +223,9 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, console: Console) -> int:
-    from autotune.durations import parse_duration
-    from autotune.join import worker_spec
-    from autotune.study import run_search
+    from autotune.common.durations import parse_duration
+    from autotune.search.fleet_join import worker_spec
+    from autotune.search.study import run_search
 
     spec = worker_spec(args.study, _storage_arg(args), Path(args.studies_dir), parse_duration(args.budget), args.trials,
                        args.allow_mixed_hardware, _heartbeat_grace(args), args.finalists)
@@ -236,7 +237,7 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from autotune.verify import verify
+    from autotune.checks.verify import verify
 
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
@@ -244,9 +245,9 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from autotune.benchmark import benchmark_backends
-    from autotune.durations import parse_duration
-    from autotune.models import resolve_model
+    from autotune.checks.bench import benchmark_backends
+    from autotune.common.durations import parse_duration
+    from autotune.model.sources import resolve_model
 
     model = resolve_model(args.model, args.weights, args.input_shape)
     window = parse_duration(args.measure_seconds)
@@ -256,9 +257,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
-    from autotune.machine_report import probe_json, probe_lines
-    from autotune.probe import probe_machine
-    from autotune.runtimes import discover_runtimes
+    from autotune.machine.probe_report import probe_json, probe_lines
+    from autotune.machine.probe import probe_machine
+    from autotune.machine.runtimes import discover_runtimes
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
     if args.json:
@@ -269,7 +270,7 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_models(args: argparse.Namespace, console: Console) -> int:
-    from autotune.models import torchvision_classification_models
+    from autotune.model.sources import torchvision_classification_models
 
     print("\n".join(torchvision_classification_models()))
     return 0

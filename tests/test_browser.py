@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from autotune.pruners import clean_trials
+from autotune.results.selection import clean_trials
 from conftest import FAST, load_study, run_autotune, tiny, write_space
 from test_dashboard import free_port
 

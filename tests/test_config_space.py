@@ -5,12 +5,12 @@ from dataclasses import replace
 import optuna
 import pytest
 
-from autotune.config import TrialConfig, clean_environment, pin_prefix
-from autotune.errors import UserError
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
+from autotune.common.errors import UserError
 from autotune.backends import BACKENDS
-from autotune.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
-from autotune.runtimes import Runtime
-from autotune.space import InfeasibleConfig, SearchSpace
+from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
+from autotune.machine.runtimes import Runtime
+from autotune.search.space import InfeasibleConfig, SearchSpace
 
 
 def described_runtime(name="main", role="main", lacks=("ipex",), openmp=("gnu", "intel")) -> Runtime:

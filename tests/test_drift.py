@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from autotune.drift import DriftCriterion, compute_drift
+from autotune.measure.drift import DriftCriterion, compute_drift
 
 REFERENCE = np.array([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 0.0, 4.0], [5.0, 1.0, 0.0]])
 LABELS = np.array([0, 1, 2, 1])  # the reference gets 3 of 4 right

@@ -35,7 +35,7 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, s
 
 
 def load(url: str) -> optuna.study.Study:
-    from autotune.storage import database_url
+    from autotune.common.storage_urls import database_url
 
     return optuna.load_study(study_name="fleet", storage=database_url(url))
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from autotune.measure import (
+from autotune.measure.stopwatch import (
     MeasureSettings,
     common_window_throughput,
     latency_summary,
@@ -14,7 +14,7 @@ from autotune.measure import (
     timed_window,
     warm_up,
 )
-from autotune.noise import NoiseLimits, noise_flags
+from autotune.measure.noise import NoiseLimits, noise_flags
 
 RNG = np.random.default_rng(7)
 STEADY = RNG.normal(0.100, 0.002, 400)  # 100 ms calls, 2% jitter

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torchvision
 
-from autotune.errors import UserError
-from autotune.models import HUB_CACHE, RANDOM_INIT, WEIGHTS_FILE, build_model, resolve_model
+from autotune.common.errors import UserError
+from autotune.model.sources import HUB_CACHE, RANDOM_INIT, WEIGHTS_FILE, build_model, resolve_model
 from conftest import FAST, TINY, load_study, run_autotune, states, write_space
 
 

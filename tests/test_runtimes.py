@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.runtimes import discover_runtimes, probe_runtime
+from autotune.machine.runtimes import discover_runtimes, probe_runtime
 from conftest import FAST, load_study, run_autotune, tiny, write_space
 
 IPEX_VENV = Path(sys.prefix).parent / ".venv-ipex"

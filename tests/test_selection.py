@@ -6,10 +6,10 @@ Real Optuna studies (in memory) with trials recorded as a search records them.
 import optuna
 import pytest
 
-from autotune.drift import DriftCriterion
-from autotune.export import choose_winner
-from autotune.finalists import complexity, select_winner, summarize_runs
-from autotune.pruners import DriftPruner, SpeedPruner
+from autotune.measure.drift import DriftCriterion
+from autotune.results.best_json import choose_winner
+from autotune.results.selection import complexity, select_winner, summarize_runs
+from autotune.search.pruners import DriftPruner, SpeedPruner
 
 EAGER = {"backend": "eager", "precision": "fp32", "batch_size": 8, "allocator": "glibc", "instances": 1}
 OPENVINO = {"backend": "openvino", "precision": "int8", "batch_size": 8, "allocator": "tcmalloc", "instances": 2}

@@ -8,14 +8,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.errors import TrialFailed
-from autotune.measure import MeasureSettings
-from autotune.models import ModelSource
-from autotune.probe import probe_machine
-from autotune.runtimes import discover_runtimes
-from autotune.trials import TrialContext, compute_reference, plan_instances, run_config
-from autotune.launch import run_instances
+from autotune.records.config import TrialConfig
+from autotune.common.errors import TrialFailed
+from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.sources import ModelSource
+from autotune.machine.probe import probe_machine
+from autotune.machine.runtimes import discover_runtimes
+from autotune.runner.trials import TrialContext, compute_reference, plan_instances, run_config
+from autotune.runner.launch import run_instances
 from conftest import TINY
 
 MACHINE = probe_machine()

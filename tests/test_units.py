@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from autotune.inputs import fixed_batches
-from autotune.drift import compute_drift, relative_l2, top1_agreement
-from autotune.durations import parse_duration
-from autotune.errors import UserError
-from autotune.measure import common_window_throughput, latency_summary, samples_needed
-from autotune.probe import format_cpu_ranges, parse_cpu_list
-from autotune.sizes import parse_size_mib
+from autotune.model.inputs import fixed_batches
+from autotune.measure.drift import compute_drift, relative_l2, top1_agreement
+from autotune.common.durations import parse_duration
+from autotune.common.errors import UserError
+from autotune.measure.stopwatch import common_window_throughput, latency_summary, samples_needed
+from autotune.machine.probe import format_cpu_ranges, parse_cpu_list
+from autotune.common.sizes import parse_size_mib
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("20m", 1200), ("2h", 7200), ("1h30m", 5400), ("45", 45), (" 3M ", 180)])
@@ -76,7 +76,7 @@ def test_fixed_batches_keep_every_batch_full_even_with_few_inputs():
 
 
 def test_input_specs_parse_and_draw_in_range():
-    from autotune.inputs import parse_inputs, synthetic
+    from autotune.model.inputs import parse_inputs, synthetic
 
     (image,) = parse_inputs("3x8x8")
     assert image.name == "input" and image.shape == (3, 8, 8) and image.dtype == "float32"
@@ -105,7 +105,7 @@ def test_cache_eviction_removes_least_recently_used_first_and_never_the_one_in_u
     import os
     import time
 
-    from autotune.artifacts import META_FILE, evict_least_recently_used, mark_used
+    from autotune.runner.artifact_cache import META_FILE, evict_least_recently_used, mark_used
 
     dirs = []
     for i, name in enumerate(("old", "middle", "new")):

@@ -1,5 +1,9 @@
 """Backend registry. Adding a backend: one module here with SPEC and prepare(), plus its YAML entry;
-optionally `unsupported(config) -> reason | None` for combinations that cannot run (refused before launch)."""
+optionally `unsupported(config) -> reason | None` for combinations that cannot run (refused before launch).
+
+May import common only: a backend is called by the worker and knows nothing above it; heavy
+libraries (onnxruntime, openvino, torchao, IPEX) are imported inside functions, so the registry
+loads in any runtime."""
 
 from __future__ import annotations
 

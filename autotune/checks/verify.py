@@ -1,0 +1,71 @@
+"""`autotune verify best.json`: re-measure an exported winner here and say plainly whether it still holds.
+
+Two questions, answered separately: is this the machine and software it was tuned on (the fingerprint),
+and is it as fast as recorded (re-measured by the same protocol, judged against the noise)?
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from autotune.checks.bench import context_from_best, read_best
+from autotune.records.config import TrialConfig
+from autotune.common.errors import TrialFailed, UserError
+from autotune.machine.fingerprint import fingerprint, fingerprint_differences
+from autotune.runner.trials import run_config
+
+MIN_REGRESSION = 0.10  # below this, a difference is not called a regression on a shared machine
+TIMEOUT_S = 1800.0
+EXIT_REGRESSED = 1
+
+
+
+
+def recorded_throughput(best: dict[str, Any]) -> float:
+    """What best.json promises: the finalists' interleaved median when there was a round, else the trial's."""
+    return best["objective"].get("revalidated_median") or best["metrics"]["throughput_sps"]
+
+
+def judge(recorded: float, runs: list[dict[str, Any]], recorded_ci: float | None) -> tuple[str, float, float]:
+    """'matches', 'REGRESSED' or 'faster', the median here, and the relative margin used."""
+    here = statistics.median(m["throughput_sps"] for m in runs)
+    cis = [m["measurement"].get("throughput_ci_rel") or 0.0 for m in runs]
+    margin = max(MIN_REGRESSION, 2 * ((recorded_ci or 0.0) + max(cis)))
+    if here < recorded * (1 - margin):
+        return "REGRESSED", here, margin
+    if here > recorded * (1 + margin):
+        return "faster", here, margin
+    return "matches", here, margin
+
+
+def verify(best_path: Path, repeats: int, console: Console) -> int:
+    best = read_best(best_path)
+    if best.get("objective", {}).get("name") not in (None, "throughput"):
+        raise UserError(f"{best_path} was tuned for {best['objective']['name']}; verify compares throughput")
+    ctx = context_from_best(best)
+    differences = fingerprint_differences(best.get("fingerprint"), fingerprint(ctx.machine, ctx.runtimes))
+    if differences:
+        console.print("this is not the machine or software it was tuned on:", markup=False)
+        for line in differences:
+            console.print(f"  {line}", markup=False)
+    else:
+        console.print("same hardware and software as when it was tuned", markup=False)
+    config = TrialConfig.from_dict(best["config"])
+    runs = []
+    for i in range(repeats):
+        try:
+            runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S)[0])
+        except TrialFailed as exc:
+            raise UserError(f"the tuned config does not run here: {exc.cause}") from None
+        console.print(f"run {i + 1}/{repeats}: {runs[-1]['throughput_sps']:.2f} samples/s", markup=False)
+    recorded = recorded_throughput(best)
+    verdict, here, margin = judge(recorded, runs, (best["metrics"].get("measurement") or {}).get("throughput_ci_rel"))
+    change = here / recorded - 1
+    console.print(f"{verdict}: {here:.2f} samples/s here (median of {repeats}) vs {recorded:.2f} recorded ({change:+.1%}; "
+                  f"differences within ±{margin:.0%} are noise)" + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
+                  markup=False)
+    return EXIT_REGRESSED if verdict == "REGRESSED" else 0

@@ -1,0 +1,76 @@
+"""`autotune probe`: what this machine and its runtimes offer, as the lines a user reads (or as JSON).
+
+The search space is narrowed from exactly this: cores and their SMT siblings, the CPU set this process
+may use, NUMA nodes, the pinning tool that works here, allocators and OpenMP runtimes, and which
+backends each runtime imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.machine.probe import SYS_CPU, MachineProbe, format_cpu_ranges
+from autotune.machine.runtimes import Runtime
+
+PINNING = {
+    "numactl": "numactl --physcpubind with --membind to the cores' NUMA node (tested here)",
+    "numactl-cpu": "numactl --physcpubind; memory binding is refused here (container), so no --membind",
+    "taskset": "taskset -c (numactl is missing)",
+    "none": "none: neither numactl nor taskset is installed, instances are not pinned",
+}
+THP = {
+    "madvise": "THP_MEM_ALLOC_ENABLE=1 makes PyTorch's large allocations huge pages: searched",
+    "always": "every allocation may use huge pages already: THP_MEM_ALLOC_ENABLE has no effect, not searched",
+    "never": "huge pages are off: THP_MEM_ALLOC_ENABLE has no effect, not searched",
+}
+
+
+def _online() -> str:
+    try:
+        return (SYS_CPU / "online").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def probe_lines(machine: MachineProbe, runtimes: dict[str, Runtime]) -> list[str]:
+    present = [flag for flag, on in machine.isa.items() if on]
+    missing = [flag for flag, on in machine.isa.items() if not on]
+    lines = [
+        f"CPU          {machine.cpu_model}",
+        f"ISA          {' '.join(present) or '-'}" + (f"  (absent: {' '.join(missing)})" if missing else ""),
+        f"CPU set      {format_cpu_ranges(machine.allowed_cpus)} allowed to this process (online: {_online()})",
+        f"cores        {machine.physical_cores} physical, {machine.smt_per_core} logical CPU(s) per core usable; "
+        "instances get disjoint physical cores, one CPU each, SMT siblings left idle",
+    ]
+    for core in machine.cores:
+        lines.append(f"  core {core.core_id:<3} package {core.package} node {core.numa_node}: uses cpu {core.cpus[0]}, "
+                     f"siblings {format_cpu_ranges(core.siblings or core.cpus)}")
+    lines.append("NUMA         " + "; ".join(f"node {n}: cpus {format_cpu_ranges(c)}" for n, c in machine.numa_nodes.items()))
+    lines.append(f"pinning      {PINNING.get(machine.pinning, machine.pinning)}")
+    lines.append(f"huge pages   {machine.thp}: {THP.get(machine.thp, 'unknown mode: not searched')}")
+    if machine.allocators:
+        for name, path in machine.allocators.items():
+            lines.append(f"allocator    {name:<9} {path} ({machine.allocator_versions.get(name, 'version unknown')})")
+    else:
+        lines.append("allocator    glibc only (install libgoogle-perftools4 / libjemalloc2 for tcmalloc / jemalloc)")
+    for runtime in runtimes.values():
+        lines.extend(runtime_lines(runtime))
+    return lines
+
+
+def runtime_lines(runtime: Runtime) -> list[str]:
+    role = {"main": "main", "auto": "for backends the main runtime lacks", "explicit": "--runtime"}[runtime.role]
+    lines = [f"runtime      {runtime.name} ({role}): {runtime.python}, python {runtime.python_version}, torch {runtime.torch or 'missing'}"]
+    runs = [name for name in runtime.backends if runtime.runs(name)]
+    lines.append(f"  backends   {' '.join(runs) or 'none'}")
+    for why in runtime.backends.values():
+        if why is not None:
+            lines.append(f"  missing    {why}")
+    versions = {"gnu": f"bundled with torch {runtime.torch}", "intel": f"intel-openmp {runtime.packages.get('intel-openmp', '?')}"}
+    for kind, path in sorted(runtime.openmp.items()):
+        lines.append(f"  OpenMP     {kind:<5} {path} ({versions[kind]})")
+    return lines
+
+
+def probe_json(machine: MachineProbe, runtimes: dict[str, Runtime]) -> dict[str, Any]:
+    return {**machine.to_dict(), "runtimes": {name: runtime.to_dict() for name, runtime in runtimes.items()}}

@@ -1,0 +1,235 @@
+"""best.json: the winner, how to reproduce it, what it measured, and what it is valid for.
+
+Reads the stored study only; never re-runs the search. Schema documented in docs/best-json.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.measure.drift import DriftCriterion
+from autotune.common.errors import UserError
+from autotune.records.config import UNSET_IN_COMMANDS
+from autotune.common.files import write_json_atomic
+from autotune.runner.launch import shell_command
+from autotune.results.selection import baseline_trial, decide
+from autotune.results.selection import clean_trials, maximizes, primary_value
+from autotune.machine.runtimes import MAIN, replay_env
+from autotune.runner.trials import replay_argv
+
+SCHEMA = "autotune.best/2"
+
+METRIC_KEYS = ("throughput_sps", "latency_ms", "peak_rss_mib", "peak_rss_mib_total", "prepare_s", "load_s", "first_call_s",
+               "artifact", "measurement", "instances", "torch_version", "backend_details", "screening", "valid")
+
+
+
+
+def _counts(study: optuna.study.Study) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        counts[trial.state.name.lower()] = counts.get(trial.state.name.lower(), 0) + 1
+    return counts
+
+
+def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
+    """One command per instance that re-runs the winner from best.json, pinned as it was tuned, in the
+    runtime it ran in (another runtime gets this autotune on PYTHONPATH)."""
+    python, env = replay_env(attrs.get("runtime"), attrs.get("env", {}))
+    return [
+        shell_command(env, [*prefix, *replay_argv(best_path.resolve(), i, python)], UNSET_IN_COMMANDS)
+        for i, prefix in enumerate(attrs.get("pin_prefixes", []))
+    ]
+
+
+def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, dict[str, Any] | None, str]:
+    """The winning trial, the finalist record that chose it (if current), and why it won.
+
+    A finalist round decides when it is newer than every completed trial; otherwise the best clean
+    single measurement. A measurement flagged as noisy never wins.
+    """
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first")
+    clean = clean_trials(study)
+    if not clean:
+        raise UserError(f"every completed trial of study {study.study_name!r} was flagged as noisy: "
+                        "rerun 'autotune search' on a quieter machine (same command resumes)")
+    maximize = maximizes(study)
+    record = study.user_attrs.get("finalists")
+    if record:
+        record = decide(record, maximize)  # from the stored runs, with the current selection rule
+    by_number = {t.number: t for t in clean}
+    if record and record.get("winner_trial") in by_number and record.get("last_trial", -1) >= max(t.number for t in complete):
+        return by_number[record["winner_trial"]], record, f"finalists: {record['selection']}"
+    return clean[0], None, "best clean single measurement (no finalist round after the last trial)"
+
+
+def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any] | None:
+    """best.json's summary of the finalist round: every candidate's repeats and their spread."""
+    if record is None:
+        return None
+    return {
+        "selection": record["selection"],
+        "order": record["order"],
+        "repeats": record["repeats"],
+        "seconds": record["seconds"],
+        "candidates": [
+            {"trial": c["trial"], "winner": c["trial"] == winner, "candidate": c["candidate"], "baseline": c["baseline"],
+             "config": c.get("config"), "search_value": c["search_value"], "values": [r.get("value") for r in c["runs"]],
+             "runs": c["runs"], **{k: c["summary"][k] for k in ("median", "min", "max", "spread_rel", "noise_rel")}}
+            for c in record["candidates"]
+        ],
+    }
+
+
+def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
+    """The best.json document: the winner chosen by the finalist round, or the best clean trial."""
+    best, record, why = choose_winner(study)
+    spec = study.user_attrs.get("spec", {})
+    attrs = best.user_attrs
+    baseline = baseline_trial(study)
+    base_sps = baseline.user_attrs.get("throughput_sps") if baseline else None
+    drift = dict(attrs.get("drift") or {})
+    return {
+        "schema": SCHEMA,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "meets_drift": True,
+        "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": best.number, "trials": _counts(study)},
+        "objective": {"name": spec.get("objective"), "direction": _directions(study), "value": primary_value(best),
+                      **({"values": best.values} if len(study.directions) > 1 else {}),
+                      "revalidated_median": _revalidated(record, best.number)},
+        "selection": why,
+        **({"pareto_front": pareto_front(study)} if len(study.directions) > 1 else {}),
+        "finalists": _finalist_view(record, best.number),
+        "model": study.user_attrs.get("model_for_trials", spec.get("model")),
+        "config": attrs["config"],
+        "runtime": attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
+        "environment": attrs.get("env", {}),
+        "launch": {
+            "pinning": attrs.get("pinning"),
+            "pin_prefixes": attrs.get("pin_prefixes"),
+            "commands": replay_commands(attrs, best_path),
+            "note": "one command per instance, started together; each re-measures its instance and prints JSON",
+        },
+        "job": attrs.get("job"),
+        "metrics": {key: attrs.get(key) for key in METRIC_KEYS},
+        "measure_settings": attrs.get("measure_settings"),
+        "drift": drift_report(drift, spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")),
+        "baseline": None if baseline is None else {
+            "trial": baseline.number,
+            "config": baseline.user_attrs.get("config"),
+            "throughput_sps": base_sps,
+            "latency_ms": baseline.user_attrs.get("latency_ms"),
+        },
+        **_speedup(record, best, base_sps, spec.get("objective")),
+        "fingerprint": study.user_attrs.get("fingerprint"),
+    }
+
+
+def drift_report(drift: dict[str, Any], spec: dict[str, Any], evaluation: dict[str, Any] | None,
+                 calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """The winner's drift: every metric, the one bounded with its drop and bound, and what it was measured on."""
+    criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
+    evaluation = evaluation or {"data": "synthetic seeded random inputs", "samples": spec.get("eval_samples"), "synthetic": True}
+    return {
+        **drift,
+        "metric": criterion.metric,
+        "drop": criterion.drop(drift) if drift else None,
+        "max_drift": criterion.max_drop,
+        "relative": criterion.relative,
+        "criterion": criterion.describe(),
+        "data": f"{evaluation['data']}: {evaluation['samples']} evaluation samples, FP32 eager outputs as reference"
+                + (" (synthetic: says little about accuracy)" if evaluation.get("synthetic") else ""),
+        "evaluation": evaluation,
+        "calibration": calibration,
+    }
+
+
+def _revalidated(record: dict[str, Any] | None, trial: int) -> float | None:
+    for candidate in (record or {}).get("candidates", []):
+        if candidate["trial"] == trial:
+            return candidate["summary"]["median"]
+    return None
+
+
+def _speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_sps: float | None, objective: str | None) -> dict[str, Any]:
+    """Throughput over the baseline's: from the interleaved finalist runs when both were re-measured."""
+    if record and objective == "throughput":
+        medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
+        base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
+        if base and medians.get(best.number):
+            return {"speedup_vs_baseline": medians[best.number] / base,
+                    "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)"}
+    sps = best.user_attrs.get("throughput_sps")
+    return {"speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
+            "speedup_source": "one search measurement each (winner and baseline trials)"}
+
+
+def _directions(study: optuna.study.Study) -> str | list[str]:
+    names = [d.name.lower() for d in study.directions]
+    return names[0] if len(names) == 1 else names
+
+
+def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
+    """A Pareto study's non-dominated clean trials (throughput up, p99 down), fastest first: each one
+    is a valid answer; which to deploy depends on the latency the application can take."""
+    clean = {t.number for t in clean_trials(study)}
+    front = [t for t in study.best_trials if t.number in clean]
+    return [{"trial": t.number, "throughput_sps": t.values[0], "p99_ms": t.values[1], "config": t.user_attrs.get("config"),
+             "config_summary": t.user_attrs.get("config_summary")} for t in sorted(front, key=lambda t: -t.values[0])]
+
+
+def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+    """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
+    spec = study.user_attrs.get("spec", {})
+    criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
+    measured = [(criterion.drop(t.user_attrs["drift"]), t) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("drift") and t.user_attrs.get("config") and criterion.exceeded(t.user_attrs["drift"])]
+    measured = [(drop, t) for drop, t in measured if drop is not None]
+    return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
+
+
+def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """best.json for a study where no configuration met the drift bound: the closest one, marked so,
+    with its drift and how to run it, but no speed (it was never timed)."""
+    spec = study.user_attrs.get("spec", {})
+    attrs = trial.user_attrs
+    drift = drift_report(dict(attrs["drift"]), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration"))
+    return {
+        "schema": SCHEMA,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "meets_drift": False,
+        "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": trial.number, "trials": _counts(study)},
+        "objective": {"name": spec.get("objective"), "direction": _directions(study), "value": None, "revalidated_median": None},
+        "selection": (f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
+                      f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen --max-drift, "
+                      "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"),
+        "finalists": None,
+        "model": study.user_attrs.get("model_for_trials", spec.get("model")),
+        "config": attrs["config"],
+        "runtime": attrs.get("runtime"),
+        "environment": attrs.get("env"),
+        "launch": None,
+        "job": None,
+        "metrics": None,
+        "measure_settings": None,
+        "drift": drift,
+        "baseline": None,
+        "speedup_vs_baseline": None,
+        "fingerprint": study.user_attrs.get("fingerprint"),
+    }
+
+
+def export_best(study: optuna.study.Study, path: str | Path) -> Path:
+    """Write best.json: the winner; when no trial completed because none met the drift bound, the
+    closest candidate marked `meets_drift: false`. Atomic: a reader never sees half a file."""
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        closest = closest_candidate(study)
+        if closest is not None:
+            return write_json_atomic(path, build_closest(study, closest))
+    return write_json_atomic(path, build_best(study, Path(path)))

@@ -1,0 +1,103 @@
+"""Progress of a search: one plain line per finished trial (no control characters, so logs and CI stay
+readable), and on a terminal a live panel under them: budget used and left, trials by state, the
+running trial's config, the best so far with its speedup over the baseline."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+import optuna
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.text import Text
+
+from autotune.common.durations import format_duration
+from autotune.results.selection import clean_trials
+
+
+def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
+    attrs = trial.user_attrs
+    if trial.state == optuna.trial.TrialState.COMPLETE:
+        lat = attrs.get("latency_ms", {})
+        p50 = lat.get("p50")
+        drift = (attrs.get("drift") or {}).get("relative_l2")
+        if p50 is None or drift is None:
+            return ""
+        ci = (attrs.get("measurement") or {}).get("throughput_ci_rel")
+        accuracy = (attrs.get("drift") or {}).get("accuracy")
+        text = (f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 {p50:.1f} ms  drift {drift:.2e}"
+                f"{f'  acc {accuracy:.3f}' if accuracy is not None else ''}")
+        flags = (attrs.get("measurement") or {}).get("noise_flags")
+        return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if attrs.get("valid") is False and flags else text
+    if trial.state == optuna.trial.TrialState.PRUNED:
+        return attrs.get("prune_reason", "pruned")
+    if trial.state == optuna.trial.TrialState.FAIL:
+        return attrs.get("fail_cause", "failed")
+    return ""
+
+
+def best_so_far(study: optuna.study.Study, baseline_sps: Callable[[], float | None]
+                ) -> tuple[optuna.trial.FrozenTrial | None, float | None, float | None]:
+    """The best clean trial, its samples/s, and its speedup over the baseline (None where unknown)."""
+    clean = clean_trials(study)
+    if not clean:
+        return None, None, None
+    sps = clean[0].user_attrs.get("throughput_sps")
+    baseline = baseline_sps() if sps else None
+    return clean[0], sps, sps / baseline if sps and baseline else None
+
+
+class ProgressPrinter:
+    """Optuna callback: prints each trial as it ends, with the best so far and the budget used."""
+
+    def __init__(self, console: Console, started: float, budget_s: float, baseline_sps: Callable[[], float | None]) -> None:
+        self.console = console
+        self.started = started
+        self.budget_s = budget_s
+        self.baseline_sps = baseline_sps
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
+        used = time.monotonic() - self.started
+        summary = trial.user_attrs.get("config_summary", "")
+        line = f"trial {trial.number:>3} {trial.state.name:<8} {summary:<52} {_metric_text(trial)}"
+        best = ""
+        best_trial, sps, speedup = best_so_far(study, self.baseline_sps)
+        if best_trial is not None and sps:
+            best = f" | best #{best_trial.number} {sps:.1f} sps" + (f" = {speedup:.2f}x baseline" if speedup else "")
+        self.console.print(f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}", markup=False, highlight=False, soft_wrap=True)
+
+
+class LiveStatus:
+    """The live panel (rendered by rich.live.Live on a terminal only). Also an Optuna callback: the study
+    is read when a trial ends, never on a refresh, so the panel adds no load while a trial is timed."""
+
+    def __init__(self, study: optuna.study.Study, started: float, budget_s: float, baseline_sps: Callable[[], float | None]) -> None:
+        self.started = started
+        self.budget_s = budget_s
+        self.baseline_sps = baseline_sps
+        self.running: str | None = None  # "trial 12: <config>", set by the objective
+        self.counts: Counter = Counter()
+        self.best = "best so far: -"
+        self(study, None)
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None) -> None:
+        self.counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
+        self.running = None
+        best, sps, speedup = best_so_far(study, self.baseline_sps)
+        if best is not None:
+            times = f" = {speedup:.2f}x the baseline" if speedup else ""
+            self.best = f"best so far: trial {best.number} {best.user_attrs.get('config_summary', '')}: {sps or 0:.1f} samples/s{times}"
+
+    def lines(self) -> list[str]:
+        used = time.monotonic() - self.started
+        return [
+            f"budget {format_duration(used)} used, {format_duration(max(0.0, self.budget_s - used))} left",
+            f"trials: {self.counts['COMPLETE']} complete, {self.counts['PRUNED']} pruned, {self.counts['FAIL']} failed",
+            f"running: {self.running or '-'}",
+            self.best,
+        ]
+
+    def __rich__(self) -> Panel:
+        return Panel(Group(*(Text(line) for line in self.lines())), title="autotune search", expand=False)

@@ -1,0 +1,185 @@
+"""`autotune report`: one self-contained HTML file about a study, readable with no network.
+
+Charts are drawn with matplotlib and inlined as SVG (no scripts, no fonts or styles fetched): the
+Pareto front of throughput against p99 latency, parameter importances, the best speedup per backend
+and precision, and drift against speed. Then the leaderboard and the failures grouped by cause.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import io
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.results.selection import baseline_trial
+from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary
+from autotune.results.selection import clean_trials
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; } td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+.charts { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } figure { margin: 0; min-width: 0; }
+figure svg { max-width: 100%; height: auto; } figcaption { font-size: 0.85em; color: #555; }
+.note { color: #555; font-size: 0.9em; }
+"""
+
+
+def _svg(figure: Any) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and doctype: inline SVG
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(6, 4))
+
+
+def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """(throughput, p99, trial) points no other point beats on both (more throughput, less latency)."""
+    front = [p for p in points if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0], q[1]) != (p[0], p[1]) for q in points)]
+    return sorted(front, key=lambda p: p[1])
+
+
+def _complete_points(study: optuna.study.Study) -> list[tuple[float, float, int, dict[str, Any]]]:
+    points = []
+    for trial in clean_trials(study):
+        sps = trial.user_attrs.get("throughput_sps")
+        p99 = (trial.user_attrs.get("latency_ms") or {}).get("p99") or (trial.user_attrs.get("latency_ms") or {}).get("p50")
+        if sps and p99:
+            points.append((sps, p99, trial.number, trial.user_attrs))
+    return points
+
+
+def pareto_chart(study: optuna.study.Study) -> str | None:
+    points = _complete_points(study)
+    if not points:
+        return None
+    fig, ax = _figure()
+    ax.scatter([p[1] for p in points], [p[0] for p in points], s=18, color="#9bb", label="clean trials")
+    front = pareto_front([(p[0], p[1], p[2]) for p in points])
+    ax.plot([p[1] for p in front], [p[0] for p in front], "o-", color="#c33", label="Pareto front")
+    for sps, p99, number in front:
+        ax.annotate(f"#{number}", (p99, sps), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("p99 latency per call (ms; p50 where too few calls)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_xscale("log")
+    ax.legend(loc="lower right")
+    return _svg(fig)
+
+
+def importance_chart(study: optuna.study.Study) -> str | None:
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(complete) < 3:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importances = optuna.importance.get_param_importances(study)
+    except (ValueError, RuntimeError):
+        return None
+    if not importances:
+        return None
+    names = [name for name, value in importances.items() if value > 0][:12][::-1]  # the ones that matter
+    if not names:
+        return None
+    fig, ax = _figure()
+    ax.barh(names, [importances[n] for n in names], color="#47a")
+    ax.set_xlabel("importance for the objective (fANOVA, parameters every completed trial has)")
+    return _svg(fig)
+
+
+def speedup_chart(study: optuna.study.Study) -> str | None:
+    baseline = baseline_trial(study)
+    base = baseline.user_attrs.get("throughput_sps") if baseline else None
+    best: dict[str, float] = {}
+    for trial in clean_trials(study):
+        config = trial.user_attrs.get("config") or {}
+        key = f"{config.get('backend')} {config.get('precision')}"
+        best[key] = max(best.get(key, 0.0), trial.user_attrs.get("throughput_sps") or 0.0)
+    if not best:
+        return None
+    names = sorted(best, key=best.get)
+    fig, ax = _figure()
+    values = [best[n] / base if base else best[n] for n in names]
+    ax.barh(names, values, color="#6a4")
+    for y, value in enumerate(values):
+        ax.annotate(f"{value:.2f}{'x' if base else ''}", (value, y), textcoords="offset points", xytext=(3, -3), fontsize=8)
+    ax.set_xlabel("best speedup over the eager fp32 baseline" if base else "best throughput (samples/s)")
+    return _svg(fig)
+
+
+def drift_chart(study: optuna.study.Study) -> str | None:
+    spec = study.user_attrs.get("spec", {})
+    points = [((t.user_attrs.get("drift") or {}).get("relative_l2"), t.user_attrs.get("throughput_sps"),
+               (t.user_attrs.get("config") or {}).get("backend")) for t in clean_trials(study)]
+    points = [p for p in points if p[0] is not None]
+    if not points:
+        return None
+    fig, ax = _figure()
+    for backend in sorted({p[2] for p in points}):
+        mine = [p for p in points if p[2] == backend]
+        ax.scatter([max(p[0], 1e-9) for p in mine], [p[1] for p in mine], s=18, label=backend)
+    if spec.get("drift_metric", "relative_l2") == "relative_l2" and not spec.get("drift_relative"):
+        ax.axvline(spec.get("max_drift", 0.05), color="#c33", linestyle="--", label="drift bound")
+    ax.set_xscale("log")
+    ax.set_xlabel("drift from FP32 (relative L2; 1e-9 shown for exact)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.legend(fontsize=8)
+    return _svg(fig)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def build_report(study: optuna.study.Study) -> str:
+    spec = study.user_attrs.get("spec", {})
+    model = (spec.get("model") or {}).get("name", "?")
+    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
+    charts = [("Throughput against p99 latency: the Pareto front", pareto_chart(study)),
+              ("Parameter importances", importance_chart(study)),
+              ("Speedup by backend and precision", speedup_chart(study)),
+              ("Drift against speed", drift_chart(study))]
+    figures = "".join(f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg)
+    missing = [title for title, svg in charts if not svg]
+    leaders = leaderboard_rows(study, 10)
+    fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    leader_rows = [[r["rank"], r["trial"], r["config"], fmt(r["throughput_sps"]), fmt(r["p50_ms"]), fmt(r["p99_ms"]),
+                    "-" if r["drift"] is None else f"{r['drift']:.2e}", "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"] for r in leaders]
+    outcomes = [[state, count, cause] for state, counter in outcome_groups(study).items() for cause, count in counter.most_common()]
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>autotune report: {html.escape(study.study_name)}</title>
+<style>{STYLE}</style></head><body>
+<h1>autotune report: study {html.escape(study.study_name)}</h1>
+<p>model <b>{html.escape(str(model))}</b> on {html.escape(str(hardware.get('cpu_model', '?')))}, {hardware.get('physical_cores', '?')} physical cores;
+objective {html.escape(str(spec.get('objective', 'throughput')))}; {html.escape(study_summary(study))}.
+<span class="note">Generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.</span></p>
+<h2>Charts</h2><div class="charts">{figures}</div>
+{f'<p class="note">Not drawn (not enough completed trials): {html.escape(", ".join(missing))}.</p>' if missing else ''}
+<h2>Leaderboard</h2>{_table(["#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"], leader_rows) if leader_rows else '<p>No completed trial.</p>'}
+<h2>Failed and pruned trials, by cause</h2>{_table(["state", "trials", "cause"], outcomes) if outcomes else '<p>None.</p>'}
+</body></html>
+"""
+
+
+def write_report(study: optuna.study.Study, path: Path) -> Path:
+    from autotune.common.files import write_text_atomic
+
+    return write_text_atomic(path, build_report(study))

@@ -1,0 +1,134 @@
+"""Which trials may win and which one does: the study's baseline, its clean trials in order, its
+direction, and the finalist round's decision rule (a win must exceed the noise; ties go to the
+simpler configuration). Shared by the search (pruners, finalists) and everything that reads a study.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import optuna
+
+
+def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+    """The completed eager fp32 baseline trial, if the study has one."""
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if trial.user_attrs.get("baseline"):
+            return trial
+    return None
+
+
+def relative_noise(trial: optuna.trial.FrozenTrial) -> float:
+    """Relative half-width of a completed trial's throughput (or median latency) confidence interval."""
+    measurement = trial.user_attrs.get("measurement") or {}
+    value = measurement.get("throughput_ci_rel")
+    return float(value) if value is not None and math.isfinite(value) else 0.0
+
+
+def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
+    """A completed measurement that no noise check flagged (trials from before the checks count as valid)."""
+    return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True) is not False
+
+
+def maximizes(study: optuna.study.Study) -> bool:
+    """Whether the primary value grows with goodness: throughput, and a Pareto study's first objective."""
+    return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+
+
+def primary_value(trial: optuna.trial.FrozenTrial) -> float:
+    """The trial's value; for a Pareto study (throughput, p99) its throughput."""
+    return trial.values[0]
+
+
+def clean_trials(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
+    """COMPLETE trials no noise check flagged, best first in the study's direction (a Pareto study:
+    by throughput): the only ones that may win, set the speed pruner's bar or become finalists."""
+    clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+    return sorted(clean, key=primary_value, reverse=maximizes(study))
+
+
+BACKEND_COMPLEXITY = {"eager": 0, "inductor": 1, "onnxruntime": 2, "openvino": 3, "torchao": 4}
+
+
+PRECISION_COMPLEXITY = {"fp32": 0, "bf16": 1, "int8": 2}
+
+
+MIN_TIE_NOISE = 0.01  # never call a gap under 1% a win
+
+
+def complexity(config: dict[str, Any]) -> tuple:
+    """Fewer moving parts first: eager < inductor < ONNX Runtime < OpenVINO < torchao; fp32 < bf16 <
+    int8; one instance; the system allocator; then the smaller batch (lower latency)."""
+    return (
+        BACKEND_COMPLEXITY.get(config["backend"], len(BACKEND_COMPLEXITY)),
+        PRECISION_COMPLEXITY.get(config["precision"], len(PRECISION_COMPLEXITY)),
+        config["instances"],
+        config["allocator"] != "glibc",
+        config["batch_size"],
+    )
+
+
+def summarize_runs(values: list[float], ci_rels: list[float]) -> dict[str, Any]:
+    """Median, range and relative noise of one candidate's repeated measurements."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "spread_rel": None, "noise_rel": None, "runs": 0}
+    median = statistics.median(values)
+    spread = (max(values) - min(values)) / 2 / median if median else None
+    noise = max([spread or 0.0, statistics.median(ci_rels) if ci_rels else 0.0, MIN_TIE_NOISE])
+    return {"median": median, "min": min(values), "max": max(values), "spread_rel": spread, "noise_rel": noise, "runs": len(values)}
+
+
+def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int, str]:
+    """Index of the winning candidate and why.
+
+    Each candidate has `config` and `summary` (from summarize_runs). Candidates whose median is within
+    the noise of the best median tie with it, unless (3+ runs each) every run of the best beat every run
+    of theirs; among the tied the simplest config wins.
+    """
+    measured = [i for i, c in enumerate(candidates) if c["summary"]["median"] is not None]
+    if not measured:
+        raise ValueError("no candidate has a clean finalist measurement")
+    ordered = sorted(measured, key=lambda i: candidates[i]["summary"]["median"], reverse=maximize)
+    top = candidates[ordered[0]]["summary"]
+    if len(ordered) == 1:
+        return ordered[0], "only one candidate has clean measurements"
+
+    def gap(i: int) -> float:
+        other = candidates[i]["summary"]["median"]
+        return abs(top["median"] - other) / min(top["median"], other)
+
+    def noise(i: int) -> float:
+        return max(top["noise_rel"], candidates[i]["summary"]["noise_rel"])
+
+    def separated(i: int) -> bool:
+        """With 3+ runs each, every run of the best beats every run of the other."""
+        other = candidates[i]["summary"]
+        if min(top["runs"], other["runs"]) < 3:
+            return False
+        return top["min"] > other["max"] if maximize else top["max"] < other["min"]
+
+    tied = [ordered[0], *(i for i in ordered[1:] if gap(i) <= noise(i) and not separated(i))]
+    runner_up = ordered[1]
+    if len(tied) == 1:
+        return ordered[0], (f"beats the runner-up by {gap(runner_up):.1%}, more than the noise ({noise(runner_up):.1%})")
+    simplest = min(tied, key=lambda i: complexity(candidates[i]["config"]))
+    others = ", ".join(f"#{candidates[i]['trial']} ({gap(i):.1%} from the best, noise {noise(i):.1%})" for i in tied if i != ordered[0])
+    if simplest == ordered[0]:
+        return simplest, f"fastest, and the simplest of the configs within the noise of it: {others}"
+    return simplest, f"tie within the noise with the fastest (#{candidates[ordered[0]]['trial']}): the simpler config wins; tied: {others}"
+
+
+def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
+    """Summarize each entry's clean runs and pick the winner; export re-decides from the stored runs."""
+    for entry in record["candidates"]:
+        clean = [r for r in entry["runs"] if r.get("valid")]
+        entry["summary"] = summarize_runs([r["value"] for r in clean], [r["ci_rel"] for r in clean if r.get("ci_rel") is not None])
+    contenders = [e for e in record["candidates"] if e["candidate"]]
+    try:
+        index, reason = select_winner(contenders, maximize)
+        record.update(winner_trial=contenders[index]["trial"], selection=reason)
+    except ValueError as exc:
+        record.update(winner_trial=None, selection=str(exc))
+    return record

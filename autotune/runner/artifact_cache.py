@@ -1,0 +1,113 @@
+"""The artifact cache: exported, converted and quantized models, built once and shared across studies.
+
+An artifact is keyed by everything that changes its bytes: the model and a digest of its weights, the
+input shape, the backend, what the backend says changes the artifact (precision, some options), the
+calibration data, and the library versions. It lives under <studies>/.cache/artifacts/<name>-<key>/ and
+is complete once its meta.json exists (written last, atomically). A lock file serialises builders.
+Each use touches its `last-used` file; past the cache's size cap the least recently used are evicted.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from autotune.backends import backend_module
+from autotune.records.config import TrialConfig
+from autotune.common.files import read_json
+from autotune.machine.fingerprint import package_versions
+from autotune.model.sources import ModelSource
+
+META_FILE = "meta.json"
+LAST_USED = "last-used"
+VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao",
+                      "intel-extension-for-pytorch")
+
+
+def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str, Any],
+                 runtime_packages: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator).
+    `runtime_packages`: the versions in the runtime that builds it (default: this process's)."""
+    return {
+        "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256,
+                  **({"inputs": model.inputs} if model.inputs else {})},
+        "backend": config.backend,
+        "builder_version": backend_module(config.backend).ARTIFACT_VERSION,
+        "identity": backend_module(config.backend).artifact_identity(config),
+        # the data's digest, not its path; synthetic calibration keeps its old key so caches stay valid
+        "calibration": {k: v for k, v in calibration.items() if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))},
+        "versions": ({k: v for k, v in runtime_packages.items() if k in VERSIONED_PACKAGES} if runtime_packages is not None
+                     else package_versions(VERSIONED_PACKAGES)),
+    }
+
+
+def artifact_dir(cache_root: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    label = "-".join([key["backend"], *(str(v) for v in key["identity"].values())]).replace("/", "_")
+    return cache_root / "artifacts" / f"{label}-{digest}"
+
+
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    """The artifact's metadata when it is complete and readable; None means build it (again)."""
+    try:
+        meta = read_json(directory / META_FILE)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and "prepare_s" in meta else None
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Exclusive lock for building one artifact (other workers of a study wait, then reuse it)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def mark_used(directory: Path) -> None:
+    """Record a use: its mtime orders the cache for eviction."""
+    (directory / LAST_USED).touch()
+
+
+def _size_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def evict_least_recently_used(cache_root: Path, cap_mib: float, keep: Path) -> list[str]:
+    """Delete complete artifacts, least recently used first, until the cache fits `cap_mib`; never `keep`
+    (the one in use) nor one whose lock another process holds (being built or checked). Returns the names."""
+    root = cache_root / "artifacts"
+    entries = []
+    for directory in root.iterdir() if root.is_dir() else ():
+        if directory.is_dir() and (directory / META_FILE).exists():
+            stamp = directory / LAST_USED if (directory / LAST_USED).exists() else directory / META_FILE
+            entries.append((stamp.stat().st_mtime, directory, _size_bytes(directory)))
+    total = sum(size for _, _, size in entries)
+    evicted: list[str] = []
+    for _, directory, size in sorted(entries, key=lambda e: e[0]):
+        if total <= cap_mib * 2**20:
+            break
+        if directory.resolve() == keep.resolve():
+            continue
+        with open(directory.with_suffix(".lock"), "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            try:
+                (directory / META_FILE).unlink()  # incomplete from here on: never read half-deleted
+                shutil.rmtree(directory, ignore_errors=True)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        total -= size
+        evicted.append(directory.name)
+    return evicted

@@ -1,0 +1,364 @@
+"""Run one configuration: write each instance's job, launch them pinned, aggregate their results.
+
+This is the bridge between a TrialConfig and the processes that measure it; it knows nothing about
+Optuna (the study passes an `on_stage` hook: drift and speed pruning at the barriers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from autotune.runner.artifact_cache import META_FILE, artifact_dir, artifact_key, build_lock, evict_least_recently_used, mark_used, read_meta
+from autotune.backends import BACKENDS
+from autotune.model.dataset import DataSource
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
+from autotune.common.errors import TrialFailed
+from autotune.common.files import read_json, write_json_atomic
+from autotune.runner.launch import InstanceLaunch, run_instances
+from autotune.measure.stopwatch import MeasureSettings, common_window_throughput, latency_summary, straggler_ratio
+from autotune.model.sources import ModelSource
+from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
+from autotune.machine.probe import MachineProbe
+from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
+
+WORKER_MODULE = "autotune.worker"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The FP32 eager outputs every trial is compared with, and the weights every trial loads."""
+
+    outputs_path: Path
+    model: ModelSource  # with weights_path and weights_sha256 set: random inits are saved once and shared
+    # What int8 artifacts are calibrated on (part of their cache key) and what drift is measured on.
+    calibration: dict[str, Any] = field(default_factory=lambda: {"data": "synthetic", "samples": 64})
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What every trial of a study shares: the machine, the reference, how to measure, where caches live."""
+
+    machine: MachineProbe
+    reference: Reference
+    measure: MeasureSettings
+    cache_dir: Path  # shared by the studies under one studies folder
+    calibration_samples: int = 64
+    noise_limits: NoiseLimits = NoiseLimits()
+    noisy_retries: int = 1  # a contaminated measurement is repeated this many times before it is flagged
+    runtimes: dict[str, Runtime] | None = None  # None: discovered when first needed (main and .venv-ipex)
+    memory_limit_mib: float | None = None  # all processes of a trial together (artifact builds too)
+    cache_size_mib: float | None = None  # the artifact cache's cap: least recently used evicted past it
+
+    def runtime(self, name: str) -> Runtime:
+        """The runtime a config names; one the context does not know is a failed trial, not a crash."""
+        if self.runtimes is None:
+            object.__setattr__(self, "runtimes", discover_runtimes())
+        try:
+            return self.runtimes[name]
+        except KeyError:
+            raise TrialFailed(f"runtime {name!r} is not known here (known: {', '.join(self.runtimes)}); "
+                              "pass it again with --runtime PATH") from None
+
+
+def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
+    return [python, "-m", WORKER_MODULE, str(job_path)]
+
+
+def replay_argv(best_path: Path, instance: int, python: str = sys.executable) -> list[str]:
+    """The worker command that re-runs an exported winner's instance from best.json alone."""
+    return [python, "-m", WORKER_MODULE, "--best", str(best_path), "--instance", str(instance)]
+
+
+def backend_env(config: TrialConfig, cache_dir: Path) -> dict[str, str]:
+    """Environment a backend needs beyond threads and allocator: compile caches shared by trials, and
+    what makes OpenVINO's threading library live with a preloaded allocator."""
+    if config.backend in ("inductor", "torchao"):
+        return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")}
+    if config.backend == "openvino" and config.allocator != "glibc":
+        # oneTBB dlopens libtbbbind with RTLD_DEEPBIND, so hwloc frees with glibc what the preloaded
+        # allocator handed out and compile_model aborts (oneTBB #1645); this setting drops DEEPBIND.
+        return {"TBB_ENABLE_SANITIZERS": "1"}
+    return {}
+
+
+def plan_instances(
+    config: TrialConfig,
+    machine: MachineProbe,
+    trial_dir: Path,
+    job: dict[str, Any],
+    cache_dir: Path,
+    runtime: Runtime,
+) -> list[InstanceLaunch]:
+    """Write one job file per instance and describe how to start it (pinned, with its env, in its runtime)."""
+    try:
+        set_env = {**config.to_env(machine, runtime.openmp), **backend_env(config, cache_dir)}
+    except ValueError as exc:
+        raise TrialFailed(str(exc)) from None
+    base_env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **set_env})
+    launches = []
+    for i, cpus in enumerate(config.instance_cpus(machine)):
+        job_path = trial_dir / f"job-{i}.json"
+        write_json_atomic(
+            job_path,
+            {**job, "instance": i, "instances": config.instances, "result_path": str(trial_dir / f"result-{i}.json"),
+             "stamps_path": str(trial_dir / f"stamps-{i}.npy")},
+        )
+        launches.append(
+            InstanceLaunch(
+                argv=[*pin_prefix(cpus, machine), *worker_argv(job_path, runtime.python)],
+                env=base_env,
+                set_env=set_env,
+                result_path=trial_dir / f"result-{i}.json",
+                stdout_path=trial_dir / f"stdout-{i}.log",
+                stderr_path=trial_dir / f"stderr-{i}.log",
+            )
+        )
+    return launches
+
+
+def aggregate(config: TrialConfig, results: list[dict[str, Any]], settings: MeasureSettings) -> dict[str, Any]:
+    """One measurement's numbers from its instances: throughput over the window all of them shared,
+    each with how it was obtained (samples, duration, confidence interval of the median)."""
+    stamps = [np.load(r["stamps_path"]) for r in results]
+    window = common_window_throughput(stamps, results[0]["samples_per_call"], settings.ci_confidence)
+    if not window["valid"]:
+        raise TrialFailed("the instances' measurement windows did not overlap: no common throughput")
+    latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
+    return {
+        "throughput_sps": window["throughput_sps"],
+        "throughput_ci_sps": window["ci_sps"],
+        "latency_ms": latency_summary(latencies, settings.ci_confidence),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+        "peak_rss_mib_total": sum(r["peak_rss_mib"] for r in results),
+        "load_s": max(r["load_s"] for r in results),
+        "first_call_s": max(r["first_call_s"] for r in results),
+        "pids": [r["pid"] for r in results],
+        "drift": results[0].get("drift"),
+        "torch_version": results[0]["torch"],
+        "backend_details": results[0].get("backend_details"),
+        "instances": [
+            {**{k: r.get(k) for k in ("pid", "cpus", "allocator", "threads", "openmp", "throughput_sps", "iterations", "window_s", "warmup_iters",
+                                      "warmup_s")},
+             "common_window_sps": share, "latency_ms": r["latency_ms"], "noise": r.get("noise")}
+            for r, share in zip(results, window["per_instance_sps"])
+        ],
+        "measurement": {
+            "common_window_s": window["window_s"],
+            "calls": int(sum(len(s) for s in stamps)),
+            "samples": int(sum(len(s) for s in stamps)) * results[0]["samples_per_call"],
+            "throughput_ci_rel": window["ci_rel"],
+            "ci_confidence": settings.ci_confidence,
+            "ci_target_rel": settings.ci_target_rel,
+            "ci_target_met": window["ci_rel"] is not None and window["ci_rel"] <= settings.ci_target_rel,
+            "straggler_ratio": straggler_ratio(window["per_instance_sps"]),
+            "samples_per_call": results[0]["samples_per_call"],
+            "warmup": {"iters": min(r["warmup_iters"] for r in results), "s": min(r["warmup_s"] for r in results)},
+            "clock": "time.monotonic per call, input in, output out",
+            "stamps": [r["stamps_path"] for r in results],
+        },
+    }
+
+
+def judge_noise(metrics: dict[str, Any], machine_before: dict[str, float], machine_after: dict[str, float],
+                allowed_cpus: int, limits: NoiseLimits) -> list[str]:
+    """Record the interference signals on the metrics and return why the measurement is noisy, if it is."""
+    instances = [{"signals": inst["noise"], "latency": inst["latency_ms"]} for inst in metrics["instances"]]
+    flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits)
+    metrics["measurement"]["machine"] = {"before": machine_before, "after": machine_after}
+    metrics["measurement"]["noise_flags"] = flags
+    return flags
+
+
+def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> dict[str, Any]:
+    """What every instance's job holds in common (best.json keeps it to replay the winner)."""
+    return {
+        "task": "trial",
+        "model": ctx.reference.model.to_dict(),
+        "config": config.to_dict(),
+        "measure": ctx.measure.to_dict(),
+        "reference_path": str(ctx.reference.outputs_path),
+        "workdir": str(ctx.cache_dir),
+        "artifact_dir": artifact["dir"] if artifact else None,
+        "calibration_samples": ctx.calibration_samples,
+        "calibration": ctx.reference.calibration,
+    }
+
+
+def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
+    """The backend's artifact, from the cache or built in its own process; says which happened, and
+    which least recently used artifacts were evicted to keep the cache under its cap."""
+    artifact = _cached_or_built_artifact(config, ctx, work_dir, timeout_s)
+    if artifact is not None:
+        directory = Path(artifact["dir"])
+        mark_used(directory)
+        if ctx.cache_size_mib is not None:
+            artifact["evicted"] = evict_least_recently_used(ctx.cache_dir, ctx.cache_size_mib, keep=directory)
+    return artifact
+
+
+def _cached_or_built_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
+    if not BACKENDS[config.backend].builds_artifact(config.precision):
+        return None
+    runtime = ctx.runtime(config.runtime)
+    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration, runtime.packages)
+    directory = artifact_dir(ctx.cache_dir, key)
+    with build_lock(directory):
+        meta = read_meta(directory)
+        if meta is not None:
+            return {"dir": str(directory), "cached": True, "prepare_s": 0.0, "built_in_s": meta["prepare_s"], "details": meta["details"]}
+        building = directory.with_name(directory.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)  # an unreadable or incomplete one
+        work_dir.mkdir(parents=True, exist_ok=True)
+        job_path = work_dir / "prepare-job.json"
+        write_json_atomic(job_path, {"task": "prepare", "model": ctx.reference.model.to_dict(), "config": config.to_dict(),
+                                     "artifact_dir": str(building), "calibration_samples": ctx.calibration_samples,
+                                     "reference_path": str(ctx.reference.outputs_path),
+                                     "calibration_description": ctx.reference.calibration["data"],
+                                     "result_path": str(work_dir / "prepare-result.json")})
+        launch = InstanceLaunch(
+            argv=worker_argv(job_path, runtime.python), env=runtime_env(runtime, clean_environment(dict(os.environ))), set_env={},
+            result_path=work_dir / "prepare-result.json",
+            stdout_path=work_dir / "prepare-stdout.log", stderr_path=work_dir / "prepare-stderr.log",
+        )
+        try:
+            result = run_instances([launch], timeout_s, memory_limit_mib=ctx.memory_limit_mib)[0]
+        except TrialFailed as exc:
+            shutil.rmtree(building, ignore_errors=True)
+            raise TrialFailed(f"preparing the {config.backend} artifact failed: {exc.cause}", exc.stderr_tail) from exc
+        except BaseException:  # Ctrl-C: leave no half-built folder behind
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        write_json_atomic(building / META_FILE, {"key": key, "prepare_s": result["prepare_s"], "details": result["details"],
+                                                 "calibration": result["calibration"]})
+        os.rename(building, directory)
+        return {"dir": str(directory), "cached": False, "prepare_s": result["prepare_s"], "details": result["details"]}
+
+
+def run_config(
+    config: TrialConfig,
+    ctx: TrialContext,
+    trial_dir: Path,
+    timeout_s: float,
+    on_stage: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    screen: bool = False,
+    known_drift: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[InstanceLaunch], dict[str, Any]]:
+    """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
+
+    A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
+    `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).
+    Returns the metrics, the launches (for the record) and the job template that replays it.
+    """
+    if trial_dir.exists():
+        shutil.rmtree(trial_dir)
+    trial_dir.mkdir(parents=True)
+    started = time.monotonic()
+    artifact = ensure_artifact(config, ctx, trial_dir, timeout_s)
+    template = job_template(config, ctx, artifact)
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(ctx.noisy_retries + 1):
+        attempt_dir = trial_dir if attempt == 0 else trial_dir / f"retry-{attempt}"
+        barrier = attempt_dir / "barrier"
+        barrier.mkdir(parents=True)
+        first = attempt == 0
+        job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s, "screen": screen and first,
+               "measure_drift": known_drift is None and first}
+        launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
+        stages = ("ready", "screened") if job["screen"] else ("ready",)
+        before = machine_snapshot()
+        remaining = timeout_s - (time.monotonic() - started)
+        if remaining <= 0:
+            if not attempts:
+                raise TrialFailed(f"timed out after {timeout_s:.0f}s while preparing")
+            break  # keep the attempts made; the last one stays flagged
+        results = run_instances(launches, remaining, barrier_dir=barrier, on_stage=on_stage if first else None, stages=stages,
+                                memory_limit_mib=ctx.memory_limit_mib)
+        metrics = aggregate(config, results, ctx.measure)
+        flags = judge_noise(metrics, before, machine_snapshot(), len(ctx.machine.allowed_cpus), ctx.noise_limits)
+        metrics["screening"] = _screening_summary(results)
+        attempts.append(metrics)
+        if not flags:
+            break
+    metrics = attempts[-1]
+    metrics["drift"] = known_drift or attempts[0]["drift"]  # measured once: by the first attempt, or reused
+    metrics["valid"] = not metrics["measurement"]["noise_flags"]
+    metrics["measurement"]["attempts"] = [
+        {"throughput_sps": m["throughput_sps"], "noise_flags": m["measurement"]["noise_flags"]} for m in attempts
+    ]
+    metrics["runtime"] = ctx.runtime(config.runtime).record()
+    metrics["prepare_s"] = artifact["prepare_s"] if artifact else 0.0
+    metrics["artifact"] = artifact
+    return metrics, launches, template
+
+
+def _screening_summary(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    screens = [r.get("screening") for r in results]
+    if not all(screens):
+        return None
+    return screening_value(screens)
+
+
+def screening_value(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """The screening measurement of a trial: instances screened together, throughputs add up."""
+    cis = [p["latency_ms"]["p50_ci_rel"] for p in payloads]
+    return {
+        "throughput_sps": sum(p["throughput_sps"] for p in payloads),
+        "p50_ms": max(p["latency_ms"]["p50"] or 0.0 for p in payloads),
+        "ci_rel": None if any(c is None for c in cis) else max(cis),
+        "calls": sum(p["latency_ms"]["samples"] for p in payloads),
+    }
+
+
+def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float, data: DataSource = DataSource(),
+                      calibration_data: DataSource | None = None, calibration_samples: int = 64) -> Reference:
+    """FP32 eager outputs on the evaluation set, computed once per study in a fresh process, which also
+    draws the calibration set (disjoint from evaluation) and saves it beside them.
+
+    Reused only when it was computed for the same model, weights, data and set sizes.
+    """
+    ref_dir = study_dir / "reference"
+    outputs_path = (ref_dir / "reference.pt").resolve()
+    weights_path = (ref_dir / "weights.pt").resolve()
+    sources = {"data": data.to_dict(), "calibration_data": calibration_data.to_dict() if calibration_data else None}
+    wanted = {"model": model.to_dict(), "eval_samples": eval_samples, "calibration_samples": calibration_samples, **sources}
+    try:
+        fresh = read_json(ref_dir / "meta.json")["wanted"] == wanted and outputs_path.exists()
+    except (OSError, ValueError, KeyError, TypeError):
+        fresh = False
+    if not fresh:
+        ref_dir.mkdir(parents=True, exist_ok=True)
+        job_path = ref_dir / "job.json"
+        write_json_atomic(
+            job_path,
+            {"task": "reference", "model": model.to_dict(), "eval_samples": eval_samples, "workdir": str(study_dir),
+             "calibration_samples": calibration_samples, **sources,
+             "reference_path": str(outputs_path), "result_path": str((ref_dir / "result.json").resolve()),
+             "weights_out": None if model.has_own_weights else str(weights_path)},
+        )
+        launch = InstanceLaunch(
+            argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={},
+            result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
+        )
+        result = run_instances([launch], timeout_s)[0]
+        write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})
+    result = read_json(ref_dir / "meta.json")["result"]
+    calibration_source = calibration_data or data
+    if calibration_source.kind == "synthetic":
+        calibration = {"data": "synthetic", "samples": calibration_samples}
+    else:
+        calibration = {"data": calibration_source.describe(), "digest": calibration_source.digest, "samples": result["calibration_samples"],
+                       "after_eval": None if calibration_data is not None else result["eval_samples"]}  # where the split starts
+    evaluation = {"data": data.describe(), "samples": result["eval_samples"], "labels": result["labels"],
+                  "reference_accuracy": result["reference_accuracy"], "synthetic": data.kind == "synthetic"}
+    shared = model if model.has_own_weights else model.with_weights(str(weights_path))
+    return Reference(outputs_path, shared, calibration, evaluation)

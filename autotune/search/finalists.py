@@ -1,0 +1,110 @@
+"""The end of a search: the top few configs re-measured in fresh processes, interleaved, several times.
+
+One lucky measurement must not pick the winner. Candidates (and the eager baseline, for an interleaved
+speedup) run round-robin A B C A B C ... so a slow drift of a shared machine hits all alike. The winner
+must beat the runner-up by more than the noise; otherwise the simpler config wins the tie.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+
+from autotune.records.config import TrialConfig
+from autotune.common.errors import TrialFailed
+from autotune.results.selection import clean_trials, maximizes, decide
+from autotune.runner.trials import TrialContext, run_config
+
+
+
+
+
+def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
+    """The best `count` clean trials with distinct configs, best first."""
+    picked, seen = [], set()
+    for trial in clean_trials(study):
+        key = trial.user_attrs.get("config_summary") or str(trial.params)
+        if key not in seen:
+            seen.add(key)
+            picked.append(trial)
+        if len(picked) == count:
+            break
+    return picked
+
+
+
+
+
+
+def run_finalists(
+    study: optuna.study.Study,
+    ctx: TrialContext,
+    work_dir: Path,
+    count: int,
+    repeats: int,
+    deadline: float,
+    timeout_s: float,
+    objective_value: Callable[[dict[str, Any]], float],
+    baseline: optuna.trial.FrozenTrial | None,
+    log: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """Re-measure the top candidates (and the baseline) round-robin; store and return the record."""
+    maximize = maximizes(study)
+    picked = pick_candidates(study, count)
+    if not picked:
+        return None
+    base_number = baseline.number if baseline is not None else None
+    entries = [{"trial": t.number, "config": t.user_attrs["config"], "search_value": t.value, "runs": [],
+                "candidate": True, "baseline": t.number == base_number} for t in picked]
+    if baseline is not None and base_number not in {t.number for t in picked}:
+        entries.append({"trial": base_number, "config": baseline.user_attrs["config"], "search_value": baseline.value,
+                        "runs": [], "candidate": False, "baseline": True})
+    typical = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
+    # Drift depends on numerics only: the search already measured it for every entry.
+    known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
+    started = time.monotonic()
+    log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
+    schedule = [(round_index, entry) for round_index in range(repeats) for entry in entries]  # A B C A B C ...
+    for round_index, entry in schedule:
+        if deadline - time.monotonic() < typical[entry["trial"]]:
+            log("finalists: budget reached; deciding on the runs made so far")
+            break
+        run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
+        try:
+            metrics, _, _ = run_config(TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s, known_drift=known_drift[entry["trial"]])
+        except TrialFailed as exc:
+            entry["runs"].append({"failed": exc.cause})
+            log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
+            continue
+        value = objective_value(metrics)
+        entry["runs"].append({"value": value, "valid": metrics["valid"], "ci_rel": metrics["measurement"]["throughput_ci_rel"],
+                              "noise_flags": metrics["measurement"]["noise_flags"], "drift": metrics["drift"],
+                              "calls": metrics["measurement"]["calls"], "window_s": metrics["measurement"]["common_window_s"]})
+        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{'' if metrics['valid'] else ' (noisy: ' + '; '.join(metrics['measurement']['noise_flags']) + ')'}")
+    record: dict[str, Any] = {
+        "repeats": repeats, "seconds": time.monotonic() - started, "candidates": entries,
+        "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
+        "order": "round-robin over the candidates and the baseline, fresh processes per run",
+        "host": socket.gethostname(),  # in a fleet, the worker whose round this is (the last to finish)
+    }
+    decide(record, maximize)
+    study.set_user_attr("finalists", record)
+    return record
+
+
+
+
+def _search_drift(study: optuna.study.Study, number: int) -> dict[str, Any] | None:
+    drift = study.trials[number].user_attrs.get("drift")
+    return None if not drift else {**drift, "reused_from": drift.get("reused_from", number)}
+
+
+def _trial_seconds(study: optuna.study.Study, number: int) -> float:
+    trial = study.trials[number]
+    if trial.datetime_start and trial.datetime_complete:
+        return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - (trial.user_attrs.get("prepare_s") or 0.0))
+    return 30.0

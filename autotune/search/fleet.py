@@ -1,0 +1,127 @@
+"""Several autotune processes on one study: who runs what where, and the trials of one that died.
+
+Optuna's heartbeat tells that a trial's process stopped; this module adds what a user needs to act on
+it: the cause on the failed trial (which host and pid went silent), a retry of the same configuration
+picked up by whichever worker asks next, and a refusal to let two processes time trials on the same
+cores of one host, which would corrupt both measurements.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable
+
+import optuna
+import psutil
+
+from autotune.common.errors import UserError
+from autotune.machine.probe import format_cpu_ranges
+
+MAX_RETRIES = 2  # a configuration whose worker died twice in a row is not tried a third time
+KEPT_ON_RETRY = ("baseline", "coverage")  # why the trial was enqueued: the retry plays the same role
+WORKER_KEY = "worker:"
+
+
+def orchestrator_record() -> dict[str, Any]:
+    """Who runs a trial: host, pid, the process's start time (a pid can be reused) and its CPUs."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time(),
+            "cpus": sorted(os.sched_getaffinity(0))}
+
+
+def is_alive(record: dict[str, Any]) -> bool:
+    """Whether the process a record names still runs (on this host)."""
+    try:
+        return abs(psutil.Process(record["pid"]).create_time() - record["started"]) < 1.0
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Enqueue the configuration of a trial whose worker died, for whichever worker asks next.
+
+    Optuna's RetryFailedTrialCallback would copy every user attribute, the dead trial's cause and
+    config included; the retry carries only why it was enqueued and which trial it repeats."""
+    retries = int(trial.user_attrs.get("retries", 0))
+    params = trial.params or trial.system_attrs.get("fixed_params")  # an enqueued trial that died before suggesting
+    if not params or retries >= MAX_RETRIES:
+        return
+    kept = {key: trial.user_attrs[key] for key in KEPT_ON_RETRY if key in trial.user_attrs}
+    study.enqueue_trial(params, user_attrs={**kept, "retry_of": trial.number, "retries": retries + 1})
+
+
+def _stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> set[int]:
+    """RUNNING trials whose heartbeat is older than the grace period (Optuna's own test, which it
+    keeps private; without it, Optuna still fails them, only without the cause)."""
+    find = getattr(storage, "_get_stale_trial_ids", None)
+    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+    return set(find(study_id)) if find is not None and interval is not None else set()
+
+
+def _grace_period(storage: optuna.storages.BaseStorage) -> Any:
+    """The storage's grace period; a study holds Optuna's cache in front of the RDBStorage."""
+    return getattr(getattr(storage, "_backend", storage), "grace_period", None)
+
+
+def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None], dead_pids: bool = True) -> list[int]:
+    """Fail the trials left RUNNING by a process that died, with the cause, and queue each again.
+
+    A worker anywhere is found dead by its stale heartbeat; with `dead_pids` (when a run starts: a
+    crashed run being resumed) one of this host also by its pid being gone, without waiting."""
+    storage = study._storage
+    study_id = study._study_id
+    host = socket.gethostname()
+    stale = _stale_trial_ids(storage, study_id)
+    grace = _grace_period(storage)
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("orchestrator") or {}
+        where = f"host {owner.get('host', '?')}, pid {owner.get('pid', '?')}"
+        if dead_pids and owner.get("host") == host and owner.get("pid") != os.getpid() and not is_alive(owner):
+            cause = f"the autotune process running it ({where}) died"
+        elif trial._trial_id in stale:
+            cause = f"its worker ({where}) sent no heartbeat for over {grace}s: it died or lost the database"
+        else:
+            continue
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "fail_cause", cause)
+            if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first
+        failed.append(trial.number)
+        retry_abandoned_trial(study, storage.get_trial(trial._trial_id))
+        say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
+    return failed
+
+
+class AbandonedTrialsCheck:
+    """Optuna callback: after every trial, look for trials of workers whose heartbeat stopped (before
+    Optuna's own check, at the next trial's start, fails them without saying why)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
+        fail_abandoned_trials(study, self.say, dead_pids=False)
+
+
+def register_worker(study: optuna.study.Study) -> dict[str, Any]:
+    """Record this process as a worker of the study, and refuse to start beside an earlier live worker
+    of the same host whose CPUs overlap ours: trials timed on shared cores corrupt each other."""
+    me = orchestrator_record()
+    storage = study._storage
+    storage.set_study_system_attr(study._study_id, f"{WORKER_KEY}{me['host']}:{me['pid']}", me)
+    for key, other in storage.get_study_system_attrs(study._study_id).items():
+        if not key.startswith(WORKER_KEY) or other.get("host") != me["host"] or other.get("pid") == me["pid"]:
+            continue
+        earlier = (other.get("started", 0), other.get("pid", 0)) < (me["started"], me["pid"])
+        shared = sorted(set(other.get("cpus") or ()) & set(me["cpus"]))
+        if earlier and shared and is_alive(other):
+            raise UserError(
+                f"another autotune process (pid {other['pid']}) is timing trials of study {study.study_name!r} on this host "
+                f"on CPUs {format_cpu_ranges(other['cpus'])}, which overlap this one's ({format_cpu_ranges(me['cpus'])}): "
+                "parallel timing on shared cores corrupts both; pin each to its own cores (e.g. 'taskset -c 0-7 autotune worker ...' "
+                "and 'taskset -c 8-15 autotune worker ...') or wait for it to finish")
+    return me
+

@@ -1,0 +1,83 @@
+"""Pruning policies, behind Optuna's pruner interface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.pruners import BasePruner
+
+from autotune.measure.drift import DriftCriterion
+from autotune.results.selection import clean_trials, maximizes, relative_noise
+
+
+class DriftPruner(BasePruner):
+    """Prune a trial whose outputs drift from the FP32 reference beyond the user's criterion.
+
+    The worker reports drift (user attribute `drift`) before any timing starts, and a trial whose
+    numerics were already measured gets that record before it launches, so a pruned trial costs its
+    preparation at most. Another pruner (e.g. one on speed) can be wrapped and is asked next.
+    """
+
+    def __init__(self, criterion: DriftCriterion, wrapped: BasePruner | None = None) -> None:
+        self.criterion = criterion
+        self.wrapped = wrapped
+
+    def drift_exceeded(self, trial: optuna.trial.FrozenTrial) -> bool:
+        return self.criterion.exceeded(trial.user_attrs.get("drift"))
+
+    def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if self.drift_exceeded(trial):
+            return True
+        return self.wrapped.prune(study, trial) if self.wrapped is not None else False
+
+
+
+
+
+
+
+
+
+
+
+
+class SpeedPruner(BasePruner):
+    """Prune a trial whose screening measurement (intermediate value at step 0) is clearly worse than
+    the best clean trial so far: worse by more than `min_margin`, or by more than `noise_factor` times
+    the two measurements' combined relative confidence half-widths, whichever is larger.
+
+    The screening value is what the study reports before the full window: samples/s when maximizing,
+    median ms per call when minimizing. The eager baseline is never pruned (speedups need it).
+    """
+
+    def __init__(self, min_margin: float = 0.15, noise_factor: float = 2.0, screening_step: int = 0) -> None:
+        self.min_margin = min_margin
+        self.noise_factor = noise_factor
+        self.screening_step = screening_step
+        self.unknown_noise = 0.33
+
+    def margin(self, screening_ci_rel: float | None, best_ci_rel: float) -> float:
+        # Too few screening calls for a confidence interval (slow configs): only a 3x gap counts.
+        noise = (screening_ci_rel if screening_ci_rel is not None else self.unknown_noise) + best_ci_rel
+        return max(self.min_margin, self.noise_factor * noise)
+
+    def verdict(self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None,
+                baseline: bool = False) -> dict[str, Any] | None:
+        """The comparison behind the decision (None when there is nothing to compare yet)."""
+        if value is None or baseline:
+            return None
+        maximize = maximizes(study)
+        clean = clean_trials(study)
+        if not clean:
+            return None
+        best = clean[0]
+        margin = self.margin(screening_ci_rel, relative_noise(best))
+        worse = value < best.value * (1 - margin) if maximize else value > best.value * (1 + margin)
+        return {"value": value, "best_trial": best.number, "best_value": best.value, "margin": margin, "prune": worse}
+
+    def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        screening = trial.user_attrs.get("screening") or {}
+        verdict = self.verdict(study, trial.intermediate_values.get(self.screening_step), screening.get("ci_rel"),
+                               bool(trial.user_attrs.get("baseline")))
+        return bool(verdict and verdict["prune"])

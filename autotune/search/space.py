@@ -1,0 +1,286 @@
+"""The search space: a YAML file plus what the machine probe found, turned into Optuna suggestions.
+
+Common dimensions are sampled for every trial; a backend's own dimensions (precision, memory format,
+its options) are sampled only when that backend is chosen, under names prefixed by the backend, so the
+sampler never sees options of other backends. Impossible combinations are never produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.backends import BACKENDS, backend_module
+from autotune.records.config import TrialConfig
+from autotune.common.errors import UserError
+from autotune.machine.probe import MachineProbe
+from autotune.machine.runtimes import Runtime, candidates, why_not
+
+TOP_LEVEL_KEYS = ("batch_size", "allocator", "instances", "threads_per_instance", "openmp", "kmp_affinity", "kmp_blocktime", "thp",
+                  "backends", "baseline")
+ALLOCATORS = ("glibc", "tcmalloc", "jemalloc")
+OPENMP = ("gnu", "intel")
+# PyTorch's Xeon launcher's Intel OpenMP settings: threads bound to cores in order, short spin-wait.
+DEFAULT_KMP_AFFINITY = "granularity=fine,compact,1,0"
+DEFAULT_KMP_BLOCKTIME = 1
+BASELINE_KEYS = ("batch_size",)
+
+
+def load_space_file(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"search space file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"search space file {str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"search space file {str(path)!r} must be a mapping of dimensions")
+    return data
+
+
+def _choices(name: str, value: Any, kind: type) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, kind) and not (kind is int and isinstance(v, bool)) for v in values):
+        raise UserError(f"search space: {name} must be a list of {kind.__name__} values, got {value!r}")
+    return list(dict.fromkeys(values))
+
+
+def _auto_instances(cores: int) -> list[int]:
+    counts, n = [], 1
+    while n <= cores:
+        counts.append(n)
+        n *= 2
+    return counts + ([cores] if counts[-1] != cores else [])
+
+
+class InfeasibleConfig(Exception):
+    """A sampled combination the machine cannot run (explicit thread lists only): never launched."""
+
+
+@dataclass(frozen=True)
+class ThreadPoolDims:
+    """PyTorch's thread pool and allocations, sampled for torch backends only: OpenMP runtime (with
+    Intel OpenMP's affinity and block time) and transparent huge pages for PyTorch's allocations."""
+
+    openmp: list[str]
+    kmp_affinity: list[str]
+    kmp_blocktime: list[int]
+    thp: list[bool]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime], notes: list[str]) -> "ThreadPoolDims":
+        openmp = _choices("openmp", data.get("openmp", ["gnu"]), str)
+        for name in openmp:
+            if name not in OPENMP:
+                raise UserError(f"search space: unknown openmp {name!r}; choose from {', '.join(OPENMP)}")
+        if "intel" in openmp and not any("intel" in r.openmp for r in runtimes.values()):
+            notes.append("Intel OpenMP (libiomp5.so from the intel-openmp wheel) is in no runtime: openmp intel left out")
+            openmp = [o for o in openmp if o != "intel"] or ["gnu"]
+        affinity = _choices("kmp_affinity", data.get("kmp_affinity", [DEFAULT_KMP_AFFINITY]), str)
+        blocktime = _choices("kmp_blocktime", data.get("kmp_blocktime", [DEFAULT_KMP_BLOCKTIME]), int)
+        if any(b < 0 for b in blocktime):
+            raise UserError("search space: kmp_blocktime values are milliseconds, 0 or more")
+        thp = _choices("thp", data.get("thp", [False]), bool)
+        if True in thp and machine.thp != "madvise":
+            notes.append(f"transparent huge pages are '{machine.thp}' here, so THP_MEM_ALLOC_ENABLE has no effect: thp left out")
+            thp = [False]
+        return cls(openmp, affinity, blocktime, thp)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    batch_sizes: list[int]
+    allocators: list[str]
+    instances: list[int]
+    threads: list[int] | None  # None: any count from 1 to the cores left per instance
+    backends: dict[str, dict[str, list[Any]]]  # backend -> {"precision": [...], option: [...]}
+    cores: int
+    baseline_batch_size: int
+    notes: tuple[str, ...] = ()
+    runtimes: dict[str, list[str]] = field(default_factory=dict)  # backend -> runtimes it may run in (first: default)
+    thread_pool: ThreadPoolDims = ThreadPoolDims(["gnu"], [DEFAULT_KMP_AFFINITY], [DEFAULT_KMP_BLOCKTIME], [False])
+    runtime_openmp: dict[str, list[str]] = field(default_factory=dict)  # runtime -> OpenMP libraries it has
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime]) -> "SearchSpace":
+        """Validate the YAML content and narrow it to what this machine and its runtimes can run."""
+        unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
+        if unknown:
+            raise UserError(f"search space: unknown key {unknown[0]!r}; allowed keys are {', '.join(TOP_LEVEL_KEYS)}")
+        notes: list[str] = []
+        cores = machine.physical_cores
+        batch_sizes = _choices("batch_size", data.get("batch_size", [1, 8, 32]), int)
+        if any(b <= 0 for b in batch_sizes):
+            raise UserError("search space: batch_size values must be positive")
+
+        allocators = _choices("allocator", data.get("allocator", list(ALLOCATORS)), str)
+        for name in allocators:
+            if name not in ALLOCATORS:
+                raise UserError(f"search space: unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+        missing = [a for a in allocators if a != "glibc" and a not in machine.allocators]
+        if missing:
+            notes.append(f"allocator(s) {', '.join(missing)} not found on this machine: left out")
+        allocators = [a for a in allocators if a == "glibc" or a in machine.allocators]
+
+        instances = _auto_instances(cores) if data.get("instances", "auto") == "auto" else _choices("instances", data["instances"], int)
+        threads_raw = data.get("threads_per_instance", "auto")
+        threads = None if threads_raw == "auto" else _choices("threads_per_instance", threads_raw, int)
+        for label, values in (("instances", instances), ("threads_per_instance", threads or [1])):
+            if any(v < 1 or v > cores for v in values):
+                raise UserError(f"search space: {label} values {values} must lie between 1 and the {cores} physical cores here")
+        if threads and not any(i * t <= cores for i in instances for t in threads):
+            raise UserError(f"search space: no instances x threads_per_instance combination fits the {cores} physical cores here")
+
+        thread_pool = ThreadPoolDims.from_dict(data, machine, runtimes, notes)
+        backends, routes = cls._backends(data.get("backends", {"eager": {}}), runtimes, notes)
+        for runtime in runtimes.values():
+            if runtime.role == "explicit" and not any(runtime.name in names for names in routes.values()):
+                reasons = "; ".join(why for name, why in runtime.backends.items() if why and name in (data.get("backends") or {})) or "-"
+                raise UserError(f"runtime {runtime.name} ({runtime.python}, torch {runtime.torch or 'missing'}) runs none of the "
+                                f"space's backends ({reasons}): install them there, or drop --runtime")
+        baseline = data.get("baseline", {}) or {}
+        if not isinstance(baseline, dict):
+            raise UserError("search space: 'baseline' must be a mapping, e.g. {batch_size: 8}")
+        unknown = sorted(set(baseline) - set(BASELINE_KEYS))
+        if unknown:
+            raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
+        baseline_bs = baseline.get("batch_size", 8 if 8 in batch_sizes else batch_sizes[0])
+        if baseline_bs not in batch_sizes:
+            raise UserError(f"search space: baseline batch_size {baseline_bs!r} must be one of batch_size {batch_sizes}")
+        return cls(batch_sizes, allocators, instances, threads, backends, cores, baseline_bs, tuple(notes), routes, thread_pool,
+                   {name: sorted(r.openmp) for name, r in runtimes.items()})
+
+    @staticmethod
+    def _backends(raw: Any, runtimes: dict[str, Runtime], notes: list[str]) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[str]]]:
+        if not isinstance(raw, dict) or not raw:
+            raise UserError("search space: 'backends' must map backend names to their options")
+        result: dict[str, dict[str, list[Any]]] = {}
+        routes: dict[str, list[str]] = {}
+        for name, options in raw.items():
+            if name not in BACKENDS:
+                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+            spec = BACKENDS[name]
+            options = options or {}
+            if not isinstance(options, dict):
+                raise UserError(f"search space: backends.{name} must be a mapping of options")
+            dims: dict[str, list[Any]] = {}
+            for key, value in options.items():
+                supported = spec.precisions if key == "precision" else spec.options.get(key)
+                if supported is None:
+                    allowed = ", ".join(("precision", *spec.options))
+                    raise UserError(f"search space: backend {name!r} has no option {key!r}; it has {allowed}")
+                values = value if isinstance(value, list) else [value]
+                bad = [v for v in values if v not in supported]
+                if bad or not values:
+                    raise UserError(f"search space: backends.{name}.{key} value {bad[0] if bad else value!r} is not supported; choose from {list(supported)}")
+                dims[key] = list(dict.fromkeys(values))
+            dims.setdefault("precision", [spec.precisions[0]])
+            for key, supported in spec.options.items():
+                dims.setdefault(key, [supported[0]])
+            routes[name] = candidates(name, runtimes)
+            if not routes[name]:
+                notes.append(f"backend {name} imports in no runtime ({why_not(name, runtimes)}): left out")
+                del routes[name]
+                continue
+            result[name] = dims
+        if not result:
+            raise UserError("search space: none of the listed backends can run here; 'autotune probe' lists what each runtime runs")
+        return result, routes
+
+    # ---- sampling -----------------------------------------------------------------------------------
+    def suggest(self, trial: Any) -> TrialConfig:
+        """Ask an Optuna trial for one configuration; the result always fits the machine."""
+        backend = trial.suggest_categorical("backend", list(self.backends))
+        dims = self.backends[backend]
+        precision = trial.suggest_categorical(f"{backend}.precision", dims["precision"])
+        spec = BACKENDS[backend]
+        chosen = {key: trial.suggest_categorical(f"{backend}.{key}", values)
+                  for key, values in dims.items() if key != "precision" and spec.applies(key, precision)}
+        routes = self.runtimes.get(backend, ["main"])
+        runtime = trial.suggest_categorical(f"{backend}.runtime", routes) if len(routes) > 1 else routes[0]
+        pool: dict[str, Any] = {}
+        if spec.torch_threads:
+            pool["openmp"] = trial.suggest_categorical("openmp", self.thread_pool.openmp)
+            if pool["openmp"] == "intel":
+                pool["kmp_affinity"] = trial.suggest_categorical("kmp_affinity", self.thread_pool.kmp_affinity)
+                pool["kmp_blocktime"] = trial.suggest_categorical("kmp_blocktime", self.thread_pool.kmp_blocktime)
+            pool["thp"] = trial.suggest_categorical("thp", self.thread_pool.thp)
+        batch_size = trial.suggest_categorical("batch_size", self.batch_sizes)
+        allocator = trial.suggest_categorical("allocator", self.allocators)
+        instances = trial.suggest_categorical("instances", self.instances)
+        max_threads = self.cores // instances
+        if self.threads is None:
+            threads = trial.suggest_int("threads_per_instance", 1, max_threads)
+        else:
+            threads = trial.suggest_categorical("threads_per_instance", self.threads)
+        config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen, runtime, **pool)
+        if config.total_cores > self.cores:
+            raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
+        refusal = getattr(backend_module(backend), "unsupported", lambda _: None)(config)
+        if refusal:
+            raise InfeasibleConfig(refusal)
+        if config.openmp == "intel" and "intel" not in self.runtime_openmp.get(runtime, ["intel"]):
+            raise InfeasibleConfig(f"runtime {runtime} has no Intel OpenMP library (pip install intel-openmp there)")
+        return config
+
+    def coverage_params(self) -> list[dict[str, Any]]:
+        """One trial per backend x precision (baseline batch, first allocator and instance count, the most
+        threads that fit, first value of each backend option), so every backend is measured once before
+        the sampler concentrates."""
+        batch = self.baseline_batch_size
+        limit = self.cores // self.instances[0]
+        fitting = [t for t in (self.threads or [limit]) if t <= limit]
+        if not fitting:
+            return []
+        threads = max(fitting)
+        plans = []
+        for backend, dims in self.backends.items():
+            routes = self.runtimes.get(backend, ["main"])
+            for precision in dims["precision"]:
+                for runtime in routes:  # each runtime a backend may run in is measured once too
+                    params: dict[str, Any] = {"backend": backend, f"{backend}.precision": precision, "batch_size": batch,
+                                              "allocator": self.allocators[0], "instances": self.instances[0], "threads_per_instance": threads}
+                    params.update({f"{backend}.{key}": values[0] for key, values in dims.items()
+                                   if key != "precision" and BACKENDS[backend].applies(key, precision)})
+                    if len(routes) > 1:
+                        params[f"{backend}.runtime"] = runtime
+                    if BACKENDS[backend].torch_threads:
+                        params.update(self._plain_thread_pool())
+                    plans.append(params)
+        return plans
+
+    def _plain_thread_pool(self) -> dict[str, Any]:
+        """GNU OpenMP and no huge pages when the space allows them (what an untuned process runs with)."""
+        return {"openmp": "gnu" if "gnu" in self.thread_pool.openmp else self.thread_pool.openmp[0],
+                "thp": False if False in self.thread_pool.thp else self.thread_pool.thp[0]}
+
+    def baseline_params(self) -> dict[str, Any] | None:
+        """Eager FP32, contiguous, glibc, one instance on all cores: what a user runs before tuning."""
+        eager = self.backends.get("eager")
+        if not eager or "fp32" not in eager["precision"] or "glibc" not in self.allocators or 1 not in self.instances:
+            return None
+        if "gnu" not in self.thread_pool.openmp or False not in self.thread_pool.thp or "main" not in self.runtimes.get("eager", ["main"]):
+            return None
+        if self.threads is not None and self.cores not in self.threads:
+            return None
+        params: dict[str, Any] = {
+            "backend": "eager",
+            "eager.precision": "fp32",
+            "batch_size": self.baseline_batch_size,
+            "allocator": "glibc",
+            "instances": 1,
+            "threads_per_instance": self.cores,
+            **self._plain_thread_pool(),
+        }
+        if len(self.runtimes.get("eager", [])) > 1:
+            params["eager.runtime"] = "main"
+        for key, values in eager.items():
+            if key != "precision":
+                default = BACKENDS["eager"].options[key][0]
+                if default not in values:
+                    return None
+                params[f"eager.{key}"] = default
+        return params

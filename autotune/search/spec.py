@@ -1,0 +1,154 @@
+"""Everything the user asked for, validated once and stored on the study.
+
+A resumed study (or a later joining worker) reads it back; the fields that decide what is being
+compared must not change between runs of one study.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from autotune.model.dataset import DataSource
+from autotune.measure.drift import DriftCriterion
+from autotune.common.errors import UserError
+from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.sources import ModelSource
+
+OBJECTIVES = ("throughput", "latency", "pareto")
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# Changing these would compare apples with oranges inside one study.
+IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "drift_metric", "drift_relative", "data", "calibration_data", "measure",
+                   "eval_samples", "calibration_samples", "runtimes", "slo_ms")
+# Fields added after studies already existed: a stored spec without them had these values.
+IDENTITY_DEFAULTS = {"drift_metric": "relative_l2", "drift_relative": False, "data": DataSource().to_dict(), "calibration_data": None,
+                     "runtimes": [], "slo_ms": None}
+
+
+def validate_study_name(name: str) -> str:
+    if not STUDY_NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"study name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (no path parts)")
+    return name
+
+
+def study_dir(studies_root: str | Path, study: str) -> Path:
+    return Path(studies_root) / validate_study_name(study)
+
+
+def default_storage(studies_root: str | Path, study: str) -> str:
+    return f"sqlite:///{(study_dir(studies_root, study) / 'study.db').resolve()}"
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    study: str
+    model: ModelSource
+    storage: str
+    space_path: str
+    space: dict[str, Any]
+    objective: str = "throughput"
+    max_drift: float = 0.05
+    drift_metric: str = "relative_l2"
+    drift_relative: bool = False  # max_drift is a share of FP32's value (accuracy)
+    data: DataSource = field(default_factory=DataSource)  # drift (and calibration) data
+    calibration_data: DataSource | None = None  # calibration from its own source instead of a split of `data`
+    budget_s: float = 1200.0
+    trials: int | None = None
+    trial_timeout_s: float = 600.0
+    eval_samples: int = 32
+    calibration_samples: int = 64
+    cover_backends: bool = True  # a new study first tries every backend x precision once
+    speed_pruning: bool = True  # screen each trial and prune the clearly slower ones
+    finalists: int = 3  # top configs re-measured at the end (0: none)
+    finalist_repeats: int = 3
+    finalist_share: float = 0.2  # of the budget, kept for the finalists
+    studies_root: str = "studies"
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    runtimes: list[str] = field(default_factory=list)  # --runtime interpreters, besides main (and .venv-ipex)
+    memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
+    cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
+    slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
+    heartbeat_grace_s: float = 60.0  # a trial whose worker is silent this long is failed and retried (per process)
+    mixed_hardware: list[str] | None = None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
+
+    def __post_init__(self) -> None:
+        validate_study_name(self.study)
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"objective {self.objective!r} is not known; choose {' or '.join(OBJECTIVES)}")
+        try:
+            DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
+        except ValueError as exc:
+            raise UserError(f"--drift-metric/--max-drift: {exc}") from None
+        if self.drift_metric == "accuracy" and not self.data.labels:
+            raise UserError("--drift-metric accuracy needs labels: give --data as an image folder with one subfolder per class, "
+                            "or a tensor file holding {'inputs': ..., 'labels': ...}")
+        if self.trials is not None and self.trials < 1:
+            raise UserError(f"--trials must be at least 1, got {self.trials}")
+        if self.eval_samples < 1:
+            raise UserError(f"--eval-samples must be at least 1, got {self.eval_samples}")
+        if self.finalists < 0 or self.finalist_repeats < 1:
+            raise UserError(f"--finalists must be >= 0 and --finalist-repeats >= 1, got {self.finalists} and {self.finalist_repeats}")
+        if not 0 <= self.finalist_share < 1:
+            raise UserError(f"--finalist-share is a fraction of the budget in [0, 1), got {self.finalist_share}")
+        if self.slo_ms is not None and (self.objective != "throughput" or self.slo_ms <= 0):
+            raise UserError(f"--slo-ms must be a positive bound on p99 latency and goes with --objective throughput, got {self.slo_ms}")
+        if self.objective == "pareto" and (self.speed_pruning or self.finalists or self.measure.window_min_iters < 100):
+            raise UserError("--objective pareto measures p99 (100 calls per measurement) and has no single value to prune or "
+                            "re-measure finalists by: use it with --no-speed-pruning --finalists 0")
+        if self.slo_ms is not None and self.measure.window_min_iters < 100:
+            raise UserError("--slo-ms needs at least 100 calls per measurement for a p99")
+        if self.calibration_samples < 1:
+            raise UserError(f"--calibration-samples must be at least 1, got {self.calibration_samples}")
+
+    @property
+    def dir(self) -> Path:
+        return study_dir(self.studies_root, self.study)
+
+    @property
+    def cache_dir(self) -> Path:
+        """Artifacts and compile caches, shared by every study under the same studies folder."""
+        return Path(self.studies_root) / ".cache"
+
+    @property
+    def criterion(self) -> DriftCriterion:
+        return DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
+
+    @property
+    def directions(self) -> list[str]:
+        """pareto: throughput up and p99 latency down, together (a multi-objective study)."""
+        return {"throughput": ["maximize"], "latency": ["minimize"], "pareto": ["maximize", "minimize"]}[self.objective]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["model"] = self.model.to_dict()
+        data["measure"] = self.measure.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SearchSpec":
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}  # settings of another autotune version are dropped
+        calibration = data.get("calibration_data")
+        return cls(**{**data, "model": ModelSource.from_dict(data["model"]), "measure": MeasureSettings.from_dict(data["measure"]),
+                      "data": DataSource.from_dict(data.get("data")), "calibration_data": DataSource.from_dict(calibration) if calibration else None})
+
+    def identity(self) -> dict[str, Any]:
+        data = self.to_dict()
+        return {key: data[key] for key in IDENTITY_FIELDS}
+
+
+def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']."""
+    diffs = []
+    for key in IDENTITY_FIELDS:
+        old, new = stored.get(key, IDENTITY_DEFAULTS.get(key)), current.get(key)
+        if old != new:
+            if isinstance(old, dict) and isinstance(new, dict):
+                keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+                if keys:  # a field added since (absent = None) is no difference
+                    diffs.append(f"{key} ({', '.join(keys)})")
+            else:
+                diffs.append(f"{key}: {old!r} -> {new!r}")
+    return diffs

@@ -1,0 +1,45 @@
+"""Optuna storage: any RDB URL (SQLite by default; PostgreSQL or MySQL for a fleet), with heartbeats so
+the trials of a dead worker are failed and retried."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import optuna
+from sqlalchemy.engine import make_url
+
+from autotune.common.errors import UserError
+from autotune.common.storage_urls import database_url, mask_url
+from autotune.search.fleet import retry_abandoned_trial
+
+GRACE_PERIOD_S = 60  # a RUNNING trial whose worker sent no heartbeat for this long is failed and retried
+# The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).
+
+
+
+
+
+
+def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.storages.RDBStorage:
+    """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds."""
+    given, url = url, database_url(url)
+    parsed = make_url(url)
+    kwargs = {}
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        else:  # a database server: a connection it dropped (restart, idle timeout) is replaced, not an error
+            kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            grace = max(2, round(grace_period_s))
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=max(1, grace // 4), grace_period=grace,
+                heartbeat_stale_trial_callback=retry_abandoned_trial, **kwargs
+            )
+    except Exception as exc:  # driver missing, server down, bad credentials: one clear line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot open storage {mask_url(given)}: {first}") from None

@@ -1,0 +1,267 @@
+"""The process that runs one instance of one trial: job JSON in, result JSON out.
+
+It knows nothing about the search. It checks from inside that the environment it was started with is
+the one asked for (allocator really mapped, thread count), builds and prepares the model, measures
+drift against the FP32 reference, warms up, waits at the barrier, and times its window.
+
+    python -m autotune.worker JOB.json
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotune.records.config import TrialConfig
+from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
+from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_numpy
+from autotune.model.inputs import as_batch, batch_len, fixed_batches, synthetic, take
+from autotune.model.dataset import DataSource, evaluation_and_calibration
+from autotune.measure.drift import compute_drift, top1_accuracy
+from autotune.common.files import read_json, write_json_atomic
+from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
+from autotune.model.sources import ModelSource, build_model, primary_output
+from autotune.measure.noise import process_snapshot, window_signals
+
+EXIT_CHECK_FAILED = 3
+CALIBRATION_BATCH = 8
+
+
+def run_in_batches(runner, inputs, batch_size: int) -> np.ndarray:
+    """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change."""
+    outputs = [to_numpy(primary_output(runner(runner.convert_input(batch)))) for batch in fixed_batches(inputs, batch_size)]
+    return np.concatenate(outputs)[: batch_len(inputs)]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def wait_at_barrier(barrier_dir: Path, stage: str, instance: int, payload: dict[str, Any], timeout_s: float) -> None:
+    """Say we reached `stage`, then wait for the orchestrator's go (or abort, e.g. when a pruner decides)."""
+    write_json_atomic(barrier_dir / f"{stage}-{instance}.json", payload)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (barrier_dir / f"{stage}.go").exists():
+            return
+        if (barrier_dir / "abort").exists():
+            sys.exit(0)
+        time.sleep(0.002)
+    raise TimeoutError(f"no go signal within {timeout_s:.0f}s at the {stage} barrier")
+
+
+class StopTogether:
+    """Instances of one trial stop their windows together: each marks when its own stop rule holds and
+    keeps running (so the others keep the same load) until every instance has marked."""
+
+    def __init__(self, barrier_dir: Path, instance: int, instances: int) -> None:
+        self.mine = barrier_dir / f"precise-{instance}"
+        self.all = [barrier_dir / f"precise-{i}" for i in range(instances)]
+
+    def __call__(self, satisfied: bool) -> bool:
+        if satisfied and not self.mine.exists():
+            self.mine.touch()
+        return all(p.exists() for p in self.all)
+
+
+def save_atomic(obj: Any, path: str) -> None:
+    import torch
+
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def run_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it."""
+    import torch
+
+    from autotune.backends import backend_module
+
+    source = ModelSource.from_dict(job["model"])
+    t0 = time.monotonic()
+    model = build_model(source)
+    if job.get("weights_out"):
+        save_atomic(model.state_dict(), job["weights_out"])
+    seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
+    sets = evaluation_and_calibration(
+        DataSource.from_dict(job.get("data")), DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
+        source, job["eval_samples"], job.get("calibration_samples", 0),
+        lambda count, purpose: synthetic(source.specs, count, seeds[purpose]),
+    )
+    inputs = sets["inputs"]
+    config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
+    runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
+    outputs = run_in_batches(runner, inputs, config.batch_size)
+    save_atomic({**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)}, job["reference_path"])
+    labels = sets["labels"]
+    accuracy = top1_accuracy(outputs, labels.numpy()) if labels is not None and outputs.ndim == 2 else None
+    return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__,
+            "eval_samples": batch_len(inputs), "calibration_samples": batch_len(sets["calibration"]), "labels": labels is not None,
+            "reference_accuracy": accuracy}
+
+
+def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
+    """Build a backend's artifact (export, conversion, quantization) once, into a fresh folder."""
+    from autotune.backends import backend_module
+
+    config = TrialConfig.from_dict(job["config"])
+    source = ModelSource.from_dict(job["model"])
+    module = backend_module(config.backend)
+    # The artifact must depend only on its identity: a fixed batch unless the artifact is batch-specialised.
+    batch = config.batch_size if "batch_size" in module.artifact_identity(config) else CALIBRATION_BATCH
+    t0 = time.monotonic()
+    model = build_model(source)
+    example = synthetic(source.specs, batch, TIMING_SEED)
+    import torch
+
+    # The calibration set the reference process drew (the user's data, disjoint from evaluation), else synthetic.
+    saved = torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
+    calibration_inputs = as_batch(saved) if saved is not None else synthetic(source.specs, job["calibration_samples"], CALIBRATION_SEED)
+    calibration = fixed_batches(calibration_inputs, batch)
+    out_dir = Path(job["artifact_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    details = module.build_artifact(model, example, calibration, config, out_dir)
+    return {"pid": os.getpid(), "prepare_s": time.monotonic() - t0, "details": details,
+            "calibration": {"data": job.get("calibration_description", "synthetic"), "samples": batch_len(calibration_inputs)}}
+
+
+def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
+    """Artifact backends load what the prepare step built; the others wrap the torch module."""
+    from autotune.backends import BACKENDS, backend_module
+
+    module = backend_module(config.backend)
+    if BACKENDS[config.backend].builds_artifact(config.precision):
+        return module.load(example, config, Path(job["artifact_dir"]))
+    return module.prepare(build_model(source), example, config, Path(job["workdir"]))
+
+
+def run_trial(job: dict[str, Any]) -> dict[str, Any]:
+    t_start = time.monotonic()
+    config = TrialConfig.from_dict(job["config"])
+    settings = MeasureSettings.from_dict(job["measure"])
+    instance = int(job["instance"])
+    allocator = check_allocator(config.allocator)
+    threads = check_threads(config.threads_per_instance)
+
+    import torch
+
+    source = ModelSource.from_dict(job["model"])
+    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
+    t0 = time.monotonic()
+    runner = build_runner(job, config, source, example)
+    openmp = check_openmp(config)
+    native = runner.convert_input(example)
+    load_s = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    runner(native)
+    first_call_s = time.monotonic() - t0
+
+    drift = None
+    if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
+        reference = torch.load(job["reference_path"], weights_only=True)
+        outputs = run_in_batches(runner, as_batch(reference["inputs"]), config.batch_size)
+        labels = reference.get("labels")
+        drift = compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
+
+    step = lambda: runner(native)  # noqa: E731
+    warmup = warm_up(step, settings)
+    samples_per_call = config.batch_size * runner.batches_per_call
+    barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
+    if barrier:
+        wait_at_barrier(barrier, "ready", instance, {"pid": os.getpid(), "drift": drift}, job["barrier_timeout_s"])
+    screening = None
+    if barrier and job.get("screen") and settings.screen_s > 0:
+        screen = timed_window(step, settings.screening())
+        np.save(job["stamps_path"].replace("stamps-", "screen-"), screen)
+        screening = {"throughput_sps": instance_throughput(screen, samples_per_call),
+                     "latency_ms": latency_summary(screen[:, 1] - screen[:, 0], settings.ci_confidence)}
+        wait_at_barrier(barrier, "screened", instance, screening, job["barrier_timeout_s"])
+    cpus = sorted(os.sched_getaffinity(0))
+    agree = StopTogether(barrier, instance, int(job["instances"])) if barrier else (lambda satisfied: satisfied)
+    before = process_snapshot(cpus)
+    stamps = timed_window(step, settings, agree_to_stop=agree)
+    signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
+    np.save(job["stamps_path"], stamps)
+    return {
+        "pid": os.getpid(),
+        "instance": instance,
+        "cpus": cpus,
+        "allocator": allocator,
+        "threads": threads,
+        "openmp": openmp,
+        "torch": torch.__version__,
+        "python": sys.executable,
+        "load_s": load_s,
+        "first_call_s": first_call_s,
+        **warmup,
+        "drift": drift,
+        "iterations": int(len(stamps)),
+        "window_s": float(stamps[-1, 1] - stamps[0, 0]),
+        "samples_per_call": samples_per_call,
+        "throughput_sps": instance_throughput(stamps, samples_per_call),
+        "latency_ms": latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
+        "noise": signals,
+        "screening": screening,
+        "stamps_path": job["stamps_path"],
+        "peak_rss_mib": peak_rss_mib(),
+        "startup_to_ready_s": time.monotonic() - t_start,
+        "backend_details": runner.details,
+    }
+
+
+TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
+
+
+def replay_job(best_path: str, instance: int, scratch: str) -> dict[str, Any]:
+    """A job that re-measures one instance of an exported winner, without barrier or drift."""
+    best = read_json(best_path)
+    return {**best["job"], "reference_path": None, "instance": instance, "instances": best["config"]["instances"],
+            "result_path": os.path.join(scratch, "result.json"), "stamps_path": os.path.join(scratch, "stamps.npy")}
+
+
+USAGE = "usage: python -m autotune.worker JOB.json | --best best.json --instance N"
+
+
+def main(argv: list[str] | None = None) -> int:
+    faulthandler.enable()  # a native crash leaves its Python stack in stderr, which the trial records
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 4 and argv[0] == "--best" and argv[2] == "--instance" and argv[3].isdigit():
+        with tempfile.TemporaryDirectory(prefix="autotune-replay-") as scratch:
+            try:
+                job = replay_job(argv[1], int(argv[3]), scratch)
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"autotune-worker: error: cannot replay {argv[1]}: {exc}", file=sys.stderr)
+                return 2
+            return run_job(job, print_result=True)
+    if len(argv) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    return run_job(read_json(argv[0]), print_result=False)
+
+
+def run_job(job: dict[str, Any], print_result: bool) -> int:
+    try:
+        result = TASKS[job["task"]](job)
+    except EnvironmentMismatch as exc:
+        print(f"autotune-worker: environment check failed: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except Exception as exc:  # the orchestrator records the cause and our stderr tail
+        traceback.print_exc()
+        print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    write_json_atomic(job["result_path"], result)
+    if print_result:
+        print(json.dumps(result, indent=2))
+    return 0
+
