@@ -12,11 +12,12 @@ checks it instead of setting it, and says what differs and how to start the proc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from autotune.records.config import TrialConfig
 from autotune.common.files import read_json
+from autotune.records.config import TrialConfig
 
 
 class TunedEnvironmentMismatch(RuntimeError):
@@ -25,9 +26,9 @@ class TunedEnvironmentMismatch(RuntimeError):
 
 def environment_differences(best: dict[str, Any]) -> list[str]:
     """What this process's environment lacks of the tuned one (libraries preloaded, variables, threads)."""
-    from autotune.worker.checks import mapped_libraries
-
     import torch
+
+    from autotune.worker.checks import mapped_libraries
 
     differences = []
     mapped = {os.path.realpath(p) for p in mapped_libraries()}
@@ -43,7 +44,9 @@ def environment_differences(best: dict[str, Any]) -> list[str]:
     return differences
 
 
-def load(best_path: str | os.PathLike[str] | None = None, model: Any = None, check_environment: bool = True) -> Callable[..., Any]:
+def load(
+    best_path: str | os.PathLike[str] | None = None, model: Any = None, check_environment: bool = True
+) -> Callable[..., Any]:
     """The winner of best.json as a callable: `infer(batch)` -> the model's outputs.
 
     `model`: your nn.Module (default: rebuilt from the model source best.json records; artifact
@@ -63,7 +66,8 @@ def load(best_path: str | os.PathLike[str] | None = None, model: Any = None, che
         if differences:
             raise TunedEnvironmentMismatch(
                 f"this process was not started as tuned ({'; '.join(differences)}): start it with the script from "
-                f"'autotune export --format sh', e.g. ./launch.sh python your_program.py")
+                f"'autotune export --format sh', e.g. ./launch.sh python your_program.py"
+            )
     config = TrialConfig.from_dict(best["config"])
     source = ModelSource.from_dict(best["job"]["model"])
     example = synthetic(source.specs, config.batch_size, 0)
@@ -71,7 +75,9 @@ def load(best_path: str | os.PathLike[str] | None = None, model: Any = None, che
     if BACKENDS[config.backend].builds_artifact(config.precision):
         runner = module.load(example, config, Path(best["job"]["artifact_dir"]))
     else:
-        runner = module.prepare(model if model is not None else build_model(source), example, config, Path(best["job"]["workdir"]))
+        runner = module.prepare(
+            model if model is not None else build_model(source), example, config, Path(best["job"]["workdir"])
+        )
 
     def infer(*inputs: Any) -> Any:
         batch = as_batch(inputs[0] if len(inputs) == 1 else inputs)

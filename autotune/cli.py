@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.measure.drift import METRIC_HELP, METRICS
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
+from autotune.measure.drift import METRIC_HELP, METRICS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -28,9 +28,13 @@ def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.
     """The measurement window from the user's --measure-seconds: capped at 4x (at least +10 s)."""
     from autotune.measure.stopwatch import MeasureSettings
 
-    return MeasureSettings(window_min_s=window_s, window_min_iters=min_iterations,
-                           window_max_s=max(window_s * 4, window_s + 10, cap_s), warmup_min_s=min(1.0, window_s),
-                           screen_s=min(1.0, window_s / 2))
+    return MeasureSettings(
+        window_min_s=window_s,
+        window_min_iters=min_iterations,
+        window_max_s=max(window_s * 4, window_s + 10, cap_s),
+        warmup_min_s=min(1.0, window_s),
+        screen_s=min(1.0, window_s / 2),
+    )
 
 
 def _given_storage(args: argparse.Namespace) -> str | None:
@@ -55,12 +59,12 @@ def _heartbeat_grace(args: argparse.Namespace) -> float:
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.common.durations import parse_duration
-    from autotune.model.dataset import check_sizes, resolve_data
+    from autotune.common.sizes import machine_memory_mib, parse_size_mib
+    from autotune.machine.runtimes import interpreter_of
     from autotune.measure.drift import DriftCriterion
+    from autotune.model.dataset import check_sizes, resolve_data
     from autotune.model.inputs import describe as describe_inputs
     from autotune.model.sources import resolve_model
-    from autotune.machine.runtimes import interpreter_of
-    from autotune.common.sizes import machine_memory_mib, parse_size_mib
     from autotune.search.space import load_space_file
     from autotune.search.spec import SearchSpec, validate_study_name
     from autotune.search.study import run_search
@@ -71,46 +75,80 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     space = load_space_file(space_path)
     window = parse_duration(args.measure_seconds)
     model = resolve_model(args.model, args.weights, args.input_shape, args.allow_pickle)
-    origin = {"random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
-              "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
-              "weights-file": f"weights from {model.weights_path}",
-              "model-file": "weights inside the model file"}[model.weights_origin]
+    origin = {
+        "random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
+        "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
+        "weights-file": f"weights from {model.weights_path}",
+        "model-file": "weights inside the model file",
+    }[model.weights_origin]
     console.print(f"model {model.name} input {describe_inputs(model.specs)}: {origin}", markup=False)
     try:
         criterion = DriftCriterion.parse(args.drift_metric, args.max_drift)
     except ValueError as exc:
         raise UserError(f"--max-drift: {exc}") from None
     data = resolve_data(args.data, model.specs)
-    calibration = resolve_data(args.calibration_data, model.specs, "--calibration-data") if args.calibration_data else None
+    calibration = (
+        resolve_data(args.calibration_data, model.specs, "--calibration-data") if args.calibration_data else None
+    )
     check_sizes(data, calibration, args.eval_samples, args.calibration_samples)
     if data.kind == "synthetic":
-        console.print("warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
-                      "pass --data (an image folder or a tensor file) to keep your accuracy", markup=False)
+        console.print(
+            "warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
+            "pass --data (an image folder or a tensor file) to keep your accuracy",
+            markup=False,
+        )
     else:
-        console.print(f"data: {data.describe()}; calibration: {calibration.describe() if calibration else 'a disjoint split of it'}", markup=False)
+        console.print(
+            f"data: {data.describe()}; calibration: "
+            f"{calibration.describe() if calibration else 'a disjoint split of it'}",
+            markup=False,
+        )
     studies_root = str(Path(args.studies_dir).resolve())
     spec = SearchSpec(
-        study=study, model=model, storage=_storage_arg(args, study), space_path=str(space_path),
-        space=space, objective=args.objective, max_drift=criterion.max_drop, drift_metric=criterion.metric,
-        drift_relative=criterion.relative, data=data, calibration_data=calibration, budget_s=budget_s, trials=args.trials,
-        trial_timeout_s=parse_duration(args.trial_timeout), eval_samples=args.eval_samples, studies_root=studies_root,
-        calibration_samples=args.calibration_samples, cover_backends=not args.no_cover_backends,
-        measure=measure_settings(window, min_iterations=100 if args.slo_ms is not None or args.objective == "pareto" else 5),
-        finalists=0 if args.objective == "pareto" else args.finalists, finalist_repeats=args.finalist_repeats,
-        finalist_share=args.finalist_share, speed_pruning=not args.no_speed_pruning and args.objective != "pareto",
+        study=study,
+        model=model,
+        storage=_storage_arg(args, study),
+        space_path=str(space_path),
+        space=space,
+        objective=args.objective,
+        max_drift=criterion.max_drop,
+        drift_metric=criterion.metric,
+        drift_relative=criterion.relative,
+        data=data,
+        calibration_data=calibration,
+        budget_s=budget_s,
+        trials=args.trials,
+        trial_timeout_s=parse_duration(args.trial_timeout),
+        eval_samples=args.eval_samples,
+        studies_root=studies_root,
+        calibration_samples=args.calibration_samples,
+        cover_backends=not args.no_cover_backends,
+        measure=measure_settings(
+            window, min_iterations=100 if args.slo_ms is not None or args.objective == "pareto" else 5
+        ),
+        finalists=0 if args.objective == "pareto" else args.finalists,
+        finalist_repeats=args.finalist_repeats,
+        finalist_share=args.finalist_share,
+        speed_pruning=not args.no_speed_pruning and args.objective != "pareto",
         runtimes=[str(interpreter_of(path)) for path in args.runtime or ()],
         memory_limit_mib=parse_size_mib(args.memory_limit, "--memory-limit", machine_memory_mib()),
-        cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"), slo_ms=args.slo_ms,
+        cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"),
+        slo_ms=args.slo_ms,
         heartbeat_grace_s=_heartbeat_grace(args),
     )
     outcome = run_search(spec, console)
     print_study(outcome.study, console, top=5)
     if outcome.best_path and not json.loads(outcome.best_path.read_text()).get("meets_drift", True):
         best = json.loads(outcome.best_path.read_text())
-        console.print(f"no trial met the drift bound: {best['selection']}; wrote {outcome.best_path} (meets_drift: false)", markup=False)
+        console.print(
+            f"no trial met the drift bound: {best['selection']}; wrote {outcome.best_path} (meets_drift: false)",
+            markup=False,
+        )
     elif outcome.best_path:
         best = json.loads(outcome.best_path.read_text())
-        speed = f", {best['speedup_vs_baseline']:.2f}x the eager fp32 baseline" if best.get("speedup_vs_baseline") else ""
+        speed = (
+            f", {best['speedup_vs_baseline']:.2f}x the eager fp32 baseline" if best.get("speedup_vs_baseline") else ""
+        )
         revalidated = best["objective"].get("revalidated_median")
         again = f" (re-measured median {revalidated:.1f})" if revalidated else ""
         console.print(
@@ -126,19 +164,23 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
 def _load_study(args: argparse.Namespace):
     import optuna
 
-    from autotune.search.spec import default_storage
     from autotune.common.storage_urls import mask_url
+    from autotune.search.spec import default_storage
     from autotune.search.storage import open_storage
 
     if not _given_storage(args):
         database = default_storage(args.studies_dir, args.study).removeprefix("sqlite:///")
         if not Path(database).is_file():
-            raise UserError(f"no study {args.study!r} under {args.studies_dir}/: check --study, --studies-dir or --storage")
+            raise UserError(
+                f"no study {args.study!r} under {args.studies_dir}/: check --study, --studies-dir or --storage"
+            )
     storage = open_storage(_storage_arg(args))
     try:
         return optuna.load_study(study_name=args.study, storage=storage)
     except KeyError:
-        raise UserError(f"no study {args.study!r} in {mask_url(_storage_arg(args))}: check --study and --storage") from None
+        raise UserError(
+            f"no study {args.study!r} in {mask_url(_storage_arg(args))}: check --study and --storage"
+        ) from None
 
 
 def print_study(study, console: Console, top: int) -> None:
@@ -155,9 +197,9 @@ def print_study(study, console: Console, top: int) -> None:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from autotune.results.optuna_artifacts import attach_to_study
     from autotune.results.report import write_report
     from autotune.search.spec import study_dir
-    from autotune.results.optuna_artifacts import attach_to_study
 
     study = _load_study(args)
     folder = study_dir(args.studies_dir, args.study)
@@ -192,17 +234,21 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     if not best.get("meets_drift", True) or not (best.get("launch") or {}).get("pin_prefixes"):
         raise UserError(f"study {args.study!r} has no timed winner to launch (best.json says why: {best_path})")
     script = write_text_atomic(args.output or folder / "launch.sh", launch_script(best, best_path), mode=0o755)
-    console.print(f"wrote {script} (runs your command as tuned: {script} python serve.py) and {best_path}", markup=False)
+    console.print(
+        f"wrote {script} (runs your command as tuned: {script} python serve.py) and {best_path}", markup=False
+    )
     return 0
 
 
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
     from autotune.results.dashboard import serve
-    from autotune.search.spec import study_dir
     from autotune.results.optuna_artifacts import artifact_folder
+    from autotune.search.spec import study_dir
 
     _load_study(args)
-    return serve(_storage_arg(args), args.host, args.port, console, artifact_folder(study_dir(args.studies_dir, args.study)))
+    return serve(
+        _storage_arg(args), args.host, args.port, console, artifact_folder(study_dir(args.studies_dir, args.study))
+    )
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
@@ -227,10 +273,21 @@ def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     from autotune.search.fleet_join import worker_spec
     from autotune.search.study import run_search
 
-    spec = worker_spec(args.study, _storage_arg(args), Path(args.studies_dir), parse_duration(args.budget), args.trials,
-                       args.allow_mixed_hardware, _heartbeat_grace(args), args.finalists)
+    spec = worker_spec(
+        args.study,
+        _storage_arg(args),
+        Path(args.studies_dir),
+        parse_duration(args.budget),
+        args.trials,
+        args.allow_mixed_hardware,
+        _heartbeat_grace(args),
+        args.finalists,
+    )
     if spec.mixed_hardware:
-        console.print(f"warning: joining from a different machine ({'; '.join(spec.mixed_hardware)}); recorded in each trial", markup=False)
+        console.print(
+            f"warning: joining from a different machine ({'; '.join(spec.mixed_hardware)}); recorded in each trial",
+            markup=False,
+        )
     outcome = run_search(spec, console)
     print_study(outcome.study, console, top=5)
     return EXIT_INTERRUPTED if outcome.interrupted else 0
@@ -252,13 +309,15 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     model = resolve_model(args.model, args.weights, args.input_shape)
     window = parse_duration(args.measure_seconds)
     measure = measure_settings(window, min_iterations=args.min_iterations, cap_s=300.0)
-    benchmark_backends(model, args.batch_size, args.repeats, measure, Path(args.studies_dir).resolve(), console, args.only)
+    benchmark_backends(
+        model, args.batch_size, args.repeats, measure, Path(args.studies_dir).resolve(), console, args.only
+    )
     return 0
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
-    from autotune.machine.probe_report import probe_json, probe_lines
     from autotune.machine.probe import probe_machine
+    from autotune.machine.probe_report import probe_json, probe_lines
     from autotune.machine.runtimes import discover_runtimes
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
@@ -277,78 +336,155 @@ def cmd_models(args: argparse.Namespace, console: Console) -> int:
 
 
 def _add_heartbeat_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--heartbeat-grace", default="60s",
-                        help="a trial whose worker sent no heartbeat this long is failed and queued again (default 60s; "
-                             "each running trial beats every quarter of it)")
+    parser.add_argument(
+        "--heartbeat-grace",
+        default="60s",
+        help="a trial whose worker sent no heartbeat this long is failed and queued again (default 60s; "
+        "each running trial beats every quarter of it)",
+    )
 
 
 def _add_study_args(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--study", required=required, help="study name (default: the model name)")
-    parser.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: $AUTOTUNE_STORAGE, "
-                                           "else sqlite:///studies/<study>/study.db); a password is best kept in $AUTOTUNE_STORAGE")
+    parser.add_argument(
+        "--storage",
+        help="Optuna storage URL, e.g. postgresql://user@host/db (default: $AUTOTUNE_STORAGE, "
+        "else sqlite:///studies/<study>/study.db); a password is best kept in $AUTOTUNE_STORAGE",
+    )
     parser.add_argument("--studies-dir", default="studies", help="where study folders live (default: ./studies)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="autotune", description="Find the fastest way to run a PyTorch model on this CPU, and prove it.")
+    parser = _Parser(
+        prog="autotune", description="Find the fastest way to run a PyTorch model on this CPU, and prove it."
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     search = sub.add_parser("search", help="run (or resume) a study")
-    search.add_argument("--model", required=True, help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
-                                                             "or a TorchScript (.pt) or exported program (.pt2) file")
+    search.add_argument(
+        "--model",
+        required=True,
+        help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
+        "or a TorchScript (.pt) or exported program (.pt2) file",
+    )
     search.add_argument("--weights", help="state_dict file (loaded with weights_only)")
-    search.add_argument("--allow-pickle", action="store_true",
-                        help="load an exported program (.pt2) although its loader may unpickle Python objects (trusted files only)")
-    search.add_argument("--input-shape", "--inputs", dest="input_shape",
-                        help="one sample's shape, e.g. 3x224x224 (default: the model's); several or integer inputs as "
-                             "name:dtype:shape[:low-high],..., e.g. input_ids:int64:128:0-30522,attention_mask:int64:128:1-2")
+    search.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="load an exported program (.pt2) although its loader may unpickle Python objects (trusted files only)",
+    )
+    search.add_argument(
+        "--input-shape",
+        "--inputs",
+        dest="input_shape",
+        help="one sample's shape, e.g. 3x224x224 (default: the model's); several or integer inputs as "
+        "name:dtype:shape[:low-high],..., e.g. input_ids:int64:128:0-30522,attention_mask:int64:128:1-2",
+    )
     search.add_argument("--budget", default="20m", help="wall-clock budget: 90s, 20m, 2h (default 20m)")
     search.add_argument("--trials", type=int, help="stop after this many trials in this run")
-    search.add_argument("--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})")
-    search.add_argument("--objective", default="throughput", choices=("throughput", "latency", "pareto"),
-                        help="maximize samples/s; minimize median latency per call; or pareto: samples/s up and p99 latency "
-                             "down together (a multi-objective study; best.json lists the Pareto front)")
-    search.add_argument("--slo-ms", type=float, metavar="MS",
-                        help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
-                             "(slower configs are measured, then pruned; every measurement takes at least 100 calls)")
-    search.add_argument("--max-drift", default="0.05",
-                        help="largest drop from FP32 on --drift-metric: a number (absolute, default 0.05) or a percentage "
-                             "of FP32's value, e.g. 1%% (accuracy)")
-    search.add_argument("--drift-metric", default="relative_l2", choices=METRICS,
-                        help="what --max-drift bounds: " + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items()) + " (default relative_l2)")
-    search.add_argument("--data", help="drift (and calibration) data: an image folder (one subfolder per class gives labels) or a "
-                                       "tensor file ({'inputs', 'labels'} or a tensor); default: synthetic inputs")
-    search.add_argument("--calibration-data", help="calibrate int8 on this image folder or tensor file instead of a split of --data")
-    search.add_argument("--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)")
+    search.add_argument(
+        "--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})"
+    )
+    search.add_argument(
+        "--objective",
+        default="throughput",
+        choices=("throughput", "latency", "pareto"),
+        help="maximize samples/s; minimize median latency per call; or pareto: samples/s up and p99 latency "
+        "down together (a multi-objective study; best.json lists the Pareto front)",
+    )
+    search.add_argument(
+        "--slo-ms",
+        type=float,
+        metavar="MS",
+        help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
+        "(slower configs are measured, then pruned; every measurement takes at least 100 calls)",
+    )
+    search.add_argument(
+        "--max-drift",
+        default="0.05",
+        help="largest drop from FP32 on --drift-metric: a number (absolute, default 0.05) or a percentage "
+        "of FP32's value, e.g. 1%% (accuracy)",
+    )
+    search.add_argument(
+        "--drift-metric",
+        default="relative_l2",
+        choices=METRICS,
+        help="what --max-drift bounds: "
+        + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items())
+        + " (default relative_l2)",
+    )
+    search.add_argument(
+        "--data",
+        help="drift (and calibration) data: an image folder (one subfolder per class gives labels) or a "
+        "tensor file ({'inputs', 'labels'} or a tensor); default: synthetic inputs",
+    )
+    search.add_argument(
+        "--calibration-data", help="calibrate int8 on this image folder or tensor file instead of a split of --data"
+    )
+    search.add_argument(
+        "--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)"
+    )
     search.add_argument("--measure-seconds", default="5s", help="minimum measurement window per trial (default 5s)")
     search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")
-    search.add_argument("--calibration-samples", type=int, default=64,
-                        help="inputs int8 quantization is calibrated on, disjoint from the evaluation set (default 64)")
-    search.add_argument("--no-speed-pruning", action="store_true",
-                        help="measure every trial fully (no screening window, no pruning of clearly slower configs)")
-    search.add_argument("--finalists", type=int, default=3, help="top configs re-measured at the end, interleaved (default 3; 0: none)")
+    search.add_argument(
+        "--calibration-samples",
+        type=int,
+        default=64,
+        help="inputs int8 quantization is calibrated on, disjoint from the evaluation set (default 64)",
+    )
+    search.add_argument(
+        "--no-speed-pruning",
+        action="store_true",
+        help="measure every trial fully (no screening window, no pruning of clearly slower configs)",
+    )
+    search.add_argument(
+        "--finalists", type=int, default=3, help="top configs re-measured at the end, interleaved (default 3; 0: none)"
+    )
     search.add_argument("--finalist-repeats", type=int, default=3, help="runs of each finalist (default 3)")
-    search.add_argument("--finalist-share", type=float, default=0.2, help="fraction of the budget kept for the finalists (default 0.2)")
-    search.add_argument("--memory-limit", default=DEFAULT_TRIAL_MEMORY, metavar="SIZE",
-                        help=f"a trial whose processes together hold more memory is killed and failed: 8G, 800M, or a share "
-                             f"of this machine's memory (default {DEFAULT_TRIAL_MEMORY})")
-    search.add_argument("--cache-size", default=DEFAULT_CACHE_SIZE, metavar="SIZE",
-                        help=f"cap of the artifact cache (<studies-dir>/.cache/artifacts); the least recently used are evicted "
-                             f"(default {DEFAULT_CACHE_SIZE})")
-    search.add_argument("--runtime", action="append", metavar="PATH",
-                        help="another Python environment (virtual environment folder or its python) trials may run in, "
-                             "e.g. another torch version; repeatable. The main one and .venv-ipex are always used")
-    search.add_argument("--no-cover-backends", action="store_true",
-                        help="do not start a new study with one trial per backend x precision")
+    search.add_argument(
+        "--finalist-share", type=float, default=0.2, help="fraction of the budget kept for the finalists (default 0.2)"
+    )
+    search.add_argument(
+        "--memory-limit",
+        default=DEFAULT_TRIAL_MEMORY,
+        metavar="SIZE",
+        help=f"a trial whose processes together hold more memory is killed and failed: 8G, 800M, or a share "
+        f"of this machine's memory (default {DEFAULT_TRIAL_MEMORY})",
+    )
+    search.add_argument(
+        "--cache-size",
+        default=DEFAULT_CACHE_SIZE,
+        metavar="SIZE",
+        help=f"cap of the artifact cache (<studies-dir>/.cache/artifacts); the least recently used are evicted "
+        f"(default {DEFAULT_CACHE_SIZE})",
+    )
+    search.add_argument(
+        "--runtime",
+        action="append",
+        metavar="PATH",
+        help="another Python environment (virtual environment folder or its python) trials may run in, "
+        "e.g. another torch version; repeatable. The main one and .venv-ipex are always used",
+    )
+    search.add_argument(
+        "--no-cover-backends",
+        action="store_true",
+        help="do not start a new study with one trial per backend x precision",
+    )
     _add_study_args(search, required=False)
     _add_heartbeat_arg(search)
     search.set_defaults(func=cmd_search)
 
     export = sub.add_parser("export", help="write best.json from a stored study")
     _add_study_args(export, required=True)
-    export.add_argument("-o", "--output", help="output path (default studies/<study>/best.json, or launch.sh with --format sh)")
-    export.add_argument("--format", choices=("json", "sh"), default="json",
-                        help="json: best.json; sh: a launch script that starts your command pinned with the tuned environment")
+    export.add_argument(
+        "-o", "--output", help="output path (default studies/<study>/best.json, or launch.sh with --format sh)"
+    )
+    export.add_argument(
+        "--format",
+        choices=("json", "sh"),
+        default="json",
+        help="json: best.json; sh: a launch script that starts your command pinned with the tuned environment",
+    )
     export.set_defaults(func=cmd_export)
 
     dash = sub.add_parser("dashboard", help="serve the study in optuna-dashboard")
@@ -362,11 +498,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--best", help="a best.json file (instead of --study)")
     compare.add_argument("--studies-dir", default="studies")
     compare.add_argument("--repeats", type=int, default=3, help="runs of each config (default 3)")
-    compare.add_argument("--independent", default="20s",
-                         help="also time the winner with an independent stopwatch for this long per run: benchmark_app "
-                              "for an OpenVINO winner, a plain loop otherwise (default 20s; 0: skip)")
-    compare.add_argument("--vs-benchmark-app", metavar="SECONDS",
-                         help="also run 'benchmark_app -hint throughput' on the NNCF int8 IR for this long per run")
+    compare.add_argument(
+        "--independent",
+        default="20s",
+        help="also time the winner with an independent stopwatch for this long per run: benchmark_app "
+        "for an OpenVINO winner, a plain loop otherwise (default 20s; 0: skip)",
+    )
+    compare.add_argument(
+        "--vs-benchmark-app",
+        metavar="SECONDS",
+        help="also run 'benchmark_app -hint throughput' on the NNCF int8 IR for this long per run",
+    )
     compare.set_defaults(func=cmd_compare)
 
     bench = sub.add_parser("bench", help="every backend x precision side by side on one model (a benchmark table)")
@@ -376,7 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, default=8)
     bench.add_argument("--repeats", type=int, default=1, help="interleaved runs of each config (default 1)")
     bench.add_argument("--measure-seconds", default="10s", help="minimum timed window per run (default 10s)")
-    bench.add_argument("--min-iterations", type=int, default=100, help="minimum calls per run: p99 needs 100 (default 100)")
+    bench.add_argument(
+        "--min-iterations", type=int, default=100, help="minimum calls per run: p99 needs 100 (default 100)"
+    )
     bench.add_argument("--only", nargs="+", help="a subset of configs, e.g. 'openvino int8' 'torchao int8'")
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)
@@ -385,19 +529,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_study_args(worker, required=True)
     worker.add_argument("--budget", default="20m", help="this worker's wall-clock budget (default 20m)")
     worker.add_argument("--trials", type=int, help="stop after this many trials")
-    worker.add_argument("--finalists", type=int,
-                        help="top configs this worker re-measures at its end (default: the study's; 0 leaves it to another worker)")
-    worker.add_argument("--allow-mixed-hardware", action="store_true",
-                        help="join although this machine's hardware or software differs from the study's (recorded in each trial)")
+    worker.add_argument(
+        "--finalists",
+        type=int,
+        help="top configs this worker re-measures at its end (default: the study's; 0 leaves it to another worker)",
+    )
+    worker.add_argument(
+        "--allow-mixed-hardware",
+        action="store_true",
+        help="join although this machine's hardware or software differs from the study's (recorded in each trial)",
+    )
     _add_heartbeat_arg(worker)
     worker.set_defaults(func=cmd_worker)
 
-    verify = sub.add_parser("verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed")
+    verify = sub.add_parser(
+        "verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed"
+    )
     verify.add_argument("best", help="a best.json file")
     verify.add_argument("--repeats", type=int, default=3, help="runs, in fresh processes (default 3)")
     verify.set_defaults(func=cmd_verify)
 
-    report = sub.add_parser("report", help="write a self-contained HTML report of a study (charts, leaderboard, failures)")
+    report = sub.add_parser(
+        "report", help="write a self-contained HTML report of a study (charts, leaderboard, failures)"
+    )
     _add_study_args(report, required=True)
     report.add_argument("-o", "--output", help="output path (default studies/<study>/report.html)")
     report.set_defaults(func=cmd_report)
@@ -407,8 +561,15 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--top", type=int, default=10, help="configurations in the leaderboard (default 10)")
     show.set_defaults(func=cmd_show)
 
-    probe = sub.add_parser("probe", help="print what this machine offers (cores, ISA, allocators, OpenMP, runtimes and their backends)")
-    probe.add_argument("--runtime", action="append", metavar="PATH", help="also probe this runtime (a virtual environment or its python)")
+    probe = sub.add_parser(
+        "probe", help="print what this machine offers (cores, ISA, allocators, OpenMP, runtimes and their backends)"
+    )
+    probe.add_argument(
+        "--runtime",
+        action="append",
+        metavar="PATH",
+        help="also probe this runtime (a virtual environment or its python)",
+    )
     probe.add_argument("--json", action="store_true", help="machine-readable output")
     probe.set_defaults(func=cmd_probe)
     models = sub.add_parser("models", help="list the torchvision classification models")

@@ -33,15 +33,34 @@ def main() -> int:
     parser.add_argument("--studies-dir", default="studies")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
-    subprocess.run([sys.executable, "-m", "autotune.cli", "report", "--study", args.study, "--studies-dir", args.studies_dir], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "report", "--study", args.study, "--studies-dir", args.studies_dir],
+        check=True,
+    )
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "autotune.cli", "dashboard", "--study", args.study, "--studies-dir", args.studies_dir,
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "dashboard",
+            "--study",
+            args.study,
+            "--studies-dir",
+            args.studies_dir,
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline, studies = time.monotonic() + 60, None
         while studies is None and time.monotonic() < deadline:
             try:
-                studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read())["study_summaries"]
+                studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read())[
+                    "study_summaries"
+                ]
             except OSError:
                 time.sleep(0.5)
         study_id = next(s["study_id"] for s in studies if s["study_name"] == args.study)

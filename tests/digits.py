@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from sklearn.datasets import load_digits
-
 from tiny_models import DigitsNet
 
 TRAIN = 1000  # of 1797 digits; the other 797 are held out

@@ -1,9 +1,9 @@
 """Every backend x precision on a small resnet18, in one study; then a second study reuses the artifacts."""
 
 import pytest
+from conftest import FAST, load_study, run_autotune, write_space
 
 from autotune.backends import BACKENDS
-from conftest import FAST, load_study, run_autotune, write_space
 
 ALL_BACKENDS = {
     "eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]},
@@ -18,8 +18,27 @@ PAIRS = sum(len(d["precision"]) for d in ALL_BACKENDS.values())
 
 def run_study(workdir, name, backends, trials):
     space = write_space(workdir / f"{name}.yaml", batch_size=[4], baseline={"batch_size": 4}, backends=backends)
-    result = run_autotune("search", "--model", "resnet18", "--input-shape", "3x32x32", "--study", name, "--space", str(space),
-                          "--trials", str(trials), "--budget", "12m", "--calibration-samples", "16", "--no-speed-pruning", *FAST, cwd=workdir, timeout=900)
+    result = run_autotune(
+        "search",
+        "--model",
+        "resnet18",
+        "--input-shape",
+        "3x32x32",
+        "--study",
+        name,
+        "--space",
+        str(space),
+        "--trials",
+        str(trials),
+        "--budget",
+        "12m",
+        "--calibration-samples",
+        "16",
+        "--no-speed-pruning",
+        *FAST,
+        cwd=workdir,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     return load_study(workdir, name)
 
@@ -46,7 +65,9 @@ def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
         assert (artifact is not None) == BACKENDS[backend].builds_artifact(precision)
         if artifact:
             assert artifact["cached"] is False or backend == "openvino"  # openvino fp32 and bf16 share one IR
-    assert done[("inductor", "fp32")].user_attrs["first_call_s"] > 1.0  # compiled on the first call (an eager call takes ms)
+    assert (
+        done[("inductor", "fp32")].user_attrs["first_call_s"] > 1.0
+    )  # compiled on the first call (an eager call takes ms)
     ov_bf16 = done[("openvino", "bf16")].user_attrs["artifact"]
     assert ov_bf16["cached"] is True and ov_bf16["prepare_s"] == 0.0
 

@@ -12,11 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import FAST, load_study, run_autotune, tiny, write_space
 from playwright.sync_api import sync_playwright
+from test_dashboard import free_port
 
 from autotune.results.selection import clean_trials
-from conftest import FAST, load_study, run_autotune, tiny, write_space
-from test_dashboard import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -27,8 +27,22 @@ def study_dir(tmp_path_factory) -> Path:
     assert CHROMIUM, "Debian's chromium is missing: run 'make setup' (as root) or 'apt-get install chromium'"
     workdir = tmp_path_factory.mktemp("browser")
     space = write_space(workdir / "space.yaml", batch_size=[2, 4, 8])
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--study", "b", "--space", str(space),
-                          "--trials", "4", "--no-speed-pruning", *FAST, cwd=workdir)
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--study",
+        "b",
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--no-speed-pruning",
+        *FAST,
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     report = run_autotune("report", "--study", "b", cwd=workdir)
     assert report.returncode == 0, report.stderr
@@ -45,13 +59,19 @@ def browser():
 
 def test_the_dashboard_shows_the_trials_and_their_logs(study_dir, browser):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "dashboard", "--study", "b", "--port", str(port)],
-                            cwd=study_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "dashboard", "--study", "b", "--port", str(port)],
+        cwd=study_dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         studies, deadline = None, time.monotonic() + 60
         while studies is None and time.monotonic() < deadline:
             try:
-                studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read())["study_summaries"]
+                studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2).read())[
+                    "study_summaries"
+                ]
             except OSError:
                 time.sleep(0.5)
         study_id = next(s["study_id"] for s in studies if s["study_name"] == "b")

@@ -5,19 +5,24 @@ from dataclasses import replace
 import optuna
 import pytest
 
-from autotune.records.config import TrialConfig, clean_environment, pin_prefix
-from autotune.common.errors import UserError
 from autotune.backends import BACKENDS
+from autotune.common.errors import UserError
 from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
 from autotune.machine.runtimes import Runtime
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.search.space import InfeasibleConfig, SearchSpace
 
 
 def described_runtime(name="main", role="main", lacks=("ipex",), openmp=("gnu", "intel")) -> Runtime:
     """A runtime as its probe would report it: every backend imports except `lacks`."""
-    return Runtime(name, f"/envs/{name}/bin/python", role, torch="2.14.1",
-                   backends={b: (f"{b}: ModuleNotFoundError" if b in lacks else None) for b in BACKENDS},
-                   openmp={kind: f"/envs/{name}/lib/lib{kind}.so" for kind in openmp})
+    return Runtime(
+        name,
+        f"/envs/{name}/bin/python",
+        role,
+        torch="2.14.1",
+        backends={b: (f"{b}: ModuleNotFoundError" if b in lacks else None) for b in BACKENDS},
+        openmp={kind: f"/envs/{name}/lib/lib{kind}.so" for kind in openmp},
+    )
 
 
 RUNTIMES = {"main": described_runtime()}
@@ -25,11 +30,21 @@ RUNTIMES = {"main": described_runtime()}
 
 def fake_machine(cores: int = 4, smt: int = 2, allocators=None, pinning="numactl", thp="madvise") -> MachineProbe:
     """A described machine (not this one) to test arithmetic for bigger hosts; cpus numbered non-contiguously."""
-    phys = tuple(PhysicalCore(0, i, tuple(i + k * cores for k in range(smt)), numa_node=0 if i < cores // 2 else 1) for i in range(cores))
+    phys = tuple(
+        PhysicalCore(0, i, tuple(i + k * cores for k in range(smt)), numa_node=0 if i < cores // 2 else 1)
+        for i in range(cores)
+    )
     return MachineProbe(
-        cpu_model="test", isa={}, allowed_cpus=tuple(sorted(c for core in phys for c in core.cpus)), cores=phys,
-        numa_nodes={0: (), 1: ()}, allocators=allocators if allocators is not None else {"tcmalloc": "/x/libtcmalloc.so.4", "jemalloc": "/x/libjemalloc.so.2"},
-        pinning=pinning, thp=thp,
+        cpu_model="test",
+        isa={},
+        allowed_cpus=tuple(sorted(c for core in phys for c in core.cpus)),
+        cores=phys,
+        numa_nodes={0: (), 1: ()},
+        allocators=allocators
+        if allocators is not None
+        else {"tcmalloc": "/x/libtcmalloc.so.4", "jemalloc": "/x/libjemalloc.so.2"},
+        pinning=pinning,
+        thp=thp,
     )
 
 
@@ -56,7 +71,9 @@ def test_instances_get_disjoint_physical_cores():
 
 
 def test_clean_environment_drops_managed_variables():
-    env = clean_environment({"PATH": "/bin", "LD_PRELOAD": "x", "OMP_NUM_THREADS": "9", "KMP_AFFINITY": "y", "MALLOC_CONF": "z"})
+    env = clean_environment(
+        {"PATH": "/bin", "LD_PRELOAD": "x", "OMP_NUM_THREADS": "9", "KMP_AFFINITY": "y", "MALLOC_CONF": "z"}
+    )
     assert env == {"PATH": "/bin"}
 
 
@@ -116,12 +133,23 @@ def test_space_rejects_bad_values(bad, message):
 
 def test_baseline_is_eager_fp32_on_all_cores():
     params = SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).baseline_params()
-    assert params == {"backend": "eager", "eager.precision": "fp32", "batch_size": 8, "allocator": "glibc",
-                      "instances": 1, "threads_per_instance": 8, "eager.memory_format": "contiguous", "openmp": "gnu", "thp": False}
+    assert params == {
+        "backend": "eager",
+        "eager.precision": "fp32",
+        "batch_size": 8,
+        "allocator": "glibc",
+        "instances": 1,
+        "threads_per_instance": 8,
+        "eager.memory_format": "contiguous",
+        "openmp": "gnu",
+        "thp": False,
+    }
 
 
 def test_explicit_thread_lists_never_launch_what_does_not_fit():
-    space = SearchSpace.from_dict({**SPACE, "instances": [1, 2], "threads_per_instance": [2, 4]}, fake_machine(cores=4), RUNTIMES)
+    space = SearchSpace.from_dict(
+        {**SPACE, "instances": [1, 2], "threads_per_instance": [2, 4]}, fake_machine(cores=4), RUNTIMES
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     outcomes = set()
     for _ in range(40):
@@ -140,7 +168,10 @@ def test_explicit_thread_lists_never_launch_what_does_not_fit():
 
 
 def test_coverage_tries_every_backend_and_precision_once():
-    pairs = {(p["backend"], p[f"{p['backend']}.precision"]) for p in SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).coverage_params()}
+    pairs = {
+        (p["backend"], p[f"{p['backend']}.precision"])
+        for p in SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).coverage_params()
+    }
     assert pairs == {("eager", "fp32"), ("eager", "bf16"), ("inductor", "fp32")}
 
 
@@ -172,9 +203,16 @@ ROUTED = {"backends": {"eager": {}, "ipex": {"precision": ["bf16"]}, "openvino":
 
 
 def test_routing_sends_each_backend_to_a_runtime_that_imports_it():
-    runtimes = {"main": described_runtime(), "ipex": described_runtime("ipex", "auto", lacks=("onnxruntime", "openvino"))}
+    runtimes = {
+        "main": described_runtime(),
+        "ipex": described_runtime("ipex", "auto", lacks=("onnxruntime", "openvino")),
+    }
     space = SearchSpace.from_dict(ROUTED, fake_machine(), runtimes)
-    assert space.runtimes == {"eager": ["main"], "ipex": ["ipex"], "openvino": ["main"]}  # .venv-ipex only fills the gap
+    assert space.runtimes == {
+        "eager": ["main"],
+        "ipex": ["ipex"],
+        "openvino": ["main"],
+    }  # .venv-ipex only fills the gap
     for config, params in sample(space, 40):
         assert config.runtime == ("ipex" if config.backend == "ipex" else "main")
         assert not any(key.endswith(".runtime") for key in params)  # one choice: not a dimension
@@ -201,13 +239,16 @@ def test_a_backend_no_runtime_imports_is_left_out_with_the_reason():
 
 def test_an_explicit_runtime_that_runs_nothing_is_refused():
     runtimes = {"main": described_runtime(), "bare": described_runtime("bare", "explicit", lacks=tuple(BACKENDS))}
-    with pytest.raises(UserError, match="runtime bare .* runs none of"):
+    with pytest.raises(UserError, match=r"runtime bare .* runs none of"):
         SearchSpace.from_dict(ROUTED, fake_machine(), runtimes)
 
 
 def test_openmp_and_huge_pages_are_sampled_for_torch_backends_only():
-    space = SearchSpace.from_dict({**ROUTED, "openmp": ["gnu", "intel"], "kmp_blocktime": [0, 200], "thp": [False, True]},
-                                  fake_machine(), {"main": described_runtime(lacks=())})
+    space = SearchSpace.from_dict(
+        {**ROUTED, "openmp": ["gnu", "intel"], "kmp_blocktime": [0, 200], "thp": [False, True]},
+        fake_machine(),
+        {"main": described_runtime(lacks=())},
+    )
     seen_openmp = set()
     for config, params in sample(space, 80):
         if config.backend == "openvino":  # its own thread pool (TBB): the settings would do nothing
@@ -223,7 +264,9 @@ def test_openmp_and_huge_pages_are_sampled_for_torch_backends_only():
 
 def test_openmp_and_thp_are_left_out_where_they_cannot_work():
     no_iomp = {"main": described_runtime(openmp=("gnu",))}
-    space = SearchSpace.from_dict({**ROUTED, "openmp": ["gnu", "intel"], "thp": [False, True]}, fake_machine(thp="always"), no_iomp)
+    space = SearchSpace.from_dict(
+        {**ROUTED, "openmp": ["gnu", "intel"], "thp": [False, True]}, fake_machine(thp="always"), no_iomp
+    )
     assert space.thread_pool.openmp == ["gnu"] and space.thread_pool.thp == [False]
     assert any("Intel OpenMP" in n for n in space.notes) and any("huge pages are 'always'" in n for n in space.notes)
     with pytest.raises(UserError, match="unknown openmp 'llvm'"):
@@ -231,7 +274,9 @@ def test_openmp_and_thp_are_left_out_where_they_cannot_work():
 
 
 def test_intel_openmp_is_preloaded_after_the_allocator_with_its_settings():
-    config = TrialConfig("eager", "fp32", 8, "tcmalloc", 1, 2, openmp="intel", kmp_affinity="disabled", kmp_blocktime=0, thp=True)
+    config = TrialConfig(
+        "eager", "fp32", 8, "tcmalloc", 1, 2, openmp="intel", kmp_affinity="disabled", kmp_blocktime=0, thp=True
+    )
     env = config.to_env(fake_machine(), {"intel": "/envs/main/lib/libiomp5.so"})
     assert env["LD_PRELOAD"] == "/x/libtcmalloc.so.4:/envs/main/lib/libiomp5.so"
     assert (env["KMP_AFFINITY"], env["KMP_BLOCKTIME"], env["THP_MEM_ALLOC_ENABLE"]) == ("disabled", "0", "1")
@@ -249,8 +294,16 @@ def test_the_runtime_is_part_of_the_numerics_key():
 
 def test_ipex_with_intel_openmp_affinity_disabled_is_never_launched():
     runtimes = {"main": described_runtime(), "ipex": described_runtime("ipex", "auto", lacks=("openvino",))}
-    space = SearchSpace.from_dict({"backends": {"ipex": {}, "eager": {}}, "batch_size": [8], "openmp": ["intel"],
-                                   "kmp_affinity": ["granularity=fine,compact,1,0", "disabled"]}, fake_machine(), runtimes)
+    space = SearchSpace.from_dict(
+        {
+            "backends": {"ipex": {}, "eager": {}},
+            "batch_size": [8],
+            "openmp": ["intel"],
+            "kmp_affinity": ["granularity=fine,compact,1,0", "disabled"],
+        },
+        fake_machine(),
+        runtimes,
+    )
     refused = launched = 0
     for config, params in sample(space, 60):
         if config is None:

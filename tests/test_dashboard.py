@@ -18,11 +18,32 @@ def free_port() -> int:
 
 def test_dashboard_serves_the_study_on_loopback(workdir):
     space = write_space(workdir / "space.yaml")
-    assert run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--study", "d", "--space", str(space),
-                        "--trials", "1", *FAST, cwd=workdir).returncode == 0
+    assert (
+        run_autotune(
+            "search",
+            "--model",
+            tiny(),
+            "--input-shape",
+            "3x16x16",
+            "--study",
+            "d",
+            "--space",
+            str(space),
+            "--trials",
+            "1",
+            *FAST,
+            cwd=workdir,
+        ).returncode
+        == 0
+    )
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "dashboard", "--study", "d", "--port", str(port)],
-                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "dashboard", "--study", "d", "--port", str(port)],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         body, deadline = None, time.monotonic() + 60
         while body is None and time.monotonic() < deadline:
@@ -32,12 +53,20 @@ def test_dashboard_serves_the_study_on_loopback(workdir):
                 time.sleep(0.5)
         assert body is not None and '"d"' in body
         study_id = next(s["study_id"] for s in json.loads(body)["study_summaries"] if s["study_name"] == "d")
-        detail = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}", timeout=10).read())
+        detail = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study_id}", timeout=10).read()
+        )
         assert [a["filename"] for a in detail["artifacts"]] == ["best.json"]  # the study's artifact
         log = detail["trials"][0]["artifacts"][0]
         assert log["filename"] == "trial.log" and log["mimetype"] == "text/plain"
-        served = urllib.request.urlopen(f"http://127.0.0.1:{port}/artifacts/{study_id}/{detail['trials'][0]['trial_id']}/{log['artifact_id']}",
-                                        timeout=10).read().decode()
+        served = (
+            urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/artifacts/{study_id}/{detail['trials'][0]['trial_id']}/{log['artifact_id']}",
+                timeout=10,
+            )
+            .read()
+            .decode()
+        )
         assert "instance 0: env" in served and "==== stderr-0.log ====" in served
         listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
         local_addresses = [line.split()[3] for line in listening.splitlines()]

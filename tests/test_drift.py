@@ -13,7 +13,11 @@ LABELS = np.array([0, 1, 2, 1])  # the reference gets 3 of 4 right
 
 def test_identical_outputs_have_no_drift():
     drift = compute_drift(REFERENCE, REFERENCE, LABELS)
-    assert drift["relative_l2"] == 0.0 and drift["cosine_similarity"] == pytest.approx(1.0) and drift["top1_agreement"] == 1.0
+    assert (
+        drift["relative_l2"] == 0.0
+        and drift["cosine_similarity"] == pytest.approx(1.0)
+        and drift["top1_agreement"] == 1.0
+    )
     assert drift["accuracy"] == drift["reference_accuracy"] == 0.75 and drift["accuracy_delta"] == 0.0
 
 
@@ -33,7 +37,9 @@ def test_scaled_embeddings_keep_cosine_but_not_l2():
     drift = compute_drift(REFERENCE * 2, REFERENCE)
     assert drift["cosine_similarity"] == pytest.approx(1.0) and drift["relative_l2"] == pytest.approx(1.0)
     assert not DriftCriterion("cosine", 1e-6).exceeded(drift) and DriftCriterion("relative_l2", 0.5).exceeded(drift)
-    assert "accuracy" not in drift and DriftCriterion("accuracy", 0.01).exceeded(drift)  # no labels: cannot be told, so not kept
+    assert "accuracy" not in drift and DriftCriterion("accuracy", 0.01).exceeded(
+        drift
+    )  # no labels: cannot be told, so not kept
 
 
 def test_non_finite_outputs_always_exceed():
@@ -42,8 +48,10 @@ def test_non_finite_outputs_always_exceed():
     assert all(DriftCriterion(m, 0.99).exceeded(drift) for m in ("relative_l2", "cosine", "top1"))
 
 
-@pytest.mark.parametrize("metric,text,expected", [("relative_l2", "0.05", (0.05, False)), ("accuracy", "1%", (0.01, True)),
-                                                  ("accuracy", "0.01", (0.01, False))])
+@pytest.mark.parametrize(
+    "metric,text,expected",
+    [("relative_l2", "0.05", (0.05, False)), ("accuracy", "1%", (0.01, True)), ("accuracy", "0.01", (0.01, False))],
+)
 def test_bounds_are_absolute_or_relative(metric, text, expected):
     criterion = DriftCriterion.parse(metric, text)
     assert (criterion.max_drop, criterion.relative) == expected

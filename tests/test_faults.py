@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import FAST, load_study, run_autotune, states, tiny, write_space
 from test_trials_subprocess import leftover_processes
 
@@ -22,8 +21,20 @@ ARGS = ["--input-shape", "3x16x16", "--study", "s"]
 
 def search(workdir, model: str, *extra: str, space=None, timeout: float = 300):
     space = space or write_space(workdir / "space.yaml", batch_size=[4])
-    return run_autotune("search", "--model", tiny(model), *ARGS, "--space", str(space), "--budget", "3m", *FAST, *extra,
-                        cwd=workdir, timeout=timeout)
+    return run_autotune(
+        "search",
+        "--model",
+        tiny(model),
+        *ARGS,
+        "--space",
+        str(space),
+        "--budget",
+        "3m",
+        *FAST,
+        *extra,
+        cwd=workdir,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,7 +70,20 @@ def test_one_instance_dying_takes_its_siblings_down_and_is_recorded(workdir):
 
 def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on_resume(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
-    args = [sys.executable, "-m", "autotune.cli", "search", "--model", tiny("hanging"), *ARGS, "--space", str(space), "--budget", "5m", *FAST]
+    args = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "search",
+        "--model",
+        tiny("hanging"),
+        *ARGS,
+        "--space",
+        str(space),
+        "--budget",
+        "5m",
+        *FAST,
+    ]
     proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     trial_dir = workdir / "studies" / "s" / "trials" / "00000"
     deadline = time.monotonic() + 60
@@ -75,7 +99,9 @@ def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on
     assert states(load_study(workdir, "s")) == ["RUNNING"]
     again = search(workdir, "hanging", "--trials", "1", "--trial-timeout", "5s", space=space)
     assert again.returncode == 0, again.stderr
-    assert f"trial 0: the autotune process running it (host {socket.gethostname()}, pid {proc.pid}) died" in again.stdout
+    assert (
+        f"trial 0: the autotune process running it (host {socket.gethostname()}, pid {proc.pid}) died" in again.stdout
+    )
     first, retry = load_study(workdir, "s").trials
     assert first.state.name == "FAIL" and "died" in first.user_attrs["fail_cause"]
     assert retry.user_attrs["retry_of"] == 0 and retry.params == first.params  # its configuration, queued again
@@ -87,8 +113,13 @@ def test_best_json_is_always_whole_when_export_is_killed_or_interrupted(workdir)
     original = json.loads(best.read_text())
     rng = random.Random(7)
     for attempt in range(8):
-        proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "export", "--study", "s"], cwd=workdir,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.cli", "export", "--study", "s"],
+            cwd=workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(rng.uniform(0.2, 2.5))  # start-up, loading the study, writing: anywhere
         proc.send_signal(signal.SIGKILL if attempt % 2 else signal.SIGINT)
         proc.communicate(timeout=60)
@@ -97,7 +128,10 @@ def test_best_json_is_always_whole_when_export_is_killed_or_interrupted(workdir)
 
 
 def test_when_no_config_meets_the_drift_bound_the_closest_is_exported_and_marked(workdir):
-    space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous", "channels_last"]}})
+    space = write_space(
+        workdir / "space.yaml",
+        backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous", "channels_last"]}},
+    )
     result = search(workdir, "tiny_cnn", "--trials", "3", "--max-drift", "1e-5", space=space)
     assert result.returncode == 0, result.stderr
     assert "no trial met the drift bound" in result.stdout
@@ -107,15 +141,31 @@ def test_when_no_config_meets_the_drift_bound_the_closest_is_exported_and_marked
     assert best["meets_drift"] is False and best["metrics"] is None and "NO configuration met" in best["selection"]
     drops = {t.number: t.user_attrs["drift"]["relative_l2"] for t in study.trials}
     assert best["study"]["trial"] == min(drops, key=lambda n: (drops[n], n))
-    assert best["drift"]["drop"] == pytest.approx(min(drops.values())) and best["drift"]["drop"] > best["drift"]["max_drift"]
+    assert (
+        best["drift"]["drop"] == pytest.approx(min(drops.values()))
+        and best["drift"]["drop"] > best["drift"]["max_drift"]
+    )
     assert best["config"] == study.trials[best["study"]["trial"]].user_attrs["config"]
 
 
 def test_the_artifact_cache_evicts_the_least_recently_used_past_its_cap(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[4], backends={"onnxruntime": {"precision": ["fp32", "int8"]},
-                                                                          "openvino": {"precision": ["fp32"], "streams": [1]}})
-    result = search(workdir, "tiny_cnn", "--trials", "3", "--no-speed-pruning", "--cache-size", "1K", "--calibration-samples", "8",
-                    space=space)
+    space = write_space(
+        workdir / "space.yaml",
+        batch_size=[4],
+        backends={"onnxruntime": {"precision": ["fp32", "int8"]}, "openvino": {"precision": ["fp32"], "streams": [1]}},
+    )
+    result = search(
+        workdir,
+        "tiny_cnn",
+        "--trials",
+        "3",
+        "--no-speed-pruning",
+        "--cache-size",
+        "1K",
+        "--calibration-samples",
+        "8",
+        space=space,
+    )
     assert result.returncode == 0, result.stderr
     trials = load_study(workdir, "s").trials
     assert states(load_study(workdir, "s")) == ["COMPLETE"] * 3
@@ -124,4 +174,3 @@ def test_the_artifact_cache_evicts_the_least_recently_used_past_its_cap(workdir)
     assert built[1]["evicted"][0] == built[0]["dir"].rsplit("/", 1)[1]  # the least recently used went first
     remaining = [p for p in (workdir / "studies" / ".cache" / "artifacts").iterdir() if p.is_dir()]  # lock files stay
     assert [p.name for p in remaining] == [built[2]["dir"].rsplit("/", 1)[1]]
-

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import FAST, run_autotune, tiny, write_space
 
 STUDY = ["--study", "fleet"]
@@ -25,8 +24,14 @@ FINISHED = {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, op
 def pinned(cpus: str, *args: str, cwd: Path) -> subprocess.Popen:
     """autotune started as a user pins a worker: taskset -c CPUS autotune ..."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(["taskset", "-c", cpus, sys.executable, "-m", "autotune.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["taskset", "-c", cpus, sys.executable, "-m", "autotune.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
@@ -51,10 +56,14 @@ def running_trial_of(url: str, pid: int, timeout_s: float = 120) -> optuna.trial
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two workers pinned to disjoint cores need two CPUs")
-def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed_by_heartbeat_and_retried(workdir, postgres):
+def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed_by_heartbeat_and_retried(
+    workdir, postgres
+):
     url = postgres()
     space = write_space(workdir / "space.yaml", batch_size=[2, 4, 8], threads_per_instance=[1])
-    created = pinned("0", "search", *MODEL, *STUDY, "--storage", url, "--space", str(space), "--trials", "1", *FAST, cwd=workdir)
+    created = pinned(
+        "0", "search", *MODEL, *STUDY, "--storage", url, "--space", str(space), "--trials", "1", *FAST, cwd=workdir
+    )
     code, out, err = finish(created)
     assert code == 0, err
     assert "created study 'fleet' in postgresql://autotune@127.0.0.1" in out
@@ -86,7 +95,10 @@ def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed
 
     dead = study.trials[killed.number]
     assert dead.state == optuna.trial.TrialState.FAIL
-    assert "no heartbeat for over 4s" in dead.user_attrs["fail_cause"] and f"pid {doomed.pid}" in dead.user_attrs["fail_cause"]
+    assert (
+        "no heartbeat for over 4s" in dead.user_attrs["fail_cause"]
+        and f"pid {doomed.pid}" in dead.user_attrs["fail_cause"]
+    )
     retries = [t for t in trials if t.user_attrs.get("retry_of") == killed.number]
     assert len(retries) == 1 and retries[0].params == dead.params  # queued once, run once, by the survivor
     assert retries[0].state != optuna.trial.TrialState.FAIL and owners[retries[0].number] == survivor.pid
@@ -95,8 +107,14 @@ def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed
     # Export from a machine that ran none of it: only the storage URL (from the environment, as a fleet keeps it).
     elsewhere = workdir / "elsewhere"
     elsewhere.mkdir()
-    exported = subprocess.run([sys.executable, "-m", "autotune.cli", "export", *STUDY, "-o", "best.json"], cwd=elsewhere,
-                              env={**os.environ, "AUTOTUNE_STORAGE": url}, capture_output=True, text=True, timeout=120)
+    exported = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "export", *STUDY, "-o", "best.json"],
+        cwd=elsewhere,
+        env={**os.environ, "AUTOTUNE_STORAGE": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert exported.returncode == 0, exported.stderr
     best = json.loads((elsewhere / "best.json").read_text())
     clean = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -129,8 +147,12 @@ def test_the_fleet_guide_uses_real_options_and_valid_manifests():
 
     guide = (Path(__file__).resolve().parent.parent / "docs" / "FLEET.md").read_text()
     parser = build_parser()
-    commands = [line.split("#")[0].strip() for line in guide.splitlines() if "autotune " in line and not line.startswith(("#", "|"))]
-    commands = [c[c.index("autotune "):] for c in commands if c.startswith(("autotune ", "numactl ", "ExecStart="))]
+    commands = [
+        line.split("#")[0].strip()
+        for line in guide.splitlines()
+        if "autotune " in line and not line.startswith(("#", "|"))
+    ]
+    commands = [c[c.index("autotune ") :] for c in commands if c.startswith(("autotune ", "numactl ", "ExecStart="))]
     assert len(commands) >= 8
     for command in commands:
         parser.parse_args(shlex.split(command)[1:])  # an unknown option raises (exit 2)

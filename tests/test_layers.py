@@ -14,14 +14,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 # Higher layers may import lower ones; packages of one rank may not import each other.
 LAYERS = {
     "common": 0,
-    "measure": 1, "model": 1, "backends": 1,
+    "measure": 1,
+    "model": 1,
+    "backends": 1,
     "machine": 2,
     "records": 3,
     "worker": 4,
     "runner": 5,
     "results": 6,
-    "checks": 7, "search": 7,
-    "api": 8, "cli": 9, "__init__": 9,
+    "checks": 7,
+    "search": 7,
+    "api": 8,
+    "cli": 9,
+    "__init__": 9,
 }
 
 
@@ -66,8 +71,10 @@ def test_imports_only_go_down_the_layers():
             if destination not in LAYERS:
                 violations.append(f"{module_name(path)}:{line} imports {target}: no such layer")
             elif LAYERS[destination] >= LAYERS[source]:
-                violations.append(f"{module_name(path)}:{line} ({source}, layer {LAYERS[source]}) imports {target} "
-                                  f"({destination}, layer {LAYERS[destination]})")
+                violations.append(
+                    f"{module_name(path)}:{line} ({source}, layer {LAYERS[source]}) imports {target} "
+                    f"({destination}, layer {LAYERS[destination]})"
+                )
     assert not violations, "imports against the layers:\n" + "\n".join(violations)
 
 

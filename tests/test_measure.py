@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from autotune.measure.noise import NoiseLimits, noise_flags
 from autotune.measure.stopwatch import (
     MeasureSettings,
     common_window_throughput,
@@ -14,7 +15,6 @@ from autotune.measure.stopwatch import (
     timed_window,
     warm_up,
 )
-from autotune.measure.noise import NoiseLimits, noise_flags
 
 RNG = np.random.default_rng(7)
 STEADY = RNG.normal(0.100, 0.002, 400)  # 100 ms calls, 2% jitter
@@ -72,14 +72,19 @@ def test_too_short_series_reports_missing_not_guessed():
     summary = latency_summary(TOO_SHORT)
     assert summary["p50"] is not None and summary["p90"] is None and summary["p99"] is None
     assert summary["p50_ci"] is None and summary["p50_ci_rel"] is None and summary["early_late_rel"] is None
-    assert noise_flags([{"signals": {}, "latency": latency_summary(BIMODAL[:10])}], None, None, 2) == []  # shape needs 20 calls
+    assert (
+        noise_flags([{"signals": {}, "latency": latency_summary(BIMODAL[:10])}], None, None, 2) == []
+    )  # shape needs 20 calls
 
 
 def test_interference_signals_are_flagged():
     signals = {"foreign_cpu": 0.48, "steal": 0.2}
     flags = noise_flags([{"signals": signals, "latency": {}}], {"runnable_others": 5.0}, {"runnable_others": 0.0}, 2)
     assert len(flags) == 3 and "48%" in flags[0] and "stole 20%" in flags[1] and "before" in flags[2]
-    assert noise_flags([{"signals": {"foreign_cpu": 0.02, "steal": 0.0}, "latency": {}}], None, None, 2, NoiseLimits()) == []
+    assert (
+        noise_flags([{"signals": {"foreign_cpu": 0.02, "steal": 0.0}, "latency": {}}], None, None, 2, NoiseLimits())
+        == []
+    )
 
 
 def test_window_stops_on_the_ci_rule_when_steady():
@@ -106,7 +111,12 @@ def test_window_waits_for_every_instance_to_agree():
         votes.append(satisfied)
         return satisfied and clock.now >= 5.0
 
-    stamps = timed_window(clock.step, MeasureSettings(window_min_s=1.0, window_max_s=60.0), clock=clock, agree_to_stop=others_not_ready_until_5s)
+    stamps = timed_window(
+        clock.step,
+        MeasureSettings(window_min_s=1.0, window_max_s=60.0),
+        clock=clock,
+        agree_to_stop=others_not_ready_until_5s,
+    )
     assert 5.0 <= stamps[-1, 1] < 5.5 and votes[0] is True
 
 

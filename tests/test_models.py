@@ -5,10 +5,10 @@ import os
 import pytest
 import torch
 import torchvision
+from conftest import FAST, TINY, load_study, run_autotune, states, write_space
 
 from autotune.common.errors import UserError
 from autotune.model.sources import HUB_CACHE, RANDOM_INIT, WEIGHTS_FILE, build_model, resolve_model
-from conftest import FAST, TINY, load_study, run_autotune, states, write_space
 
 
 def test_random_init_is_the_default_and_reproducible():
@@ -84,17 +84,41 @@ def test_model_files_load_with_their_own_weights(tmp_path):
 @pytest.mark.parametrize("file", ["tiny.pt", "tiny.pt2"])
 def test_a_model_file_completes_a_short_study(workdir, file):
     _saved_models(workdir)
-    space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]},
-                                                          "openvino": {"precision": ["fp32"], "hint": ["LATENCY"], "streams": [1]}})
+    space = write_space(
+        workdir / "space.yaml",
+        backends={
+            "eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]},
+            "openvino": {"precision": ["fp32"], "hint": ["LATENCY"], "streams": [1]},
+        },
+    )
     trust = ["--allow-pickle"] if file.endswith(".pt2") else []
-    result = run_autotune("search", "--model", str(workdir / file), *trust, "--input-shape", "3x16x16", "--space", str(space),
-                          "--trials", "3", "--budget", "3m", "--no-speed-pruning", *FAST, cwd=workdir, timeout=400)
+    result = run_autotune(
+        "search",
+        "--model",
+        str(workdir / file),
+        *trust,
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--trials",
+        "3",
+        "--budget",
+        "3m",
+        "--no-speed-pruning",
+        *FAST,
+        cwd=workdir,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stderr
     assert "weights inside the model file" in result.stdout
     study = load_study(workdir, "tiny")
     assert states(study) == ["COMPLETE"] * 3, [t.user_attrs.get("fail_cause") for t in study.trials]
     assert study.trials[0].user_attrs["drift"]["relative_l2"] == 0.0
-    assert study.trials[2].user_attrs["config"]["backend"] == "openvino" and study.trials[2].user_attrs["drift"]["relative_l2"] < 1e-3
+    assert (
+        study.trials[2].user_attrs["config"]["backend"] == "openvino"
+        and study.trials[2].user_attrs["drift"]["relative_l2"] < 1e-3
+    )
 
 
 def test_a_factory_may_return_example_inputs():
@@ -103,4 +127,6 @@ def test_a_factory_may_return_example_inputs():
     assert (ids.name, ids.shape, ids.dtype, mask.name, mask.high) == ("input_ids", (32,), "int64", "attention_mask", 2)
     assert ids.high <= 1000 and source.input_shape == (32,)
     model = build_model(source)
-    assert isinstance(model, torch.nn.Module) and model(torch.zeros(3, 32, dtype=torch.long), torch.ones(3, 32, dtype=torch.long)).shape == (3, 64)
+    assert isinstance(model, torch.nn.Module) and model(
+        torch.zeros(3, 32, dtype=torch.long), torch.ones(3, 32, dtype=torch.long)
+    ).shape == (3, 64)

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FAST, load_study, run_autotune, tiny, write_space
 
 from autotune.machine.runtimes import discover_runtimes, probe_runtime
-from conftest import FAST, load_study, run_autotune, tiny, write_space
 
 IPEX_VENV = Path(sys.prefix).parent / ".venv-ipex"
 
@@ -65,26 +65,65 @@ def test_a_runtime_that_does_not_exist_is_one_clear_line(workdir):
     for command in (["search", "--model", tiny(), "--input-shape", "3x16x16"], ["probe"]):
         result = run_autotune(*command, "--runtime", str(workdir / "no-such-venv"), cwd=workdir)
         assert result.returncode == 2
-        assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+        assert (
+            result.stderr.strip().count("\n") == 0
+            and "does not exist" in result.stderr
+            and "Traceback" not in result.stderr
+        )
 
 
 def test_a_runtime_lacking_every_backend_of_the_space_is_refused(workdir, bare_venv):
     space = write_space(workdir / "space.yaml")
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--runtime", str(bare_venv), "--trials", "1", *FAST,
-                          cwd=workdir)
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--runtime",
+        str(bare_venv),
+        "--trials",
+        "1",
+        *FAST,
+        cwd=workdir,
+    )
     assert result.returncode == 2, result.stderr
-    assert "runs none of the space's backends" in result.stderr and "torch" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        "runs none of the space's backends" in result.stderr
+        and "torch" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 @pytest.mark.timeout(900)
 def test_ipex_trials_run_in_the_ipex_runtime_beside_main_runtime_trials(workdir, ipex_venv):
-    space = write_space(workdir / "space.yaml", backends={
-        "eager": {"precision": ["fp32"]},
-        "ipex": {"precision": ["bf16", "int8"], "graph": ["torchscript"]},
-        "openvino": {"precision": ["fp32"], "streams": [1]},
-    })
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "4", "--no-speed-pruning",
-                          "--budget", "10m", *FAST, cwd=workdir, timeout=900)
+    space = write_space(
+        workdir / "space.yaml",
+        backends={
+            "eager": {"precision": ["fp32"]},
+            "ipex": {"precision": ["bf16", "int8"], "graph": ["torchscript"]},
+            "openvino": {"precision": ["fp32"], "streams": [1]},
+        },
+    )
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--no-speed-pruning",
+        "--budget",
+        "10m",
+        *FAST,
+        cwd=workdir,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     assert "ipex runs in runtime ipex" in result.stdout
     study = load_study(workdir, "tiny_cnn")
@@ -105,26 +144,62 @@ def test_ipex_trials_run_in_the_ipex_runtime_beside_main_runtime_trials(workdir,
     assert int8.user_attrs["artifact"]["details"]["quantization"].startswith("IPEX static int8")
     best = json.loads((workdir / "studies" / "tiny_cnn" / "best.json").read_text())
     winner = study.trials[best["study"]["trial"]]
-    assert best["runtime"]["name"] == winner.user_attrs["runtime"]["name"] and best["runtime"]["torch"] == winner.user_attrs["runtime"]["torch"]
+    assert (
+        best["runtime"]["name"] == winner.user_attrs["runtime"]["name"]
+        and best["runtime"]["torch"] == winner.user_attrs["runtime"]["torch"]
+    )
     assert best["runtime"]["python"] in best["launch"]["commands"][0]
 
 
 @pytest.mark.timeout(600)
 def test_an_extra_runtime_compares_torch_versions_in_one_study(workdir, ipex_venv):
     space = write_space(workdir / "space.yaml", batch_size=[4], backends={"eager": {"precision": ["fp32"]}})
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--runtime", str(ipex_venv), "--trials", "2",
-                          "--no-speed-pruning", *FAST, cwd=workdir, timeout=600)
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--runtime",
+        str(ipex_venv),
+        "--trials",
+        "2",
+        "--no-speed-pruning",
+        *FAST,
+        cwd=workdir,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "tiny_cnn")
-    versions = {t.user_attrs["runtime"]["name"]: t.user_attrs["torch_version"] for t in study.trials if t.state.name == "COMPLETE"}
+    versions = {
+        t.user_attrs["runtime"]["name"]: t.user_attrs["torch_version"]
+        for t in study.trials
+        if t.state.name == "COMPLETE"
+    }
     assert set(versions) == {"main", "venv-ipex"}
-    assert versions["venv-ipex"].startswith("2.8.0") and versions["main"].startswith(importlib.metadata.version("torch"))
+    assert versions["venv-ipex"].startswith("2.8.0") and versions["main"].startswith(
+        importlib.metadata.version("torch")
+    )
 
 
 @pytest.mark.timeout(600)
 def test_intel_openmp_and_huge_pages_reach_the_trial_process(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4], openmp=["intel"], kmp_blocktime=[0], thp=[True])
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "1", *FAST, cwd=workdir)
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--trials",
+        "1",
+        *FAST,
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     trial = load_study(workdir, "tiny_cnn").trials[0]
     assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_cause")

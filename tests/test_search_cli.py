@@ -9,21 +9,34 @@ import time
 
 import optuna
 import pytest
-
 from conftest import FAST, load_study, run_autotune, states, tiny, write_space
 
 
 def search(workdir, *extra, model=None, space=None, study="s", budget="3m"):
     space = space or write_space(workdir / "space.yaml")
     return run_autotune(
-        "search", "--model", model or tiny(), "--input-shape", "3x16x16", "--study", study, "--space", str(space),
-        "--budget", budget, *FAST, *extra, cwd=workdir,
+        "search",
+        "--model",
+        model or tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--study",
+        study,
+        "--space",
+        str(space),
+        "--budget",
+        budget,
+        *FAST,
+        *extra,
+        cwd=workdir,
     )
 
 
 def test_search_completes_trials_and_exports_best_json(workdir):
     space = write_space(workdir / "space.yaml", allocator=["glibc", "jemalloc"], batch_size=[2, 4, 8])
-    result = search(workdir, "--trials", "4", "--finalists", "2", "--finalist-repeats", "2", "--no-speed-pruning", space=space)
+    result = search(
+        workdir, "--trials", "4", "--finalists", "2", "--finalist-repeats", "2", "--no-speed-pruning", space=space
+    )
     assert result.returncode == 0, result.stderr
     assert "RANDOM INIT" in result.stdout and "wrote" in result.stdout
     study = load_study(workdir, "s")
@@ -41,7 +54,10 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     finalists = best["finalists"]
     candidates = [c for c in finalists["candidates"] if c["candidate"]]
     assert len(candidates) == 2 and finalists["repeats"] == 2 and any(c["baseline"] for c in finalists["candidates"])
-    assert all(len(c["runs"]) == 2 and c["median"] is not None and c["min"] <= c["median"] <= c["max"] for c in finalists["candidates"])
+    assert all(
+        len(c["runs"]) == 2 and c["median"] is not None and c["min"] <= c["median"] <= c["max"]
+        for c in finalists["candidates"]
+    )
     assert [c["trial"] for c in candidates if c["winner"]] == [best["study"]["trial"]]
     assert best["selection"].startswith("finalists: ") and best["objective"]["revalidated_median"] > 0
     assert best["speedup_vs_baseline"] > 0 and "interleaved" in best["speedup_source"]
@@ -52,7 +68,9 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert best["drift"]["samples"] == 8 and best["drift"]["max_drift"] == 0.05
 
     # The exported command reproduces the winner in a fresh process.
-    replay = subprocess.run(best["launch"]["commands"][0], shell=True, capture_output=True, text=True, timeout=120, cwd=workdir)
+    replay = subprocess.run(
+        best["launch"]["commands"][0], shell=True, capture_output=True, text=True, timeout=120, cwd=workdir
+    )
     assert replay.returncode == 0, replay.stderr
     measured = json.loads(replay.stdout)
     assert measured["allocator"]["asked"] == best["config"]["allocator"] and measured["allocator"]["verified"]
@@ -65,15 +83,20 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     # Side by side: baseline and winner through autotune's protocol, and the winner under a plain timing loop.
     compared = run_autotune("compare", "--study", "s", "--repeats", "1", "--independent", "2s", cwd=workdir)
     assert compared.returncode == 0, compared.stderr
-    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]] for line in compared.stdout.splitlines()
-            if line.startswith("│ baseline") or line.startswith("│ winner")}
+    rows = {
+        line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+        for line in compared.stdout.splitlines()
+        if line.startswith("│ baseline") or line.startswith("│ winner")
+    }
     assert set(rows) == {"baseline", "winner", "winner, independent"} and rows["baseline"][-1] == "1.00x"
     ours, independent = float(rows["winner"][0]), float(rows["winner, independent"][0])
     assert 0.5 < independent / ours < 2.0  # two stopwatches, same config: the same order of magnitude
 
 
 def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):
-    space = write_space(workdir / "space.yaml", backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous"]}})
+    space = write_space(
+        workdir / "space.yaml", backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous"]}}
+    )
     result = search(workdir, "--trials", "3", "--max-drift", "1e-4", space=space)
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "s")
@@ -117,9 +140,33 @@ def test_budget_is_wall_clock(workdir):
 
 def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
-    args = [sys.executable, "-m", "autotune.cli", "search", "--model", tiny("hanging"), "--input-shape", "3x16x16",
-            "--study", "s", "--space", str(space), "--budget", "5m", "--trial-timeout", "2m", *FAST]
-    proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    args = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "search",
+        "--model",
+        tiny("hanging"),
+        "--input-shape",
+        "3x16x16",
+        "--study",
+        "s",
+        "--space",
+        str(space),
+        "--budget",
+        "5m",
+        "--trial-timeout",
+        "2m",
+        *FAST,
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     trial_dir = workdir / "studies" / "s" / "trials" / "00000"
     deadline = time.monotonic() + 60
     while not (trial_dir / "stderr-0.log").exists() and time.monotonic() < deadline:
@@ -141,11 +188,17 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["search", "--model", "resnet5O"], "unknown model 'resnet5O': not a torchvision classification model. Did you mean resnet50"),
+        (
+            ["search", "--model", "resnet5O"],
+            "unknown model 'resnet5O': not a torchvision classification model. Did you mean resnet50",
+        ),
         (["search", "--model", "resnet18", "--memory-limit", "lots"], "--memory-limit: cannot read size 'lots'"),
         (["search", "--model", "resnet18", "--cache-size", "50%"], "--cache-size: cannot read size '50%'"),
         (["search", "--model", "resnet18", "--data", "no-such-folder"], "--data 'no-such-folder' does not exist"),
-        (["search", "--model", "resnet18", "--storage", "postgresql://tuner:s3cret@127.0.0.1:1/studies"], "cannot open storage postgresql://tuner:***@"),
+        (
+            ["search", "--model", "resnet18", "--storage", "postgresql://tuner:s3cret@127.0.0.1:1/studies"],
+            "cannot open storage postgresql://tuner:***@",
+        ),
         (["search", "--model", "resnet18", "--budget", "soon"], "cannot read duration 'soon'"),
         (["search", "--model", "resnet18", "--input-shape", "3xax4"], "cannot read input shape"),
         (["search", "--model", "resnet18", "--study", "../escape"], "study name '../escape' is not allowed"),
@@ -169,12 +222,24 @@ def test_bad_input_is_one_line_and_exit_2(workdir, args, message):
 @pytest.mark.parametrize(
     "files,args,message",
     [
-        ({"w.pt": b"not a state dict"}, ["--weights", "w.pt"], "weights file 'w.pt' is not a file saved with torch.save"),
+        (
+            {"w.pt": b"not a state dict"},
+            ["--weights", "w.pt"],
+            "weights file 'w.pt' is not a file saved with torch.save",
+        ),
         ({"s.yaml": b"batch: [1]\n"}, ["--space", "s.yaml"], "unknown key 'batch'"),
         ({"s.yaml": b"batch_size: [big]\n"}, ["--space", "s.yaml"], "batch_size must be a list of int"),
-        ({"s.yaml": b"threads_per_instance: [64]\n"}, ["--space", "s.yaml"], "threads_per_instance values [64] must lie between 1 and the"),
+        (
+            {"s.yaml": b"threads_per_instance: [64]\n"},
+            ["--space", "s.yaml"],
+            "threads_per_instance values [64] must lie between 1 and the",
+        ),
         ({"s.yaml": b"instances: [64]\n"}, ["--space", "s.yaml"], "instances values [64] must lie between 1 and the"),
-        ({"s.yaml": b"backends: {eager: {precision: [fp64]}}\n"}, ["--space", "s.yaml"], "backends.eager.precision value 'fp64' is not supported"),
+        (
+            {"s.yaml": b"backends: {eager: {precision: [fp64]}}\n"},
+            ["--space", "s.yaml"],
+            "backends.eager.precision value 'fp64' is not supported",
+        ),
         ({"s.yaml": b"backends: [eager\n"}, ["--space", "s.yaml"], "is not valid YAML"),
     ],
 )
@@ -188,12 +253,16 @@ def test_bad_files_are_one_line_and_exit_2(workdir, files, args, message):
 
 
 def test_latency_objective_minimises_median_latency(workdir):
-    result = search(workdir, "--trials", "3", "--objective", "latency", space=write_space(workdir / "space.yaml", batch_size=[1, 8]))
+    result = search(
+        workdir, "--trials", "3", "--objective", "latency", space=write_space(workdir / "space.yaml", batch_size=[1, 8])
+    )
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "s")
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
     best = json.loads((workdir / "studies" / "s" / "best.json").read_text())
-    assert best["objective"]["value"] == min(t.value for t in study.trials if t.value is not None and t.user_attrs.get("valid"))
+    assert best["objective"]["value"] == min(
+        t.value for t in study.trials if t.value is not None and t.user_attrs.get("valid")
+    )
     assert best["objective"]["value"] == best["metrics"]["latency_ms"]["p50"]
 
 
@@ -207,6 +276,9 @@ def test_speed_pruner_stops_a_clearly_slower_config_after_screening(workdir):
     assert result.returncode == 0, result.stderr
     trial = load_study(workdir, "s").trials[1]
     assert trial.state == optuna.trial.TrialState.PRUNED and trial.params["batch_size"] == 4
-    assert "screening" in trial.user_attrs["prune_reason"] and trial.intermediate_values[0] < trial.user_attrs["screening"]["throughput_sps"] + 1
+    assert (
+        "screening" in trial.user_attrs["prune_reason"]
+        and trial.intermediate_values[0] < trial.user_attrs["screening"]["throughput_sps"] + 1
+    )
     assert "throughput_sps" not in trial.user_attrs  # the full measurement never ran
     assert (workdir / "studies" / "s" / "trials" / "00001" / "screen-0.npy").exists()

@@ -18,7 +18,8 @@ INDUCTOR = {"backend": "inductor", "precision": "bf16", "batch_size": 4, "alloca
 
 def completed(value: float, ci_rel: float = 0.01, valid: bool = True, **attrs) -> optuna.trial.FrozenTrial:
     return optuna.trial.create_trial(
-        value=value, user_attrs={"valid": valid, "measurement": {"throughput_ci_rel": ci_rel}, **attrs},
+        value=value,
+        user_attrs={"valid": valid, "measurement": {"throughput_ci_rel": ci_rel}, **attrs},
     )
 
 
@@ -106,7 +107,11 @@ def test_no_clean_finalist_is_an_error():
 def test_a_noisy_runner_up_does_not_tie_when_every_run_of_the_best_beat_it():
     candidates = [
         {"trial": 37, "config": OPENVINO, "summary": summarize_runs([93.4, 92.0, 91.7], [0.01])},
-        {"trial": 8, "config": INDUCTOR, "summary": summarize_runs([88.0, 85.2, 69.9], [0.01])},  # one slow run: 10% noise
+        {
+            "trial": 8,
+            "config": INDUCTOR,
+            "summary": summarize_runs([88.0, 85.2, 69.9], [0.01]),
+        },  # one slow run: 10% noise
     ]
     index, why = select_winner(candidates, maximize=True)
     assert candidates[index]["trial"] == 37 and why.startswith("beats the runner-up")

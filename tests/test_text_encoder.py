@@ -3,13 +3,17 @@
 import json
 
 import torch
-
 from conftest import load_study, run_autotune, tiny, write_space
 
 INPUTS = "input_ids:int64:32:0-1000,attention_mask:int64:32:1-2"
 BACKENDS = {
     "eager": {"precision": ["fp32"], "memory_format": ["contiguous"]},  # eager bf16: tests/test_backends.py
-    "onnxruntime": {"precision": ["fp32", "int8"], "execution_mode": ["sequential"], "graph_optimization": ["all"], "inter_op_threads": [1]},
+    "onnxruntime": {
+        "precision": ["fp32", "int8"],
+        "execution_mode": ["sequential"],
+        "graph_optimization": ["all"],
+        "inter_op_threads": [1],
+    },
     "openvino": {"precision": ["fp32", "int8"], "hint": ["LATENCY"], "streams": [1], "int8_float": ["f32"]},
     "torchao": {"precision": ["int8"], "scheme": ["dynamic"], "memory_format": ["contiguous"]},
 }
@@ -22,10 +26,36 @@ def test_a_text_encoder_completes_a_study_on_token_data(workdir):
     torch.save({"inputs": {"input_ids": ids, "attention_mask": mask}}, workdir / "tokens.pt")
     space = write_space(workdir / "space.yaml", batch_size=[4], backends=BACKENDS, baseline={"batch_size": 4})
     result = run_autotune(
-        "search", "--model", tiny("sentence_encoder"), "--inputs", INPUTS, "--data", str(workdir / "tokens.pt"),
-        "--eval-samples", "16", "--calibration-samples", "16", "--drift-metric", "cosine", "--max-drift", "0.05",
-        "--study", "bert", "--space", str(space), "--trials", "6", "--budget", "12m", "--no-speed-pruning",
-        "--measure-seconds", "0.3", "--finalists", "0", cwd=workdir, timeout=900,
+        "search",
+        "--model",
+        tiny("sentence_encoder"),
+        "--inputs",
+        INPUTS,
+        "--data",
+        str(workdir / "tokens.pt"),
+        "--eval-samples",
+        "16",
+        "--calibration-samples",
+        "16",
+        "--drift-metric",
+        "cosine",
+        "--max-drift",
+        "0.05",
+        "--study",
+        "bert",
+        "--space",
+        str(space),
+        "--trials",
+        "6",
+        "--budget",
+        "12m",
+        "--no-speed-pruning",
+        "--measure-seconds",
+        "0.3",
+        "--finalists",
+        "0",
+        cwd=workdir,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr
     assert f"input {INPUTS}" in result.stdout and "data: tensor file" in result.stdout

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import TINY
 
-from autotune.records.config import TrialConfig
 from autotune.common.errors import TrialFailed
-from autotune.measure.stopwatch import MeasureSettings
-from autotune.model.sources import ModelSource
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
-from autotune.runner.trials import TrialContext, compute_reference, plan_instances, run_config
+from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.sources import ModelSource
+from autotune.records.config import TrialConfig
 from autotune.runner.launch import run_instances
-from conftest import TINY
+from autotune.runner.trials import TrialContext, compute_reference, plan_instances, run_config
 
 MACHINE = probe_machine()
 QUICK = MeasureSettings(warmup_min_iters=2, warmup_min_s=0.1, window_min_s=0.3, window_min_iters=3, window_max_s=5)
@@ -71,13 +71,23 @@ def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
 def _launch_with_env(reference, tmp_path, config, change):
     trial_dir = tmp_path / "t"
     (trial_dir / "barrier").mkdir(parents=True)
-    job = {"task": "trial", "model": reference.model.to_dict(), "config": config.to_dict(), "measure": QUICK.to_dict(),
-           "reference_path": None, "workdir": str(tmp_path), "barrier_dir": str(trial_dir / "barrier"), "barrier_timeout_s": 30}
+    job = {
+        "task": "trial",
+        "model": reference.model.to_dict(),
+        "config": config.to_dict(),
+        "measure": QUICK.to_dict(),
+        "reference_path": None,
+        "workdir": str(tmp_path),
+        "barrier_dir": str(trial_dir / "barrier"),
+        "barrier_timeout_s": 30,
+    }
     launch = plan_instances(config, MACHINE, trial_dir, job, tmp_path, discover_runtimes()["main"])[0]
     return run_instances([replace(launch, env=change(dict(launch.env)))], 60, trial_dir / "barrier")
 
 
-@pytest.mark.skipif("tcmalloc" not in MACHINE.allocators, reason="tcmalloc is not installed here (make setup installs it as root)")
+@pytest.mark.skipif(
+    "tcmalloc" not in MACHINE.allocators, reason="tcmalloc is not installed here (make setup installs it as root)"
+)
 def test_worker_refuses_to_run_without_the_allocator_it_was_asked_for(reference, tmp_path):
     config = TrialConfig("eager", "fp32", 2, "tcmalloc", 1, 1)
     with pytest.raises(TrialFailed, match="environment check failed: allocator 'tcmalloc'"):
@@ -86,7 +96,9 @@ def test_worker_refuses_to_run_without_the_allocator_it_was_asked_for(reference,
 
 def test_worker_refuses_to_run_without_the_openmp_it_was_asked_for(reference, tmp_path):
     config = TrialConfig("eager", "fp32", 2, "glibc", 1, 1, openmp="intel", kmp_blocktime=1)
-    with pytest.raises(TrialFailed, match="environment check failed: Intel OpenMP asked for, but libiomp5 is not mapped"):
+    with pytest.raises(
+        TrialFailed, match="environment check failed: Intel OpenMP asked for, but libiomp5 is not mapped"
+    ):
         _launch_with_env(reference, tmp_path, config, lambda env: {k: v for k, v in env.items() if k != "LD_PRELOAD"})
 
 
@@ -94,19 +106,32 @@ def test_worker_refuses_to_run_without_the_openmp_it_was_asked_for(reference, tm
 def test_worker_refuses_to_run_with_another_thread_count(reference, tmp_path):
     config = TrialConfig("eager", "fp32", 2, "glibc", 1, 2)
     with pytest.raises(TrialFailed, match="environment check failed: asked for 2 threads, torch runs with 1"):
-        _launch_with_env(reference, tmp_path, config, lambda env: {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+        _launch_with_env(
+            reference, tmp_path, config, lambda env: {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        )
 
 
 def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
     with pytest.raises(TrialFailed) as info:
-        run(TrialConfig("eager", "fp32", 4), reference, tmp_path, model=source("crashing").with_weights(reference.model.weights_path))
+        run(
+            TrialConfig("eager", "fp32", 4),
+            reference,
+            tmp_path,
+            model=source("crashing").with_weights(reference.model.weights_path),
+        )
     assert "SIGABRT" in info.value.cause
     assert "Fatal Python error: Aborted" in info.value.stderr_tail and "forward" in info.value.stderr_tail
 
 
 def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):
     with pytest.raises(TrialFailed, match="timed out after 6s while preparing"):
-        run(TrialConfig("eager", "fp32", 4), reference, tmp_path, timeout=6, model=source("hanging").with_weights(reference.model.weights_path))
+        run(
+            TrialConfig("eager", "fp32", 4),
+            reference,
+            tmp_path,
+            timeout=6,
+            model=source("hanging").with_weights(reference.model.weights_path),
+        )
     assert leftover_processes(str(tmp_path / "trial")) == []
 
 
@@ -136,8 +161,13 @@ def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):
 
 def test_screening_reaches_the_hook_before_the_full_window(reference, tmp_path):
     stages = []
-    metrics, _ = run(TrialConfig("eager", "fp32", 2), reference, tmp_path, screen=True,
-                     on_stage=lambda stage, payloads: stages.append((stage, payloads)))
+    metrics, _ = run(
+        TrialConfig("eager", "fp32", 2),
+        reference,
+        tmp_path,
+        screen=True,
+        on_stage=lambda stage, payloads: stages.append((stage, payloads)),
+    )
     assert [s for s, _ in stages] == ["ready", "screened"]
     screening = stages[1][1][0]
     assert screening["throughput_sps"] > 0 and screening["latency_ms"]["samples"] >= 3

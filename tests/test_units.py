@@ -3,16 +3,18 @@
 import numpy as np
 import pytest
 
-from autotune.model.inputs import fixed_batches
-from autotune.measure.drift import compute_drift, relative_l2, top1_agreement
 from autotune.common.durations import parse_duration
 from autotune.common.errors import UserError
-from autotune.measure.stopwatch import common_window_throughput, latency_summary, samples_needed
-from autotune.machine.probe import format_cpu_ranges, parse_cpu_list
 from autotune.common.sizes import parse_size_mib
+from autotune.machine.probe import format_cpu_ranges, parse_cpu_list
+from autotune.measure.drift import compute_drift, relative_l2, top1_agreement
+from autotune.measure.stopwatch import common_window_throughput, latency_summary, samples_needed
+from autotune.model.inputs import fixed_batches
 
 
-@pytest.mark.parametrize("text,seconds", [("90s", 90), ("20m", 1200), ("2h", 7200), ("1h30m", 5400), ("45", 45), (" 3M ", 180)])
+@pytest.mark.parametrize(
+    "text,seconds", [("90s", 90), ("20m", 1200), ("2h", 7200), ("1h30m", 5400), ("45", 45), (" 3M ", 180)]
+)
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -67,7 +69,10 @@ def test_drift_metrics():
 def test_fixed_batches_keep_every_batch_full_even_with_few_inputs():
     import torch
 
-    inputs = (torch.arange(3).float().reshape(3, 1), torch.arange(3).reshape(3, 1) * 10)  # two model inputs, kept aligned
+    inputs = (
+        torch.arange(3).float().reshape(3, 1),
+        torch.arange(3).reshape(3, 1) * 10,
+    )  # two model inputs, kept aligned
     batches = fixed_batches(inputs, 8)
     assert len(batches) == 1 and batches[0][0].shape == (8, 1) and batches[0][1].dtype == torch.int64
     assert batches[0][0][:3, 0].tolist() == [0, 1, 2] and set(batches[0][0][:, 0].tolist()) == {0, 1, 2}
@@ -89,7 +94,11 @@ def test_input_specs_parse_and_draw_in_range():
 
 
 def test_sizes_parse_units_and_shares():
-    assert parse_size_mib("8G", "--x") == 8192 and parse_size_mib("800M", "--x") == 800 and parse_size_mib("1.5gib", "--x") == 1536
+    assert (
+        parse_size_mib("8G", "--x") == 8192
+        and parse_size_mib("800M", "--x") == 800
+        and parse_size_mib("1.5gib", "--x") == 1536
+    )
     assert parse_size_mib("50%", "--x", share_of_mib=1000) == 500
     for bad in ("lots", "10", "-1G", "50%"):
         with pytest.raises(UserError, match="--x"):

@@ -8,14 +8,18 @@ import json
 
 import pytest
 import torch
-
 from conftest import FAST, load_study, run_autotune, tiny, write_space
 from digits import garbage_calibration, train_digits
 
 INT8 = {
     "eager": {"precision": ["fp32"], "memory_format": ["contiguous"]},
     "openvino": {"precision": ["int8"], "hint": ["LATENCY"], "streams": [1], "int8_float": ["f32"]},
-    "onnxruntime": {"precision": ["int8"], "execution_mode": ["sequential"], "graph_optimization": ["all"], "inter_op_threads": [1]},
+    "onnxruntime": {
+        "precision": ["int8"],
+        "execution_mode": ["sequential"],
+        "graph_optimization": ["all"],
+        "inter_op_threads": [1],
+    },
     "torchao": {"precision": ["int8"], "scheme": ["static"], "memory_format": ["contiguous"]},
 }
 
@@ -31,10 +35,39 @@ def digits(tmp_path_factory):
 def digits_search(workdir, digits, study, *extra):
     space = write_space(workdir / f"{study}.yaml", batch_size=[8], backends=INT8, baseline={"batch_size": 8})
     result = run_autotune(
-        "search", "--model", tiny("digits_net"), "--input-shape", "1x8x8", "--weights", str(digits["weights"]),
-        "--data", str(digits["data"]), "--eval-samples", "300", "--calibration-samples", "200",
-        "--drift-metric", "accuracy", "--max-drift", "2%", "--study", study, "--space", str(space), "--trials", "4",
-        "--budget", "10m", "--no-speed-pruning", "--measure-seconds", "0.3", "--finalists", "0", *extra, cwd=workdir, timeout=900,
+        "search",
+        "--model",
+        tiny("digits_net"),
+        "--input-shape",
+        "1x8x8",
+        "--weights",
+        str(digits["weights"]),
+        "--data",
+        str(digits["data"]),
+        "--eval-samples",
+        "300",
+        "--calibration-samples",
+        "200",
+        "--drift-metric",
+        "accuracy",
+        "--max-drift",
+        "2%",
+        "--study",
+        study,
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--budget",
+        "10m",
+        "--no-speed-pruning",
+        "--measure-seconds",
+        "0.3",
+        "--finalists",
+        "0",
+        *extra,
+        cwd=workdir,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr
     return result, load_study(workdir, study)
@@ -44,7 +77,9 @@ def test_int8_keeps_a_trained_classifiers_accuracy(digits):
     result, study = digits_search(digits["workdir"], digits, "kept")
     assert "data: tensor file" in result.stdout and "warning" not in result.stdout
     int8 = [t for t in study.trials if t.user_attrs["config"]["precision"] == "int8"]
-    assert len(int8) == 3 and all(t.state.name == "COMPLETE" for t in int8), [t.user_attrs.get("prune_reason") for t in int8]
+    assert len(int8) == 3 and all(t.state.name == "COMPLETE" for t in int8), [
+        t.user_attrs.get("prune_reason") for t in int8
+    ]
     for trial in int8:
         drift = trial.user_attrs["drift"]
         assert drift["samples"] == 300 and drift["reference_accuracy"] > 0.9
@@ -73,9 +108,27 @@ def test_int8_calibrated_on_garbage_is_pruned(digits):
 
 
 def test_drift_is_measured_once_per_numerics_and_reused(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[2, 4], backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}})
-    common = ["--model", tiny(), "--input-shape", "3x16x16", "--study", "s", "--space", str(space), "--budget", "3m",
-              "--no-cover-backends", "--max-drift", "1e-6", *FAST]
+    space = write_space(
+        workdir / "space.yaml",
+        batch_size=[2, 4],
+        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
+    )
+    common = [
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--study",
+        "s",
+        "--space",
+        str(space),
+        "--budget",
+        "3m",
+        "--no-cover-backends",
+        "--max-drift",
+        "1e-6",
+        *FAST,
+    ]
     assert run_autotune("search", *common, "--trials", "1", cwd=workdir).returncode == 0  # the fp32 baseline, batch 2
     study = load_study(workdir, "s")
     base = study.trials[0].params
@@ -103,15 +156,45 @@ def test_image_folder_with_class_subfolders_gives_labels(workdir):
             pixels = (torch.rand((20, 24, 3), generator=generator) * 255).to(torch.uint8).numpy()
             Image.fromarray(pixels).save(workdir / "images" / label / f"{i}.png")
     space = write_space(workdir / "space.yaml")
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--data", str(workdir / "images"),
-                          "--eval-samples", "8", "--calibration-samples", "4", "--study", "img", "--space", str(space),
-                          "--trials", "1", "--budget", "2m", "--measure-seconds", "0.3", "--finalists", "0", cwd=workdir)
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--data",
+        str(workdir / "images"),
+        "--eval-samples",
+        "8",
+        "--calibration-samples",
+        "4",
+        "--study",
+        "img",
+        "--space",
+        str(space),
+        "--trials",
+        "1",
+        "--budget",
+        "2m",
+        "--measure-seconds",
+        "0.3",
+        "--finalists",
+        "0",
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     assert "image folder" in result.stdout and "12 samples, with labels" in result.stdout
     drift = load_study(workdir, "img").trials[0].user_attrs["drift"]
-    assert drift["samples"] == 8 and "accuracy" in drift and drift["accuracy_delta"] == 0.0  # fp32 eager is the reference
+    assert (
+        drift["samples"] == 8 and "accuracy" in drift and drift["accuracy_delta"] == 0.0
+    )  # fp32 eager is the reference
     reference = torch.load(workdir / "studies" / "img" / "reference" / "reference.pt", weights_only=True)
-    assert reference["inputs"][0].shape == (8, 3, 16, 16) and reference["calibration"][0].shape == (4, 3, 16, 16)  # batches: one tensor per input
+    assert reference["inputs"][0].shape == (8, 3, 16, 16) and reference["calibration"][0].shape == (
+        4,
+        3,
+        16,
+        16,
+    )  # batches: one tensor per input
     assert set(reference["labels"].tolist()) <= {0, 1}
 
 

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import FAST, load_study, run_autotune, tiny, write_space
 
 ARGS = ["--input-shape", "3x16x16", "--study", "s"]
@@ -19,8 +18,12 @@ ARGS = ["--input-shape", "3x16x16", "--study", "s"]
 def tuned(tmp_path_factory):
     """A finished study: eager fp32, two instances of one core, jemalloc; best.json and launch.sh exported."""
     workdir = tmp_path_factory.mktemp("tuned")
-    space = write_space(workdir / "space.yaml", batch_size=[4], instances=[2], threads_per_instance=[1], allocator=["jemalloc"])
-    result = run_autotune("search", "--model", tiny(), *ARGS, "--space", str(space), "--trials", "1", "--budget", "3m", *FAST, cwd=workdir)
+    space = write_space(
+        workdir / "space.yaml", batch_size=[4], instances=[2], threads_per_instance=[1], allocator=["jemalloc"]
+    )
+    result = run_autotune(
+        "search", "--model", tiny(), *ARGS, "--space", str(space), "--trials", "1", "--budget", "3m", *FAST, cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     exported = run_autotune("export", "--study", "s", "--format", "sh", cwd=workdir)
     assert exported.returncode == 0, exported.stderr
@@ -39,14 +42,17 @@ out = infer(x)
 instance = int(os.environ["AUTOTUNE_INSTANCE"])
 with open(f"served-{instance}.json", "w") as f:  # one file per instance: concurrent writes to one pipe may interleave
     json.dump({"instance": instance, "of": int(os.environ["AUTOTUNE_INSTANCES"]),
-               "cpus": sorted(os.sched_getaffinity(0)), "out": out.tolist(), "preload": os.environ.get("LD_PRELOAD", "")}, f)
+               "cpus": sorted(os.sched_getaffinity(0)), "out": out.tolist(),
+               "preload": os.environ.get("LD_PRELOAD", "")}, f)
 """
 
 
 def test_the_launch_script_starts_your_program_pinned_and_load_gives_the_tuned_model(tuned):
     script = tuned / "studies" / "s" / "launch.sh"
     (tuned / "serve.py").write_text(SERVE)
-    done = subprocess.run(["bash", str(script), sys.executable, "serve.py"], cwd=tuned, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", str(script), sys.executable, "serve.py"], cwd=tuned, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     lines = sorted((json.loads(path.read_text()) for path in tuned.glob("served-*.json")), key=lambda r: r["instance"])
     assert [r["instance"] for r in lines] == [0, 1] and all(r["of"] == 2 for r in lines)
@@ -65,8 +71,12 @@ def test_the_launch_script_starts_your_program_pinned_and_load_gives_the_tuned_m
 
 def test_load_refuses_a_process_not_started_as_tuned(tuned):
     (tuned / "serve.py").write_text(SERVE)
-    env = {"AUTOTUNE_BEST": str(tuned / "studies" / "s" / "best.json"), "PATH": "/usr/bin:/bin", "AUTOTUNE_INSTANCE": "0",
-           "AUTOTUNE_INSTANCES": "1"}
+    env = {
+        "AUTOTUNE_BEST": str(tuned / "studies" / "s" / "best.json"),
+        "PATH": "/usr/bin:/bin",
+        "AUTOTUNE_INSTANCE": "0",
+        "AUTOTUNE_INSTANCES": "1",
+    }
     done = subprocess.run([sys.executable, "serve.py"], cwd=tuned, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode != 0
     assert "TunedEnvironmentMismatch" in done.stderr and "libjemalloc" in done.stderr and "launch.sh" in done.stderr
@@ -74,11 +84,21 @@ def test_load_refuses_a_process_not_started_as_tuned(tuned):
 
 def test_show_prints_the_leaderboard_and_failures_grouped_by_cause(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[2, 4], baseline={"batch_size": 2})
-    assert run_autotune("search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "1", *FAST, cwd=workdir).returncode == 0
+    assert (
+        run_autotune(
+            "search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "1", *FAST, cwd=workdir
+        ).returncode
+        == 0
+    )
     study = load_study(workdir, "s")
     for _ in range(2):  # the same config at the batch size the model crashes at
         study.enqueue_trial({**study.trials[0].params, "batch_size": 4})
-    assert run_autotune("search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "2", *FAST, cwd=workdir).returncode == 0
+    assert (
+        run_autotune(
+            "search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "2", *FAST, cwd=workdir
+        ).returncode
+        == 0
+    )
     shown = run_autotune("show", "--study", "s", cwd=workdir)
     assert shown.returncode == 0, shown.stderr
     assert "3 trials: 1 COMPLETE, 2 FAIL" in shown.stdout
@@ -117,7 +137,9 @@ def _run_on_a_terminal(args: list[str], cwd, timeout: float = 300) -> str:
     import time
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen(args, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "160"})
+    proc = subprocess.Popen(
+        args, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "160"}
+    )
     os.close(slave)
     chunks, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -149,12 +171,26 @@ def test_live_progress_on_a_terminal_and_plain_lines_in_logs(workdir):
 
 def test_a_latency_slo_keeps_only_configs_whose_p99_stays_under_it(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[2])
-    common = ["search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "2", "--no-speed-pruning", *FAST]
+    common = [
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--trials",
+        "2",
+        "--no-speed-pruning",
+        *FAST,
+    ]
     tight = run_autotune(*common, "--study", "tight", "--slo-ms", "0.0001", cwd=workdir)
     assert tight.returncode == 0, tight.stderr
     for trial in load_study(workdir, "tight").trials:
         assert trial.state.name == "PRUNED" and trial.user_attrs["prune_reason"].startswith("latency SLO: p99")
-        assert trial.user_attrs["slo"]["met"] is False and trial.user_attrs["latency_ms"]["p99"] > 0.0001  # measured, then refused
+        assert (
+            trial.user_attrs["slo"]["met"] is False and trial.user_attrs["latency_ms"]["p99"] > 0.0001
+        )  # measured, then refused
         assert trial.user_attrs["measurement"]["calls"] >= 100
     assert "no trial completed" in tight.stdout
     loose = run_autotune(*common, "--study", "loose", "--slo-ms", "100000", cwd=workdir)
@@ -166,8 +202,23 @@ def test_a_latency_slo_keeps_only_configs_whose_p99_stays_under_it(workdir):
 
 def test_the_pareto_objective_exports_the_front_of_throughput_and_p99(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[1, 16], baseline={"batch_size": 1})
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "4",
-                          "--objective", "pareto", "--study", "p", *FAST, cwd=workdir)
+    result = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--objective",
+        "pareto",
+        "--study",
+        "p",
+        *FAST,
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "p")
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]

@@ -4,14 +4,26 @@ differs from the study's is refused unless allowed (then recorded)."""
 from __future__ import annotations
 
 import optuna
-
 from conftest import FAST, load_study, run_autotune, tiny, write_space
 
 
 def test_a_worker_joins_with_the_study_settings_and_a_different_machine_is_refused(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[2, 4])
-    created = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", "--study", "s", "--space", str(space),
-                           "--trials", "1", *FAST, cwd=workdir)
+    created = run_autotune(
+        "search",
+        "--model",
+        tiny(),
+        "--input-shape",
+        "3x16x16",
+        "--study",
+        "s",
+        "--space",
+        str(space),
+        "--trials",
+        "1",
+        *FAST,
+        cwd=workdir,
+    )
     assert created.returncode == 0, created.stderr
     joined = run_autotune("worker", "--study", "s", "--trials", "2", "--budget", "3m", cwd=workdir)  # nothing re-typed
     assert joined.returncode == 0, joined.stderr

@@ -13,9 +13,14 @@ class TinyCNN(nn.Module):
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, stride=2),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.head = nn.Linear(32, classes)
 
@@ -135,8 +140,10 @@ class DigitsNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1, stride=2), nn.ReLU(),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, stride=2),
+            nn.ReLU(),
             nn.Flatten(),
         )
         self.head = nn.Linear(32 * 4 * 4, 10)
@@ -157,8 +164,14 @@ class SentenceEncoder(nn.Module):
         super().__init__()
         from transformers import BertConfig, BertModel
 
-        config = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=128, max_position_embeddings=64)
+        config = BertConfig(
+            vocab_size=1000,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=64,
+        )
         self.bert = BertModel(config, add_pooling_layer=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -171,4 +184,7 @@ def sentence_encoder() -> nn.Module:
 
 def sentence_encoder_with_example() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A factory that also says what the model takes: autotune reads the input specs from the example."""
-    return SentenceEncoder(), {"input_ids": torch.randint(0, 1000, (2, 32)), "attention_mask": torch.ones(2, 32, dtype=torch.long)}
+    return SentenceEncoder(), {
+        "input_ids": torch.randint(0, 1000, (2, 32)),
+        "attention_mask": torch.ones(2, 32, dtype=torch.long),
+    }

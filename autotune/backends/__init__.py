@@ -22,4 +22,3 @@ def backend_module(name: str) -> ModuleType:
         return _MODULES[name]
     except KeyError:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
-

@@ -16,7 +16,10 @@ SPEC = BackendSpec(
     name="ipex",
     description="Intel Extension for PyTorch (ipex.optimize; static int8)",
     precisions=("fp32", "bf16", "int8"),
-    options={"graph": ("eager", "torchscript", "compile_ipex", "compile_inductor"), "memory_format": ("channels_last", "contiguous")},
+    options={
+        "graph": ("eager", "torchscript", "compile_ipex", "compile_inductor"),
+        "memory_format": ("channels_last", "contiguous"),
+    },
     requires=("intel_extension_for_pytorch",),
     option_precisions={"graph": ("fp32", "bf16")},  # int8 is always traced and frozen (IPEX's int8 path)
     uses_artifact=("int8",),
@@ -33,6 +36,8 @@ def unsupported(config: Any) -> str | None:
     if config.openmp == "intel" and config.kmp_affinity == "disabled":
         return "IPEX cannot import with Intel OpenMP's KMP_AFFINITY=disabled (its CPU pool finds no core)"
     return None
+
+
 ARTIFACT_VERSION = 1
 
 
@@ -58,26 +63,34 @@ def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
             optimized = torch.jit.freeze(traced)
     elif graph.startswith("compile_"):
         optimized = torch.compile(optimized, backend=graph.removeprefix("compile_"), dynamic=False)
-    return module_runner(optimized, config.precision, config.options, details={"graph": graph, "ipex": ipex.__version__})
+    return module_runner(
+        optimized, config.precision, config.options, details={"graph": graph, "ipex": ipex.__version__}
+    )
 
 
 def artifact_identity(config: Any) -> dict[str, Any]:
     """The traced int8 graph is specialised to the batch size and memory format."""
-    return {"precision": config.precision, "memory_format": config.options.get("memory_format", "channels_last"),
-            "batch_size": config.batch_size}
+    return {
+        "precision": config.precision,
+        "memory_format": config.options.get("memory_format", "channels_last"),
+        "batch_size": config.batch_size,
+    }
 
 
 def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
     """IPEX static int8: observers from the default static qconfig, calibration, convert, trace, freeze."""
     import intel_extension_for_pytorch as ipex
     import torch
-    from intel_extension_for_pytorch.quantization import convert, prepare as prepare_int8
+    from intel_extension_for_pytorch.quantization import convert
+    from intel_extension_for_pytorch.quantization import prepare as prepare_int8
 
     from autotune.backends.torch_common import convert_for
 
     example = _example(example, config.options)
     model = convert_for(model, config.options)
-    prepared = prepare_int8(model, ipex.quantization.default_static_qconfig_mapping, example_inputs=example, inplace=False)
+    prepared = prepare_int8(
+        model, ipex.quantization.default_static_qconfig_mapping, example_inputs=example, inplace=False
+    )
     with torch.no_grad():
         for batch in calibration:
             prepared(*_example(batch, config.options))
@@ -86,8 +99,11 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
         traced(*example)  # the first calls fuse the int8 graph; save it fused
         traced(*example)
     traced.save(str(out_dir / PROGRAM_FILE))
-    return {"quantization": "IPEX static int8 (default_static_qconfig_mapping), TorchScript traced and frozen",
-            "calibration_batches": len(calibration), "ipex": ipex.__version__}
+    return {
+        "quantization": "IPEX static int8 (default_static_qconfig_mapping), TorchScript traced and frozen",
+        "calibration_batches": len(calibration),
+        "ipex": ipex.__version__,
+    }
 
 
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
@@ -102,4 +118,8 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         with torch.no_grad():
             return module(*batch)
 
-    return Runner(run=run, convert_input=input_converter(config.options), details={"graph": "torchscript", "ipex": ipex.__version__})
+    return Runner(
+        run=run,
+        convert_input=input_converter(config.options),
+        details={"graph": "torchscript", "ipex": ipex.__version__},
+    )

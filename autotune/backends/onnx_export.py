@@ -28,13 +28,27 @@ def export_onnx(model: Any, example: tuple[Any, ...], path: Path) -> str:
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
-                model, example, str(path), dynamo=True, opset_version=OPSET, input_names=names,
-                output_names=[OUTPUT_NAME], dynamic_shapes=tuple({0: "batch"} for _ in example), external_data=False, verbose=False,
+                model,
+                example,
+                str(path),
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=names,
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes=tuple({0: "batch"} for _ in example),
+                external_data=False,
+                verbose=False,
             )
             return "torch.onnx dynamo"
         except Exception:  # some models do not export through torch.export: the legacy exporter may work
             torch.onnx.export(
-                model, example, str(path), dynamo=False, opset_version=17, input_names=names,
-                output_names=[OUTPUT_NAME], dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}},
+                model,
+                example,
+                str(path),
+                dynamo=False,
+                opset_version=17,
+                input_names=names,
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}},
             )
             return "torch.onnx torchscript"

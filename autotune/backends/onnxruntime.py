@@ -51,7 +51,13 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
 
 def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[str, Any]:
     """Static int8, QDQ format, signed activations and weights, per-channel: ORT's advice for x86 with VNNI."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quant_pre_process, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
 
     from autotune.backends.onnx_export import input_names
 
@@ -72,12 +78,21 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
     except Exception:  # shape inference fails on some graphs; quantization still works without it
         preprocessed = False
     quantize_static(
-        source, str(out_dir / MODEL_FILE), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        source,
+        str(out_dir / MODEL_FILE),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
     )
     if preprocessed:
         Path(pre).unlink()
-    return {"quantization": "static QDQ s8s8 per-channel", "preprocessed": preprocessed, "calibration_batches": len(calibration)}
+    return {
+        "quantization": "static QDQ s8s8 per-channel",
+        "preprocessed": preprocessed,
+        "calibration_batches": len(calibration),
+    }
 
 
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:

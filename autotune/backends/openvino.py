@@ -1,6 +1,7 @@
 """OpenVINO on CPU: IR converted from the torch model (or from ONNX when that fails), f32 or bf16 made
 explicit (OpenVINO would pick bf16 by itself on CPUs that have it), int8 through NNCF post-training
-quantization (its float layers in f32, or bf16 as an option). With several streams, one call keeps as many async requests in flight.
+quantization (its float layers in f32, or bf16 as an option). With several streams, one call keeps
+as many async requests in flight.
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
         import nncf
 
         dataset = nncf.Dataset([_feed(numpy_batch(batch)) for batch in calibration])
-        ov_model = nncf.quantize(ov_model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.PERFORMANCE)
-        details.update({"quantization": "NNCF PTQ, performance preset", "calibration_batches": len(calibration), "nncf": nncf.__version__})
+        ov_model = nncf.quantize(
+            ov_model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.PERFORMANCE
+        )
+        details.update(
+            {
+                "quantization": "NNCF PTQ, performance preset",
+                "calibration_batches": len(calibration),
+                "nncf": nncf.__version__,
+            }
+        )
     ov.save_model(ov_model, str(out_dir / MODEL_FILE), compress_to_fp16=False)
     return details
 

@@ -36,7 +36,9 @@ def precision_context(precision: str) -> contextlib.AbstractContextManager:
     raise ValueError(f"precision {precision!r} is not supported by this backend")
 
 
-def module_runner(module: Any, precision: str, options: dict[str, Any], details: dict[str, Any] | None = None) -> Runner:
+def module_runner(
+    module: Any, precision: str, options: dict[str, Any], details: dict[str, Any] | None = None
+) -> Runner:
     """Wrap a callable module so every call runs under inference mode and the precision's autocast."""
 
     def run(batch: tuple[torch.Tensor, ...]) -> Any:

@@ -31,8 +31,11 @@ ARTIFACT_VERSION = 2
 
 def artifact_identity(config: Any) -> dict[str, Any]:
     """The exported program is specialised to the batch size and memory format."""
-    return {"scheme": config.options.get("scheme", "static"), "memory_format": config.options.get("memory_format", "contiguous"),
-            "batch_size": config.batch_size}
+    return {
+        "scheme": config.options.get("scheme", "static"),
+        "memory_format": config.options.get("memory_format", "contiguous"),
+        "batch_size": config.batch_size,
+    }
 
 
 def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
@@ -61,15 +64,19 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
         quantized = convert_pt2e(prepared)
         program = torch.export.export(quantized, example, strict=False)
     torch.export.save(program, str(out_dir / PROGRAM_FILE))
-    return {"quantization": f"PT2E X86InductorQuantizer {'dynamic' if dynamic else 'static'}", "calibration_batches": len(calibration)}
+    return {
+        "quantization": f"PT2E X86InductorQuantizer {'dynamic' if dynamic else 'static'}",
+        "calibration_batches": len(calibration),
+    }
 
 
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     import torch
     import torch._inductor.config as inductor_config
+
     # Importing these registers the quantized_decomposed ops the program uses and the inductor passes
     # that fuse them into int8 oneDNN kernels; without the latter the program runs dequantized (slow).
-    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
+    import torchao.quantization.pt2e.quantize_pt2e
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer  # noqa: F401
 
     from autotune.backends.torch_common import input_converter

@@ -7,20 +7,21 @@ B, C, ...) so slow drifts of a shared machine hit all alike; tables report media
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from autotune.records.config import TrialConfig
 from autotune.common.errors import TrialFailed, UserError
 from autotune.common.files import read_json
-from autotune.measure.stopwatch import MeasureSettings
-from autotune.model.sources import ModelSource
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import candidates, discover_runtimes, runtimes_with
+from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.sources import ModelSource
+from autotune.records.config import TrialConfig
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config
 
 TIMEOUT_S = 1800.0
@@ -33,7 +34,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 Measure = Callable[[Path], dict[str, Any]]
 
 
-def measure_side_by_side(measures: dict[str, Measure], repeats: int, work: Path, console: Console) -> dict[str, list[dict[str, Any]]]:
+def measure_side_by_side(
+    measures: dict[str, Measure], repeats: int, work: Path, console: Console
+) -> dict[str, list[dict[str, Any]]]:
     """Run every measurement `repeats` times, interleaved; one that fails is reported, not fatal."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in measures}
     for repeat in range(repeats):
@@ -44,8 +47,15 @@ def measure_side_by_side(measures: dict[str, Measure], repeats: int, work: Path,
                 console.print(f"repeat {repeat + 1}/{repeats} {name:<28} FAILED: {exc.cause}", markup=False)
                 continue
             runs[name].append(metrics)
-            noisy = "" if metrics.get("valid", True) else "  (noisy: " + "; ".join(metrics["measurement"]["noise_flags"]) + ")"
-            console.print(f"repeat {repeat + 1}/{repeats} {name:<28} {metrics['throughput_sps']:9.2f} samples/s{noisy}", markup=False)
+            noisy = (
+                ""
+                if metrics.get("valid", True)
+                else "  (noisy: " + "; ".join(metrics["measurement"]["noise_flags"]) + ")"
+            )
+            console.print(
+                f"repeat {repeat + 1}/{repeats} {name:<28} {metrics['throughput_sps']:9.2f} samples/s{noisy}",
+                markup=False,
+            )
     return runs
 
 
@@ -58,7 +68,9 @@ def median_throughput(runs: list[dict[str, Any]]) -> float | None:
     return statistics.median(m["throughput_sps"] for m in runs) if runs else None
 
 
-def print_results(console: Console, title: str, settings: dict[str, str], runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]) -> None:
+def print_results(
+    console: Console, title: str, settings: dict[str, str], runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]
+) -> None:
     """The table, then each row's full settings (kept out of the table so it stays readable)."""
     console.print(results_table(title, runs, ratios_to))
     for name, text in settings.items():
@@ -69,8 +81,18 @@ def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: 
     """Medians with their range, latency, drift, and the ratio of each row's median to some rows'."""
     medians = {name: median_throughput(ms) for name, ms in runs.items()}
     table = Table(title=title)
-    for column in ("config", "median samples/s", "min", "max", "noisy runs", "p50 ms", "p99 ms", "drift (rel. L2)",
-                   "top-1 agree", *("vs " + name for name in ratios_to)):
+    for column in (
+        "config",
+        "median samples/s",
+        "min",
+        "max",
+        "noisy runs",
+        "p50 ms",
+        "p99 ms",
+        "drift (rel. L2)",
+        "top-1 agree",
+        *("vs " + name for name in ratios_to),
+    ):
         table.add_column(column, no_wrap=column == "config")  # row names stay whole (and parseable)
     for name, ms in runs.items():
         if not ms:
@@ -83,9 +105,16 @@ def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: 
         noisy = sum(1 for m in ms if m.get("valid") is False)
         ratios = [f"{medians[name] / medians[other]:.2f}x" if medians.get(other) else "-" for other in ratios_to]
         table.add_row(
-            name, _fmt(medians[name]), _fmt(min(sps)), _fmt(max(sps)), f"{noisy}/{len(ms)}",
-            _fmt(statistics.median(p50), 1) if p50 else "-", _fmt(statistics.median(p99), 1) if p99 else "-",
-            _fmt(drift.get("relative_l2"), 4), _fmt(drift.get("top1_agreement"), 3), *ratios,
+            name,
+            _fmt(medians[name]),
+            _fmt(min(sps)),
+            _fmt(max(sps)),
+            f"{noisy}/{len(ms)}",
+            _fmt(statistics.median(p50), 1) if p50 else "-",
+            _fmt(statistics.median(p99), 1) if p99 else "-",
+            _fmt(drift.get("relative_l2"), 4),
+            _fmt(drift.get("top1_agreement"), 3),
+            *ratios,
         )
     return table
 
@@ -99,7 +128,9 @@ def read_best(best_path: Path) -> dict[str, Any]:
     if not isinstance(best, dict) or "config" not in best:
         raise UserError(f"{best_path} is not an autotune best.json")
     if not best.get("meets_drift", True) or not best.get("job"):
-        raise UserError(f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure")
+        raise UserError(
+            f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure"
+        )
     return best
 
 
@@ -108,15 +139,22 @@ def context_from_best(best: dict[str, Any]) -> TrialContext:
     measurement settings, caches and runtime."""
     job = best["job"]
     return TrialContext(
-        probe_machine(), Reference(Path(job["reference_path"]), ModelSource.from_dict(job["model"]),
-                                   job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]}),
-        MeasureSettings.from_dict(job["measure"]), Path(job["workdir"]), job["calibration_samples"],
+        probe_machine(),
+        Reference(
+            Path(job["reference_path"]),
+            ModelSource.from_dict(job["model"]),
+            job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
+        ),
+        MeasureSettings.from_dict(job["measure"]),
+        Path(job["workdir"]),
+        job["calibration_samples"],
         runtimes=runtimes_with(best.get("runtime")),
     )
 
 
-def compare_with_baseline(best_path: Path, repeats: int, console: Console, independent_s: float = 0.0,
-                          vs_benchmark_app_s: float = 0.0) -> dict[str, Any]:
+def compare_with_baseline(
+    best_path: Path, repeats: int, console: Console, independent_s: float = 0.0, vs_benchmark_app_s: float = 0.0
+) -> dict[str, Any]:
     """Re-measure an exported winner against its study's eager fp32 baseline, interleaved; optionally
     also under an independent stopwatch and against `benchmark_app -hint throughput` on NNCF int8."""
     from autotune.checks.crosscheck import independent_winner, one_command_openvino
@@ -130,30 +168,43 @@ def compare_with_baseline(best_path: Path, repeats: int, console: Console, indep
     settings = {"baseline": baseline.summary(), "winner": winner.summary()}
     ratios_to = ["baseline"]
     if independent_s > 0:
-        measures["winner, independent"] = lambda work: independent_winner(best, work, independent_s, ctx.runtime(winner.runtime))
+        measures["winner, independent"] = lambda work: independent_winner(
+            best, work, independent_s, ctx.runtime(winner.runtime)
+        )
         tool = "benchmark_app, same IR and settings" if winner.backend == "openvino" else "plain timing loop"
         settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
-        measures["benchmark_app, one command"] = lambda work: one_command_openvino(ctx, best["model"]["input_shape"], work, vs_benchmark_app_s)
-        settings["benchmark_app, one command"] = f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
+        measures["benchmark_app, one command"] = lambda work: one_command_openvino(
+            ctx, best["model"]["input_shape"], work, vs_benchmark_app_s
+        )
+        settings["benchmark_app, one command"] = (
+            f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
+        )
         ratios_to.append("benchmark_app, one command")
     runs = measure_side_by_side(measures, repeats, best_path.parent / "compare", console)
     shape = "x".join(map(str, best["model"]["input_shape"]))
-    print_results(console, f"{best['model']['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to)
+    print_results(
+        console, f"{best['model']['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to
+    )
     return runs
 
 
 def backend_configs(batch_size: int, cores: int, ipex_runtime: str | None = None) -> dict[str, TrialConfig]:
     """One config per backend x precision, all on one instance using every core, for a fair comparison;
     IPEX ones when a runtime imports it."""
+
     def config(backend: str, precision: str, runtime: str = "main", **options: Any) -> TrialConfig:
         return TrialConfig(backend, precision, batch_size, "glibc", 1, cores, options, runtime)
 
-    ipex = {} if ipex_runtime is None else {
-        "ipex fp32": config("ipex", "fp32", ipex_runtime, graph="torchscript", memory_format="channels_last"),
-        "ipex bf16": config("ipex", "bf16", ipex_runtime, graph="torchscript", memory_format="channels_last"),
-        "ipex int8": config("ipex", "int8", ipex_runtime, memory_format="channels_last"),
-    }
+    ipex = (
+        {}
+        if ipex_runtime is None
+        else {
+            "ipex fp32": config("ipex", "fp32", ipex_runtime, graph="torchscript", memory_format="channels_last"),
+            "ipex bf16": config("ipex", "bf16", ipex_runtime, graph="torchscript", memory_format="channels_last"),
+            "ipex int8": config("ipex", "int8", ipex_runtime, memory_format="channels_last"),
+        }
+    )
 
     plain = config("eager", "fp32", memory_format="contiguous")
     return {
@@ -163,8 +214,12 @@ def backend_configs(batch_size: int, cores: int, ipex_runtime: str | None = None
         "eager bf16": config("eager", "bf16", memory_format="channels_last"),
         "inductor fp32": config("inductor", "fp32", memory_format="channels_last", freezing=True),
         "inductor bf16": config("inductor", "bf16", memory_format="channels_last", freezing=True),
-        "onnxruntime fp32": config("onnxruntime", "fp32", execution_mode="sequential", graph_optimization="all", inter_op_threads=1),
-        "onnxruntime int8": config("onnxruntime", "int8", execution_mode="sequential", graph_optimization="all", inter_op_threads=1),
+        "onnxruntime fp32": config(
+            "onnxruntime", "fp32", execution_mode="sequential", graph_optimization="all", inter_op_threads=1
+        ),
+        "onnxruntime int8": config(
+            "onnxruntime", "int8", execution_mode="sequential", graph_optimization="all", inter_op_threads=1
+        ),
         "openvino fp32": config("openvino", "fp32", hint="THROUGHPUT", streams="auto"),
         "openvino bf16": config("openvino", "bf16", hint="THROUGHPUT", streams="auto"),
         "openvino int8": config("openvino", "int8", hint="THROUGHPUT", streams="auto", int8_float="f32"),
@@ -174,16 +229,29 @@ def backend_configs(batch_size: int, cores: int, ipex_runtime: str | None = None
     }
 
 
-def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measure: MeasureSettings, studies_root: Path,
-                       console: Console, only: list[str] | None = None) -> dict[str, Any]:
+def benchmark_backends(
+    model: ModelSource,
+    batch_size: int,
+    repeats: int,
+    measure: MeasureSettings,
+    studies_root: Path,
+    console: Console,
+    only: list[str] | None = None,
+) -> dict[str, Any]:
     """Every backend x precision on one model, side by side, against eager fp32."""
     machine = probe_machine()
     weights = (model.weights_sha256 or "random")[:12]
-    work = studies_root / "benchmarks" / f"{model.name.rpartition(':')[2]}-{'x'.join(map(str, model.input_shape))}-b{batch_size}-{weights}"
+    work = (
+        studies_root
+        / "benchmarks"
+        / f"{model.name.rpartition(':')[2]}-{'x'.join(map(str, model.input_shape))}-b{batch_size}-{weights}"
+    )
     try:
         reference = compute_reference(model, work, eval_samples=32, timeout_s=TIMEOUT_S)
     except TrialFailed as exc:
-        raise UserError(f"the model does not run in FP32 eager mode ({exc.cause}); see {work / 'reference' / 'stderr.log'}") from None
+        raise UserError(
+            f"the model does not run in FP32 eager mode ({exc.cause}); see {work / 'reference' / 'stderr.log'}"
+        ) from None
     runtimes = discover_runtimes()
     ctx = TrialContext(machine, reference, measure, studies_root / ".cache", runtimes=runtimes)
     configs = backend_configs(batch_size, machine.physical_cores, next(iter(candidates("ipex", runtimes)), None))
@@ -195,6 +263,12 @@ def benchmark_backends(model: ModelSource, batch_size: int, repeats: int, measur
     measures = {name: config_measure(config, ctx) for name, config in configs.items()}
     runs = measure_side_by_side(measures, repeats, work / "runs", console)
     shape = "x".join(map(str, model.input_shape))
-    print_results(console, f"{model.name} {shape}, batch {batch_size}, 1 instance x {machine.physical_cores} threads, "
-                  f"{repeats} interleaved run(s) each", {n: c.summary() for n, c in configs.items()}, runs, ["eager fp32"])
+    print_results(
+        console,
+        f"{model.name} {shape}, batch {batch_size}, 1 instance x {machine.physical_cores} threads, "
+        f"{repeats} interleaved run(s) each",
+        {n: c.summary() for n, c in configs.items()},
+        runs,
+        ["eager fp32"],
+    )
     return runs

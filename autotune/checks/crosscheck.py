@@ -19,16 +19,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.common.errors import TrialFailed
 from autotune.common.files import write_json_atomic
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import Runtime, runtime_env
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.runner.trials import TrialContext, ensure_artifact
 
 THROUGHPUT_LINE = re.compile(r"Throughput:\s+([0-9.]+)\s+FPS")
 MEDIAN_LINE = re.compile(r"Median:\s+([0-9.]+)\s+ms")
-ONE_COMMAND_CONFIG = TrialConfig("openvino", "int8", 1, options={"hint": "THROUGHPUT", "streams": "auto", "int8_float": "f32"})
+ONE_COMMAND_CONFIG = TrialConfig(
+    "openvino", "int8", 1, options={"hint": "THROUGHPUT", "streams": "auto", "int8_float": "f32"}
+)
 
 
 def benchmark_app_path() -> str:
@@ -51,7 +53,10 @@ def parse_benchmark_app(output: str) -> dict[str, float]:
 def _run_together(commands: list[list[str]], env: dict[str, str], timeout_s: float, logs: Path) -> list[str]:
     """Start every command at once (one per instance), wait for all, return their stdout."""
     logs.mkdir(parents=True, exist_ok=True)
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for argv in commands]
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for argv in commands
+    ]
     outputs = []
     try:
         for i, proc in enumerate(procs):
@@ -75,14 +80,24 @@ def _openvino_flags(config: TrialConfig, details: dict[str, Any]) -> list[str]:
     precision = "bf16" if "bf16" in str(details.get("effective_precision", "")) else "f32"
     # benchmark_app takes -nstreams/-nthreads only with -hint none; the streams, threads, precision and
     # requests the hint chose in the trial are all given explicitly instead.
-    flags = ["-hint", "none", "-nstreams", str(details.get("effective_streams", 1)),
-             "-nthreads", str(config.threads_per_instance), "-infer_precision", precision]
+    flags = [
+        "-hint",
+        "none",
+        "-nstreams",
+        str(details.get("effective_streams", 1)),
+        "-nthreads",
+        str(config.threads_per_instance),
+        "-infer_precision",
+        precision,
+    ]
     if details.get("optimal_requests"):
         flags += ["-nireq", str(details["optimal_requests"] if int(details.get("effective_streams", 1)) > 1 else 1)]
     return flags
 
 
-def independent_winner(best: dict[str, Any], work: Path, seconds: float, runtime: Runtime, timeout_s: float = 900.0) -> dict[str, Any]:
+def independent_winner(
+    best: dict[str, Any], work: Path, seconds: float, runtime: Runtime, timeout_s: float = 900.0
+) -> dict[str, Any]:
     """Throughput of best.json's winner, summed over its instances, under an independent stopwatch."""
     config = TrialConfig.from_dict(best["config"])
     machine = probe_machine()
@@ -95,8 +110,19 @@ def independent_winner(best: dict[str, Any], work: Path, seconds: float, runtime
     if config.backend == "openvino":
         flags = _openvino_flags(config, best["metrics"].get("backend_details") or {})
         for cpus in config.instance_cpus(machine):
-            commands.append([*pin_prefix(cpus, machine), benchmark_app_path(), "-m", str(Path(job["artifact_dir"]) / "model.xml"),
-                             "-shape", shape, *flags, "-t", str(int(seconds))])
+            commands.append(
+                [
+                    *pin_prefix(cpus, machine),
+                    benchmark_app_path(),
+                    "-m",
+                    str(Path(job["artifact_dir"]) / "model.xml"),
+                    "-shape",
+                    shape,
+                    *flags,
+                    "-t",
+                    str(int(seconds)),
+                ]
+            )
         tool = "benchmark_app (OpenVINO's own) on the same IR, same streams/threads/precision/pinning"
     else:
         ready = work / "ready"
@@ -104,7 +130,17 @@ def independent_winner(best: dict[str, Any], work: Path, seconds: float, runtime
         ready.mkdir(parents=True)
         for i, cpus in enumerate(config.instance_cpus(machine)):
             job_path = write_json_atomic(work / f"plain-job-{i}.json", {**job, "instance": i})
-            commands.append([*pin_prefix(cpus, machine), runtime.python, "-m", "autotune.worker.plain_loop", str(job_path), str(seconds), str(ready)])
+            commands.append(
+                [
+                    *pin_prefix(cpus, machine),
+                    runtime.python,
+                    "-m",
+                    "autotune.worker.plain_loop",
+                    str(job_path),
+                    str(seconds),
+                    str(ready),
+                ]
+            )
         tool = "plain timing loop (autotune.worker.plain_loop), fresh processes, same environment and pinning"
     outputs = _run_together(commands, env, timeout_s, work / "logs")
     if config.backend == "openvino":
@@ -114,10 +150,26 @@ def independent_winner(best: dict[str, Any], work: Path, seconds: float, runtime
     return {"throughput_sps": sum(per_instance), "per_instance_sps": per_instance, "tool": tool, "commands": commands}
 
 
-def one_command_openvino(ctx: TrialContext, input_shape: list[int], work: Path, seconds: float, timeout_s: float = 1800.0) -> dict[str, Any]:
+def one_command_openvino(
+    ctx: TrialContext, input_shape: list[int], work: Path, seconds: float, timeout_s: float = 1800.0
+) -> dict[str, Any]:
     """`benchmark_app -hint throughput` on the NNCF int8 IR: the best a user gets today with one command."""
     artifact = ensure_artifact(ONE_COMMAND_CONFIG, ctx, work, timeout_s)
     shape = f"[1,{','.join(map(str, input_shape))}]"
-    argv = [benchmark_app_path(), "-m", str(Path(artifact["dir"]) / "model.xml"), "-hint", "throughput", "-shape", shape, "-t", str(int(seconds))]
+    argv = [
+        benchmark_app_path(),
+        "-m",
+        str(Path(artifact["dir"]) / "model.xml"),
+        "-hint",
+        "throughput",
+        "-shape",
+        shape,
+        "-t",
+        str(int(seconds)),
+    ]
     out = _run_together([argv], clean_environment(dict(os.environ)), timeout_s, work / "logs")[0]
-    return {**parse_benchmark_app(out), "tool": "benchmark_app -hint throughput, NNCF int8 IR, batch 1", "commands": [argv]}
+    return {
+        **parse_benchmark_app(out),
+        "tool": "benchmark_app -hint throughput, NNCF int8 IR, batch 1",
+        "commands": [argv],
+    }

@@ -13,16 +13,14 @@ from typing import Any
 from rich.console import Console
 
 from autotune.checks.bench import context_from_best, read_best
-from autotune.records.config import TrialConfig
 from autotune.common.errors import TrialFailed, UserError
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
+from autotune.records.config import TrialConfig
 from autotune.runner.trials import run_config
 
 MIN_REGRESSION = 0.10  # below this, a difference is not called a regression on a shared machine
 TIMEOUT_S = 1800.0
 EXIT_REGRESSED = 1
-
-
 
 
 def recorded_throughput(best: dict[str, Any]) -> float:
@@ -65,7 +63,10 @@ def verify(best_path: Path, repeats: int, console: Console) -> int:
     recorded = recorded_throughput(best)
     verdict, here, margin = judge(recorded, runs, (best["metrics"].get("measurement") or {}).get("throughput_ci_rel"))
     change = here / recorded - 1
-    console.print(f"{verdict}: {here:.2f} samples/s here (median of {repeats}) vs {recorded:.2f} recorded ({change:+.1%}; "
-                  f"differences within ±{margin:.0%} are noise)" + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
-                  markup=False)
+    console.print(
+        f"{verdict}: {here:.2f} samples/s here (median of {repeats}) vs {recorded:.2f} recorded ({change:+.1%}; "
+        f"differences within ±{margin:.0%} are noise)"
+        + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
+        markup=False,
+    )
     return EXIT_REGRESSED if verdict == "REGRESSED" else 0

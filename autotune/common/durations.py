@@ -26,7 +26,7 @@ def parse_duration(text: str) -> float:
 
 def format_duration(seconds: float) -> str:
     """Short form for progress lines: 95 -> '1m35s'."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:

@@ -8,7 +8,6 @@ from sqlalchemy.exc import ArgumentError
 
 from autotune.common.errors import UserError
 
-
 DEFAULT_DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql"}
 
 
@@ -25,6 +24,10 @@ def database_url(url: str) -> str:
     try:
         parsed = make_url(url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url)
     except (ArgumentError, ValueError):
-        raise UserError(f"storage {mask_url(url)!r} is not a database URL, e.g. sqlite:///studies/x/study.db or postgresql://user@host/db") from None
+        raise UserError(
+            f"storage {mask_url(url)!r} is not a database URL, e.g. sqlite:///studies/x/study.db or postgresql://user@host/db"
+        ) from None
     driver = DEFAULT_DRIVERS.get(parsed.drivername)
-    return parsed.set(drivername=f"{parsed.drivername}+{driver}").render_as_string(hide_password=False) if driver else url
+    return (
+        parsed.set(drivername=f"{parsed.drivername}+{driver}").render_as_string(hide_password=False) if driver else url
+    )

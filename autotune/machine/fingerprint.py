@@ -10,7 +10,18 @@ from typing import Any
 
 from autotune.machine.probe import MachineProbe
 
-PACKAGES = ("autotune", "torch", "torchvision", "numpy", "optuna", "onnxruntime", "openvino", "nncf", "torchao", "intel-extension-for-pytorch")
+PACKAGES = (
+    "autotune",
+    "torch",
+    "torchvision",
+    "numpy",
+    "optuna",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "torchao",
+    "intel-extension-for-pytorch",
+)
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -42,7 +53,10 @@ def fingerprint(machine: MachineProbe, runtimes: dict[str, Any] | None = None) -
             "libc": "-".join(platform.libc_ver()),
             "kernel": machine.kernel,
             "transparent_hugepages": machine.thp,
-            "runtimes": {name: {"python": r.python, "torch": r.torch, "packages": r.packages} for name, r in (runtimes or {}).items()},
+            "runtimes": {
+                name: {"python": r.python, "torch": r.torch, "packages": r.packages}
+                for name, r in (runtimes or {}).items()
+            },
         },
         "host": socket.gethostname(),
     }
@@ -64,8 +78,13 @@ def fingerprint_differences(recorded: dict[str, Any] | None, here: dict[str, Any
                         lines.append(f"{part}: {key}.{sub} {old[key].get(sub)!r} -> {new[key].get(sub)!r}")
             elif old.get(key) != new.get(key):
                 lines.append(f"{part}: {key} {old.get(key)!r} -> {new.get(key)!r}")
-    old_rt, new_rt = (recorded.get("software") or {}).get("runtimes") or {}, (here.get("software") or {}).get("runtimes") or {}
+    old_rt, new_rt = (
+        (recorded.get("software") or {}).get("runtimes") or {},
+        (here.get("software") or {}).get("runtimes") or {},
+    )
     for name in sorted(set(old_rt) & set(new_rt)):
         if old_rt[name].get("torch") != new_rt[name].get("torch"):
-            lines.append(f"software: runtime {name} torch {old_rt[name].get('torch')!r} -> {new_rt[name].get('torch')!r}")
+            lines.append(
+                f"software: runtime {name} torch {old_rt[name].get('torch')!r} -> {new_rt[name].get('torch')!r}"
+            )
     return lines

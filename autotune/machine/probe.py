@@ -26,7 +26,9 @@ ALLOCATOR_PATTERNS: dict[str, tuple[str, ...]] = {
 
 # jemalloc settings suited to inference (the ones PyTorch's Xeon launcher uses): keep freed memory
 # around instead of returning it to the OS between batches, background purging thread.
-JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
+JEMALLOC_CONF = (
+    "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
+)
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_NODE = Path("/sys/devices/system/node")
@@ -143,7 +145,13 @@ def discover_cores(allowed: list[int]) -> list[PhysicalCore]:
         groups.setdefault(key, []).append(cpu)
         siblings[key] = tuple(parse_cpu_list(_read(topo / "thread_siblings_list") or str(cpu)))
     cores = [
-        PhysicalCore(package=pkg, core_id=core, cpus=tuple(sorted(cpus)), numa_node=numa.get(min(cpus), 0), siblings=siblings[(pkg, core)])
+        PhysicalCore(
+            package=pkg,
+            core_id=core,
+            cpus=tuple(sorted(cpus)),
+            numa_node=numa.get(min(cpus), 0),
+            siblings=siblings[(pkg, core)],
+        )
         for (pkg, core), cpus in groups.items()
     ]
     return sorted(cores, key=lambda c: c.cpus[0])
@@ -200,7 +208,9 @@ def debian_package_version(path: str) -> str:
             owner = subprocess.run(["dpkg-query", "-S", path], capture_output=True, text=True, timeout=10)
         package = owner.stdout.split(":", 1)[0].strip() if owner.returncode == 0 else ""
         if package:
-            version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, timeout=10)
+            version = subprocess.run(
+                ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, timeout=10
+            )
             if version.returncode == 0:
                 return f"{package} {version.stdout.strip()}"
     except (OSError, subprocess.SubprocessError):
@@ -219,7 +229,10 @@ def detect_pinning(cpu: int) -> str:
     """Prefer numactl with memory binding; containers often forbid membind, so test it for real."""
     numactl = shutil.which("numactl")
     if numactl:
-        for mode, args in (("numactl", [f"--physcpubind={cpu}", "--localalloc"]), ("numactl-cpu", [f"--physcpubind={cpu}"])):
+        for mode, args in (
+            ("numactl", [f"--physcpubind={cpu}", "--localalloc"]),
+            ("numactl-cpu", [f"--physcpubind={cpu}"]),
+        ):
             try:
                 if subprocess.run([numactl, *args, "true"], capture_output=True, timeout=10).returncode == 0:
                     return mode

@@ -43,9 +43,13 @@ def probe_lines(machine: MachineProbe, runtimes: dict[str, Runtime]) -> list[str
         "instances get disjoint physical cores, one CPU each, SMT siblings left idle",
     ]
     for core in machine.cores:
-        lines.append(f"  core {core.core_id:<3} package {core.package} node {core.numa_node}: uses cpu {core.cpus[0]}, "
-                     f"siblings {format_cpu_ranges(core.siblings or core.cpus)}")
-    lines.append("NUMA         " + "; ".join(f"node {n}: cpus {format_cpu_ranges(c)}" for n, c in machine.numa_nodes.items()))
+        lines.append(
+            f"  core {core.core_id:<3} package {core.package} node {core.numa_node}: uses cpu {core.cpus[0]}, "
+            f"siblings {format_cpu_ranges(core.siblings or core.cpus)}"
+        )
+    lines.append(
+        "NUMA         " + "; ".join(f"node {n}: cpus {format_cpu_ranges(c)}" for n, c in machine.numa_nodes.items())
+    )
     lines.append(f"pinning      {PINNING.get(machine.pinning, machine.pinning)}")
     lines.append(f"huge pages   {machine.thp}: {THP.get(machine.thp, 'unknown mode: not searched')}")
     if machine.allocators:
@@ -60,13 +64,19 @@ def probe_lines(machine: MachineProbe, runtimes: dict[str, Runtime]) -> list[str
 
 def runtime_lines(runtime: Runtime) -> list[str]:
     role = {"main": "main", "auto": "for backends the main runtime lacks", "explicit": "--runtime"}[runtime.role]
-    lines = [f"runtime      {runtime.name} ({role}): {runtime.python}, python {runtime.python_version}, torch {runtime.torch or 'missing'}"]
+    lines = [
+        f"runtime      {runtime.name} ({role}): {runtime.python}, python {runtime.python_version}, torch "
+        f"{runtime.torch or 'missing'}"
+    ]
     runs = [name for name in runtime.backends if runtime.runs(name)]
     lines.append(f"  backends   {' '.join(runs) or 'none'}")
     for why in runtime.backends.values():
         if why is not None:
             lines.append(f"  missing    {why}")
-    versions = {"gnu": f"bundled with torch {runtime.torch}", "intel": f"intel-openmp {runtime.packages.get('intel-openmp', '?')}"}
+    versions = {
+        "gnu": f"bundled with torch {runtime.torch}",
+        "intel": f"intel-openmp {runtime.packages.get('intel-openmp', '?')}",
+    }
     for kind, path in sorted(runtime.openmp.items()):
         lines.append(f"  OpenMP     {kind:<5} {path} ({versions[kind]})")
     return lines

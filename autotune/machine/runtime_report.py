@@ -21,15 +21,30 @@ import warnings
 
 from autotune.machine.fingerprint import package_versions
 
-PACKAGES = ("torch", "torchvision", "numpy", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao", "intel-extension-for-pytorch",
-            "intel-openmp")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "numpy",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "torchao",
+    "intel-extension-for-pytorch",
+    "intel-openmp",
+)
 
 
 def _try_import(modules: tuple[str, ...]) -> str | None:
     """None when every module imports, else the first failure as one line."""
     for module in modules:
         try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                warnings.catch_warnings(),
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 warnings.simplefilter("ignore")
                 importlib.import_module(module)
         except BaseException as exc:  # an extension built for another torch can raise anything, even SystemExit

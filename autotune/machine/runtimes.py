@@ -54,14 +54,19 @@ class Runtime:
 
     def record(self) -> dict[str, Any]:
         """What a trial and best.json keep about the runtime it ran in."""
-        return {"name": self.name, "python": self.python, "torch": self.torch, "python_version": self.python_version,
-                "packages": self.packages}
+        return {
+            "name": self.name,
+            "python": self.python,
+            "torch": self.torch,
+            "python_version": self.python_version,
+            "packages": self.packages,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Runtime":
+    def from_dict(cls, data: dict[str, Any]) -> Runtime:
         return cls(**data)
 
 
@@ -69,14 +74,21 @@ def interpreter_of(path: str | Path) -> Path:
     """A runtime given as a virtual environment folder or as its python executable."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise UserError(f"runtime {str(path)!r} does not exist: give a virtual environment folder or its python executable")
+        raise UserError(
+            f"runtime {str(path)!r} does not exist: give a virtual environment folder or its python executable"
+        )
     if path.is_dir():
         for candidate in (path / "bin" / "python", path / "bin" / "python3"):
             if candidate.exists():
                 return candidate.absolute()
-        raise UserError(f"runtime {str(path)!r} is a folder without bin/python: give a virtual environment folder or its python executable")
+        raise UserError(
+            f"runtime {str(path)!r} is a folder without bin/python: give a virtual environment folder or its python "
+            "executable"
+        )
     if not os.access(path, os.X_OK):
-        raise UserError(f"runtime {str(path)!r} is not executable: give a virtual environment folder or its python executable")
+        raise UserError(
+            f"runtime {str(path)!r} is not executable: give a virtual environment folder or its python executable"
+        )
     return path.absolute()
 
 
@@ -125,7 +137,9 @@ def _site_state(python: Path) -> str:
     parts = [str(python.resolve()), (PACKAGE_DIR / "machine" / "runtime_report.py").read_text()]
     for site in sorted(prefix.glob("lib/python*/site-packages")):
         parts.append(f"{site}:{site.stat().st_mtime_ns}")
-    parts.extend(f"{b}:{(PACKAGE_DIR / 'backends' / b).stat().st_mtime_ns}" for b in sorted(os.listdir(PACKAGE_DIR / "backends")))
+    parts.extend(
+        f"{b}:{(PACKAGE_DIR / 'backends' / b).stat().st_mtime_ns}" for b in sorted(os.listdir(PACKAGE_DIR / "backends"))
+    )
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -133,8 +147,14 @@ def _run_report(python: Path, role: str) -> dict[str, Any]:
     base = dict(os.environ)
     env = base if role == MAIN else runtime_env(Runtime("probe", str(python), role), base)
     try:
-        done = subprocess.run([str(python), "-m", "autotune.machine.runtime_report"], capture_output=True, text=True, env=env,
-                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [str(python), "-m", "autotune.machine.runtime_report"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"runtime {python} could not be probed ({exc}): is it a working Python?") from None
     if done.returncode != 0:
@@ -167,8 +187,16 @@ def probe_runtime(python: Path, name: str, role: str) -> Runtime:
         latest[str(python)] = {"key": key, "report": report}
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cache, latest)
-    return Runtime(name=name, python=str(python), role=role, torch=report["torch"], python_version=report["python_version"],
-                   packages=report["packages"], backends=report["backends"], openmp=report["openmp"])
+    return Runtime(
+        name=name,
+        python=str(python),
+        role=role,
+        torch=report["torch"],
+        python_version=report["python_version"],
+        packages=report["packages"],
+        backends=report["backends"],
+        openmp=report["openmp"],
+    )
 
 
 def default_ipex_runtime() -> Path | None:

@@ -39,7 +39,9 @@ def cosine_similarity(outputs: np.ndarray, reference: np.ndarray) -> float:
     outputs, reference = _flat(outputs, len(reference)), _flat(reference, len(reference))
     norms = np.linalg.norm(outputs, axis=1) * np.linalg.norm(reference, axis=1)
     dots = np.sum(outputs * reference, axis=1)
-    cos = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(np.linalg.norm(outputs, axis=1) == 0, 1.0, 0.0))
+    cos = np.where(
+        norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(np.linalg.norm(outputs, axis=1) == 0, 1.0, 0.0)
+    )
     return float(np.mean(cos))
 
 
@@ -64,12 +66,14 @@ def compute_drift(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray
         "relative_l2": relative_l2(outputs, reference) if finite else math.inf,
         "cosine_similarity": cosine_similarity(outputs, reference) if finite else 0.0,
         "top1_agreement": top1_agreement(outputs, reference) if finite else 0.0,
-        "samples": int(len(reference)),
+        "samples": len(reference),
     }
     if labels is not None:
         reference_accuracy = top1_accuracy(reference, labels)
         accuracy = top1_accuracy(outputs, labels) if finite else 0.0
-        drift.update(accuracy=accuracy, reference_accuracy=reference_accuracy, accuracy_delta=accuracy - reference_accuracy)
+        drift.update(
+            accuracy=accuracy, reference_accuracy=reference_accuracy, accuracy_delta=accuracy - reference_accuracy
+        )
     return drift
 
 
@@ -90,14 +94,16 @@ class DriftCriterion:
             raise ValueError(f"a relative drift bound (a %) applies to accuracy only; {self.metric} is already a share")
 
     @classmethod
-    def parse(cls, metric: str, text: str) -> "DriftCriterion":
+    def parse(cls, metric: str, text: str) -> DriftCriterion:
         """'0.05' is an absolute drop; '1%' a drop relative to FP32's value (accuracy)."""
         text = str(text).strip()
         relative = text.endswith("%")
         try:
             value = float(text[:-1]) / 100 if relative else float(text)
         except ValueError:
-            raise ValueError(f"cannot read the drift bound {text!r}: give a number (0.05) or a percentage (1%)") from None
+            raise ValueError(
+                f"cannot read the drift bound {text!r}: give a number (0.05) or a percentage (1%)"
+            ) from None
         return cls(metric, value, relative)
 
     def drop(self, drift: dict[str, Any]) -> float | None:
@@ -114,7 +120,11 @@ class DriftCriterion:
             return None
         loss = drift["reference_accuracy"] - drift["accuracy"]
         if self.relative:
-            return loss / drift["reference_accuracy"] if drift["reference_accuracy"] > 0 else (0.0 if loss <= 0 else math.inf)
+            return (
+                loss / drift["reference_accuracy"]
+                if drift["reference_accuracy"] > 0
+                else (0.0 if loss <= 0 else math.inf)
+            )
         return loss
 
     def exceeded(self, drift: dict[str, Any] | None) -> bool:

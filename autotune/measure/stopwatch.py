@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from statistics import NormalDist
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -41,14 +42,18 @@ class MeasureSettings:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MeasureSettings":
+    def from_dict(cls, data: dict[str, Any]) -> MeasureSettings:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def screening(self) -> "MeasureSettings":
+    def screening(self) -> MeasureSettings:
         """The short window used to screen a trial: no CI rule, capped at 3x its minimum."""
-        return MeasureSettings(window_min_s=self.screen_s, window_min_iters=self.screen_min_iters,
-                               window_max_s=max(3 * self.screen_s, self.screen_s + 1.0), ci_target_rel=float("inf"))
+        return MeasureSettings(
+            window_min_s=self.screen_s,
+            window_min_iters=self.screen_min_iters,
+            window_max_s=max(3 * self.screen_s, self.screen_s + 1.0),
+            ci_target_rel=float("inf"),
+        )
 
 
 def samples_needed(percentile: float) -> int:
@@ -77,7 +82,7 @@ def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
             return None
         return k, n - 1 - k
     z = NormalDist().inv_cdf(1 - alpha / 2)
-    k = int(math.floor(n / 2 - z * math.sqrt(n) / 2))
+    k = math.floor(n / 2 - z * math.sqrt(n) / 2)
     return max(k, 0), min(n - 1 - k, n - 1)
 
 
@@ -88,10 +93,23 @@ def median_ci(values: np.ndarray, confidence: float = 0.95) -> dict[str, Any]:
     median = float(np.median(ordered)) if n else None
     ranks = median_ci_ranks(n, confidence)
     if ranks is None or not median:
-        return {"median": median, "ci_low": None, "ci_high": None, "ci_rel": None, "confidence": confidence, "samples": n}
+        return {
+            "median": median,
+            "ci_low": None,
+            "ci_high": None,
+            "ci_rel": None,
+            "confidence": confidence,
+            "samples": n,
+        }
     low, high = float(ordered[ranks[0]]), float(ordered[ranks[1]])
-    return {"median": median, "ci_low": low, "ci_high": high, "ci_rel": max(median - low, high - median) / median,
-            "confidence": confidence, "samples": n}
+    return {
+        "median": median,
+        "ci_low": low,
+        "ci_high": high,
+        "ci_rel": max(median - low, high - median) / median,
+        "confidence": confidence,
+        "samples": n,
+    }
 
 
 def stability(values: np.ndarray) -> dict[str, float | None]:
@@ -110,7 +128,9 @@ def stability(values: np.ndarray) -> dict[str, float | None]:
     return {"iqr_rel": float((q3 - q1) / median), "early_late_rel": early_late}
 
 
-def warm_up(step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+def warm_up(
+    step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic
+) -> dict[str, Any]:
     """Run until the minimum count and time are reached and call times are steady (or the cap).
 
     Steady means the median call time of the second half of the last stretch (at least 1/2 of the
@@ -194,7 +214,7 @@ def latency_summary(latencies_s: np.ndarray, confidence: float = 0.95) -> dict[s
         enough = len(latencies_ms) >= samples_needed(p)
         summary[f"p{p}"] = float(np.percentile(latencies_ms, p)) if enough else None
     summary["mean"] = float(latencies_ms.mean()) if len(latencies_ms) else None
-    summary["samples"] = int(len(latencies_ms))
+    summary["samples"] = len(latencies_ms)
     ci = median_ci(latencies_ms, confidence)
     summary["p50_ci"] = [ci["ci_low"], ci["ci_high"]] if ci["ci_rel"] is not None else None
     summary["p50_ci_rel"] = ci["ci_rel"]
@@ -210,14 +230,23 @@ def instance_throughput(stamps: np.ndarray, batch_size: int) -> float:
     return batch_size * len(stamps) / span if span > 0 else 0.0
 
 
-def common_window_throughput(per_instance: list[np.ndarray], batch_size: int, confidence: float = 0.95) -> dict[str, Any]:
+def common_window_throughput(
+    per_instance: list[np.ndarray], batch_size: int, confidence: float = 0.95
+) -> dict[str, Any]:
     """Throughput of N instances counted only while all of them were running.
 
     The common window runs from the latest first-start to the earliest last-end. Each instance
     contributes the calls that finished inside it; the sum is divided by the window length. The
     confidence interval applies each instance's median-call-time interval to its share.
     """
-    invalid = {"throughput_sps": 0.0, "window_s": 0.0, "valid": False, "per_instance_sps": [], "ci_sps": None, "ci_rel": None}
+    invalid = {
+        "throughput_sps": 0.0,
+        "window_s": 0.0,
+        "valid": False,
+        "per_instance_sps": [],
+        "ci_sps": None,
+        "ci_rel": None,
+    }
     if not per_instance or any(len(s) == 0 for s in per_instance):
         return invalid
     start = max(float(s[0, 0]) for s in per_instance)

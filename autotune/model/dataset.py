@@ -36,7 +36,7 @@ class DataSource:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "DataSource":
+    def from_dict(cls, data: dict[str, Any] | None) -> DataSource:
         return cls(**data) if data else cls()
 
     def describe(self) -> str:
@@ -63,8 +63,10 @@ def _load_tensor_file(path: Path) -> tuple[tuple[Any, ...], Any]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling refused, truncated file, not a torch file
-        raise UserError(f"cannot read data file {str(path)!r} ({type(exc).__name__}); save a tensor or "
-                        "{'inputs': tensor, 'labels': tensor} with torch.save") from None
+        raise UserError(
+            f"cannot read data file {str(path)!r} ({type(exc).__name__}); save a tensor or "
+            "{'inputs': tensor, 'labels': tensor} with torch.save"
+        ) from None
     if isinstance(data, torch.Tensor):
         return (data,), None
     inputs = as_batch(data.get("inputs")) if isinstance(data, dict) and data.get("inputs") is not None else ()
@@ -73,7 +75,9 @@ def _load_tensor_file(path: Path) -> tuple[tuple[Any, ...], Any]:
         if labels is not None and (not isinstance(labels, torch.Tensor) or len(labels) != len(inputs[0])):
             raise UserError(f"data file {str(path)!r}: 'labels' must be a tensor with one label per input")
         return inputs, labels
-    raise UserError(f"data file {str(path)!r} holds {type(data).__name__}; save a tensor or {{'inputs': tensor, 'labels': tensor}}")
+    raise UserError(
+        f"data file {str(path)!r} holds {type(data).__name__}; save a tensor or {{'inputs': tensor, 'labels': tensor}}"
+    )
 
 
 def resolve_data(path: str | None, specs: tuple[InputSpec, ...], option: str = "--data") -> DataSource:
@@ -82,22 +86,31 @@ def resolve_data(path: str | None, specs: tuple[InputSpec, ...], option: str = "
         return DataSource()
     target = Path(path).expanduser()
     if not target.exists():
-        raise UserError(f"{option} {path!r} does not exist: give an image folder (one subfolder per class) or a tensor file")
+        raise UserError(
+            f"{option} {path!r} does not exist: give an image folder (one subfolder per class) or a tensor file"
+        )
     target = target.resolve()
     if target.is_dir():
         if len(specs) != 1:
-            raise UserError(f"{option} {path!r} is an image folder, but the model takes {len(specs)} inputs: give a tensor file")
+            raise UserError(
+                f"{option} {path!r} is an image folder, but the model takes {len(specs)} inputs: give a tensor file"
+            )
         files, labelled = image_files(target)
         if not files:
-            raise UserError(f"{option} {path!r} has no images ({', '.join(IMAGE_SUFFIXES[:3])}, ...) in it or in its class subfolders")
+            raise UserError(
+                f"{option} {path!r} has no images ({', '.join(IMAGE_SUFFIXES[:3])}, ...) in it or in its class "
+                "subfolders"
+            )
         listing = "\n".join(f"{f.relative_to(target)}:{f.stat().st_size}" for f in files)
         return DataSource(IMAGE_FOLDER, str(target), hashlib.sha256(listing.encode()).hexdigest(), len(files), labelled)
     inputs, labels = _load_tensor_file(target)
     found = [tuple(t.shape[1:]) for t in inputs]
     if found != [tuple(s.shape) for s in specs]:
-        raise UserError(f"{option} {path!r}: samples have shape {', '.join('x'.join(map(str, f)) for f in found)}, "
-                        f"the model's input is {describe(specs)} (change --input-shape or the data)")
-    return DataSource(TENSOR_FILE, str(target), file_digest(str(target)), int(len(inputs[0])), labels is not None)
+        raise UserError(
+            f"{option} {path!r}: samples have shape {', '.join('x'.join(map(str, f)) for f in found)}, "
+            f"the model's input is {describe(specs)} (change --input-shape or the data)"
+        )
+    return DataSource(TENSOR_FILE, str(target), file_digest(str(target)), len(inputs[0]), labels is not None)
 
 
 def check_sizes(data: DataSource, calibration: DataSource | None, eval_samples: int, calibration_samples: int) -> None:
@@ -106,11 +119,16 @@ def check_sizes(data: DataSource, calibration: DataSource | None, eval_samples: 
         return
     needed = eval_samples + (calibration_samples if calibration is None or calibration == data else 0)
     if data.samples < needed:
-        raise UserError(f"--data has {data.samples} samples, but --eval-samples {eval_samples}"
-                        f"{f' + --calibration-samples {calibration_samples}' if needed > eval_samples else ''} "
-                        f"need {needed} (the two sets are disjoint): lower them or add data")
+        raise UserError(
+            f"--data has {data.samples} samples, but --eval-samples {eval_samples}"
+            f"{f' + --calibration-samples {calibration_samples}' if needed > eval_samples else ''} "
+            f"need {needed} (the two sets are disjoint): lower them or add data"
+        )
     if calibration is not None and calibration != data and calibration.samples < calibration_samples:
-        raise UserError(f"--calibration-data has {calibration.samples} samples, fewer than --calibration-samples {calibration_samples}")
+        raise UserError(
+            f"--calibration-data has {calibration.samples} samples, fewer than --calibration-samples "
+            f"{calibration_samples}"
+        )
 
 
 def image_transform(model: Any) -> Any:
@@ -150,7 +168,9 @@ def load_samples(data: DataSource, model: Any, indices: list[int]) -> tuple[tupl
     images = [transform(Image.open(files[i]).convert("L" if model.input_shape[0] == 1 else "RGB")) for i in indices]
     inputs = torch.stack(images)
     if tuple(inputs.shape[1:]) != tuple(model.input_shape):
-        raise ValueError(f"preprocessed images have shape {tuple(inputs.shape[1:])}, the model takes {tuple(model.input_shape)}")
+        raise ValueError(
+            f"preprocessed images have shape {tuple(inputs.shape[1:])}, the model takes {tuple(model.input_shape)}"
+        )
     labels = torch.as_tensor([classes.index(files[i].parent.name) for i in indices]) if labelled else None
     return (inputs,), labels
 
@@ -163,8 +183,14 @@ def split(total: int, eval_samples: int, calibration_samples: int) -> tuple[list
     return order[:eval_samples], order[eval_samples : eval_samples + calibration_samples]
 
 
-def evaluation_and_calibration(data: DataSource, calibration: DataSource | None, model: Any, eval_samples: int,
-                               calibration_samples: int, synthetic: Any) -> dict[str, Any]:
+def evaluation_and_calibration(
+    data: DataSource,
+    calibration: DataSource | None,
+    model: Any,
+    eval_samples: int,
+    calibration_samples: int,
+    synthetic: Any,
+) -> dict[str, Any]:
     """What the reference process saves: eval inputs (+ labels) and calibration inputs, disjoint.
 
     `calibration` is a separate source (None: a split of `data`); `synthetic(count, purpose)` makes

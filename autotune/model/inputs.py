@@ -31,7 +31,7 @@ class InputSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "InputSpec":
+    def from_dict(cls, data: dict[str, Any]) -> InputSpec:
         return cls(**{**data, "shape": tuple(data["shape"])})
 
     def describe(self) -> str:
@@ -57,16 +57,22 @@ def parse_inputs(text: str) -> tuple[InputSpec, ...]:
     for part in text.split(","):
         fields = part.strip().split(":")
         if len(fields) not in (3, 4) or not fields[0].isidentifier() or fields[1] not in DTYPES:
-            raise UserError(f"cannot read input {part!r}: write name:dtype:shape[:low-high] with dtype {', '.join(DTYPES)}, "
-                            "e.g. input_ids:int64:128:0-30522")
+            raise UserError(
+                f"cannot read input {part!r}: write name:dtype:shape[:low-high] with dtype {', '.join(DTYPES)}, "
+                "e.g. input_ids:int64:128:0-30522"
+            )
         low, high = 0, 2
         if len(fields) == 4:
             try:
                 low, high = (int(v) for v in fields[3].split("-"))
             except ValueError:
-                raise UserError(f"cannot read the value range {fields[3]!r} of input {fields[0]!r}: write low-high, e.g. 0-30522") from None
+                raise UserError(
+                    f"cannot read the value range {fields[3]!r} of input {fields[0]!r}: write low-high, e.g. 0-30522"
+                ) from None
             if high <= low:
-                raise UserError(f"input {fields[0]!r}: the range {fields[3]!r} is empty (values are drawn from [low, high))")
+                raise UserError(
+                    f"input {fields[0]!r}: the range {fields[3]!r} is empty (values are drawn from [low, high))"
+                )
         specs.append(InputSpec(fields[0], parse_shape(fields[2]), fields[1], low, high))
     if len({s.name for s in specs}) != len(specs):
         raise UserError(f"input names repeat in {text!r}")
@@ -88,7 +94,9 @@ def synthetic(specs: tuple[InputSpec, ...], count: int, seed: int) -> tuple[Any,
         if spec.dtype == "float32":
             batch.append(torch.randn(size, generator=generator))
         else:
-            batch.append(torch.randint(spec.low, spec.high, size, generator=generator, dtype=getattr(torch, spec.dtype)))
+            batch.append(
+                torch.randint(spec.low, spec.high, size, generator=generator, dtype=getattr(torch, spec.dtype))
+            )
     return tuple(batch)
 
 

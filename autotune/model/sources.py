@@ -46,14 +46,13 @@ class ModelSource:
             return tuple(InputSpec.from_dict(d) for d in self.inputs)
         return (InputSpec(DEFAULT_NAME, tuple(self.input_shape)),)
 
-
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["input_shape"] = list(self.input_shape)
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelSource":
+    def from_dict(cls, data: dict[str, Any]) -> ModelSource:
         return cls(**{**data, "input_shape": tuple(data["input_shape"])})
 
     @property
@@ -61,7 +60,7 @@ class ModelSource:
         """Weights come from a file (or the model file itself), not from a seeded random init."""
         return bool(self.weights_path) or self.weights_origin == MODEL_FILE
 
-    def with_weights(self, path: str) -> "ModelSource":
+    def with_weights(self, path: str) -> ModelSource:
         return replace(self, weights_path=path, weights_sha256=file_digest(path))
 
 
@@ -91,8 +90,10 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None, allow
     trusts a model file whose loader may unpickle Python objects (exported programs)."""
     specs = parse_inputs(input_shape) if input_shape else None
     if Path(name).suffix == ".pt2" and ":" not in name and not allow_pickle and Path(name).expanduser().is_file():
-        raise UserError(f"model file {name!r} is an exported program, whose loader (torch.export.load) may unpickle Python "
-                        "objects, which can run code: pass --allow-pickle if you trust the file")
+        raise UserError(
+            f"model file {name!r} is an exported program, whose loader (torch.export.load) may unpickle Python "
+            "objects, which can run code: pass --allow-pickle if you trust the file"
+        )
     source = _resolve_source(name, weights, specs[0].shape if specs else None)
     if specs and (len(specs) > 1 or specs[0].dtype != "float32"):
         return replace(source, inputs=[spec.to_dict() for spec in specs])
@@ -108,7 +109,10 @@ def check_torch_save_file(path: Path, what: str) -> None:
     except OSError as exc:
         raise UserError(f"{what} {str(path)!r} cannot be read ({exc.strerror}); check its permissions") from None
     if not (zipfile.is_zipfile(path) or head[:1] == b"\x80"):
-        raise UserError(f"{what} {str(path)!r} is not a file saved with torch.save; pass a state_dict saved with torch.save(model.state_dict(), path)")
+        raise UserError(
+            f"{what} {str(path)!r} is not a file saved with torch.save; pass a state_dict saved with "
+            "torch.save(model.state_dict(), path)"
+        )
 
 
 def _resolve_source(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
@@ -147,8 +151,11 @@ def _exported_input_shape(path: Path) -> tuple[int, ...] | None:
     shapes = [tuple(nodes[name].meta["val"].shape) for name in names if name in nodes]
     for shape in shapes:
         if shape and isinstance(shape[0], int):
-            raise UserError(f"model file {str(path)!r} was exported with a fixed batch of {shape[0]}; export it with a dynamic batch "
-                            "dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}}) so autotune can try batch sizes")
+            raise UserError(
+                f"model file {str(path)!r} was exported with a fixed batch of {shape[0]}; export it with a dynamic "
+                "batch "
+                "dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}}) so autotune can try batch sizes"
+            )
     if len(shapes) != 1:
         return None
     return tuple(int(d) for d in shapes[0][1:]) if all(isinstance(d, int) for d in shapes[0][1:]) else None
@@ -164,15 +171,19 @@ def _resolve_model_file(name: str, weights: str | None, shape: tuple[int, ...] |
     if not path.is_file():
         raise UserError(f"model file {name!r} does not exist")
     if weights:
-        raise UserError(f"model file {name!r} already holds its weights; --weights is for torchvision and factory models")
+        raise UserError(
+            f"model file {name!r} already holds its weights; --weights is for torchvision and factory models"
+        )
     kind = EXPORTED if path.suffix == ".pt2" else TORCHSCRIPT
     try:
         found = _exported_input_shape(path) if kind == EXPORTED else None
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"cannot load {name!r} as {'an exported program' if kind == EXPORTED else 'TorchScript'} "
-                        f"({type(exc).__name__}); save it with {'torch.export.save' if kind == EXPORTED else 'torch.jit.save'}") from None
+        raise UserError(
+            f"cannot load {name!r} as {'an exported program' if kind == EXPORTED else 'TorchScript'} "
+            f"({type(exc).__name__}); save it with {'torch.export.save' if kind == EXPORTED else 'torch.jit.save'}"
+        ) from None
     shape = shape or found
     if shape is None:
         raise UserError(f"model {name!r}: give --input-shape (one sample, e.g. 3x224x224)")
@@ -195,13 +206,22 @@ def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | No
     if shape is None:
         found = _factory_example_specs(f"{target}:{func}")
         if found is None:
-            raise UserError(f"model {spec!r}: give --input-shape (one sample, e.g. 3x224x224) for a factory model, "
-                            "or return (model, example_inputs) from the factory")
+            raise UserError(
+                f"model {spec!r}: give --input-shape (one sample, e.g. 3x224x224) for a factory model, "
+                "or return (model, example_inputs) from the factory"
+            )
         shape = found[0].shape
         if len(found) > 1 or found[0].dtype != "float32":
             inputs = [s.to_dict() for s in found]
-    return ModelSource("factory", f"{target}:{func}", shape, weights, WEIGHTS_FILE if weights else RANDOM_INIT,
-                       weights_sha256=file_digest(weights) if weights else None, inputs=inputs)
+    return ModelSource(
+        "factory",
+        f"{target}:{func}",
+        shape,
+        weights,
+        WEIGHTS_FILE if weights else RANDOM_INIT,
+        weights_sha256=file_digest(weights) if weights else None,
+        inputs=inputs,
+    )
 
 
 def _factory_example_specs(spec: str) -> tuple[InputSpec, ...] | None:
@@ -221,14 +241,27 @@ def _factory_example_specs(spec: str) -> tuple[InputSpec, ...] | None:
     for key, tensor in named:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() < 1:
             raise UserError(f"model {spec!r}: example inputs must be batched tensors (batch first)")
-        name = key if isinstance(key, str) else (DEFAULT_NAME if not isinstance(example, (tuple, list)) else f"{DEFAULT_NAME}_{key}")
+        name = (
+            key
+            if isinstance(key, str)
+            else (DEFAULT_NAME if not isinstance(example, (tuple, list)) else f"{DEFAULT_NAME}_{key}")
+        )
         if tensor.is_floating_point():
             specs.append(InputSpec(name, tuple(tensor.shape[1:])))
         else:  # integer inputs: synthetic values span what the example holds
             if str(tensor.dtype).removeprefix("torch.") not in DTYPES:
-                raise UserError(f"model {spec!r}: example input {name!r} is {tensor.dtype}; inputs may be {', '.join(DTYPES)}")
-            specs.append(InputSpec(name, tuple(tensor.shape[1:]), str(tensor.dtype).removeprefix("torch."),
-                                   int(tensor.min()), int(tensor.max()) + 1))
+                raise UserError(
+                    f"model {spec!r}: example input {name!r} is {tensor.dtype}; inputs may be {', '.join(DTYPES)}"
+                )
+            specs.append(
+                InputSpec(
+                    name,
+                    tuple(tensor.shape[1:]),
+                    str(tensor.dtype).removeprefix("torch."),
+                    int(tensor.min()),
+                    int(tensor.max()) + 1,
+                )
+            )
     return tuple(specs)
 
 
@@ -256,7 +289,7 @@ def _exported_module(graph_module: Any) -> Any:
             super().__init__()
             self.graph_module = graph_module
 
-        def train(self, mode: bool = True) -> "ExportedModule":
+        def train(self, mode: bool = True) -> ExportedModule:
             self.training = mode
             return self
 

@@ -16,8 +16,17 @@ from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, format_cpu_list
 MANAGED_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCHINDUCTOR_")
 MANAGED_ENV_VARS = ("LD_PRELOAD", "MALLOC_CONF", "THP_MEM_ALLOC_ENABLE", "TBB_ENABLE_SANITIZERS")
 # What a pasted launch command unsets so the shell's own settings cannot leak in.
-UNSET_IN_COMMANDS = (*MANAGED_ENV_VARS, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY",
-                     "KMP_BLOCKTIME", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FREEZING")
+UNSET_IN_COMMANDS = (
+    *MANAGED_ENV_VARS,
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "KMP_AFFINITY",
+    "KMP_BLOCKTIME",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TORCHINDUCTOR_FREEZING",
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class TrialConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrialConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         return cls(**{**data, "options": dict(data.get("options", {}))})
 
     def numerics_key(self) -> str:
@@ -88,7 +97,9 @@ class TrialConfig:
         if self.openmp == "intel":
             library = (openmp_libraries or {}).get("intel")
             if not library:
-                raise ValueError(f"Intel OpenMP (libiomp5.so from the intel-openmp wheel) was not found in runtime {self.runtime!r}")
+                raise ValueError(
+                    f"Intel OpenMP (libiomp5.so from the intel-openmp wheel) was not found in runtime {self.runtime!r}"
+                )
             preload.append(library)
             if self.kmp_affinity is not None:
                 env["KMP_AFFINITY"] = self.kmp_affinity
@@ -127,8 +138,4 @@ def pin_prefix(cpus: tuple[int, ...], machine: MachineProbe) -> list[str]:
 
 def clean_environment(base: dict[str, str]) -> dict[str, str]:
     """The inherited environment minus every variable autotune manages."""
-    return {
-        k: v
-        for k, v in base.items()
-        if k not in MANAGED_ENV_VARS and not k.startswith(MANAGED_ENV_PREFIXES)
-    }
+    return {k: v for k, v in base.items() if k not in MANAGED_ENV_VARS and not k.startswith(MANAGED_ENV_PREFIXES)}

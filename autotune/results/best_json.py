@@ -11,22 +11,33 @@ from typing import Any
 
 import optuna
 
-from autotune.measure.drift import DriftCriterion
 from autotune.common.errors import UserError
-from autotune.records.config import UNSET_IN_COMMANDS
 from autotune.common.files import write_json_atomic
-from autotune.runner.launch import shell_command
-from autotune.results.selection import baseline_trial, decide
-from autotune.results.selection import clean_trials, maximizes, primary_value
 from autotune.machine.runtimes import MAIN, replay_env
+from autotune.measure.drift import DriftCriterion
+from autotune.records.config import UNSET_IN_COMMANDS
+from autotune.results.selection import baseline_trial, clean_trials, decide, maximizes, primary_value
+from autotune.runner.launch import shell_command
 from autotune.runner.trials import replay_argv
 
 SCHEMA = "autotune.best/2"
 
-METRIC_KEYS = ("throughput_sps", "latency_ms", "peak_rss_mib", "peak_rss_mib_total", "prepare_s", "load_s", "first_call_s",
-               "artifact", "measurement", "instances", "torch_version", "backend_details", "screening", "valid")
-
-
+METRIC_KEYS = (
+    "throughput_sps",
+    "latency_ms",
+    "peak_rss_mib",
+    "peak_rss_mib_total",
+    "prepare_s",
+    "load_s",
+    "first_call_s",
+    "artifact",
+    "measurement",
+    "instances",
+    "torch_version",
+    "backend_details",
+    "screening",
+    "valid",
+)
 
 
 def _counts(study: optuna.study.Study) -> dict[str, int]:
@@ -57,14 +68,20 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
         raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first")
     clean = clean_trials(study)
     if not clean:
-        raise UserError(f"every completed trial of study {study.study_name!r} was flagged as noisy: "
-                        "rerun 'autotune search' on a quieter machine (same command resumes)")
+        raise UserError(
+            f"every completed trial of study {study.study_name!r} was flagged as noisy: "
+            "rerun 'autotune search' on a quieter machine (same command resumes)"
+        )
     maximize = maximizes(study)
     record = study.user_attrs.get("finalists")
     if record:
         record = decide(record, maximize)  # from the stored runs, with the current selection rule
     by_number = {t.number: t for t in clean}
-    if record and record.get("winner_trial") in by_number and record.get("last_trial", -1) >= max(t.number for t in complete):
+    if (
+        record
+        and record.get("winner_trial") in by_number
+        and record.get("last_trial", -1) >= max(t.number for t in complete)
+    ):
         return by_number[record["winner_trial"]], record, f"finalists: {record['selection']}"
     return clean[0], None, "best clean single measurement (no finalist round after the last trial)"
 
@@ -79,9 +96,17 @@ def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any]
         "repeats": record["repeats"],
         "seconds": record["seconds"],
         "candidates": [
-            {"trial": c["trial"], "winner": c["trial"] == winner, "candidate": c["candidate"], "baseline": c["baseline"],
-             "config": c.get("config"), "search_value": c["search_value"], "values": [r.get("value") for r in c["runs"]],
-             "runs": c["runs"], **{k: c["summary"][k] for k in ("median", "min", "max", "spread_rel", "noise_rel")}}
+            {
+                "trial": c["trial"],
+                "winner": c["trial"] == winner,
+                "candidate": c["candidate"],
+                "baseline": c["baseline"],
+                "config": c.get("config"),
+                "search_value": c["search_value"],
+                "values": [r.get("value") for r in c["runs"]],
+                "runs": c["runs"],
+                **{k: c["summary"][k] for k in ("median", "min", "max", "spread_rel", "noise_rel")},
+            }
             for c in record["candidates"]
         ],
     }
@@ -99,10 +124,19 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "meets_drift": True,
-        "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": best.number, "trials": _counts(study)},
-        "objective": {"name": spec.get("objective"), "direction": _directions(study), "value": primary_value(best),
-                      **({"values": best.values} if len(study.directions) > 1 else {}),
-                      "revalidated_median": _revalidated(record, best.number)},
+        "study": {
+            "name": study.study_name,
+            "storage": spec.get("storage"),
+            "trial": best.number,
+            "trials": _counts(study),
+        },
+        "objective": {
+            "name": spec.get("objective"),
+            "direction": _directions(study),
+            "value": primary_value(best),
+            **({"values": best.values} if len(study.directions) > 1 else {}),
+            "revalidated_median": _revalidated(record, best.number),
+        },
         "selection": why,
         **({"pareto_front": pareto_front(study)} if len(study.directions) > 1 else {}),
         "finalists": _finalist_view(record, best.number),
@@ -120,7 +154,9 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "metrics": {key: attrs.get(key) for key in METRIC_KEYS},
         "measure_settings": attrs.get("measure_settings"),
         "drift": drift_report(drift, spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")),
-        "baseline": None if baseline is None else {
+        "baseline": None
+        if baseline is None
+        else {
             "trial": baseline.number,
             "config": baseline.user_attrs.get("config"),
             "throughput_sps": base_sps,
@@ -131,11 +167,18 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
     }
 
 
-def drift_report(drift: dict[str, Any], spec: dict[str, Any], evaluation: dict[str, Any] | None,
-                 calibration: dict[str, Any] | None) -> dict[str, Any]:
+def drift_report(
+    drift: dict[str, Any], spec: dict[str, Any], evaluation: dict[str, Any] | None, calibration: dict[str, Any] | None
+) -> dict[str, Any]:
     """The winner's drift: every metric, the one bounded with its drop and bound, and what it was measured on."""
-    criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
-    evaluation = evaluation or {"data": "synthetic seeded random inputs", "samples": spec.get("eval_samples"), "synthetic": True}
+    criterion = DriftCriterion(
+        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
+    )
+    evaluation = evaluation or {
+        "data": "synthetic seeded random inputs",
+        "samples": spec.get("eval_samples"),
+        "synthetic": True,
+    }
     return {
         **drift,
         "metric": criterion.metric,
@@ -144,7 +187,7 @@ def drift_report(drift: dict[str, Any], spec: dict[str, Any], evaluation: dict[s
         "relative": criterion.relative,
         "criterion": criterion.describe(),
         "data": f"{evaluation['data']}: {evaluation['samples']} evaluation samples, FP32 eager outputs as reference"
-                + (" (synthetic: says little about accuracy)" if evaluation.get("synthetic") else ""),
+        + (" (synthetic: says little about accuracy)" if evaluation.get("synthetic") else ""),
         "evaluation": evaluation,
         "calibration": calibration,
     }
@@ -157,17 +200,23 @@ def _revalidated(record: dict[str, Any] | None, trial: int) -> float | None:
     return None
 
 
-def _speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_sps: float | None, objective: str | None) -> dict[str, Any]:
+def _speedup(
+    record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_sps: float | None, objective: str | None
+) -> dict[str, Any]:
     """Throughput over the baseline's: from the interleaved finalist runs when both were re-measured."""
     if record and objective == "throughput":
         medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
         base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
         if base and medians.get(best.number):
-            return {"speedup_vs_baseline": medians[best.number] / base,
-                    "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)"}
+            return {
+                "speedup_vs_baseline": medians[best.number] / base,
+                "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)",
+            }
     sps = best.user_attrs.get("throughput_sps")
-    return {"speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
-            "speedup_source": "one search measurement each (winner and baseline trials)"}
+    return {
+        "speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
+        "speedup_source": "one search measurement each (winner and baseline trials)",
+    }
 
 
 def _directions(study: optuna.study.Study) -> str | list[str]:
@@ -180,16 +229,29 @@ def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
     is a valid answer; which to deploy depends on the latency the application can take."""
     clean = {t.number for t in clean_trials(study)}
     front = [t for t in study.best_trials if t.number in clean]
-    return [{"trial": t.number, "throughput_sps": t.values[0], "p99_ms": t.values[1], "config": t.user_attrs.get("config"),
-             "config_summary": t.user_attrs.get("config_summary")} for t in sorted(front, key=lambda t: -t.values[0])]
+    return [
+        {
+            "trial": t.number,
+            "throughput_sps": t.values[0],
+            "p99_ms": t.values[1],
+            "config": t.user_attrs.get("config"),
+            "config_summary": t.user_attrs.get("config_summary"),
+        }
+        for t in sorted(front, key=lambda t: -t.values[0])
+    ]
 
 
 def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
     spec = study.user_attrs.get("spec", {})
-    criterion = DriftCriterion(spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False))
-    measured = [(criterion.drop(t.user_attrs["drift"]), t) for t in study.get_trials(deepcopy=False)
-                if t.user_attrs.get("drift") and t.user_attrs.get("config") and criterion.exceeded(t.user_attrs["drift"])]
+    criterion = DriftCriterion(
+        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
+    )
+    measured = [
+        (criterion.drop(t.user_attrs["drift"]), t)
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("drift") and t.user_attrs.get("config") and criterion.exceeded(t.user_attrs["drift"])
+    ]
     measured = [(drop, t) for drop, t in measured if drop is not None]
     return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
 
@@ -199,16 +261,31 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
     with its drift and how to run it, but no speed (it was never timed)."""
     spec = study.user_attrs.get("spec", {})
     attrs = trial.user_attrs
-    drift = drift_report(dict(attrs["drift"]), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration"))
+    drift = drift_report(
+        dict(attrs["drift"]), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")
+    )
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "meets_drift": False,
-        "study": {"name": study.study_name, "storage": spec.get("storage"), "trial": trial.number, "trials": _counts(study)},
-        "objective": {"name": spec.get("objective"), "direction": _directions(study), "value": None, "revalidated_median": None},
-        "selection": (f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
-                      f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen --max-drift, "
-                      "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"),
+        "study": {
+            "name": study.study_name,
+            "storage": spec.get("storage"),
+            "trial": trial.number,
+            "trials": _counts(study),
+        },
+        "objective": {
+            "name": spec.get("objective"),
+            "direction": _directions(study),
+            "value": None,
+            "revalidated_median": None,
+        },
+        "selection": (
+            f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
+            f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen "
+            "--max-drift, "
+            "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
+        ),
         "finalists": None,
         "model": study.user_attrs.get("model_for_trials", spec.get("model")),
         "config": attrs["config"],

@@ -24,14 +24,25 @@ def dashboard_executable() -> str:
 def dashboard_argv(storage_url: str, host: str, port: int, artifact_dir: Path) -> list[str]:
     """optuna-dashboard serving the study and its artifacts (trial logs, best.json, report)."""
     artifact_dir.mkdir(parents=True, exist_ok=True)
-    return [dashboard_executable(), database_url(storage_url), "--host", host, "--port", str(port), "--artifact-dir", str(artifact_dir)]
+    return [
+        dashboard_executable(),
+        database_url(storage_url),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--artifact-dir",
+        str(artifact_dir),
+    ]
 
 
 def serve(storage_url: str, host: str, port: int, console: Console, artifact_dir: Path) -> int:
     """Replace this process with optuna-dashboard, so Ctrl-C and signals reach the server directly.
     The caller has opened the study already, so a bad or unreachable storage failed with one line."""
     argv = dashboard_argv(storage_url, host, port, artifact_dir)
-    console.print(f"optuna-dashboard for {mask_url(storage_url)} at http://{host}:{port}/ (Ctrl-C to stop)", markup=False)
+    console.print(
+        f"optuna-dashboard for {mask_url(storage_url)} at http://{host}:{port}/ (Ctrl-C to stop)", markup=False
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)

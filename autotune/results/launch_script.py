@@ -12,8 +12,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from autotune.records.config import UNSET_IN_COMMANDS
 from autotune.machine.runtimes import MAIN, replay_env
+from autotune.records.config import UNSET_IN_COMMANDS
 
 
 def launch_script(best: dict[str, Any], best_path: Path) -> str:
@@ -21,10 +21,14 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
     pin_prefixes = best["launch"]["pin_prefixes"]
     runtime = best.get("runtime") or {"name": MAIN}
     python, env = replay_env(runtime, best.get("environment") or {})
-    summary = f"{config['backend']}/{config['precision']} batch {config['batch_size']}, {config['instances']} x {config['threads_per_instance']} threads"
+    summary = (
+        f"{config['backend']}/{config['precision']} batch {config['batch_size']}, "
+        f"{config['instances']} x {config['threads_per_instance']} threads"
+    )
     lines = [
         "#!/usr/bin/env bash",
-        f"# autotune launch script: {best['model']['name']} as tuned in study {best['study']['name']} (trial {best['study']['trial']}),",
+        f"# autotune launch script: {best['model']['name']} as tuned in study {best['study']['name']} (trial "
+        f"{best['study']['trial']}),",
         f"# {summary}, runtime {runtime.get('name', MAIN)} (torch {runtime.get('torch', '?')}).",
         "# Usage: ./launch.sh [COMMAND ARGS...]   one pinned process per instance runs COMMAND with the tuned",
         "# environment; each gets AUTOTUNE_INSTANCE (0..N-1), AUTOTUNE_INSTANCES and AUTOTUNE_BEST.",
@@ -41,7 +45,9 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
     for i, prefix in enumerate(pin_prefixes):
         pin = shlex.join(prefix)
         default = f'"$PYTHON" -m autotune.worker --best "$AUTOTUNE_BEST" --instance {i}'
-        lines.append(f'if [ $# -gt 0 ]; then AUTOTUNE_INSTANCE={i} {pin} "$@" & else AUTOTUNE_INSTANCE={i} {pin} {default} & fi')
+        lines.append(
+            f'if [ $# -gt 0 ]; then AUTOTUNE_INSTANCE={i} {pin} "$@" & else AUTOTUNE_INSTANCE={i} {pin} {default} & fi'
+        )
         lines.append("pids+=($!)")
     lines += ["status=0", 'for pid in "${pids[@]}"; do wait "$pid" || status=$?; done', 'exit "$status"', ""]
     return "\n".join(lines)

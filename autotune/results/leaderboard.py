@@ -13,8 +13,7 @@ from typing import Any
 import optuna
 from rich.table import Table
 
-from autotune.results.selection import baseline_trial
-from autotune.results.selection import clean_trials
+from autotune.results.selection import baseline_trial, clean_trials
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -30,12 +29,20 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str,
         attrs = trial.user_attrs
         sps = attrs.get("throughput_sps")
         drift = attrs.get("drift") or {}
-        rows.append({
-            "rank": rank, "trial": trial.number, "config": attrs.get("config_summary", ""),
-            "throughput_sps": sps, "p50_ms": (attrs.get("latency_ms") or {}).get("p50"), "p99_ms": (attrs.get("latency_ms") or {}).get("p99"),
-            "drift": drift.get("relative_l2"), "speedup": sps / base_sps if sps and base_sps else None,
-            "runtime": (attrs.get("runtime") or {}).get("name", "main"), "baseline": bool(attrs.get("baseline")),
-        })
+        rows.append(
+            {
+                "rank": rank,
+                "trial": trial.number,
+                "config": attrs.get("config_summary", ""),
+                "throughput_sps": sps,
+                "p50_ms": (attrs.get("latency_ms") or {}).get("p50"),
+                "p99_ms": (attrs.get("latency_ms") or {}).get("p99"),
+                "drift": drift.get("relative_l2"),
+                "speedup": sps / base_sps if sps and base_sps else None,
+                "runtime": (attrs.get("runtime") or {}).get("name", "main"),
+                "baseline": bool(attrs.get("baseline")),
+            }
+        )
     return rows
 
 
@@ -44,9 +51,16 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
     for column in ("#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
     for row in rows if rows is not None else leaderboard_rows(study, top):
-        table.add_row(str(row["rank"]), f"{row['trial']}{' (baseline)' if row['baseline'] else ''}", row["config"],
-                      _fmt(row["throughput_sps"]), _fmt(row["p50_ms"]), _fmt(row["p99_ms"]),
-                      "-" if row["drift"] is None else f"{row['drift']:.2e}", "-" if row["speedup"] is None else f"{row['speedup']:.2f}x")
+        table.add_row(
+            str(row["rank"]),
+            f"{row['trial']}{' (baseline)' if row['baseline'] else ''}",
+            row["config"],
+            _fmt(row["throughput_sps"]),
+            _fmt(row["p50_ms"]),
+            _fmt(row["p99_ms"]),
+            "-" if row["drift"] is None else f"{row['drift']:.2e}",
+            "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+        )
     return table
 
 
@@ -58,13 +72,20 @@ def cause_group(cause: str) -> str:
 def outcome_groups(study: optuna.study.Study) -> dict[str, Counter]:
     """FAIL causes and PRUNED reasons, each grouped, with how often they occurred."""
     groups: dict[str, Counter] = {"FAIL": Counter(), "PRUNED": Counter()}
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)):
+    for trial in study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+    ):
         if trial.state == optuna.trial.TrialState.FAIL:
             groups["FAIL"][cause_group(trial.user_attrs.get("fail_cause", "unknown (no cause recorded)"))] += 1
         else:
             reason = trial.user_attrs.get("prune_reason", "pruned")
-            kind = "drift beyond the bound" if reason.startswith("drift") else \
-                "clearly slower at screening" if reason.startswith("screening") else cause_group(reason)
+            kind = (
+                "drift beyond the bound"
+                if reason.startswith("drift")
+                else "clearly slower at screening"
+                if reason.startswith("screening")
+                else cause_group(reason)
+            )
             groups["PRUNED"][kind] += 1
     return groups
 
@@ -84,4 +105,6 @@ def outcome_table(study: optuna.study.Study) -> Table | None:
 
 def study_summary(study: optuna.study.Study) -> str:
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
-    return f"{len(study.trials)} trials: " + ", ".join(f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s])
+    return f"{len(study.trials)} trials: " + ", ".join(
+        f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s]
+    )

@@ -46,12 +46,18 @@ def attach_trial_log(trial: optuna.trial.Trial, study_dir: Path, trial_dir: Path
     if not trial_dir.exists():
         return
     try:
-        path = write_text_atomic(trial_dir / "trial.log", trial_log(trial_dir, attrs.get("commands"), attrs.get("fail_cause")))
-        upload_artifact(artifact_store=artifact_store(study_dir), file_path=str(path), study_or_trial=trial, mimetype="text/plain")
+        path = write_text_atomic(
+            trial_dir / "trial.log", trial_log(trial_dir, attrs.get("commands"), attrs.get("fail_cause"))
+        )
+        upload_artifact(
+            artifact_store=artifact_store(study_dir), file_path=str(path), study_or_trial=trial, mimetype="text/plain"
+        )
     except OSError:
         pass
 
 
 def attach_to_study(study: optuna.study.Study, study_dir: Path, path: Path, mimetype: str) -> None:
     """Upload a study-level file (best.json, report.html)."""
-    upload_artifact(artifact_store=artifact_store(study_dir), file_path=str(path), study_or_trial=study, mimetype=mimetype)
+    upload_artifact(
+        artifact_store=artifact_store(study_dir), file_path=str(path), study_or_trial=study, mimetype=mimetype
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import optuna
 from rich.console import Console, Group
@@ -27,8 +27,11 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
             return ""
         ci = (attrs.get("measurement") or {}).get("throughput_ci_rel")
         accuracy = (attrs.get("drift") or {}).get("accuracy")
-        text = (f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 {p50:.1f} ms  drift {drift:.2e}"
-                f"{f'  acc {accuracy:.3f}' if accuracy is not None else ''}")
+        text = (
+            f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 "
+            f"{p50:.1f} ms  drift {drift:.2e}"
+            f"{f'  acc {accuracy:.3f}' if accuracy is not None else ''}"
+        )
         flags = (attrs.get("measurement") or {}).get("noise_flags")
         return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if attrs.get("valid") is False and flags else text
     if trial.state == optuna.trial.TrialState.PRUNED:
@@ -38,8 +41,9 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
     return ""
 
 
-def best_so_far(study: optuna.study.Study, baseline_sps: Callable[[], float | None]
-                ) -> tuple[optuna.trial.FrozenTrial | None, float | None, float | None]:
+def best_so_far(
+    study: optuna.study.Study, baseline_sps: Callable[[], float | None]
+) -> tuple[optuna.trial.FrozenTrial | None, float | None, float | None]:
     """The best clean trial, its samples/s, and its speedup over the baseline (None where unknown)."""
     clean = clean_trials(study)
     if not clean:
@@ -52,7 +56,9 @@ def best_so_far(study: optuna.study.Study, baseline_sps: Callable[[], float | No
 class ProgressPrinter:
     """Optuna callback: prints each trial as it ends, with the best so far and the budget used."""
 
-    def __init__(self, console: Console, started: float, budget_s: float, baseline_sps: Callable[[], float | None]) -> None:
+    def __init__(
+        self, console: Console, started: float, budget_s: float, baseline_sps: Callable[[], float | None]
+    ) -> None:
         self.console = console
         self.started = started
         self.budget_s = budget_s
@@ -66,14 +72,21 @@ class ProgressPrinter:
         best_trial, sps, speedup = best_so_far(study, self.baseline_sps)
         if best_trial is not None and sps:
             best = f" | best #{best_trial.number} {sps:.1f} sps" + (f" = {speedup:.2f}x baseline" if speedup else "")
-        self.console.print(f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}", markup=False, highlight=False, soft_wrap=True)
+        self.console.print(
+            f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 class LiveStatus:
     """The live panel (rendered by rich.live.Live on a terminal only). Also an Optuna callback: the study
     is read when a trial ends, never on a refresh, so the panel adds no load while a trial is timed."""
 
-    def __init__(self, study: optuna.study.Study, started: float, budget_s: float, baseline_sps: Callable[[], float | None]) -> None:
+    def __init__(
+        self, study: optuna.study.Study, started: float, budget_s: float, baseline_sps: Callable[[], float | None]
+    ) -> None:
         self.started = started
         self.budget_s = budget_s
         self.baseline_sps = baseline_sps
@@ -88,7 +101,8 @@ class LiveStatus:
         best, sps, speedup = best_so_far(study, self.baseline_sps)
         if best is not None:
             times = f" = {speedup:.2f}x the baseline" if speedup else ""
-            self.best = f"best so far: trial {best.number} {best.user_attrs.get('config_summary', '')}: {sps or 0:.1f} samples/s{times}"
+            summary = best.user_attrs.get("config_summary", "")
+            self.best = f"best so far: trial {best.number} {summary}: {sps or 0:.1f} samples/s{times}"
 
     def lines(self) -> list[str]:
         used = time.monotonic() - self.started

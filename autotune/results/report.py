@@ -16,14 +16,14 @@ from typing import Any
 
 import optuna
 
-from autotune.results.selection import baseline_trial
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary
-from autotune.results.selection import clean_trials
+from autotune.results.selection import baseline_trial, clean_trials
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.9em; } td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+table { border-collapse: collapse; font-size: 0.9em; }
+td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 .charts { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; } figure { margin: 0; min-width: 0; }
 figure svg { max-width: 100%; height: auto; } figcaption { font-size: 0.85em; color: #555; }
 .note { color: #555; font-size: 0.9em; }
@@ -37,7 +37,7 @@ def _svg(figure: Any) -> str:
 
     plt.close(figure)
     text = buffer.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and doctype: inline SVG
+    return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline SVG
 
 
 def _figure():
@@ -51,7 +51,9 @@ def _figure():
 
 def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
     """(throughput, p99, trial) points no other point beats on both (more throughput, less latency)."""
-    front = [p for p in points if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0], q[1]) != (p[0], p[1]) for q in points)]
+    front = [
+        p for p in points if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0], q[1]) != (p[0], p[1]) for q in points)
+    ]
     return sorted(front, key=lambda p: p[1])
 
 
@@ -59,7 +61,9 @@ def _complete_points(study: optuna.study.Study) -> list[tuple[float, float, int,
     points = []
     for trial in clean_trials(study):
         sps = trial.user_attrs.get("throughput_sps")
-        p99 = (trial.user_attrs.get("latency_ms") or {}).get("p99") or (trial.user_attrs.get("latency_ms") or {}).get("p50")
+        p99 = (trial.user_attrs.get("latency_ms") or {}).get("p99") or (trial.user_attrs.get("latency_ms") or {}).get(
+            "p50"
+        )
         if sps and p99:
             points.append((sps, p99, trial.number, trial.user_attrs))
     return points
@@ -118,15 +122,23 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
     values = [best[n] / base if base else best[n] for n in names]
     ax.barh(names, values, color="#6a4")
     for y, value in enumerate(values):
-        ax.annotate(f"{value:.2f}{'x' if base else ''}", (value, y), textcoords="offset points", xytext=(3, -3), fontsize=8)
+        ax.annotate(
+            f"{value:.2f}{'x' if base else ''}", (value, y), textcoords="offset points", xytext=(3, -3), fontsize=8
+        )
     ax.set_xlabel("best speedup over the eager fp32 baseline" if base else "best throughput (samples/s)")
     return _svg(fig)
 
 
 def drift_chart(study: optuna.study.Study) -> str | None:
     spec = study.user_attrs.get("spec", {})
-    points = [((t.user_attrs.get("drift") or {}).get("relative_l2"), t.user_attrs.get("throughput_sps"),
-               (t.user_attrs.get("config") or {}).get("backend")) for t in clean_trials(study)]
+    points = [
+        (
+            (t.user_attrs.get("drift") or {}).get("relative_l2"),
+            t.user_attrs.get("throughput_sps"),
+            (t.user_attrs.get("config") or {}).get("backend"),
+        )
+        for t in clean_trials(study)
+    ]
     points = [p for p in points if p[0] is not None]
     if not points:
         return None
@@ -153,28 +165,54 @@ def build_report(study: optuna.study.Study) -> str:
     spec = study.user_attrs.get("spec", {})
     model = (spec.get("model") or {}).get("name", "?")
     hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
-    charts = [("Throughput against p99 latency: the Pareto front", pareto_chart(study)),
-              ("Parameter importances", importance_chart(study)),
-              ("Speedup by backend and precision", speedup_chart(study)),
-              ("Drift against speed", drift_chart(study))]
-    figures = "".join(f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg)
+    charts = [
+        ("Throughput against p99 latency: the Pareto front", pareto_chart(study)),
+        ("Parameter importances", importance_chart(study)),
+        ("Speedup by backend and precision", speedup_chart(study)),
+        ("Drift against speed", drift_chart(study)),
+    ]
+    figures = "".join(
+        f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
+    )
     missing = [title for title, svg in charts if not svg]
     leaders = leaderboard_rows(study, 10)
-    fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-    leader_rows = [[r["rank"], r["trial"], r["config"], fmt(r["throughput_sps"]), fmt(r["p50_ms"]), fmt(r["p99_ms"]),
-                    "-" if r["drift"] is None else f"{r['drift']:.2e}", "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"] for r in leaders]
-    outcomes = [[state, count, cause] for state, counter in outcome_groups(study).items() for cause, count in counter.most_common()]
+
+    def fmt(v: float | None, d: int = 1) -> str:
+        return "-" if v is None else f"{v:.{d}f}"
+
+    leader_rows = [
+        [
+            r["rank"],
+            r["trial"],
+            r["config"],
+            fmt(r["throughput_sps"]),
+            fmt(r["p50_ms"]),
+            fmt(r["p99_ms"]),
+            "-" if r["drift"] is None else f"{r['drift']:.2e}",
+            "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+        ]
+        for r in leaders
+    ]
+    outcomes = [
+        [state, count, cause]
+        for state, counter in outcome_groups(study).items()
+        for cause, count in counter.most_common()
+    ]
+    cpu = html.escape(str(hardware.get("cpu_model", "?")))
+    leader_headers = ["#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"]
+    leaderboard = _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
+    failures = _table(["state", "trials", "cause"], outcomes) if outcomes else "<p>None.</p>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>autotune report: {html.escape(study.study_name)}</title>
 <style>{STYLE}</style></head><body>
 <h1>autotune report: study {html.escape(study.study_name)}</h1>
-<p>model <b>{html.escape(str(model))}</b> on {html.escape(str(hardware.get('cpu_model', '?')))}, {hardware.get('physical_cores', '?')} physical cores;
-objective {html.escape(str(spec.get('objective', 'throughput')))}; {html.escape(study_summary(study))}.
-<span class="note">Generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}.</span></p>
+<p>model <b>{html.escape(str(model))}</b> on {cpu}, {hardware.get("physical_cores", "?")} physical cores;
+objective {html.escape(str(spec.get("objective", "throughput")))}; {html.escape(study_summary(study))}.
+<span class="note">Generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}.</span></p>
 <h2>Charts</h2><div class="charts">{figures}</div>
-{f'<p class="note">Not drawn (not enough completed trials): {html.escape(", ".join(missing))}.</p>' if missing else ''}
-<h2>Leaderboard</h2>{_table(["#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"], leader_rows) if leader_rows else '<p>No completed trial.</p>'}
-<h2>Failed and pruned trials, by cause</h2>{_table(["state", "trials", "cause"], outcomes) if outcomes else '<p>None.</p>'}
+{f'<p class="note">Not drawn (not enough completed trials): {html.escape(", ".join(missing))}.</p>' if missing else ""}
+<h2>Leaderboard</h2>{leaderboard}
+<h2>Failed and pruned trials, by cause</h2>{failures}
 </body></html>
 """
 

@@ -77,7 +77,14 @@ def summarize_runs(values: list[float], ci_rels: list[float]) -> dict[str, Any]:
     median = statistics.median(values)
     spread = (max(values) - min(values)) / 2 / median if median else None
     noise = max([spread or 0.0, statistics.median(ci_rels) if ci_rels else 0.0, MIN_TIE_NOISE])
-    return {"median": median, "min": min(values), "max": max(values), "spread_rel": spread, "noise_rel": noise, "runs": len(values)}
+    return {
+        "median": median,
+        "min": min(values),
+        "max": max(values),
+        "spread_rel": spread,
+        "noise_rel": noise,
+        "runs": len(values),
+    }
 
 
 def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int, str]:
@@ -112,19 +119,29 @@ def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int
     tied = [ordered[0], *(i for i in ordered[1:] if gap(i) <= noise(i) and not separated(i))]
     runner_up = ordered[1]
     if len(tied) == 1:
-        return ordered[0], (f"beats the runner-up by {gap(runner_up):.1%}, more than the noise ({noise(runner_up):.1%})")
+        return ordered[0], (
+            f"beats the runner-up by {gap(runner_up):.1%}, more than the noise ({noise(runner_up):.1%})"
+        )
     simplest = min(tied, key=lambda i: complexity(candidates[i]["config"]))
-    others = ", ".join(f"#{candidates[i]['trial']} ({gap(i):.1%} from the best, noise {noise(i):.1%})" for i in tied if i != ordered[0])
+    others = ", ".join(
+        f"#{candidates[i]['trial']} ({gap(i):.1%} from the best, noise {noise(i):.1%})" for i in tied if i != ordered[0]
+    )
     if simplest == ordered[0]:
         return simplest, f"fastest, and the simplest of the configs within the noise of it: {others}"
-    return simplest, f"tie within the noise with the fastest (#{candidates[ordered[0]]['trial']}): the simpler config wins; tied: {others}"
+    return (
+        simplest,
+        f"tie within the noise with the fastest (#{candidates[ordered[0]]['trial']}): the simpler config wins; "
+        f"tied: {others}",
+    )
 
 
 def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
     """Summarize each entry's clean runs and pick the winner; export re-decides from the stored runs."""
     for entry in record["candidates"]:
         clean = [r for r in entry["runs"] if r.get("valid")]
-        entry["summary"] = summarize_runs([r["value"] for r in clean], [r["ci_rel"] for r in clean if r.get("ci_rel") is not None])
+        entry["summary"] = summarize_runs(
+            [r["value"] for r in clean], [r["ci_rel"] for r in clean if r.get("ci_rel") is not None]
+        )
     contenders = [e for e in record["candidates"] if e["candidate"]]
     try:
         index, reason = select_winner(contenders, maximize)

@@ -13,36 +13,59 @@ import fcntl
 import hashlib
 import json
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from autotune.backends import backend_module
-from autotune.records.config import TrialConfig
 from autotune.common.files import read_json
 from autotune.machine.fingerprint import package_versions
 from autotune.model.sources import ModelSource
+from autotune.records.config import TrialConfig
 
 META_FILE = "meta.json"
 LAST_USED = "last-used"
-VERSIONED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao",
-                      "intel-extension-for-pytorch")
+VERSIONED_PACKAGES = (
+    "torch",
+    "torchvision",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "torchao",
+    "intel-extension-for-pytorch",
+)
 
 
-def artifact_key(model: ModelSource, config: TrialConfig, calibration: dict[str, Any],
-                 runtime_packages: dict[str, str] | None = None) -> dict[str, Any]:
+def artifact_key(
+    model: ModelSource, config: TrialConfig, calibration: dict[str, Any], runtime_packages: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator).
     `runtime_packages`: the versions in the runtime that builds it (default: this process's)."""
     return {
-        "model": {"kind": model.kind, "name": model.name, "input_shape": list(model.input_shape), "weights_sha256": model.weights_sha256,
-                  **({"inputs": model.inputs} if model.inputs else {})},
+        "model": {
+            "kind": model.kind,
+            "name": model.name,
+            "input_shape": list(model.input_shape),
+            "weights_sha256": model.weights_sha256,
+            **({"inputs": model.inputs} if model.inputs else {}),
+        },
         "backend": config.backend,
         "builder_version": backend_module(config.backend).ARTIFACT_VERSION,
         "identity": backend_module(config.backend).artifact_identity(config),
         # the data's digest, not its path; synthetic calibration keeps its old key so caches stay valid
-        "calibration": {k: v for k, v in calibration.items() if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))},
-        "versions": ({k: v for k, v in runtime_packages.items() if k in VERSIONED_PACKAGES} if runtime_packages is not None
-                     else package_versions(VERSIONED_PACKAGES)),
+        "calibration": {
+            k: v
+            for k, v in calibration.items()
+            if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))
+        },
+        "versions": (
+            {k: v for k, v in runtime_packages.items() if k in VERSIONED_PACKAGES}
+            if runtime_packages is not None
+            else package_versions(VERSIONED_PACKAGES)
+        ),
     }
 
 

@@ -12,9 +12,10 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -143,8 +144,15 @@ def run_instances(
             with open(inst.stdout_path, "wb") as out, open(inst.stderr_path, "wb") as err:
                 try:
                     procs.append(
-                        subprocess.Popen(inst.argv, env=inst.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                        subprocess.Popen(
+                            inst.argv,
+                            env=inst.env,
+                            stdout=out,
+                            stderr=err,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=_die_with_parent,
+                        )
                     )
                 except OSError as exc:
                     raise TrialFailed(f"cannot start instance {len(procs)}: {exc}") from exc
@@ -153,7 +161,9 @@ def run_instances(
             for i, proc in enumerate(procs):
                 code = proc.poll()
                 if code is not None and code != 0:
-                    raise TrialFailed(f"instance {i} {_exit_cause(code, instances[i].stderr_path)}", tail(instances[i].stderr_path))
+                    raise TrialFailed(
+                        f"instance {i} {_exit_cause(code, instances[i].stderr_path)}", tail(instances[i].stderr_path)
+                    )
             if pending and barrier_dir is not None:
                 arrived = [barrier_dir / f"{pending[0]}-{i}.json" for i in range(len(instances))]
                 if all(p.exists() for p in arrived):
@@ -169,15 +179,20 @@ def run_instances(
                 next_memory_check = time.monotonic() + MEMORY_POLL_S
                 used = tree_rss_mib(procs)
                 if used > memory_limit_mib:
-                    raise TrialFailed(f"used {used:.0f} MiB while {stage}, over the trial memory limit of {memory_limit_mib:.0f} MiB "
-                                      "(--memory-limit): killed", tail(instances[0].stderr_path))
+                    raise TrialFailed(
+                        f"used {used:.0f} MiB while {stage}, over the trial memory limit of {memory_limit_mib:.0f} MiB "
+                        "(--memory-limit): killed",
+                        tail(instances[0].stderr_path),
+                    )
             time.sleep(POLL_S)
         results = []
         for i, inst in enumerate(instances):
             try:
                 results.append(read_json(inst.result_path))
             except (OSError, ValueError) as exc:
-                raise TrialFailed(f"instance {i} exited without a valid result ({exc})", tail(inst.stderr_path)) from exc
+                raise TrialFailed(
+                    f"instance {i} exited without a valid result ({exc})", tail(inst.stderr_path)
+                ) from exc
         return results
     finally:
         if barrier_dir is not None and not released:

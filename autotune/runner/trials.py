@@ -10,24 +10,33 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from autotune.runner.artifact_cache import META_FILE, artifact_dir, artifact_key, build_lock, evict_least_recently_used, mark_used, read_meta
 from autotune.backends import BACKENDS
-from autotune.model.dataset import DataSource
-from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.common.errors import TrialFailed
 from autotune.common.files import read_json, write_json_atomic
-from autotune.runner.launch import InstanceLaunch, run_instances
-from autotune.measure.stopwatch import MeasureSettings, common_window_throughput, latency_summary, straggler_ratio
-from autotune.model.sources import ModelSource
-from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
+from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
+from autotune.measure.stopwatch import MeasureSettings, common_window_throughput, latency_summary, straggler_ratio
+from autotune.model.dataset import DataSource
+from autotune.model.sources import ModelSource
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
+from autotune.runner.artifact_cache import (
+    META_FILE,
+    artifact_dir,
+    artifact_key,
+    build_lock,
+    evict_least_recently_used,
+    mark_used,
+    read_meta,
+)
+from autotune.runner.launch import InstanceLaunch, run_instances
 
 WORKER_MODULE = "autotune.worker"
 
@@ -65,8 +74,10 @@ class TrialContext:
         try:
             return self.runtimes[name]
         except KeyError:
-            raise TrialFailed(f"runtime {name!r} is not known here (known: {', '.join(self.runtimes)}); "
-                              "pass it again with --runtime PATH") from None
+            raise TrialFailed(
+                f"runtime {name!r} is not known here (known: {', '.join(self.runtimes)}); "
+                "pass it again with --runtime PATH"
+            ) from None
 
 
 def worker_argv(job_path: Path, python: str = sys.executable) -> list[str]:
@@ -109,8 +120,13 @@ def plan_instances(
         job_path = trial_dir / f"job-{i}.json"
         write_json_atomic(
             job_path,
-            {**job, "instance": i, "instances": config.instances, "result_path": str(trial_dir / f"result-{i}.json"),
-             "stamps_path": str(trial_dir / f"stamps-{i}.npy")},
+            {
+                **job,
+                "instance": i,
+                "instances": config.instances,
+                "result_path": str(trial_dir / f"result-{i}.json"),
+                "stamps_path": str(trial_dir / f"stamps-{i}.npy"),
+            },
         )
         launches.append(
             InstanceLaunch(
@@ -146,9 +162,26 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]], settings: Meas
         "torch_version": results[0]["torch"],
         "backend_details": results[0].get("backend_details"),
         "instances": [
-            {**{k: r.get(k) for k in ("pid", "cpus", "allocator", "threads", "openmp", "throughput_sps", "iterations", "window_s", "warmup_iters",
-                                      "warmup_s")},
-             "common_window_sps": share, "latency_ms": r["latency_ms"], "noise": r.get("noise")}
+            {
+                **{
+                    k: r.get(k)
+                    for k in (
+                        "pid",
+                        "cpus",
+                        "allocator",
+                        "threads",
+                        "openmp",
+                        "throughput_sps",
+                        "iterations",
+                        "window_s",
+                        "warmup_iters",
+                        "warmup_s",
+                    )
+                },
+                "common_window_sps": share,
+                "latency_ms": r["latency_ms"],
+                "noise": r.get("noise"),
+            }
             for r, share in zip(results, window["per_instance_sps"])
         ],
         "measurement": {
@@ -168,8 +201,13 @@ def aggregate(config: TrialConfig, results: list[dict[str, Any]], settings: Meas
     }
 
 
-def judge_noise(metrics: dict[str, Any], machine_before: dict[str, float], machine_after: dict[str, float],
-                allowed_cpus: int, limits: NoiseLimits) -> list[str]:
+def judge_noise(
+    metrics: dict[str, Any],
+    machine_before: dict[str, float],
+    machine_after: dict[str, float],
+    allowed_cpus: int,
+    limits: NoiseLimits,
+) -> list[str]:
     """Record the interference signals on the metrics and return why the measurement is noisy, if it is."""
     instances = [{"signals": inst["noise"], "latency": inst["latency_ms"]} for inst in metrics["instances"]]
     flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits)
@@ -205,7 +243,9 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
     return artifact
 
 
-def _cached_or_built_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
+def _cached_or_built_artifact(
+    config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float
+) -> dict[str, Any] | None:
     if not BACKENDS[config.backend].builds_artifact(config.precision):
         return None
     runtime = ctx.runtime(config.runtime)
@@ -214,21 +254,38 @@ def _cached_or_built_artifact(config: TrialConfig, ctx: TrialContext, work_dir: 
     with build_lock(directory):
         meta = read_meta(directory)
         if meta is not None:
-            return {"dir": str(directory), "cached": True, "prepare_s": 0.0, "built_in_s": meta["prepare_s"], "details": meta["details"]}
+            return {
+                "dir": str(directory),
+                "cached": True,
+                "prepare_s": 0.0,
+                "built_in_s": meta["prepare_s"],
+                "details": meta["details"],
+            }
         building = directory.with_name(directory.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(directory, ignore_errors=True)  # an unreadable or incomplete one
         work_dir.mkdir(parents=True, exist_ok=True)
         job_path = work_dir / "prepare-job.json"
-        write_json_atomic(job_path, {"task": "prepare", "model": ctx.reference.model.to_dict(), "config": config.to_dict(),
-                                     "artifact_dir": str(building), "calibration_samples": ctx.calibration_samples,
-                                     "reference_path": str(ctx.reference.outputs_path),
-                                     "calibration_description": ctx.reference.calibration["data"],
-                                     "result_path": str(work_dir / "prepare-result.json")})
+        write_json_atomic(
+            job_path,
+            {
+                "task": "prepare",
+                "model": ctx.reference.model.to_dict(),
+                "config": config.to_dict(),
+                "artifact_dir": str(building),
+                "calibration_samples": ctx.calibration_samples,
+                "reference_path": str(ctx.reference.outputs_path),
+                "calibration_description": ctx.reference.calibration["data"],
+                "result_path": str(work_dir / "prepare-result.json"),
+            },
+        )
         launch = InstanceLaunch(
-            argv=worker_argv(job_path, runtime.python), env=runtime_env(runtime, clean_environment(dict(os.environ))), set_env={},
+            argv=worker_argv(job_path, runtime.python),
+            env=runtime_env(runtime, clean_environment(dict(os.environ))),
+            set_env={},
             result_path=work_dir / "prepare-result.json",
-            stdout_path=work_dir / "prepare-stdout.log", stderr_path=work_dir / "prepare-stderr.log",
+            stdout_path=work_dir / "prepare-stdout.log",
+            stderr_path=work_dir / "prepare-stderr.log",
         )
         try:
             result = run_instances([launch], timeout_s, memory_limit_mib=ctx.memory_limit_mib)[0]
@@ -238,8 +295,15 @@ def _cached_or_built_artifact(config: TrialConfig, ctx: TrialContext, work_dir: 
         except BaseException:  # Ctrl-C: leave no half-built folder behind
             shutil.rmtree(building, ignore_errors=True)
             raise
-        write_json_atomic(building / META_FILE, {"key": key, "prepare_s": result["prepare_s"], "details": result["details"],
-                                                 "calibration": result["calibration"]})
+        write_json_atomic(
+            building / META_FILE,
+            {
+                "key": key,
+                "prepare_s": result["prepare_s"],
+                "details": result["details"],
+                "calibration": result["calibration"],
+            },
+        )
         os.rename(building, directory)
         return {"dir": str(directory), "cached": False, "prepare_s": result["prepare_s"], "details": result["details"]}
 
@@ -271,8 +335,13 @@ def run_config(
         barrier = attempt_dir / "barrier"
         barrier.mkdir(parents=True)
         first = attempt == 0
-        job = {**template, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s, "screen": screen and first,
-               "measure_drift": known_drift is None and first}
+        job = {
+            **template,
+            "barrier_dir": str(barrier),
+            "barrier_timeout_s": timeout_s,
+            "screen": screen and first,
+            "measure_drift": known_drift is None and first,
+        }
         launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
         stages = ("ready", "screened") if job["screen"] else ("ready",)
         before = machine_snapshot()
@@ -281,8 +350,14 @@ def run_config(
             if not attempts:
                 raise TrialFailed(f"timed out after {timeout_s:.0f}s while preparing")
             break  # keep the attempts made; the last one stays flagged
-        results = run_instances(launches, remaining, barrier_dir=barrier, on_stage=on_stage if first else None, stages=stages,
-                                memory_limit_mib=ctx.memory_limit_mib)
+        results = run_instances(
+            launches,
+            remaining,
+            barrier_dir=barrier,
+            on_stage=on_stage if first else None,
+            stages=stages,
+            memory_limit_mib=ctx.memory_limit_mib,
+        )
         metrics = aggregate(config, results, ctx.measure)
         flags = judge_noise(metrics, before, machine_snapshot(), len(ctx.machine.allowed_cpus), ctx.noise_limits)
         metrics["screening"] = _screening_summary(results)
@@ -319,8 +394,15 @@ def screening_value(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, timeout_s: float, data: DataSource = DataSource(),
-                      calibration_data: DataSource | None = None, calibration_samples: int = 64) -> Reference:
+def compute_reference(
+    model: ModelSource,
+    study_dir: Path,
+    eval_samples: int,
+    timeout_s: float,
+    data: DataSource = DataSource(),
+    calibration_data: DataSource | None = None,
+    calibration_samples: int = 64,
+) -> Reference:
     """FP32 eager outputs on the evaluation set, computed once per study in a fresh process, which also
     draws the calibration set (disjoint from evaluation) and saves it beside them.
 
@@ -330,7 +412,12 @@ def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, ti
     outputs_path = (ref_dir / "reference.pt").resolve()
     weights_path = (ref_dir / "weights.pt").resolve()
     sources = {"data": data.to_dict(), "calibration_data": calibration_data.to_dict() if calibration_data else None}
-    wanted = {"model": model.to_dict(), "eval_samples": eval_samples, "calibration_samples": calibration_samples, **sources}
+    wanted = {
+        "model": model.to_dict(),
+        "eval_samples": eval_samples,
+        "calibration_samples": calibration_samples,
+        **sources,
+    }
     try:
         fresh = read_json(ref_dir / "meta.json")["wanted"] == wanted and outputs_path.exists()
     except (OSError, ValueError, KeyError, TypeError):
@@ -340,14 +427,25 @@ def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, ti
         job_path = ref_dir / "job.json"
         write_json_atomic(
             job_path,
-            {"task": "reference", "model": model.to_dict(), "eval_samples": eval_samples, "workdir": str(study_dir),
-             "calibration_samples": calibration_samples, **sources,
-             "reference_path": str(outputs_path), "result_path": str((ref_dir / "result.json").resolve()),
-             "weights_out": None if model.has_own_weights else str(weights_path)},
+            {
+                "task": "reference",
+                "model": model.to_dict(),
+                "eval_samples": eval_samples,
+                "workdir": str(study_dir),
+                "calibration_samples": calibration_samples,
+                **sources,
+                "reference_path": str(outputs_path),
+                "result_path": str((ref_dir / "result.json").resolve()),
+                "weights_out": None if model.has_own_weights else str(weights_path),
+            },
         )
         launch = InstanceLaunch(
-            argv=worker_argv(job_path), env=clean_environment(dict(os.environ)), set_env={},
-            result_path=ref_dir / "result.json", stdout_path=ref_dir / "stdout.log", stderr_path=ref_dir / "stderr.log",
+            argv=worker_argv(job_path),
+            env=clean_environment(dict(os.environ)),
+            set_env={},
+            result_path=ref_dir / "result.json",
+            stdout_path=ref_dir / "stdout.log",
+            stderr_path=ref_dir / "stderr.log",
         )
         result = run_instances([launch], timeout_s)[0]
         write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})
@@ -356,9 +454,18 @@ def compute_reference(model: ModelSource, study_dir: Path, eval_samples: int, ti
     if calibration_source.kind == "synthetic":
         calibration = {"data": "synthetic", "samples": calibration_samples}
     else:
-        calibration = {"data": calibration_source.describe(), "digest": calibration_source.digest, "samples": result["calibration_samples"],
-                       "after_eval": None if calibration_data is not None else result["eval_samples"]}  # where the split starts
-    evaluation = {"data": data.describe(), "samples": result["eval_samples"], "labels": result["labels"],
-                  "reference_accuracy": result["reference_accuracy"], "synthetic": data.kind == "synthetic"}
+        calibration = {
+            "data": calibration_source.describe(),
+            "digest": calibration_source.digest,
+            "samples": result["calibration_samples"],
+            "after_eval": None if calibration_data is not None else result["eval_samples"],
+        }  # where the split starts
+    evaluation = {
+        "data": data.describe(),
+        "samples": result["eval_samples"],
+        "labels": result["labels"],
+        "reference_accuracy": result["reference_accuracy"],
+        "synthetic": data.kind == "synthetic",
+    }
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
     return Reference(outputs_path, shared, calibration, evaluation)

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 
-from autotune.records.config import TrialConfig
 from autotune.common.errors import TrialFailed
-from autotune.results.selection import clean_trials, maximizes, decide
+from autotune.records.config import TrialConfig
+from autotune.results.selection import clean_trials, decide, maximizes
 from autotune.runner.trials import TrialContext, run_config
-
-
-
 
 
 def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
@@ -34,10 +32,6 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
         if len(picked) == count:
             break
     return picked
-
-
-
-
 
 
 def run_finalists(
@@ -58,11 +52,28 @@ def run_finalists(
     if not picked:
         return None
     base_number = baseline.number if baseline is not None else None
-    entries = [{"trial": t.number, "config": t.user_attrs["config"], "search_value": t.value, "runs": [],
-                "candidate": True, "baseline": t.number == base_number} for t in picked]
+    entries = [
+        {
+            "trial": t.number,
+            "config": t.user_attrs["config"],
+            "search_value": t.value,
+            "runs": [],
+            "candidate": True,
+            "baseline": t.number == base_number,
+        }
+        for t in picked
+    ]
     if baseline is not None and base_number not in {t.number for t in picked}:
-        entries.append({"trial": base_number, "config": baseline.user_attrs["config"], "search_value": baseline.value,
-                        "runs": [], "candidate": False, "baseline": True})
+        entries.append(
+            {
+                "trial": base_number,
+                "config": baseline.user_attrs["config"],
+                "search_value": baseline.value,
+                "runs": [],
+                "candidate": False,
+                "baseline": True,
+            }
+        )
     typical = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
     # Drift depends on numerics only: the search already measured it for every entry.
     known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
@@ -75,18 +86,31 @@ def run_finalists(
             break
         run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
         try:
-            metrics, _, _ = run_config(TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s, known_drift=known_drift[entry["trial"]])
+            metrics, _, _ = run_config(
+                TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s, known_drift=known_drift[entry["trial"]]
+            )
         except TrialFailed as exc:
             entry["runs"].append({"failed": exc.cause})
             log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
             continue
         value = objective_value(metrics)
-        entry["runs"].append({"value": value, "valid": metrics["valid"], "ci_rel": metrics["measurement"]["throughput_ci_rel"],
-                              "noise_flags": metrics["measurement"]["noise_flags"], "drift": metrics["drift"],
-                              "calls": metrics["measurement"]["calls"], "window_s": metrics["measurement"]["common_window_s"]})
-        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{'' if metrics['valid'] else ' (noisy: ' + '; '.join(metrics['measurement']['noise_flags']) + ')'}")
+        entry["runs"].append(
+            {
+                "value": value,
+                "valid": metrics["valid"],
+                "ci_rel": metrics["measurement"]["throughput_ci_rel"],
+                "noise_flags": metrics["measurement"]["noise_flags"],
+                "drift": metrics["drift"],
+                "calls": metrics["measurement"]["calls"],
+                "window_s": metrics["measurement"]["common_window_s"],
+            }
+        )
+        noisy = "" if metrics["valid"] else f" (noisy: {'; '.join(metrics['measurement']['noise_flags'])})"
+        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{noisy}")
     record: dict[str, Any] = {
-        "repeats": repeats, "seconds": time.monotonic() - started, "candidates": entries,
+        "repeats": repeats,
+        "seconds": time.monotonic() - started,
+        "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
         "order": "round-robin over the candidates and the baseline, fresh processes per run",
         "host": socket.gethostname(),  # in a fleet, the worker whose round this is (the last to finish)
@@ -94,8 +118,6 @@ def run_finalists(
     decide(record, maximize)
     study.set_user_attr("finalists", record)
     return record
-
-
 
 
 def _search_drift(study: optuna.study.Study, number: int) -> dict[str, Any] | None:
@@ -106,5 +128,9 @@ def _search_drift(study: optuna.study.Study, number: int) -> dict[str, Any] | No
 def _trial_seconds(study: optuna.study.Study, number: int) -> float:
     trial = study.trials[number]
     if trial.datetime_start and trial.datetime_complete:
-        return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - (trial.user_attrs.get("prepare_s") or 0.0))
+        return max(
+            5.0,
+            (trial.datetime_complete - trial.datetime_start).total_seconds()
+            - (trial.user_attrs.get("prepare_s") or 0.0),
+        )
     return 30.0

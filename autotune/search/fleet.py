@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 import psutil
@@ -25,8 +26,12 @@ WORKER_KEY = "worker:"
 
 def orchestrator_record() -> dict[str, Any]:
     """Who runs a trial: host, pid, the process's start time (a pid can be reused) and its CPUs."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time(),
-            "cpus": sorted(os.sched_getaffinity(0))}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": psutil.Process().create_time(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+    }
 
 
 def is_alive(record: dict[str, Any]) -> bool:
@@ -119,9 +124,12 @@ def register_worker(study: optuna.study.Study) -> dict[str, Any]:
         shared = sorted(set(other.get("cpus") or ()) & set(me["cpus"]))
         if earlier and shared and is_alive(other):
             raise UserError(
-                f"another autotune process (pid {other['pid']}) is timing trials of study {study.study_name!r} on this host "
-                f"on CPUs {format_cpu_ranges(other['cpus'])}, which overlap this one's ({format_cpu_ranges(me['cpus'])}): "
-                "parallel timing on shared cores corrupts both; pin each to its own cores (e.g. 'taskset -c 0-7 autotune worker ...' "
-                "and 'taskset -c 8-15 autotune worker ...') or wait for it to finish")
+                f"another autotune process (pid {other['pid']}) is timing trials of study {study.study_name!r} on "
+                "this host "
+                f"on CPUs {format_cpu_ranges(other['cpus'])}, which overlap this one's "
+                f"({format_cpu_ranges(me['cpus'])}): "
+                "parallel timing on shared cores corrupts both; pin each to its own cores (e.g. 'taskset -c 0-7 "
+                "autotune worker ...' "
+                "and 'taskset -c 8-15 autotune worker ...') or wait for it to finish"
+            )
     return me
-

@@ -15,13 +15,12 @@ from typing import Any
 import optuna
 
 from autotune.common.errors import UserError
-from autotune.machine.fingerprint import fingerprint
+from autotune.common.storage_urls import mask_url
+from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
 from autotune.search.spec import SearchSpec
-from autotune.common.storage_urls import mask_url
 from autotune.search.storage import open_storage
-from autotune.machine.fingerprint import fingerprint_differences
 
 
 def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -30,7 +29,9 @@ def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
     except KeyError:
-        raise UserError(f"no study {study_name!r} in {mask_url(storage_url)}: create it with 'autotune search' first") from None
+        raise UserError(
+            f"no study {study_name!r} in {mask_url(storage_url)}: create it with 'autotune search' first"
+        ) from None
     spec = study.user_attrs.get("spec")
     if not spec:
         raise UserError(f"study {study_name!r} was not created by 'autotune search': it holds no settings to join with")
@@ -49,17 +50,36 @@ def _comparable(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**recorded, "hardware": hardware, "software": software}
 
 
-def worker_spec(study_name: str, storage_url: str, studies_root: Path, budget_s: float, trials: int | None,
-                allow_mixed_hardware: bool, heartbeat_grace_s: float = 60.0, finalists: int | None = None) -> SearchSpec:
+def worker_spec(
+    study_name: str,
+    storage_url: str,
+    studies_root: Path,
+    budget_s: float,
+    trials: int | None,
+    allow_mixed_hardware: bool,
+    heartbeat_grace_s: float = 60.0,
+    finalists: int | None = None,
+) -> SearchSpec:
     """This worker's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
     stored, recorded = stored_spec(study_name, storage_url)
     runtimes = discover_runtimes(stored.get("runtimes") or ())
     here = fingerprint(probe_machine(), runtimes)
     differences = fingerprint_differences(_comparable(recorded), _comparable(here))
     if differences and not allow_mixed_hardware:
-        raise UserError(f"this machine differs from the one that created study {study_name!r} ({'; '.join(differences)}): "
-                        "its timings would not compare; run on an identical machine, or pass --allow-mixed-hardware (recorded in each trial)")
-    spec = SearchSpec.from_dict({**stored, "storage": storage_url, "budget_s": budget_s, "trials": trials,
-                                 "studies_root": str(studies_root.resolve()), "heartbeat_grace_s": heartbeat_grace_s,
-                                 "finalists": stored.get("finalists", 3) if finalists is None else finalists})
+        raise UserError(
+            f"this machine differs from the one that created study {study_name!r} ({'; '.join(differences)}): "
+            "its timings would not compare; run on an identical machine, or pass --allow-mixed-hardware (recorded "
+            "in each trial)"
+        )
+    spec = SearchSpec.from_dict(
+        {
+            **stored,
+            "storage": storage_url,
+            "budget_s": budget_s,
+            "trials": trials,
+            "studies_root": str(studies_root.resolve()),
+            "heartbeat_grace_s": heartbeat_grace_s,
+            "finalists": stored.get("finalists", 3) if finalists is None else finalists,
+        }
+    )
     return replace(spec, mixed_hardware=differences or None)

@@ -32,16 +32,6 @@ class DriftPruner(BasePruner):
         return self.wrapped.prune(study, trial) if self.wrapped is not None else False
 
 
-
-
-
-
-
-
-
-
-
-
 class SpeedPruner(BasePruner):
     """Prune a trial whose screening measurement (intermediate value at step 0) is clearly worse than
     the best clean trial so far: worse by more than `min_margin`, or by more than `noise_factor` times
@@ -62,8 +52,9 @@ class SpeedPruner(BasePruner):
         noise = (screening_ci_rel if screening_ci_rel is not None else self.unknown_noise) + best_ci_rel
         return max(self.min_margin, self.noise_factor * noise)
 
-    def verdict(self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None,
-                baseline: bool = False) -> dict[str, Any] | None:
+    def verdict(
+        self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None, baseline: bool = False
+    ) -> dict[str, Any] | None:
         """The comparison behind the decision (None when there is nothing to compare yet)."""
         if value is None or baseline:
             return None
@@ -78,6 +69,10 @@ class SpeedPruner(BasePruner):
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
         screening = trial.user_attrs.get("screening") or {}
-        verdict = self.verdict(study, trial.intermediate_values.get(self.screening_step), screening.get("ci_rel"),
-                               bool(trial.user_attrs.get("baseline")))
+        verdict = self.verdict(
+            study,
+            trial.intermediate_values.get(self.screening_step),
+            screening.get("ci_rel"),
+            bool(trial.user_attrs.get("baseline")),
+        )
         return bool(verdict and verdict["prune"])

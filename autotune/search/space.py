@@ -14,13 +14,23 @@ from typing import Any
 import yaml
 
 from autotune.backends import BACKENDS, backend_module
-from autotune.records.config import TrialConfig
 from autotune.common.errors import UserError
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, candidates, why_not
+from autotune.records.config import TrialConfig
 
-TOP_LEVEL_KEYS = ("batch_size", "allocator", "instances", "threads_per_instance", "openmp", "kmp_affinity", "kmp_blocktime", "thp",
-                  "backends", "baseline")
+TOP_LEVEL_KEYS = (
+    "batch_size",
+    "allocator",
+    "instances",
+    "threads_per_instance",
+    "openmp",
+    "kmp_affinity",
+    "kmp_blocktime",
+    "thp",
+    "backends",
+    "baseline",
+)
 ALLOCATORS = ("glibc", "tcmalloc", "jemalloc")
 OPENMP = ("gnu", "intel")
 # PyTorch's Xeon launcher's Intel OpenMP settings: threads bound to cores in order, short spin-wait.
@@ -71,13 +81,17 @@ class ThreadPoolDims:
     thp: list[bool]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime], notes: list[str]) -> "ThreadPoolDims":
+    def from_dict(
+        cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime], notes: list[str]
+    ) -> ThreadPoolDims:
         openmp = _choices("openmp", data.get("openmp", ["gnu"]), str)
         for name in openmp:
             if name not in OPENMP:
                 raise UserError(f"search space: unknown openmp {name!r}; choose from {', '.join(OPENMP)}")
         if "intel" in openmp and not any("intel" in r.openmp for r in runtimes.values()):
-            notes.append("Intel OpenMP (libiomp5.so from the intel-openmp wheel) is in no runtime: openmp intel left out")
+            notes.append(
+                "Intel OpenMP (libiomp5.so from the intel-openmp wheel) is in no runtime: openmp intel left out"
+            )
             openmp = [o for o in openmp if o != "intel"] or ["gnu"]
         affinity = _choices("kmp_affinity", data.get("kmp_affinity", [DEFAULT_KMP_AFFINITY]), str)
         blocktime = _choices("kmp_blocktime", data.get("kmp_blocktime", [DEFAULT_KMP_BLOCKTIME]), int)
@@ -85,7 +99,9 @@ class ThreadPoolDims:
             raise UserError("search space: kmp_blocktime values are milliseconds, 0 or more")
         thp = _choices("thp", data.get("thp", [False]), bool)
         if True in thp and machine.thp != "madvise":
-            notes.append(f"transparent huge pages are '{machine.thp}' here, so THP_MEM_ALLOC_ENABLE has no effect: thp left out")
+            notes.append(
+                f"transparent huge pages are '{machine.thp}' here, so THP_MEM_ALLOC_ENABLE has no effect: thp left out"
+            )
             thp = [False]
         return cls(openmp, affinity, blocktime, thp)
 
@@ -105,7 +121,7 @@ class SearchSpace:
     runtime_openmp: dict[str, list[str]] = field(default_factory=dict)  # runtime -> OpenMP libraries it has
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime]) -> "SearchSpace":
+    def from_dict(cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime]) -> SearchSpace:
         """Validate the YAML content and narrow it to what this machine and its runtimes can run."""
         unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
         if unknown:
@@ -125,22 +141,37 @@ class SearchSpace:
             notes.append(f"allocator(s) {', '.join(missing)} not found on this machine: left out")
         allocators = [a for a in allocators if a == "glibc" or a in machine.allocators]
 
-        instances = _auto_instances(cores) if data.get("instances", "auto") == "auto" else _choices("instances", data["instances"], int)
+        instances = (
+            _auto_instances(cores)
+            if data.get("instances", "auto") == "auto"
+            else _choices("instances", data["instances"], int)
+        )
         threads_raw = data.get("threads_per_instance", "auto")
         threads = None if threads_raw == "auto" else _choices("threads_per_instance", threads_raw, int)
         for label, values in (("instances", instances), ("threads_per_instance", threads or [1])):
             if any(v < 1 or v > cores for v in values):
-                raise UserError(f"search space: {label} values {values} must lie between 1 and the {cores} physical cores here")
+                raise UserError(
+                    f"search space: {label} values {values} must lie between 1 and the {cores} physical cores here"
+                )
         if threads and not any(i * t <= cores for i in instances for t in threads):
-            raise UserError(f"search space: no instances x threads_per_instance combination fits the {cores} physical cores here")
+            raise UserError(
+                f"search space: no instances x threads_per_instance combination fits the {cores} physical cores here"
+            )
 
         thread_pool = ThreadPoolDims.from_dict(data, machine, runtimes, notes)
         backends, routes = cls._backends(data.get("backends", {"eager": {}}), runtimes, notes)
         for runtime in runtimes.values():
             if runtime.role == "explicit" and not any(runtime.name in names for names in routes.values()):
-                reasons = "; ".join(why for name, why in runtime.backends.items() if why and name in (data.get("backends") or {})) or "-"
-                raise UserError(f"runtime {runtime.name} ({runtime.python}, torch {runtime.torch or 'missing'}) runs none of the "
-                                f"space's backends ({reasons}): install them there, or drop --runtime")
+                reasons = (
+                    "; ".join(
+                        why for name, why in runtime.backends.items() if why and name in (data.get("backends") or {})
+                    )
+                    or "-"
+                )
+                raise UserError(
+                    f"runtime {runtime.name} ({runtime.python}, torch {runtime.torch or 'missing'}) runs none of the "
+                    f"space's backends ({reasons}): install them there, or drop --runtime"
+                )
         baseline = data.get("baseline", {}) or {}
         if not isinstance(baseline, dict):
             raise UserError("search space: 'baseline' must be a mapping, e.g. {batch_size: 8}")
@@ -149,12 +180,27 @@ class SearchSpace:
             raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
         baseline_bs = baseline.get("batch_size", 8 if 8 in batch_sizes else batch_sizes[0])
         if baseline_bs not in batch_sizes:
-            raise UserError(f"search space: baseline batch_size {baseline_bs!r} must be one of batch_size {batch_sizes}")
-        return cls(batch_sizes, allocators, instances, threads, backends, cores, baseline_bs, tuple(notes), routes, thread_pool,
-                   {name: sorted(r.openmp) for name, r in runtimes.items()})
+            raise UserError(
+                f"search space: baseline batch_size {baseline_bs!r} must be one of batch_size {batch_sizes}"
+            )
+        return cls(
+            batch_sizes,
+            allocators,
+            instances,
+            threads,
+            backends,
+            cores,
+            baseline_bs,
+            tuple(notes),
+            routes,
+            thread_pool,
+            {name: sorted(r.openmp) for name, r in runtimes.items()},
+        )
 
     @staticmethod
-    def _backends(raw: Any, runtimes: dict[str, Runtime], notes: list[str]) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[str]]]:
+    def _backends(
+        raw: Any, runtimes: dict[str, Runtime], notes: list[str]
+    ) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[str]]]:
         if not isinstance(raw, dict) or not raw:
             raise UserError("search space: 'backends' must map backend names to their options")
         result: dict[str, dict[str, list[Any]]] = {}
@@ -175,7 +221,10 @@ class SearchSpace:
                 values = value if isinstance(value, list) else [value]
                 bad = [v for v in values if v not in supported]
                 if bad or not values:
-                    raise UserError(f"search space: backends.{name}.{key} value {bad[0] if bad else value!r} is not supported; choose from {list(supported)}")
+                    raise UserError(
+                        f"search space: backends.{name}.{key} value {bad[0] if bad else value!r} is not supported; "
+                        f"choose from {list(supported)}"
+                    )
                 dims[key] = list(dict.fromkeys(values))
             dims.setdefault("precision", [spec.precisions[0]])
             for key, supported in spec.options.items():
@@ -187,7 +236,9 @@ class SearchSpace:
                 continue
             result[name] = dims
         if not result:
-            raise UserError("search space: none of the listed backends can run here; 'autotune probe' lists what each runtime runs")
+            raise UserError(
+                "search space: none of the listed backends can run here; 'autotune probe' lists what each runtime runs"
+            )
         return result, routes
 
     # ---- sampling -----------------------------------------------------------------------------------
@@ -197,8 +248,11 @@ class SearchSpace:
         dims = self.backends[backend]
         precision = trial.suggest_categorical(f"{backend}.precision", dims["precision"])
         spec = BACKENDS[backend]
-        chosen = {key: trial.suggest_categorical(f"{backend}.{key}", values)
-                  for key, values in dims.items() if key != "precision" and spec.applies(key, precision)}
+        chosen = {
+            key: trial.suggest_categorical(f"{backend}.{key}", values)
+            for key, values in dims.items()
+            if key != "precision" and spec.applies(key, precision)
+        }
         routes = self.runtimes.get(backend, ["main"])
         runtime = trial.suggest_categorical(f"{backend}.runtime", routes) if len(routes) > 1 else routes[0]
         pool: dict[str, Any] = {}
@@ -241,10 +295,21 @@ class SearchSpace:
             routes = self.runtimes.get(backend, ["main"])
             for precision in dims["precision"]:
                 for runtime in routes:  # each runtime a backend may run in is measured once too
-                    params: dict[str, Any] = {"backend": backend, f"{backend}.precision": precision, "batch_size": batch,
-                                              "allocator": self.allocators[0], "instances": self.instances[0], "threads_per_instance": threads}
-                    params.update({f"{backend}.{key}": values[0] for key, values in dims.items()
-                                   if key != "precision" and BACKENDS[backend].applies(key, precision)})
+                    params: dict[str, Any] = {
+                        "backend": backend,
+                        f"{backend}.precision": precision,
+                        "batch_size": batch,
+                        "allocator": self.allocators[0],
+                        "instances": self.instances[0],
+                        "threads_per_instance": threads,
+                    }
+                    params.update(
+                        {
+                            f"{backend}.{key}": values[0]
+                            for key, values in dims.items()
+                            if key != "precision" and BACKENDS[backend].applies(key, precision)
+                        }
+                    )
                     if len(routes) > 1:
                         params[f"{backend}.runtime"] = runtime
                     if BACKENDS[backend].torch_threads:
@@ -254,15 +319,21 @@ class SearchSpace:
 
     def _plain_thread_pool(self) -> dict[str, Any]:
         """GNU OpenMP and no huge pages when the space allows them (what an untuned process runs with)."""
-        return {"openmp": "gnu" if "gnu" in self.thread_pool.openmp else self.thread_pool.openmp[0],
-                "thp": False if False in self.thread_pool.thp else self.thread_pool.thp[0]}
+        return {
+            "openmp": "gnu" if "gnu" in self.thread_pool.openmp else self.thread_pool.openmp[0],
+            "thp": False if False in self.thread_pool.thp else self.thread_pool.thp[0],
+        }
 
     def baseline_params(self) -> dict[str, Any] | None:
         """Eager FP32, contiguous, glibc, one instance on all cores: what a user runs before tuning."""
         eager = self.backends.get("eager")
         if not eager or "fp32" not in eager["precision"] or "glibc" not in self.allocators or 1 not in self.instances:
             return None
-        if "gnu" not in self.thread_pool.openmp or False not in self.thread_pool.thp or "main" not in self.runtimes.get("eager", ["main"]):
+        if (
+            "gnu" not in self.thread_pool.openmp
+            or False not in self.thread_pool.thp
+            or "main" not in self.runtimes.get("eager", ["main"])
+        ):
             return None
         if self.threads is not None and self.cores not in self.threads:
             return None

@@ -11,20 +11,39 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from autotune.model.dataset import DataSource
-from autotune.measure.drift import DriftCriterion
 from autotune.common.errors import UserError
+from autotune.measure.drift import DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
 
 OBJECTIVES = ("throughput", "latency", "pareto")
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
-IDENTITY_FIELDS = ("model", "space", "objective", "max_drift", "drift_metric", "drift_relative", "data", "calibration_data", "measure",
-                   "eval_samples", "calibration_samples", "runtimes", "slo_ms")
+IDENTITY_FIELDS = (
+    "model",
+    "space",
+    "objective",
+    "max_drift",
+    "drift_metric",
+    "drift_relative",
+    "data",
+    "calibration_data",
+    "measure",
+    "eval_samples",
+    "calibration_samples",
+    "runtimes",
+    "slo_ms",
+)
 # Fields added after studies already existed: a stored spec without them had these values.
-IDENTITY_DEFAULTS = {"drift_metric": "relative_l2", "drift_relative": False, "data": DataSource().to_dict(), "calibration_data": None,
-                     "runtimes": [], "slo_ms": None}
+IDENTITY_DEFAULTS = {
+    "drift_metric": "relative_l2",
+    "drift_relative": False,
+    "data": DataSource().to_dict(),
+    "calibration_data": None,
+    "runtimes": [],
+    "slo_ms": None,
+}
 
 
 def validate_study_name(name: str) -> str:
@@ -71,7 +90,9 @@ class SearchSpec:
     cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
     slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
     heartbeat_grace_s: float = 60.0  # a trial whose worker is silent this long is failed and retried (per process)
-    mixed_hardware: list[str] | None = None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
+    mixed_hardware: list[str] | None = (
+        None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
+    )
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)
@@ -82,21 +103,31 @@ class SearchSpec:
         except ValueError as exc:
             raise UserError(f"--drift-metric/--max-drift: {exc}") from None
         if self.drift_metric == "accuracy" and not self.data.labels:
-            raise UserError("--drift-metric accuracy needs labels: give --data as an image folder with one subfolder per class, "
-                            "or a tensor file holding {'inputs': ..., 'labels': ...}")
+            raise UserError(
+                "--drift-metric accuracy needs labels: give --data as an image folder with one subfolder per class, "
+                "or a tensor file holding {'inputs': ..., 'labels': ...}"
+            )
         if self.trials is not None and self.trials < 1:
             raise UserError(f"--trials must be at least 1, got {self.trials}")
         if self.eval_samples < 1:
             raise UserError(f"--eval-samples must be at least 1, got {self.eval_samples}")
         if self.finalists < 0 or self.finalist_repeats < 1:
-            raise UserError(f"--finalists must be >= 0 and --finalist-repeats >= 1, got {self.finalists} and {self.finalist_repeats}")
+            raise UserError(
+                f"--finalists must be >= 0 and --finalist-repeats >= 1, got {self.finalists} and "
+                f"{self.finalist_repeats}"
+            )
         if not 0 <= self.finalist_share < 1:
             raise UserError(f"--finalist-share is a fraction of the budget in [0, 1), got {self.finalist_share}")
         if self.slo_ms is not None and (self.objective != "throughput" or self.slo_ms <= 0):
-            raise UserError(f"--slo-ms must be a positive bound on p99 latency and goes with --objective throughput, got {self.slo_ms}")
+            raise UserError(
+                "--slo-ms must be a positive bound on p99 latency and goes with --objective throughput, got "
+                f"{self.slo_ms}"
+            )
         if self.objective == "pareto" and (self.speed_pruning or self.finalists or self.measure.window_min_iters < 100):
-            raise UserError("--objective pareto measures p99 (100 calls per measurement) and has no single value to prune or "
-                            "re-measure finalists by: use it with --no-speed-pruning --finalists 0")
+            raise UserError(
+                "--objective pareto measures p99 (100 calls per measurement) and has no single value to prune or "
+                "re-measure finalists by: use it with --no-speed-pruning --finalists 0"
+            )
         if self.slo_ms is not None and self.measure.window_min_iters < 100:
             raise UserError("--slo-ms needs at least 100 calls per measurement for a p99")
         if self.calibration_samples < 1:
@@ -127,12 +158,19 @@ class SearchSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SearchSpec":
+    def from_dict(cls, data: dict[str, Any]) -> SearchSpec:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}  # settings of another autotune version are dropped
         calibration = data.get("calibration_data")
-        return cls(**{**data, "model": ModelSource.from_dict(data["model"]), "measure": MeasureSettings.from_dict(data["measure"]),
-                      "data": DataSource.from_dict(data.get("data")), "calibration_data": DataSource.from_dict(calibration) if calibration else None})
+        return cls(
+            **{
+                **data,
+                "model": ModelSource.from_dict(data["model"]),
+                "measure": MeasureSettings.from_dict(data["measure"]),
+                "data": DataSource.from_dict(data.get("data")),
+                "calibration_data": DataSource.from_dict(calibration) if calibration else None,
+            }
+        )
 
     def identity(self) -> dict[str, Any]:
         data = self.to_dict()

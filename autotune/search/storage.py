@@ -17,10 +17,6 @@ GRACE_PERIOD_S = 60  # a RUNNING trial whose worker sent no heartbeat for this l
 # The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).
 
 
-
-
-
-
 def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.storages.RDBStorage:
     """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds."""
     given, url = url, database_url(url)
@@ -37,8 +33,11 @@ def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.sto
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             grace = max(2, round(grace_period_s))
             return optuna.storages.RDBStorage(
-                url, heartbeat_interval=max(1, grace // 4), grace_period=grace,
-                heartbeat_stale_trial_callback=retry_abandoned_trial, **kwargs
+                url,
+                heartbeat_interval=max(1, grace // 4),
+                grace_period=grace,
+                heartbeat_stale_trial_callback=retry_abandoned_trial,
+                **kwargs,
             )
     except Exception as exc:  # driver missing, server down, bad credentials: one clear line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

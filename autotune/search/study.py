@@ -21,22 +21,22 @@ from rich.console import Console
 from rich.live import Live
 
 from autotune.common.errors import TrialFailed, UserError
-from autotune.results.selection import baseline_trial
-from autotune.results.best_json import closest_candidate, export_best
+from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import MachineProbe, probe_machine
+from autotune.machine.runtimes import discover_runtimes
+from autotune.records.config import pin_prefix
+from autotune.results.best_json import closest_candidate, export_best
+from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
 from autotune.results.progress import LiveStatus, ProgressPrinter
+from autotune.results.selection import baseline_trial
+from autotune.runner.trials import TrialContext, compute_reference, run_config, screening_value
 from autotune.search.finalists import run_finalists
 from autotune.search.fleet import AbandonedTrialsCheck, fail_abandoned_trials, orchestrator_record, register_worker
 from autotune.search.pruners import DriftPruner, SpeedPruner
-from autotune.machine.runtimes import discover_runtimes
 from autotune.search.space import InfeasibleConfig, SearchSpace
 from autotune.search.spec import SearchSpec, identity_differences
-from autotune.common.storage_urls import mask_url
 from autotune.search.storage import open_storage
-from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
-from autotune.records.config import pin_prefix
-from autotune.runner.trials import TrialContext, compute_reference, run_config, screening_value
 
 MIN_TRIAL_S = 10.0
 
@@ -53,8 +53,9 @@ def baseline_throughput(study: optuna.study.Study) -> float | None:
     return trial.user_attrs.get("throughput_sps") if trial else None
 
 
-def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None
-               ) -> tuple[optuna.study.Study, bool]:
+def open_study(
+    spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None
+) -> tuple[optuna.study.Study, bool]:
     """Create the study, or resume it after checking the settings are the same."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = open_storage(spec.storage, spec.heartbeat_grace_s)
@@ -62,13 +63,23 @@ def open_study(spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any]
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
     study = optuna.create_study(
-        study_name=spec.study, storage=storage, directions=spec.directions, sampler=sampler,
-        pruner=DriftPruner(spec.criterion, wrapped=SpeedPruner() if spec.speed_pruning else None), load_if_exists=True,
+        study_name=spec.study,
+        storage=storage,
+        directions=spec.directions,
+        sampler=sampler,
+        pruner=DriftPruner(spec.criterion, wrapped=SpeedPruner() if spec.speed_pruning else None),
+        load_if_exists=True,
     )
     if not study.metric_names:  # how optuna-dashboard labels the objectives
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names({"throughput": ["samples/s"], "latency": ["p50 ms per call"], "pareto": ["samples/s", "p99 ms per call"]}[spec.objective])
+            study.set_metric_names(
+                {
+                    "throughput": ["samples/s"],
+                    "latency": ["p50 ms per call"],
+                    "pareto": ["samples/s", "p99 ms per call"],
+                }[spec.objective]
+            )
     stored = study.user_attrs.get("spec")
     if stored is None:
         study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
@@ -113,7 +124,8 @@ class Objective:
         if known_drift is not None:
             trial.set_user_attr("drift", known_drift)
             if self._drift_prunes(trial, known_drift):
-                reason = f"{self.spec.criterion.verdict(known_drift)}, as measured by trial {known_drift['reused_from']} (same numerics): not launched"
+                verdict = self.spec.criterion.verdict(known_drift)
+                reason = f"{verdict}, as measured by trial {known_drift['reused_from']} (same numerics): not launched"
                 trial.set_user_attr("prune_reason", reason)
                 raise optuna.TrialPruned(reason)
 
@@ -134,18 +146,32 @@ class Objective:
                 trial.report(value, step=0)
                 if trial.should_prune():
                     speed = getattr(trial.study.pruner, "wrapped", None)
-                    verdict = speed.verdict(trial.study, value, screening["ci_rel"]) if isinstance(speed, SpeedPruner) else None
+                    verdict = (
+                        speed.verdict(trial.study, value, screening["ci_rel"])
+                        if isinstance(speed, SpeedPruner)
+                        else None
+                    )
                     unit = "samples/s" if self.spec.objective == "throughput" else "ms"
-                    reason = (f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
-                              f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin {verdict['margin']:.0%} with its noise)"
-                              if verdict else f"screening {value:.3g} {unit}: pruned")
+                    reason = (
+                        f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
+                        f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin "
+                        f"{verdict['margin']:.0%} with its noise)"
+                        if verdict
+                        else f"screening {value:.3g} {unit}: pruned"
+                    )
                     trial.set_user_attr("prune_reason", reason)
                     raise optuna.TrialPruned(reason)
 
         try:
-            metrics, launches, template = run_config(config, self.ctx, trial_dir, timeout, on_stage=on_stage,
-                                                     screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
-                                                     known_drift=known_drift)
+            metrics, launches, template = run_config(
+                config,
+                self.ctx,
+                trial_dir,
+                timeout,
+                on_stage=on_stage,
+                screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
+                known_drift=known_drift,
+            )
             value = objective_value(self.spec.objective, metrics)
         except TrialFailed as exc:
             cause = exc.cause
@@ -167,7 +193,9 @@ class Objective:
         commands = [launch.shell_command() for launch in launches]
         trial.set_user_attr("env", launches[0].set_env)
         trial.set_user_attr("commands", commands)
-        trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, self.ctx.machine) for cpus in config.instance_cpus(self.ctx.machine)])
+        trial.set_user_attr(
+            "pin_prefixes", [pin_prefix(cpus, self.ctx.machine) for cpus in config.instance_cpus(self.ctx.machine)]
+        )
         trial.set_user_attr("job", template)
         trial.set_user_attr("pinning", self.ctx.machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
@@ -191,10 +219,14 @@ class Objective:
         slo = {"bound_ms": self.spec.slo_ms, "p99_ms": p99, "met": p99 is not None and p99 <= self.spec.slo_ms}
         trial.set_user_attr("slo", slo)
         if not slo["met"]:
-            reason = (f"latency SLO: p99 {p99:.1f} ms > {self.spec.slo_ms:g} ms" if p99 is not None
-                      else "latency SLO: too few calls for a p99 (needs 100)")
+            reason = (
+                f"latency SLO: p99 {p99:.1f} ms > {self.spec.slo_ms:g} ms"
+                if p99 is not None
+                else "latency SLO: too few calls for a p99 (needs 100)"
+            )
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
+
 
 def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> dict[str, Any] | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
@@ -240,7 +272,9 @@ def _enqueue_first_trials(study: optuna.study.Study, space: SearchSpace, spec: S
     """The eager fp32 baseline first, then one trial per backend x precision."""
     baseline = space.baseline_params()
     if baseline is None:
-        console.print("note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False)
+        console.print(
+            "note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False
+        )
     else:
         study.enqueue_trial(baseline, user_attrs={"baseline": True})
     if spec.cover_backends:
@@ -269,21 +303,32 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         console.print(f"note: {note}", markup=False)
     for backend, names in space.runtimes.items():
         if names != ["main"]:
-            console.print(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False)
+            console.print(
+                f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False
+            )
     spec.dir.mkdir(parents=True, exist_ok=True)
     study, created = open_study(spec, machine, runtimes)
     console.print(
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
-        f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s", markup=False,
+        f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s",
+        markup=False,
     )
     register_worker(study)  # refused beside another process of this study on the same cores of this host
+
     def say(line: str) -> None:
         console.print(line, markup=False)
 
     fail_abandoned_trials(study, say)
     try:
-        reference = compute_reference(spec.model, spec.dir, spec.eval_samples, min(spec.trial_timeout_s, spec.budget_s),
-                                      spec.data, spec.calibration_data, spec.calibration_samples)
+        reference = compute_reference(
+            spec.model,
+            spec.dir,
+            spec.eval_samples,
+            min(spec.trial_timeout_s, spec.budget_s),
+            spec.data,
+            spec.calibration_data,
+            spec.calibration_samples,
+        )
     except TrialFailed as exc:
         raise UserError(
             f"the model does not run in FP32 eager mode, so there is no reference to compare with ({exc.cause}); "
@@ -294,33 +339,60 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     study.set_user_attr("calibration", reference.calibration)
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
-    ctx = TrialContext(machine, reference, spec.measure, spec.cache_dir, spec.calibration_samples, runtimes=runtimes,
-                       memory_limit_mib=spec.memory_limit_mib, cache_size_mib=spec.cache_size_mib)
+    ctx = TrialContext(
+        machine,
+        reference,
+        spec.measure,
+        spec.cache_dir,
+        spec.calibration_samples,
+        runtimes=runtimes,
+        memory_limit_mib=spec.memory_limit_mib,
+        cache_size_mib=spec.cache_size_mib,
+    )
     objective = Objective(spec, space, ctx, search_deadline)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
     objective.status = status
     interrupted = False
     # The live panel only on a terminal: logs and CI get the plain lines alone.
-    live = Live(status, console=console, refresh_per_second=1, transient=True) if console.is_terminal else contextlib.nullcontext()
+    live = (
+        Live(status, console=console, refresh_per_second=1, transient=True)
+        if console.is_terminal
+        else contextlib.nullcontext()
+    )
     with live:
         try:
             study.optimize(
-                objective, n_trials=spec.trials, timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
-                catch=(TrialFailed,), callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(search_deadline)], gc_after_trial=False,
+                objective,
+                n_trials=spec.trials,
+                timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
+                catch=(TrialFailed,),
+                callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(search_deadline)],
+                gc_after_trial=False,
             )
             if spec.finalists > 0:
                 status.running = "finalists: the top configurations re-measured, interleaved"
                 run_finalists(
-                    study, ctx, spec.dir / "finalists", spec.finalists, spec.finalist_repeats, deadline, spec.trial_timeout_s,
-                    lambda metrics: objective_value(spec.objective, metrics), baseline_trial(study),
+                    study,
+                    ctx,
+                    spec.dir / "finalists",
+                    spec.finalists,
+                    spec.finalist_repeats,
+                    deadline,
+                    spec.trial_timeout_s,
+                    lambda metrics: objective_value(spec.objective, metrics),
+                    baseline_trial(study),
                     lambda line: console.print(line, markup=False),
                 )
         except KeyboardInterrupt:
             interrupted = True
-            console.print("interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False)
+            console.print(
+                "interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False
+            )
     best_path = None
-    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) or closest_candidate(study):
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) or closest_candidate(
+        study
+    ):
         best_path = export_best(study, spec.dir / "best.json")
         attach_to_study(study, spec.dir, best_path, "application/json")
     return SearchOutcome(study, best_path, interrupted)

@@ -38,7 +38,9 @@ def check_allocator(allocator: str) -> dict[str, Any]:
         ok = bool(wanted) and any(os.path.realpath(p) in wanted for p in found)
     report = {"asked": allocator, "ld_preload": preload, "mapped": found, "verified": ok}
     if not ok:
-        raise EnvironmentMismatch(f"allocator {allocator!r} asked for, but mapped allocator libraries are {found or 'none (glibc)'}")
+        raise EnvironmentMismatch(
+            f"allocator {allocator!r} asked for, but mapped allocator libraries are {found or 'none (glibc)'}"
+        )
     return report
 
 
@@ -47,10 +49,18 @@ def check_openmp(config: TrialConfig) -> dict[str, Any]:
     mapped = mapped_libraries()
     intel = [p for p in mapped if os.path.basename(p).startswith("libiomp5")]
     gnu = [p for p in mapped if os.path.basename(p).startswith("libgomp")]
-    report = {"asked": config.openmp, "intel": intel, "gnu": gnu, "KMP_AFFINITY": os.environ.get("KMP_AFFINITY"),
-              "KMP_BLOCKTIME": os.environ.get("KMP_BLOCKTIME"), "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE")}
+    report = {
+        "asked": config.openmp,
+        "intel": intel,
+        "gnu": gnu,
+        "KMP_AFFINITY": os.environ.get("KMP_AFFINITY"),
+        "KMP_BLOCKTIME": os.environ.get("KMP_BLOCKTIME"),
+        "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+    }
     if config.openmp == "intel" and not intel:
-        raise EnvironmentMismatch(f"Intel OpenMP asked for, but libiomp5 is not mapped (mapped OpenMP: {gnu or 'none'})")
+        raise EnvironmentMismatch(
+            f"Intel OpenMP asked for, but libiomp5 is not mapped (mapped OpenMP: {gnu or 'none'})"
+        )
     if config.openmp == "gnu" and intel:
         raise EnvironmentMismatch(f"GNU OpenMP asked for, but Intel OpenMP is mapped: {intel}")
     return report

@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.records.config import TrialConfig
-from autotune.model.seeds import TIMING_SEED
 from autotune.model.inputs import synthetic
+from autotune.model.seeds import TIMING_SEED
 from autotune.model.sources import ModelSource
+from autotune.records.config import TrialConfig
 from autotune.worker.process import build_runner
 
 WARMUP_S = 3.0

@@ -22,16 +22,16 @@ from typing import Any
 
 import numpy as np
 
+from autotune.common.files import read_json, write_json_atomic
+from autotune.measure.drift import compute_drift, top1_accuracy
+from autotune.measure.noise import process_snapshot, window_signals
+from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
+from autotune.model.dataset import DataSource, evaluation_and_calibration
+from autotune.model.inputs import as_batch, batch_len, fixed_batches, synthetic, take
+from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_numpy
+from autotune.model.sources import ModelSource, build_model, primary_output
 from autotune.records.config import TrialConfig
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
-from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_numpy
-from autotune.model.inputs import as_batch, batch_len, fixed_batches, synthetic, take
-from autotune.model.dataset import DataSource, evaluation_and_calibration
-from autotune.measure.drift import compute_drift, top1_accuracy
-from autotune.common.files import read_json, write_json_atomic
-from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
-from autotune.model.sources import ModelSource, build_model, primary_output
-from autotune.measure.noise import process_snapshot, window_signals
 
 EXIT_CHECK_FAILED = 3
 CALIBRATION_BATCH = 8
@@ -39,7 +39,9 @@ CALIBRATION_BATCH = 8
 
 def run_in_batches(runner, inputs, batch_size: int) -> np.ndarray:
     """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change."""
-    outputs = [to_numpy(primary_output(runner(runner.convert_input(batch)))) for batch in fixed_batches(inputs, batch_size)]
+    outputs = [
+        to_numpy(primary_output(runner(runner.convert_input(batch)))) for batch in fixed_batches(inputs, batch_size)
+    ]
     return np.concatenate(outputs)[: batch_len(inputs)]
 
 
@@ -94,20 +96,33 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         save_atomic(model.state_dict(), job["weights_out"])
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
-        DataSource.from_dict(job.get("data")), DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
-        source, job["eval_samples"], job.get("calibration_samples", 0),
+        DataSource.from_dict(job.get("data")),
+        DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
+        source,
+        job["eval_samples"],
+        job.get("calibration_samples", 0),
         lambda count, purpose: synthetic(source.specs, count, seeds[purpose]),
     )
     inputs = sets["inputs"]
     config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
     runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
     outputs = run_in_batches(runner, inputs, config.batch_size)
-    save_atomic({**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)}, job["reference_path"])
+    save_atomic(
+        {**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)},
+        job["reference_path"],
+    )
     labels = sets["labels"]
     accuracy = top1_accuracy(outputs, labels.numpy()) if labels is not None and outputs.ndim == 2 else None
-    return {"pid": os.getpid(), "output_shape": list(outputs.shape), "seconds": time.monotonic() - t0, "torch": torch.__version__,
-            "eval_samples": batch_len(inputs), "calibration_samples": batch_len(sets["calibration"]), "labels": labels is not None,
-            "reference_accuracy": accuracy}
+    return {
+        "pid": os.getpid(),
+        "output_shape": list(outputs.shape),
+        "seconds": time.monotonic() - t0,
+        "torch": torch.__version__,
+        "eval_samples": batch_len(inputs),
+        "calibration_samples": batch_len(sets["calibration"]),
+        "labels": labels is not None,
+        "reference_accuracy": accuracy,
+    }
 
 
 def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
@@ -125,14 +140,25 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     # The calibration set the reference process drew (the user's data, disjoint from evaluation), else synthetic.
-    saved = torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
-    calibration_inputs = as_batch(saved) if saved is not None else synthetic(source.specs, job["calibration_samples"], CALIBRATION_SEED)
+    saved = (
+        torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
+    )
+    calibration_inputs = (
+        as_batch(saved) if saved is not None else synthetic(source.specs, job["calibration_samples"], CALIBRATION_SEED)
+    )
     calibration = fixed_batches(calibration_inputs, batch)
     out_dir = Path(job["artifact_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     details = module.build_artifact(model, example, calibration, config, out_dir)
-    return {"pid": os.getpid(), "prepare_s": time.monotonic() - t0, "details": details,
-            "calibration": {"data": job.get("calibration_description", "synthetic"), "samples": batch_len(calibration_inputs)}}
+    return {
+        "pid": os.getpid(),
+        "prepare_s": time.monotonic() - t0,
+        "details": details,
+        "calibration": {
+            "data": job.get("calibration_description", "synthetic"),
+            "samples": batch_len(calibration_inputs),
+        },
+    }
 
 
 def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
@@ -174,7 +200,9 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
         labels = reference.get("labels")
         drift = compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
 
-    step = lambda: runner(native)  # noqa: E731
+    def step() -> Any:
+        return runner(native)
+
     warmup = warm_up(step, settings)
     samples_per_call = config.batch_size * runner.batches_per_call
     barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
@@ -184,8 +212,10 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
     if barrier and job.get("screen") and settings.screen_s > 0:
         screen = timed_window(step, settings.screening())
         np.save(job["stamps_path"].replace("stamps-", "screen-"), screen)
-        screening = {"throughput_sps": instance_throughput(screen, samples_per_call),
-                     "latency_ms": latency_summary(screen[:, 1] - screen[:, 0], settings.ci_confidence)}
+        screening = {
+            "throughput_sps": instance_throughput(screen, samples_per_call),
+            "latency_ms": latency_summary(screen[:, 1] - screen[:, 0], settings.ci_confidence),
+        }
         wait_at_barrier(barrier, "screened", instance, screening, job["barrier_timeout_s"])
     cpus = sorted(os.sched_getaffinity(0))
     agree = StopTogether(barrier, instance, int(job["instances"])) if barrier else (lambda satisfied: satisfied)
@@ -206,7 +236,7 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
         "first_call_s": first_call_s,
         **warmup,
         "drift": drift,
-        "iterations": int(len(stamps)),
+        "iterations": len(stamps),
         "window_s": float(stamps[-1, 1] - stamps[0, 0]),
         "samples_per_call": samples_per_call,
         "throughput_sps": instance_throughput(stamps, samples_per_call),
@@ -226,8 +256,14 @@ TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
 def replay_job(best_path: str, instance: int, scratch: str) -> dict[str, Any]:
     """A job that re-measures one instance of an exported winner, without barrier or drift."""
     best = read_json(best_path)
-    return {**best["job"], "reference_path": None, "instance": instance, "instances": best["config"]["instances"],
-            "result_path": os.path.join(scratch, "result.json"), "stamps_path": os.path.join(scratch, "stamps.npy")}
+    return {
+        **best["job"],
+        "reference_path": None,
+        "instance": instance,
+        "instances": best["config"]["instances"],
+        "result_path": os.path.join(scratch, "result.json"),
+        "stamps_path": os.path.join(scratch, "stamps.npy"),
+    }
 
 
 USAGE = "usage: python -m autotune.worker JOB.json | --best best.json --instance N"
@@ -264,4 +300,3 @@ def run_job(job: dict[str, Any], print_result: bool) -> int:
     if print_result:
         print(json.dumps(result, indent=2))
     return 0
-
