@@ -13,20 +13,16 @@ LABELS = np.array([0, 1, 2, 1])  # the reference gets 3 of 4 right
 
 def test_identical_outputs_have_no_drift():
     drift = compute_drift(REFERENCE, REFERENCE, LABELS)
-    assert (
-        drift["relative_l2"] == 0.0
-        and drift["cosine_similarity"] == pytest.approx(1.0)
-        and drift["top1_agreement"] == 1.0
-    )
-    assert drift["accuracy"] == drift["reference_accuracy"] == 0.75 and drift["accuracy_delta"] == 0.0
+    assert drift.relative_l2 == 0.0 and drift.cosine_similarity == pytest.approx(1.0) and drift.top1_agreement == 1.0
+    assert drift.accuracy == drift.reference_accuracy == 0.75 and drift.accuracy_delta == 0.0
 
 
 def test_one_flipped_sample_costs_agreement_and_accuracy():
     outputs = REFERENCE.copy()
     outputs[0] = [0.0, 2.0, 1.0]  # sample 0 (correct in FP32) now predicts class 1
     drift = compute_drift(outputs, REFERENCE, LABELS)
-    assert drift["top1_agreement"] == 0.75 and drift["accuracy"] == 0.5 and drift["accuracy_delta"] == -0.25
-    assert 0 < drift["cosine_similarity"] < 1 and drift["relative_l2"] > 0
+    assert drift.top1_agreement == 0.75 and drift.accuracy == 0.5 and drift.accuracy_delta == -0.25
+    assert 0 < drift.cosine_similarity < 1 and drift.relative_l2 > 0
     assert DriftCriterion("accuracy", 0.2).drop(drift) == pytest.approx(0.25)
     assert DriftCriterion("accuracy", 0.2).exceeded(drift) and not DriftCriterion("accuracy", 0.3).exceeded(drift)
     assert DriftCriterion("accuracy", 0.3, relative=True).drop(drift) == pytest.approx(0.25 / 0.75)
@@ -35,16 +31,16 @@ def test_one_flipped_sample_costs_agreement_and_accuracy():
 
 def test_scaled_embeddings_keep_cosine_but_not_l2():
     drift = compute_drift(REFERENCE * 2, REFERENCE)
-    assert drift["cosine_similarity"] == pytest.approx(1.0) and drift["relative_l2"] == pytest.approx(1.0)
+    assert drift.cosine_similarity == pytest.approx(1.0) and drift.relative_l2 == pytest.approx(1.0)
     assert not DriftCriterion("cosine", 1e-6).exceeded(drift) and DriftCriterion("relative_l2", 0.5).exceeded(drift)
-    assert "accuracy" not in drift and DriftCriterion("accuracy", 0.01).exceeded(
+    assert drift.accuracy is None and DriftCriterion("accuracy", 0.01).exceeded(
         drift
     )  # no labels: cannot be told, so not kept
 
 
 def test_non_finite_outputs_always_exceed():
     drift = compute_drift(np.full_like(REFERENCE, np.nan), REFERENCE, LABELS)
-    assert math.isinf(drift["relative_l2"]) and drift["accuracy"] == 0.0
+    assert math.isinf(drift.relative_l2) and drift.accuracy == 0.0
     assert all(DriftCriterion(m, 0.99).exceeded(drift) for m in ("relative_l2", "cosine", "top1"))
 
 

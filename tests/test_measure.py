@@ -5,6 +5,7 @@ import pytest
 
 from autotune.measure.noise import NoiseLimits, noise_flags
 from autotune.measure.stopwatch import (
+    LatencySummary,
     MeasureSettings,
     common_window_throughput,
     latency_summary,
@@ -58,20 +59,20 @@ def test_steady_series_is_precise_and_clean():
 
 def test_drifting_series_is_flagged():
     summary = latency_summary(DRIFTING)
-    assert summary["early_late_rel"] > 0.2
+    assert summary.early_late_rel > 0.2
     assert any("drifted" in flag for flag in noise_flags([{"signals": {}, "latency": summary}], None, None, 2))
 
 
 def test_bimodal_series_has_a_wide_ci_and_is_flagged():
     summary = latency_summary(BIMODAL)
-    assert summary["p50_ci_rel"] > median_ci(STEADY)["ci_rel"] * 5
+    assert summary.p50_ci_rel > median_ci(STEADY)["ci_rel"] * 5
     assert any("spread" in flag for flag in noise_flags([{"signals": {}, "latency": summary}], None, None, 2))
 
 
 def test_too_short_series_reports_missing_not_guessed():
     summary = latency_summary(TOO_SHORT)
-    assert summary["p50"] is not None and summary["p90"] is None and summary["p99"] is None
-    assert summary["p50_ci"] is None and summary["p50_ci_rel"] is None and summary["early_late_rel"] is None
+    assert summary.p50 is not None and summary.p90 is None and summary.p99 is None
+    assert summary.p50_ci is None and summary.p50_ci_rel is None and summary.early_late_rel is None
     assert (
         noise_flags([{"signals": {}, "latency": latency_summary(BIMODAL[:10])}], None, None, 2) == []
     )  # shape needs 20 calls
@@ -79,10 +80,21 @@ def test_too_short_series_reports_missing_not_guessed():
 
 def test_interference_signals_are_flagged():
     signals = {"foreign_cpu": 0.48, "steal": 0.2}
-    flags = noise_flags([{"signals": signals, "latency": {}}], {"runnable_others": 5.0}, {"runnable_others": 0.0}, 2)
+    flags = noise_flags(
+        [{"signals": signals, "latency": LatencySummary(samples=0)}],
+        {"runnable_others": 5.0},
+        {"runnable_others": 0.0},
+        2,
+    )
     assert len(flags) == 3 and "48%" in flags[0] and "stole 20%" in flags[1] and "before" in flags[2]
     assert (
-        noise_flags([{"signals": {"foreign_cpu": 0.02, "steal": 0.0}, "latency": {}}], None, None, 2, NoiseLimits())
+        noise_flags(
+            [{"signals": {"foreign_cpu": 0.02, "steal": 0.0}, "latency": LatencySummary(samples=0)}],
+            None,
+            None,
+            2,
+            NoiseLimits(),
+        )
         == []
     )
 

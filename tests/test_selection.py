@@ -6,7 +6,7 @@ Real Optuna studies (in memory) with trials recorded as a search records them.
 import optuna
 import pytest
 
-from autotune.measure.drift import DriftCriterion
+from autotune.measure.drift import Drift, DriftCriterion
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import complexity, select_winner, summarize_runs
 from autotune.search.pruners import DriftPruner, SpeedPruner
@@ -62,7 +62,7 @@ def test_latency_objective_prunes_slower_calls():
 def test_drift_pruner_still_decides_first():
     study = study_with(completed(10.0))
     trial = study.ask()
-    trial.set_user_attr("drift", {"relative_l2": 0.5})
+    trial.set_user_attr("drift", Drift(relative_l2=0.5, cosine_similarity=0.9, top1_agreement=0.8, samples=8).to_json())
     assert trial.should_prune() is True  # before any screening value exists
 
 

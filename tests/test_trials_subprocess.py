@@ -56,16 +56,16 @@ def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
     if allocator != "glibc" and allocator not in MACHINE.allocators:
         pytest.skip(f"{allocator} is not installed here (make setup installs it when run as root)")
     metrics, launches = run(TrialConfig("eager", "fp32", 2, allocator, 1, 1), reference, tmp_path)
-    inst = metrics["instances"][0]
-    assert inst["allocator"]["verified"] is True
-    mapped = " ".join(inst["allocator"]["mapped"])
+    inst = metrics.instances[0]
+    assert inst.allocator["verified"] is True
+    mapped = " ".join(inst.allocator["mapped"])
     if allocator == "glibc":
         assert mapped == "" and "LD_PRELOAD" not in launches[0].env
     else:
         assert allocator in mapped and launches[0].env["LD_PRELOAD"] == MACHINE.allocators[allocator]
-    assert inst["threads"] == {"asked": 1, "torch": 1, "OMP_NUM_THREADS": "1"}
-    assert inst["cpus"] == [MACHINE.cores[0].cpus[0]]
-    assert metrics["drift"]["relative_l2"] < 1e-5 and metrics["throughput_sps"] > 0
+    assert inst.threads == {"asked": 1, "torch": 1, "OMP_NUM_THREADS": "1"}
+    assert inst.cpus == [MACHINE.cores[0].cpus[0]]
+    assert metrics.drift.relative_l2 < 1e-5 and metrics.throughput_sps > 0
 
 
 def _launch_with_env(reference, tmp_path, config, change):
@@ -138,9 +138,9 @@ def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):
 @pytest.mark.skipif(MACHINE.physical_cores < 2, reason="needs two physical cores for two pinned instances")
 def test_two_instances_run_pinned_to_disjoint_cores(reference, tmp_path):
     metrics, _ = run(TrialConfig("eager", "fp32", 2, "glibc", 2, 1), reference, tmp_path)
-    first, second = metrics["instances"]
-    assert first["pid"] != second["pid"] and set(first["cpus"]).isdisjoint(second["cpus"])
-    assert metrics["measurement"]["common_window_s"] > 0 and metrics["throughput_sps"] > 0
+    first, second = metrics.instances
+    assert first.pid != second.pid and set(first.cpus).isdisjoint(second.cpus)
+    assert metrics.measurement.common_window_s > 0 and metrics.throughput_sps > 0
 
 
 def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):
@@ -171,8 +171,8 @@ def test_screening_reaches_the_hook_before_the_full_window(reference, tmp_path):
     assert [s for s, _ in stages] == ["ready", "screened"]
     screening = stages[1][1][0]
     assert screening["throughput_sps"] > 0 and screening["latency_ms"]["samples"] >= 3
-    assert metrics["screening"]["throughput_sps"] == pytest.approx(screening["throughput_sps"])
-    assert metrics["measurement"]["calls"] >= 3 and metrics["instances"][0]["noise"]["cpu_s"] > 0
+    assert metrics.screening.throughput_sps == pytest.approx(screening["throughput_sps"])
+    assert metrics.measurement.calls >= 3 and metrics.instances[0].noise["cpu_s"] > 0
 
 
 def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_path):
@@ -184,10 +184,10 @@ def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_
     finally:
         spinner.kill()
         spinner.wait()
-    attempts = metrics["measurement"]["attempts"]
-    assert metrics["valid"] is False and len(attempts) == 2  # measured, found noisy, measured again, still noisy
-    assert all(any("other processes used" in flag for flag in a["noise_flags"]) for a in attempts)
-    assert metrics["instances"][0]["noise"]["foreign_cpu"] > 0.3
+    attempts = metrics.measurement.attempts
+    assert metrics.valid is False and len(attempts) == 2  # measured, found noisy, measured again, still noisy
+    assert all(any("other processes used" in flag for flag in a.noise_flags) for a in attempts)
+    assert metrics.instances[0].noise["foreign_cpu"] > 0.3
 
 
 @pytest.mark.parametrize("allocator", ["tcmalloc", "jemalloc"])
@@ -197,5 +197,5 @@ def test_openvino_runs_with_a_preloaded_allocator(allocator, reference, tmp_path
     # Without TBB_ENABLE_SANITIZERS, oneTBB's RTLD_DEEPBIND makes compile_model abort with jemalloc.
     config = TrialConfig("openvino", "fp32", 2, allocator, 1, 1, {"hint": "LATENCY", "streams": 1})
     metrics, launches = run(config, reference, tmp_path)
-    assert metrics["instances"][0]["allocator"]["verified"] is True and metrics["throughput_sps"] > 0
+    assert metrics.instances[0].allocator["verified"] is True and metrics.throughput_sps > 0
     assert launches[0].set_env["TBB_ENABLE_SANITIZERS"] == "1"

@@ -32,10 +32,10 @@ def test_cpu_list():
 def test_percentiles_need_enough_samples():
     assert samples_needed(50) == 2 and samples_needed(90) == 10 and samples_needed(99) == 100
     short = latency_summary(np.full(20, 0.01))
-    assert short["p50"] == pytest.approx(10.0) and short["p90"] == pytest.approx(10.0)
-    assert short["p99"] is None and short["samples"] == 20
+    assert short.p50 == pytest.approx(10.0) and short.p90 == pytest.approx(10.0)
+    assert short.p99 is None and short.samples == 20
     long = latency_summary(np.linspace(0.001, 0.1, 200))
-    assert long["p99"] is not None and long["p99"] > long["p90"] > long["p50"]
+    assert long.p99 is not None and long.p99 > long.p90 > long.p50
 
 
 def _stamps(start: float, period: float, n: int) -> np.ndarray:
@@ -63,7 +63,7 @@ def test_drift_metrics():
     assert relative_l2(ref * 1.1, ref) == pytest.approx(0.1)
     assert top1_agreement(np.array([[1.0, 0.0], [1.0, 0.0]]), ref) == 0.5
     bad = compute_drift(np.array([[np.nan, 0.0], [0.0, 1.0]]), ref)
-    assert bad["relative_l2"] == float("inf") and bad["top1_agreement"] == 0.0
+    assert bad.relative_l2 == float("inf") and bad.top1_agreement == 0.0
 
 
 def test_fixed_batches_keep_every_batch_full_even_with_few_inputs():

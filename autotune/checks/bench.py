@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,15 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.common.errors import TrialFailed, UserError
-from autotune.common.files import read_json
 from autotune.machine.probe import probe_machine
-from autotune.machine.runtimes import candidates, discover_runtimes, runtimes_with
+from autotune.machine.runtimes import candidates, discover_runtimes
+from autotune.measure.drift import Drift
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
-from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config
+from autotune.records.metrics import TrialMetrics
+from autotune.results.best_json import context_from_best, read_best
+from autotune.runner.trials import TrialContext, compute_reference, run_config
 
 TIMEOUT_S = 1800.0
 
@@ -31,45 +33,68 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-Measure = Callable[[Path], dict[str, Any]]
+@dataclass(frozen=True)
+class BenchRun:
+    """One run of one row of a side-by-side table: autotune's protocol in fresh processes, or an
+    independent stopwatch (benchmark_app, a plain loop) that reports throughput alone."""
+
+    throughput_sps: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    drift: Drift | None = None
+    valid: bool = True
+    noise_flags: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of_metrics(cls, metrics: TrialMetrics) -> BenchRun:
+        return cls(
+            metrics.throughput_sps,
+            metrics.latency_ms.p50,
+            metrics.latency_ms.p99,
+            metrics.drift,
+            metrics.valid,
+            metrics.noise_flags,
+        )
+
+    @classmethod
+    def of_stopwatch(cls, result: dict[str, Any]) -> BenchRun:
+        return cls(result["throughput_sps"], p50_ms=result.get("median_ms"))
+
+
+Measure = Callable[[Path], BenchRun]
 
 
 def measure_side_by_side(
     measures: dict[str, Measure], repeats: int, work: Path, console: Console
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, list[BenchRun]]:
     """Run every measurement `repeats` times, interleaved; one that fails is reported, not fatal."""
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in measures}
+    runs: dict[str, list[BenchRun]] = {name: [] for name in measures}
     for repeat in range(repeats):
         for name, measure in measures.items():
             try:
-                metrics = measure(work / f"{repeat}-{name.replace(' ', '_')}")
+                run = measure(work / f"{repeat}-{name.replace(' ', '_')}")
             except TrialFailed as exc:
                 console.print(f"repeat {repeat + 1}/{repeats} {name:<28} FAILED: {exc.cause}", markup=False)
                 continue
-            runs[name].append(metrics)
-            noisy = (
-                ""
-                if metrics.get("valid", True)
-                else "  (noisy: " + "; ".join(metrics["measurement"]["noise_flags"]) + ")"
-            )
+            runs[name].append(run)
+            noisy = "" if run.valid else "  (noisy: " + "; ".join(run.noise_flags) + ")"
             console.print(
-                f"repeat {repeat + 1}/{repeats} {name:<28} {metrics['throughput_sps']:9.2f} samples/s{noisy}",
-                markup=False,
+                f"repeat {repeat + 1}/{repeats} {name:<28} {run.throughput_sps:9.2f} samples/s{noisy}", markup=False
             )
     return runs
 
 
 def config_measure(config: TrialConfig, ctx: TrialContext) -> Measure:
     """A config measured by autotune's own protocol, in fresh processes."""
-    return lambda work: run_config(config, ctx, work, TIMEOUT_S)[0]
+    return lambda work: BenchRun.of_metrics(run_config(config, ctx, work, TIMEOUT_S)[0])
 
 
-def median_throughput(runs: list[dict[str, Any]]) -> float | None:
-    return statistics.median(m["throughput_sps"] for m in runs) if runs else None
+def median_throughput(runs: list[BenchRun]) -> float | None:
+    return statistics.median(r.throughput_sps for r in runs) if runs else None
 
 
 def print_results(
-    console: Console, title: str, settings: dict[str, str], runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]
+    console: Console, title: str, settings: dict[str, str], runs: dict[str, list[BenchRun]], ratios_to: list[str]
 ) -> None:
     """The table, then each row's full settings (kept out of the table so it stays readable)."""
     console.print(results_table(title, runs, ratios_to))
@@ -77,7 +102,7 @@ def print_results(
         console.print(f"  {name}: {text}", markup=False)
 
 
-def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: list[str]) -> Table:
+def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[str]) -> Table:
     """Medians with their range, latency, drift, and the ratio of each row's median to some rows'."""
     medians = {name: median_throughput(ms) for name, ms in runs.items()}
     table = Table(title=title)
@@ -98,12 +123,13 @@ def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: 
         if not ms:
             table.add_row(name, "failed", *[""] * (8 + len(ratios_to)))
             continue
-        sps = [m["throughput_sps"] for m in ms]
-        p50 = [m["latency_ms"]["p50"] for m in ms if (m.get("latency_ms") or {}).get("p50") is not None]
-        p99 = [m["latency_ms"]["p99"] for m in ms if (m.get("latency_ms") or {}).get("p99") is not None]
-        drift = ms[0].get("drift") or {}
-        noisy = sum(1 for m in ms if m.get("valid") is False)
-        ratios = [f"{medians[name] / medians[other]:.2f}x" if medians.get(other) else "-" for other in ratios_to]
+        sps = [r.throughput_sps for r in ms]
+        p50 = [r.p50_ms for r in ms if r.p50_ms is not None]
+        p99 = [r.p99_ms for r in ms if r.p99_ms is not None]
+        drift = ms[0].drift
+        noisy = sum(1 for r in ms if not r.valid)
+        mine = medians[name]
+        ratios = [f"{mine / theirs:.2f}x" if mine and (theirs := medians.get(other)) else "-" for other in ratios_to]
         table.add_row(
             name,
             _fmt(medians[name]),
@@ -112,49 +138,16 @@ def results_table(title: str, runs: dict[str, list[dict[str, Any]]], ratios_to: 
             f"{noisy}/{len(ms)}",
             _fmt(statistics.median(p50), 1) if p50 else "-",
             _fmt(statistics.median(p99), 1) if p99 else "-",
-            _fmt(drift.get("relative_l2"), 4),
-            _fmt(drift.get("top1_agreement"), 3),
+            _fmt(drift.relative_l2 if drift else None, 4),
+            _fmt(drift.top1_agreement if drift else None, 3),
             *ratios,
         )
     return table
 
 
-def read_best(best_path: Path) -> dict[str, Any]:
-    """A best.json with a timed winner, or one line saying what is wrong with it."""
-    try:
-        best = read_json(best_path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {best_path}: {exc}") from None
-    if not isinstance(best, dict) or "config" not in best:
-        raise UserError(f"{best_path} is not an autotune best.json")
-    if not best.get("meets_drift", True) or not best.get("job"):
-        raise UserError(
-            f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure"
-        )
-    return best
-
-
-def context_from_best(best: dict[str, Any]) -> TrialContext:
-    """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
-    measurement settings, caches and runtime."""
-    job = best["job"]
-    return TrialContext(
-        probe_machine(),
-        Reference(
-            Path(job["reference_path"]),
-            ModelSource.from_dict(job["model"]),
-            job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
-        ),
-        MeasureSettings.from_dict(job["measure"]),
-        Path(job["workdir"]),
-        job["calibration_samples"],
-        runtimes=runtimes_with(best.get("runtime")),
-    )
-
-
 def compare_with_baseline(
     best_path: Path, repeats: int, console: Console, independent_s: float = 0.0, vs_benchmark_app_s: float = 0.0
-) -> dict[str, Any]:
+) -> dict[str, list[BenchRun]]:
     """Re-measure an exported winner against its study's eager fp32 baseline, interleaved; optionally
     also under an independent stopwatch and against `benchmark_app -hint throughput` on NNCF int8."""
     from autotune.checks.crosscheck import independent_winner, one_command_openvino
@@ -168,14 +161,14 @@ def compare_with_baseline(
     settings = {"baseline": baseline.summary(), "winner": winner.summary()}
     ratios_to = ["baseline"]
     if independent_s > 0:
-        measures["winner, independent"] = lambda work: independent_winner(
-            best, work, independent_s, ctx.runtime(winner.runtime)
+        measures["winner, independent"] = lambda work: BenchRun.of_stopwatch(
+            independent_winner(best, work, independent_s, ctx.runtime(winner.runtime))
         )
         tool = "benchmark_app, same IR and settings" if winner.backend == "openvino" else "plain timing loop"
         settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
-        measures["benchmark_app, one command"] = lambda work: one_command_openvino(
-            ctx, best["model"]["input_shape"], work, vs_benchmark_app_s
+        measures["benchmark_app, one command"] = lambda work: BenchRun.of_stopwatch(
+            one_command_openvino(ctx, best["model"]["input_shape"], work, vs_benchmark_app_s)
         )
         settings["benchmark_app, one command"] = (
             f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
@@ -237,7 +230,7 @@ def benchmark_backends(
     studies_root: Path,
     console: Console,
     only: list[str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, list[BenchRun]]:
     """Every backend x precision on one model, side by side, against eager fp32."""
     machine = probe_machine()
     weights = (model.weights_sha256 or "random")[:12]

@@ -42,7 +42,7 @@ def benchmark_app_path() -> str:
     return found
 
 
-def parse_benchmark_app(output: str) -> dict[str, float]:
+def parse_benchmark_app(output: str) -> dict[str, Any]:
     throughput = THROUGHPUT_LINE.search(output)
     if not throughput:
         raise TrialFailed("benchmark_app printed no throughput", output[-2000:])
@@ -155,6 +155,8 @@ def one_command_openvino(
 ) -> dict[str, Any]:
     """`benchmark_app -hint throughput` on the NNCF int8 IR: the best a user gets today with one command."""
     artifact = ensure_artifact(ONE_COMMAND_CONFIG, ctx, work, timeout_s)
+    if artifact is None:
+        raise TrialFailed("OpenVINO int8 builds no IR here: nothing for benchmark_app to load")
     shape = f"[1,{','.join(map(str, input_shape))}]"
     argv = [
         benchmark_app_path(),

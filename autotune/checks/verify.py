@@ -12,10 +12,11 @@ from typing import Any
 
 from rich.console import Console
 
-from autotune.checks.bench import context_from_best, read_best
 from autotune.common.errors import TrialFailed, UserError
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.records.config import TrialConfig
+from autotune.records.metrics import TrialMetrics
+from autotune.results.best_json import context_from_best, read_best
 from autotune.runner.trials import run_config
 
 MIN_REGRESSION = 0.10  # below this, a difference is not called a regression on a shared machine
@@ -28,10 +29,10 @@ def recorded_throughput(best: dict[str, Any]) -> float:
     return best["objective"].get("revalidated_median") or best["metrics"]["throughput_sps"]
 
 
-def judge(recorded: float, runs: list[dict[str, Any]], recorded_ci: float | None) -> tuple[str, float, float]:
+def judge(recorded: float, runs: list[TrialMetrics], recorded_ci: float | None) -> tuple[str, float, float]:
     """'matches', 'REGRESSED' or 'faster', the median here, and the relative margin used."""
-    here = statistics.median(m["throughput_sps"] for m in runs)
-    cis = [m["measurement"].get("throughput_ci_rel") or 0.0 for m in runs]
+    here = statistics.median(m.throughput_sps for m in runs)
+    cis = [m.measurement.throughput_ci_rel or 0.0 for m in runs]
     margin = max(MIN_REGRESSION, 2 * ((recorded_ci or 0.0) + max(cis)))
     if here < recorded * (1 - margin):
         return "REGRESSED", here, margin
@@ -59,7 +60,7 @@ def verify(best_path: Path, repeats: int, console: Console) -> int:
             runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S)[0])
         except TrialFailed as exc:
             raise UserError(f"the tuned config does not run here: {exc.cause}") from None
-        console.print(f"run {i + 1}/{repeats}: {runs[-1]['throughput_sps']:.2f} samples/s", markup=False)
+        console.print(f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} samples/s", markup=False)
     recorded = recorded_throughput(best)
     verdict, here, margin = judge(recorded, runs, (best["metrics"].get("measurement") or {}).get("throughput_ci_rel"))
     change = here / recorded - 1

@@ -110,7 +110,7 @@ def format_cpu_ranges(cpus: list[int] | tuple[int, ...]) -> str:
 
 
 def read_cpuinfo() -> tuple[str, set[str]]:
-    model, flags = platform.processor() or "unknown", set()
+    model, flags = platform.processor() or "unknown", set[str]()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -9,10 +9,12 @@ relative, as accuracy-aware quantization tools do (NNCF's max_drop / drop_type).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
+
+from autotune.common.records import Record
 
 METRICS = ("relative_l2", "cosine", "top1", "accuracy")
 METRIC_HELP = {
@@ -57,24 +59,45 @@ def top1_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(outputs.argmax(axis=1) == np.asarray(labels).reshape(-1)))
 
 
-def compute_drift(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Drift(Record):
+    """How far a configuration's outputs are from the FP32 eager reference, on the evaluation set.
+
+    `reused_from` names the trial that measured it when a trial of the same numerics reuses it.
+    """
+
+    relative_l2: float
+    cosine_similarity: float
+    top1_agreement: float
+    samples: int
+    accuracy: float | None = None
+    reference_accuracy: float | None = None
+    accuracy_delta: float | None = None
+    reused_from: int | None = None
+
+    def reused_by_another(self, measured_by: int) -> Drift:
+        """The same record, as reused by another trial (keeps the first measuring trial)."""
+        return replace(self, reused_from=self.reused_from if self.reused_from is not None else measured_by)
+
+
+def compute_drift(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None = None) -> Drift:
     """Every drift metric of `outputs` against the FP32 `reference` (and `labels`, when there are some)."""
     if np.shape(outputs) != np.shape(reference):
         raise ValueError(f"output shape {np.shape(outputs)} differs from the reference {np.shape(reference)}")
     finite = bool(np.all(np.isfinite(outputs)))
-    drift: dict[str, Any] = {
-        "relative_l2": relative_l2(outputs, reference) if finite else math.inf,
-        "cosine_similarity": cosine_similarity(outputs, reference) if finite else 0.0,
-        "top1_agreement": top1_agreement(outputs, reference) if finite else 0.0,
-        "samples": len(reference),
-    }
+    accuracy = reference_accuracy = None
     if labels is not None:
         reference_accuracy = top1_accuracy(reference, labels)
         accuracy = top1_accuracy(outputs, labels) if finite else 0.0
-        drift.update(
-            accuracy=accuracy, reference_accuracy=reference_accuracy, accuracy_delta=accuracy - reference_accuracy
-        )
-    return drift
+    return Drift(
+        relative_l2=relative_l2(outputs, reference) if finite else math.inf,
+        cosine_similarity=cosine_similarity(outputs, reference) if finite else 0.0,
+        top1_agreement=top1_agreement(outputs, reference) if finite else 0.0,
+        samples=len(reference),
+        accuracy=accuracy,
+        reference_accuracy=reference_accuracy,
+        accuracy_delta=None if accuracy is None or reference_accuracy is None else accuracy - reference_accuracy,
+    )
 
 
 @dataclass(frozen=True)
@@ -106,30 +129,24 @@ class DriftCriterion:
             ) from None
         return cls(metric, value, relative)
 
-    def drop(self, drift: dict[str, Any]) -> float | None:
+    def drop(self, drift: Drift) -> float | None:
         """How much worse than FP32 the drift record is on this metric (None: cannot be told)."""
         if self.metric == "relative_l2":
-            return drift.get("relative_l2")
+            return drift.relative_l2
         if self.metric == "cosine":
-            value = drift.get("cosine_similarity")
-            return None if value is None else 1.0 - value
+            return 1.0 - drift.cosine_similarity
         if self.metric == "top1":
-            value = drift.get("top1_agreement")
-            return None if value is None else 1.0 - value
-        if drift.get("accuracy") is None:
+            return 1.0 - drift.top1_agreement
+        if drift.accuracy is None or drift.reference_accuracy is None:
             return None
-        loss = drift["reference_accuracy"] - drift["accuracy"]
+        loss = drift.reference_accuracy - drift.accuracy
         if self.relative:
-            return (
-                loss / drift["reference_accuracy"]
-                if drift["reference_accuracy"] > 0
-                else (0.0 if loss <= 0 else math.inf)
-            )
+            return loss / drift.reference_accuracy if drift.reference_accuracy > 0 else (0.0 if loss <= 0 else math.inf)
         return loss
 
-    def exceeded(self, drift: dict[str, Any] | None) -> bool:
+    def exceeded(self, drift: Drift | None) -> bool:
         """True when the drop is beyond the bound, not finite, or cannot be told from the record."""
-        if not drift:
+        if drift is None:
             return False
         value = self.drop(drift)
         return value is None or not math.isfinite(value) or value > self.max_drop
@@ -138,7 +155,7 @@ class DriftCriterion:
         bound = f"{self.max_drop:.2%} of FP32's" if self.relative else f"{self.max_drop:g}"
         return f"{self.metric} drop <= {bound}"
 
-    def verdict(self, drift: dict[str, Any]) -> str:
+    def verdict(self, drift: Drift) -> str:
         """One line for a pruned trial: the metric's drop against the bound."""
         value = self.drop(drift)
         shown = "unknown" if value is None else f"{value:.3g}"

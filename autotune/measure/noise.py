@@ -117,14 +117,14 @@ def noise_flags(
     """
     flags = []
     for i, inst in enumerate(instances):
-        signals, latency = inst.get("signals") or {}, inst.get("latency") or {}
+        signals, latency = inst.get("signals") or {}, inst["latency"]
         foreign, steal = signals.get("foreign_cpu"), signals.get("steal")
         if foreign is not None and foreign > limits.max_foreign_cpu:
             flags.append(f"instance {i}: other processes used {foreign:.0%} of its CPUs")
         if steal is not None and steal > limits.max_steal:
             flags.append(f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs")
-        if latency.get("samples", 0) >= limits.min_calls_for_shape:
-            iqr, drift = latency.get("iqr_rel"), latency.get("early_late_rel")
+        if latency.samples >= limits.min_calls_for_shape:
+            iqr, drift = latency.iqr_rel, latency.early_late_rel
             if iqr is not None and iqr > limits.max_iqr_rel:
                 flags.append(f"instance {i}: call times spread, IQR {iqr:.0%} of the median")
             if drift is not None and abs(drift) > limits.max_early_late_rel:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from autotune.common.records import Record
+
 PERCENTILES = (50, 90, 99)
 EXACT_BINOMIAL_MAX_N = 1000
 STOP_CHECK_EVERY_S = 0.25
@@ -205,21 +207,39 @@ def timed_window(
     return np.asarray(stamps, dtype=np.float64)
 
 
-def latency_summary(latencies_s: np.ndarray, confidence: float = 0.95) -> dict[str, Any]:
-    """p50/p90/p99 in milliseconds (a percentile without enough samples is None, not a guess), with
-    the median's confidence interval, spread and drift."""
+@dataclass(frozen=True)
+class LatencySummary(Record):
+    """Per-call latency in milliseconds. A percentile without enough calls is None, not a guess
+    (p50/p90/p99 need 2/10/100); the median's distribution-free confidence interval; the series'
+    spread (IQR over median) and early-vs-late drift."""
+
+    samples: int
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    p50_ci: list[float] | None = None
+    p50_ci_rel: float | None = None
+    iqr_rel: float | None = None
+    early_late_rel: float | None = None
+
+
+def latency_summary(latencies_s: np.ndarray, confidence: float = 0.95) -> LatencySummary:
+    """p50/p90/p99 in milliseconds of these call times, with the median's interval, spread and drift."""
     latencies_ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
-    summary: dict[str, Any] = {}
-    for p in PERCENTILES:
-        enough = len(latencies_ms) >= samples_needed(p)
-        summary[f"p{p}"] = float(np.percentile(latencies_ms, p)) if enough else None
-    summary["mean"] = float(latencies_ms.mean()) if len(latencies_ms) else None
-    summary["samples"] = len(latencies_ms)
+    percentiles = {
+        f"p{p}": float(np.percentile(latencies_ms, p)) if len(latencies_ms) >= samples_needed(p) else None
+        for p in PERCENTILES
+    }
     ci = median_ci(latencies_ms, confidence)
-    summary["p50_ci"] = [ci["ci_low"], ci["ci_high"]] if ci["ci_rel"] is not None else None
-    summary["p50_ci_rel"] = ci["ci_rel"]
-    summary.update(stability(latencies_ms))
-    return summary
+    return LatencySummary(
+        samples=len(latencies_ms),
+        mean=float(latencies_ms.mean()) if len(latencies_ms) else None,
+        p50_ci=[ci["ci_low"], ci["ci_high"]] if ci["ci_rel"] is not None else None,
+        p50_ci_rel=ci["ci_rel"],
+        **percentiles,
+        **stability(latencies_ms),
+    )
 
 
 def instance_throughput(stamps: np.ndarray, batch_size: int) -> float:
@@ -261,11 +281,12 @@ def common_window_throughput(
         share = batch_size * int(np.count_nonzero(inside)) / window
         shares.append(share)
         ci = median_ci(s[inside, 1] - s[inside, 0], confidence) if inside.any() else {"ci_rel": None}
-        if ci["ci_rel"] is None:
+        median, ci_low, ci_high = ci.get("median"), ci.get("ci_low"), ci.get("ci_high")
+        if ci["ci_rel"] is None or median is None or ci_low is None or ci_high is None:
             ci_known = False
             continue
-        low += share * ci["median"] / ci["ci_high"]
-        high += share * ci["median"] / ci["ci_low"] if ci["ci_low"] > 0 else math.inf
+        low += share * median / ci_high
+        high += share * median / ci_low if ci_low > 0 else math.inf
     total = float(sum(shares))
     ci_sps = [low, high] if ci_known and total > 0 else None
     return {

@@ -155,6 +155,7 @@ def load_samples(data: DataSource, model: Any, indices: list[int]) -> tuple[tupl
     """The selected samples as a batch (preprocessed; each input in its spec's dtype), and their labels (or None)."""
     import torch
 
+    assert data.path is not None  # a tensor file or an image folder
     if data.kind == TENSOR_FILE:
         inputs, labels = _load_tensor_file(Path(data.path))
         picked = torch.as_tensor(indices, dtype=torch.long)
@@ -166,13 +167,13 @@ def load_samples(data: DataSource, model: Any, indices: list[int]) -> tuple[tupl
     classes = sorted({f.parent.name for f in files}) if labelled else []
     transform = image_transform(model)
     images = [transform(Image.open(files[i]).convert("L" if model.input_shape[0] == 1 else "RGB")) for i in indices]
-    inputs = torch.stack(images)
-    if tuple(inputs.shape[1:]) != tuple(model.input_shape):
+    stacked = torch.stack(images)
+    if tuple(stacked.shape[1:]) != tuple(model.input_shape):
         raise ValueError(
-            f"preprocessed images have shape {tuple(inputs.shape[1:])}, the model takes {tuple(model.input_shape)}"
+            f"preprocessed images have shape {tuple(stacked.shape[1:])}, the model takes {tuple(model.input_shape)}"
         )
     labels = torch.as_tensor([classes.index(files[i].parent.name) for i in indices]) if labelled else None
-    return (inputs,), labels
+    return (stacked,), labels
 
 
 def split(total: int, eval_samples: int, calibration_samples: int) -> tuple[list[int], list[int]]:
@@ -209,6 +210,6 @@ def evaluation_and_calibration(
         inputs, labels = take(batch, head), None if all_labels is None else all_labels[head]
         if not separate:
             calibration_inputs = take(batch, tail)
-    if separate:
+    if separate and calibration is not None:
         calibration_inputs = load_samples(calibration, model, split(calibration.samples, 0, calibration_samples)[1])[0]
     return {"inputs": inputs, "labels": labels, "calibration": calibration_inputs}

@@ -12,13 +12,24 @@ from typing import Any
 import optuna
 
 from autotune.common.errors import UserError
-from autotune.common.files import write_json_atomic
-from autotune.machine.runtimes import MAIN, replay_env
-from autotune.measure.drift import DriftCriterion
+from autotune.common.files import read_json, write_json_atomic
+from autotune.machine.probe import probe_machine
+from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
+from autotune.measure.drift import Drift, DriftCriterion
+from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.sources import ModelSource
 from autotune.records.config import UNSET_IN_COMMANDS
-from autotune.results.selection import baseline_trial, clean_trials, decide, maximizes, primary_value
+from autotune.results.selection import (
+    baseline_trial,
+    clean_trials,
+    decide,
+    drift_of,
+    maximizes,
+    metrics_of,
+    primary_value,
+)
 from autotune.runner.launch import shell_command
-from autotune.runner.trials import replay_argv
+from autotune.runner.trials import Reference, TrialContext, replay_argv
 
 SCHEMA = "autotune.best/2"
 
@@ -118,8 +129,8 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
     spec = study.user_attrs.get("spec", {})
     attrs = best.user_attrs
     baseline = baseline_trial(study)
-    base_sps = baseline.user_attrs.get("throughput_sps") if baseline else None
-    drift = dict(attrs.get("drift") or {})
+    base_sps = metrics_of(baseline).throughput_sps if baseline else None
+    metrics = metrics_of(best).to_json()
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -151,16 +162,18 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
             "note": "one command per instance, started together; each re-measures its instance and prints JSON",
         },
         "job": attrs.get("job"),
-        "metrics": {key: attrs.get(key) for key in METRIC_KEYS},
+        "metrics": {key: metrics[key] for key in METRIC_KEYS},
         "measure_settings": attrs.get("measure_settings"),
-        "drift": drift_report(drift, spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")),
+        "drift": drift_report(
+            drift_of(best), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")
+        ),
         "baseline": None
         if baseline is None
         else {
             "trial": baseline.number,
             "config": baseline.user_attrs.get("config"),
             "throughput_sps": base_sps,
-            "latency_ms": baseline.user_attrs.get("latency_ms"),
+            "latency_ms": metrics_of(baseline).latency_ms.to_json(),
         },
         **_speedup(record, best, base_sps, spec.get("objective")),
         "fingerprint": study.user_attrs.get("fingerprint"),
@@ -168,7 +181,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
 
 
 def drift_report(
-    drift: dict[str, Any], spec: dict[str, Any], evaluation: dict[str, Any] | None, calibration: dict[str, Any] | None
+    drift: Drift | None, spec: dict[str, Any], evaluation: dict[str, Any] | None, calibration: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The winner's drift: every metric, the one bounded with its drop and bound, and what it was measured on."""
     criterion = DriftCriterion(
@@ -180,7 +193,7 @@ def drift_report(
         "synthetic": True,
     }
     return {
-        **drift,
+        **(drift.to_json() if drift else {}),
         "metric": criterion.metric,
         "drop": criterion.drop(drift) if drift else None,
         "max_drift": criterion.max_drop,
@@ -212,7 +225,7 @@ def _speedup(
                 "speedup_vs_baseline": medians[best.number] / base,
                 "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)",
             }
-    sps = best.user_attrs.get("throughput_sps")
+    sps = metrics_of(best).throughput_sps
     return {
         "speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
         "speedup_source": "one search measurement each (winner and baseline trials)",
@@ -248,9 +261,9 @@ def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | N
         spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
     )
     measured = [
-        (criterion.drop(t.user_attrs["drift"]), t)
+        (criterion.drop(drift), t)
         for t in study.get_trials(deepcopy=False)
-        if t.user_attrs.get("drift") and t.user_attrs.get("config") and criterion.exceeded(t.user_attrs["drift"])
+        if (drift := drift_of(t)) is not None and t.user_attrs.get("config") and criterion.exceeded(drift)
     ]
     measured = [(drop, t) for drop, t in measured if drop is not None]
     return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
@@ -261,9 +274,7 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
     with its drift and how to run it, but no speed (it was never timed)."""
     spec = study.user_attrs.get("spec", {})
     attrs = trial.user_attrs
-    drift = drift_report(
-        dict(attrs["drift"]), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")
-    )
+    drift = drift_report(drift_of(trial), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration"))
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -310,3 +321,36 @@ def export_best(study: optuna.study.Study, path: str | Path) -> Path:
         if closest is not None:
             return write_json_atomic(path, build_closest(study, closest))
     return write_json_atomic(path, build_best(study, Path(path)))
+
+
+def read_best(best_path: Path) -> dict[str, Any]:
+    """A best.json with a timed winner, or one line saying what is wrong with it."""
+    try:
+        best = read_json(best_path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {best_path}: {exc}") from None
+    if not isinstance(best, dict) or "config" not in best:
+        raise UserError(f"{best_path} is not an autotune best.json")
+    if not best.get("meets_drift", True) or not best.get("job"):
+        raise UserError(
+            f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure"
+        )
+    return best
+
+
+def context_from_best(best: dict[str, Any]) -> TrialContext:
+    """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
+    measurement settings, caches and runtime."""
+    job = best["job"]
+    return TrialContext(
+        probe_machine(),
+        Reference(
+            Path(job["reference_path"]),
+            ModelSource.from_dict(job["model"]),
+            job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
+        ),
+        MeasureSettings.from_dict(job["measure"]),
+        Path(job["workdir"]),
+        job["calibration_samples"],
+        runtimes=runtimes_with(best.get("runtime")),
+    )

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from rich.table import Table
 
-from autotune.results.selection import baseline_trial, clean_trials
+from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -23,23 +23,23 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str, Any]]:
     """The best clean trials in the study's direction, with the numbers a user compares them by."""
     baseline = baseline_trial(study)
-    base_sps = baseline.user_attrs.get("throughput_sps") if baseline else None
+    base_sps = metrics_of(baseline).throughput_sps if baseline else None
     rows = []
     for rank, trial in enumerate(clean_trials(study)[:top], start=1):
         attrs = trial.user_attrs
-        sps = attrs.get("throughput_sps")
-        drift = attrs.get("drift") or {}
+        metrics = metrics_of(trial)
+        sps = metrics.throughput_sps
         rows.append(
             {
                 "rank": rank,
                 "trial": trial.number,
                 "config": attrs.get("config_summary", ""),
                 "throughput_sps": sps,
-                "p50_ms": (attrs.get("latency_ms") or {}).get("p50"),
-                "p99_ms": (attrs.get("latency_ms") or {}).get("p99"),
-                "drift": drift.get("relative_l2"),
+                "p50_ms": metrics.latency_ms.p50,
+                "p99_ms": metrics.latency_ms.p99,
+                "drift": metrics.drift.relative_l2 if metrics.drift else None,
                 "speedup": sps / base_sps if sps and base_sps else None,
-                "runtime": (attrs.get("runtime") or {}).get("name", "main"),
+                "runtime": (metrics.runtime or {}).get("name", "main"),
                 "baseline": bool(attrs.get("baseline")),
             }
         )

@@ -14,26 +14,24 @@ from rich.panel import Panel
 from rich.text import Text
 
 from autotune.common.durations import format_duration
-from autotune.results.selection import clean_trials
+from autotune.results.selection import clean_trials, metrics_of
 
 
 def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
     attrs = trial.user_attrs
     if trial.state == optuna.trial.TrialState.COMPLETE:
-        lat = attrs.get("latency_ms", {})
-        p50 = lat.get("p50")
-        drift = (attrs.get("drift") or {}).get("relative_l2")
+        metrics = metrics_of(trial)
+        p50, drift = metrics.latency_ms.p50, metrics.drift
         if p50 is None or drift is None:
             return ""
-        ci = (attrs.get("measurement") or {}).get("throughput_ci_rel")
-        accuracy = (attrs.get("drift") or {}).get("accuracy")
+        ci = metrics.measurement.throughput_ci_rel
         text = (
-            f"{attrs.get('throughput_sps', 0):8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 "
-            f"{p50:.1f} ms  drift {drift:.2e}"
-            f"{f'  acc {accuracy:.3f}' if accuracy is not None else ''}"
+            f"{metrics.throughput_sps:8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 "
+            f"{p50:.1f} ms  drift {drift.relative_l2:.2e}"
+            f"{f'  acc {drift.accuracy:.3f}' if drift.accuracy is not None else ''}"
         )
-        flags = (attrs.get("measurement") or {}).get("noise_flags")
-        return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if attrs.get("valid") is False and flags else text
+        flags = metrics.noise_flags
+        return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if not metrics.valid and flags else text
     if trial.state == optuna.trial.TrialState.PRUNED:
         return attrs.get("prune_reason", "pruned")
     if trial.state == optuna.trial.TrialState.FAIL:
@@ -48,7 +46,7 @@ def best_so_far(
     clean = clean_trials(study)
     if not clean:
         return None, None, None
-    sps = clean[0].user_attrs.get("throughput_sps")
+    sps = metrics_of(clean[0]).throughput_sps
     baseline = baseline_sps() if sps else None
     return clean[0], sps, sps / baseline if sps and baseline else None
 

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary
-from autotune.results.selection import baseline_trial, clean_trials
+from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -60,10 +60,8 @@ def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, fl
 def _complete_points(study: optuna.study.Study) -> list[tuple[float, float, int, dict[str, Any]]]:
     points = []
     for trial in clean_trials(study):
-        sps = trial.user_attrs.get("throughput_sps")
-        p99 = (trial.user_attrs.get("latency_ms") or {}).get("p99") or (trial.user_attrs.get("latency_ms") or {}).get(
-            "p50"
-        )
+        metrics = metrics_of(trial)
+        sps, p99 = metrics.throughput_sps, metrics.latency_ms.p99 or metrics.latency_ms.p50
         if sps and p99:
             points.append((sps, p99, trial.number, trial.user_attrs))
     return points
@@ -109,15 +107,15 @@ def importance_chart(study: optuna.study.Study) -> str | None:
 
 def speedup_chart(study: optuna.study.Study) -> str | None:
     baseline = baseline_trial(study)
-    base = baseline.user_attrs.get("throughput_sps") if baseline else None
+    base = metrics_of(baseline).throughput_sps if baseline else None
     best: dict[str, float] = {}
     for trial in clean_trials(study):
         config = trial.user_attrs.get("config") or {}
         key = f"{config.get('backend')} {config.get('precision')}"
-        best[key] = max(best.get(key, 0.0), trial.user_attrs.get("throughput_sps") or 0.0)
+        best[key] = max(best.get(key, 0.0), metrics_of(trial).throughput_sps)
     if not best:
         return None
-    names = sorted(best, key=best.get)
+    names = sorted(best, key=lambda name: best[name])
     fig, ax = _figure()
     values = [best[n] / base if base else best[n] for n in names]
     ax.barh(names, values, color="#6a4")
@@ -132,19 +130,15 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
 def drift_chart(study: optuna.study.Study) -> str | None:
     spec = study.user_attrs.get("spec", {})
     points = [
-        (
-            (t.user_attrs.get("drift") or {}).get("relative_l2"),
-            t.user_attrs.get("throughput_sps"),
-            (t.user_attrs.get("config") or {}).get("backend"),
-        )
+        (metrics.drift.relative_l2, metrics.throughput_sps, (t.user_attrs.get("config") or {}).get("backend"))
         for t in clean_trials(study)
+        if (metrics := metrics_of(t)).drift is not None
     ]
-    points = [p for p in points if p[0] is not None]
     if not points:
         return None
     fig, ax = _figure()
-    for backend in sorted({p[2] for p in points}):
-        mine = [p for p in points if p[2] == backend]
+    for backend in sorted({str(p[2]) for p in points}):
+        mine = [p for p in points if str(p[2]) == backend]
         ax.scatter([max(p[0], 1e-9) for p in mine], [p[1] for p in mine], s=18, label=backend)
     if spec.get("drift_metric", "relative_l2") == "relative_l2" and not spec.get("drift_relative"):
         ax.axvline(spec.get("max_drift", 0.05), color="#c33", linestyle="--", label="drift bound")

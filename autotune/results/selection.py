@@ -11,6 +11,9 @@ from typing import Any
 
 import optuna
 
+from autotune.measure.drift import Drift
+from autotune.records.metrics import FinalistRun, TrialMetrics
+
 
 def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The completed eager fp32 baseline trial, if the study has one."""
@@ -18,6 +21,17 @@ def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None
         if trial.user_attrs.get("baseline"):
             return trial
     return None
+
+
+def metrics_of(trial: optuna.trial.FrozenTrial) -> TrialMetrics:
+    """The typed metrics of a COMPLETE trial, from its stored user attributes."""
+    return TrialMetrics.from_trial_attrs(trial.user_attrs, trial.number)
+
+
+def drift_of(trial: optuna.trial.FrozenTrial) -> Drift | None:
+    """The drift a trial measured or reused (PRUNED trials have one too), or None."""
+    stored = trial.user_attrs.get("drift")
+    return Drift.from_json(stored) if stored else None
 
 
 def relative_noise(trial: optuna.trial.FrozenTrial) -> float:
@@ -138,10 +152,10 @@ def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int
 def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
     """Summarize each entry's clean runs and pick the winner; export re-decides from the stored runs."""
     for entry in record["candidates"]:
-        clean = [r for r in entry["runs"] if r.get("valid")]
-        entry["summary"] = summarize_runs(
-            [r["value"] for r in clean], [r["ci_rel"] for r in clean if r.get("ci_rel") is not None]
-        )
+        runs = [FinalistRun.from_json(r) for r in entry["runs"]]
+        clean = [r.value for r in runs if r.valid and r.value is not None]
+        cis = [r.ci_rel for r in runs if r.valid and r.value is not None and r.ci_rel is not None]
+        entry["summary"] = summarize_runs(clean, cis)
     contenders = [e for e in record["candidates"] if e["candidate"]]
     try:
         index, reason = select_winner(contenders, maximize)

@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,21 @@ from autotune.common.errors import TrialFailed
 from autotune.common.files import read_json, write_json_atomic
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
+from autotune.measure.drift import Drift
 from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.measure.stopwatch import MeasureSettings, common_window_throughput, latency_summary, straggler_ratio
 from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
+from autotune.records.metrics import (
+    Attempt,
+    InstanceResult,
+    InstanceScreen,
+    InstanceShare,
+    Measurement,
+    Screening,
+    TrialMetrics,
+)
 from autotune.runner.artifact_cache import (
     META_FILE,
     artifact_dir,
@@ -71,12 +81,12 @@ class TrialContext:
         """The runtime a config names; one the context does not know is a failed trial, not a crash."""
         if self.runtimes is None:
             object.__setattr__(self, "runtimes", discover_runtimes())
+        known: dict[str, Runtime] = self.runtimes or {}
         try:
-            return self.runtimes[name]
+            return known[name]
         except KeyError:
             raise TrialFailed(
-                f"runtime {name!r} is not known here (known: {', '.join(self.runtimes)}); "
-                "pass it again with --runtime PATH"
+                f"runtime {name!r} is not known here (known: {', '.join(known)}); pass it again with --runtime PATH"
             ) from None
 
 
@@ -141,79 +151,79 @@ def plan_instances(
     return launches
 
 
-def aggregate(config: TrialConfig, results: list[dict[str, Any]], settings: MeasureSettings) -> dict[str, Any]:
+def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> TrialMetrics:
     """One measurement's numbers from its instances: throughput over the window all of them shared,
     each with how it was obtained (samples, duration, confidence interval of the median)."""
-    stamps = [np.load(r["stamps_path"]) for r in results]
-    window = common_window_throughput(stamps, results[0]["samples_per_call"], settings.ci_confidence)
+    stamps = [np.load(r.stamps_path) for r in results]
+    samples_per_call = results[0].samples_per_call
+    window = common_window_throughput(stamps, samples_per_call, settings.ci_confidence)
     if not window["valid"]:
         raise TrialFailed("the instances' measurement windows did not overlap: no common throughput")
     latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
-    return {
-        "throughput_sps": window["throughput_sps"],
-        "throughput_ci_sps": window["ci_sps"],
-        "latency_ms": latency_summary(latencies, settings.ci_confidence),
-        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
-        "peak_rss_mib_total": sum(r["peak_rss_mib"] for r in results),
-        "load_s": max(r["load_s"] for r in results),
-        "first_call_s": max(r["first_call_s"] for r in results),
-        "pids": [r["pid"] for r in results],
-        "drift": results[0].get("drift"),
-        "torch_version": results[0]["torch"],
-        "backend_details": results[0].get("backend_details"),
-        "instances": [
-            {
-                **{
-                    k: r.get(k)
-                    for k in (
-                        "pid",
-                        "cpus",
-                        "allocator",
-                        "threads",
-                        "openmp",
-                        "throughput_sps",
-                        "iterations",
-                        "window_s",
-                        "warmup_iters",
-                        "warmup_s",
-                    )
-                },
-                "common_window_sps": share,
-                "latency_ms": r["latency_ms"],
-                "noise": r.get("noise"),
-            }
+    calls = int(sum(len(s) for s in stamps))
+    ci_rel = window["ci_rel"]
+    return TrialMetrics(
+        throughput_sps=window["throughput_sps"],
+        throughput_ci_sps=window["ci_sps"],
+        latency_ms=latency_summary(latencies, settings.ci_confidence),
+        peak_rss_mib=max(r.peak_rss_mib for r in results),
+        peak_rss_mib_total=sum(r.peak_rss_mib for r in results),
+        load_s=max(r.load_s for r in results),
+        first_call_s=max(r.first_call_s for r in results),
+        pids=[r.pid for r in results],
+        drift=results[0].drift,
+        torch_version=results[0].torch,
+        backend_details=results[0].backend_details,
+        instances=[
+            InstanceShare(
+                pid=r.pid,
+                cpus=r.cpus,
+                allocator=r.allocator,
+                threads=r.threads,
+                openmp=r.openmp,
+                throughput_sps=r.throughput_sps,
+                iterations=r.iterations,
+                window_s=r.window_s,
+                warmup_iters=r.warmup_iters,
+                warmup_s=r.warmup_s,
+                common_window_sps=share,
+                latency_ms=r.latency_ms,
+                noise=r.noise,
+            )
             for r, share in zip(results, window["per_instance_sps"])
         ],
-        "measurement": {
-            "common_window_s": window["window_s"],
-            "calls": int(sum(len(s) for s in stamps)),
-            "samples": int(sum(len(s) for s in stamps)) * results[0]["samples_per_call"],
-            "throughput_ci_rel": window["ci_rel"],
-            "ci_confidence": settings.ci_confidence,
-            "ci_target_rel": settings.ci_target_rel,
-            "ci_target_met": window["ci_rel"] is not None and window["ci_rel"] <= settings.ci_target_rel,
-            "straggler_ratio": straggler_ratio(window["per_instance_sps"]),
-            "samples_per_call": results[0]["samples_per_call"],
-            "warmup": {"iters": min(r["warmup_iters"] for r in results), "s": min(r["warmup_s"] for r in results)},
-            "clock": "time.monotonic per call, input in, output out",
-            "stamps": [r["stamps_path"] for r in results],
-        },
-    }
+        measurement=Measurement(
+            common_window_s=window["window_s"],
+            calls=calls,
+            samples=calls * samples_per_call,
+            throughput_ci_rel=ci_rel,
+            ci_confidence=settings.ci_confidence,
+            ci_target_rel=settings.ci_target_rel,
+            ci_target_met=ci_rel is not None and ci_rel <= settings.ci_target_rel,
+            straggler_ratio=straggler_ratio(window["per_instance_sps"]),
+            samples_per_call=samples_per_call,
+            warmup={"iters": min(r.warmup_iters for r in results), "s": min(r.warmup_s for r in results)},
+            stamps=[r.stamps_path for r in results],
+        ),
+        screening=screening_of(results),
+    )
 
 
 def judge_noise(
-    metrics: dict[str, Any],
+    metrics: TrialMetrics,
     machine_before: dict[str, float],
     machine_after: dict[str, float],
     allowed_cpus: int,
     limits: NoiseLimits,
-) -> list[str]:
-    """Record the interference signals on the metrics and return why the measurement is noisy, if it is."""
-    instances = [{"signals": inst["noise"], "latency": inst["latency_ms"]} for inst in metrics["instances"]]
+) -> TrialMetrics:
+    """The metrics with the interference signals recorded and the reasons the measurement is noisy
+    (`measurement.noise_flags`, empty when clean)."""
+    instances = [{"signals": inst.noise, "latency": inst.latency_ms} for inst in metrics.instances]
     flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits)
-    metrics["measurement"]["machine"] = {"before": machine_before, "after": machine_after}
-    metrics["measurement"]["noise_flags"] = flags
-    return flags
+    measurement = replace(
+        metrics.measurement, machine={"before": machine_before, "after": machine_after}, noise_flags=flags
+    )
+    return replace(metrics, measurement=measurement)
 
 
 def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> dict[str, Any]:
@@ -308,15 +318,18 @@ def _cached_or_built_artifact(
         return {"dir": str(directory), "cached": False, "prepare_s": result["prepare_s"], "details": result["details"]}
 
 
+OnStage = Callable[[str, list[dict[str, Any]]], None]
+
+
 def run_config(
     config: TrialConfig,
     ctx: TrialContext,
     trial_dir: Path,
     timeout_s: float,
-    on_stage: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    on_stage: OnStage | None = None,
     screen: bool = False,
-    known_drift: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], list[InstanceLaunch], dict[str, Any]]:
+    known_drift: Drift | None = None,
+) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
 
     A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
@@ -329,69 +342,71 @@ def run_config(
     started = time.monotonic()
     artifact = ensure_artifact(config, ctx, trial_dir, timeout_s)
     template = job_template(config, ctx, artifact)
-    attempts: list[dict[str, Any]] = []
+    attempts: list[TrialMetrics] = []
+    launches: list[InstanceLaunch] = []
     for attempt in range(ctx.noisy_retries + 1):
-        attempt_dir = trial_dir if attempt == 0 else trial_dir / f"retry-{attempt}"
-        barrier = attempt_dir / "barrier"
-        barrier.mkdir(parents=True)
-        first = attempt == 0
-        job = {
-            **template,
-            "barrier_dir": str(barrier),
-            "barrier_timeout_s": timeout_s,
-            "screen": screen and first,
-            "measure_drift": known_drift is None and first,
-        }
-        launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
-        stages = ("ready", "screened") if job["screen"] else ("ready",)
-        before = machine_snapshot()
         remaining = timeout_s - (time.monotonic() - started)
         if remaining <= 0:
             if not attempts:
                 raise TrialFailed(f"timed out after {timeout_s:.0f}s while preparing")
             break  # keep the attempts made; the last one stays flagged
-        results = run_instances(
-            launches,
-            remaining,
-            barrier_dir=barrier,
-            on_stage=on_stage if first else None,
-            stages=stages,
-            memory_limit_mib=ctx.memory_limit_mib,
-        )
-        metrics = aggregate(config, results, ctx.measure)
-        flags = judge_noise(metrics, before, machine_snapshot(), len(ctx.machine.allowed_cpus), ctx.noise_limits)
-        metrics["screening"] = _screening_summary(results)
+        first = attempt == 0
+        job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
+        attempt_dir = trial_dir if first else trial_dir / f"retry-{attempt}"
+        metrics, launches = measure_attempt(config, ctx, attempt_dir, job, remaining, on_stage if first else None)
         attempts.append(metrics)
-        if not flags:
+        if not metrics.noise_flags:
             break
-    metrics = attempts[-1]
-    metrics["drift"] = known_drift or attempts[0]["drift"]  # measured once: by the first attempt, or reused
-    metrics["valid"] = not metrics["measurement"]["noise_flags"]
-    metrics["measurement"]["attempts"] = [
-        {"throughput_sps": m["throughput_sps"], "noise_flags": m["measurement"]["noise_flags"]} for m in attempts
-    ]
-    metrics["runtime"] = ctx.runtime(config.runtime).record()
-    metrics["prepare_s"] = artifact["prepare_s"] if artifact else 0.0
-    metrics["artifact"] = artifact
+    last = attempts[-1]
+    metrics = replace(
+        last,
+        drift=known_drift or attempts[0].drift,  # measured once: by the first attempt, or reused
+        valid=not last.noise_flags,
+        measurement=replace(last.measurement, attempts=[Attempt(m.throughput_sps, m.noise_flags) for m in attempts]),
+        runtime=ctx.runtime(config.runtime).record(),
+        prepare_s=artifact["prepare_s"] if artifact else 0.0,
+        artifact=artifact,
+    )
     return metrics, launches, template
 
 
-def _screening_summary(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    screens = [r.get("screening") for r in results]
-    if not all(screens):
-        return None
-    return screening_value(screens)
+def measure_attempt(
+    config: TrialConfig,
+    ctx: TrialContext,
+    attempt_dir: Path,
+    job: dict[str, Any],
+    timeout_s: float,
+    on_stage: OnStage | None,
+) -> tuple[TrialMetrics, list[InstanceLaunch]]:
+    """One measurement in fresh processes: launch the instances, pass the barriers, aggregate their
+    results and judge the noise around them."""
+    barrier = attempt_dir / "barrier"
+    barrier.mkdir(parents=True)
+    job = {**job, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s}
+    launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
+    before = machine_snapshot()
+    payloads = run_instances(
+        launches,
+        timeout_s,
+        barrier_dir=barrier,
+        on_stage=on_stage,
+        stages=("ready", "screened") if job["screen"] else ("ready",),
+        memory_limit_mib=ctx.memory_limit_mib,
+    )
+    metrics = aggregate([InstanceResult.from_json(p) for p in payloads], ctx.measure)
+    allowed = len(ctx.machine.allowed_cpus)
+    return judge_noise(metrics, before, machine_snapshot(), allowed, ctx.noise_limits), launches
 
 
-def screening_value(payloads: list[dict[str, Any]]) -> dict[str, Any]:
-    """The screening measurement of a trial: instances screened together, throughputs add up."""
-    cis = [p["latency_ms"]["p50_ci_rel"] for p in payloads]
-    return {
-        "throughput_sps": sum(p["throughput_sps"] for p in payloads),
-        "p50_ms": max(p["latency_ms"]["p50"] or 0.0 for p in payloads),
-        "ci_rel": None if any(c is None for c in cis) else max(cis),
-        "calls": sum(p["latency_ms"]["samples"] for p in payloads),
-    }
+def screening_of(results: list[InstanceResult]) -> Screening | None:
+    """The trial's screening, when every instance screened."""
+    screens = [r.screening for r in results]
+    return Screening.of([s for s in screens if s is not None]) if all(screens) else None
+
+
+def screening_value(payloads: list[dict[str, Any]]) -> Screening:
+    """The screening measurement of a trial from its instances' barrier payloads."""
+    return Screening.of([InstanceScreen.from_json(p) for p in payloads])
 
 
 def compute_reference(

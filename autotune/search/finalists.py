@@ -16,7 +16,9 @@ from typing import Any
 import optuna
 
 from autotune.common.errors import TrialFailed
+from autotune.measure.drift import Drift
 from autotune.records.config import TrialConfig
+from autotune.records.metrics import FinalistRun, TrialMetrics
 from autotune.results.selection import clean_trials, decide, maximizes
 from autotune.runner.trials import TrialContext, run_config
 
@@ -42,7 +44,7 @@ def run_finalists(
     repeats: int,
     deadline: float,
     timeout_s: float,
-    objective_value: Callable[[dict[str, Any]], float],
+    objective_value: Callable[[TrialMetrics], float],
     baseline: optuna.trial.FrozenTrial | None,
     log: Callable[[str], None],
 ) -> dict[str, Any] | None:
@@ -90,23 +92,12 @@ def run_finalists(
                 TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s, known_drift=known_drift[entry["trial"]]
             )
         except TrialFailed as exc:
-            entry["runs"].append({"failed": exc.cause})
+            entry["runs"].append(FinalistRun(failed=exc.cause).to_json())
             log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
             continue
         value = objective_value(metrics)
-        entry["runs"].append(
-            {
-                "value": value,
-                "valid": metrics["valid"],
-                "ci_rel": metrics["measurement"]["throughput_ci_rel"],
-                "noise_flags": metrics["measurement"]["noise_flags"],
-                "drift": metrics["drift"],
-                "calls": metrics["measurement"]["calls"],
-                "window_s": metrics["measurement"]["common_window_s"],
-            }
-        )
-        noisy = "" if metrics["valid"] else f" (noisy: {'; '.join(metrics['measurement']['noise_flags'])})"
-        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{noisy}")
+        entry["runs"].append(FinalistRun.of(value, metrics).to_json())
+        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{metrics.noisy_note()}")
     record: dict[str, Any] = {
         "repeats": repeats,
         "seconds": time.monotonic() - started,
@@ -120,9 +111,9 @@ def run_finalists(
     return record
 
 
-def _search_drift(study: optuna.study.Study, number: int) -> dict[str, Any] | None:
+def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
     drift = study.trials[number].user_attrs.get("drift")
-    return None if not drift else {**drift, "reused_from": drift.get("reused_from", number)}
+    return None if not drift else Drift.from_json(drift).reused_by_another(number)
 
 
 def _trial_seconds(study: optuna.study.Study, number: int) -> float:

@@ -64,7 +64,7 @@ def worker_spec(
     stored, recorded = stored_spec(study_name, storage_url)
     runtimes = discover_runtimes(stored.get("runtimes") or ())
     here = fingerprint(probe_machine(), runtimes)
-    differences = fingerprint_differences(_comparable(recorded), _comparable(here))
+    differences = fingerprint_differences(_comparable(recorded), _comparable(here) or {})
     if differences and not allow_mixed_hardware:
         raise UserError(
             f"this machine differs from the one that created study {study_name!r} ({'; '.join(differences)}): "

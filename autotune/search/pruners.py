@@ -8,7 +8,7 @@ import optuna
 from optuna.pruners import BasePruner
 
 from autotune.measure.drift import DriftCriterion
-from autotune.results.selection import clean_trials, maximizes, relative_noise
+from autotune.results.selection import clean_trials, drift_of, maximizes, primary_value, relative_noise
 
 
 class DriftPruner(BasePruner):
@@ -24,7 +24,7 @@ class DriftPruner(BasePruner):
         self.wrapped = wrapped
 
     def drift_exceeded(self, trial: optuna.trial.FrozenTrial) -> bool:
-        return self.criterion.exceeded(trial.user_attrs.get("drift"))
+        return self.criterion.exceeded(drift_of(trial))
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if self.drift_exceeded(trial):
@@ -63,9 +63,10 @@ class SpeedPruner(BasePruner):
         if not clean:
             return None
         best = clean[0]
+        best_value = primary_value(best)
         margin = self.margin(screening_ci_rel, relative_noise(best))
-        worse = value < best.value * (1 - margin) if maximize else value > best.value * (1 + margin)
-        return {"value": value, "best_trial": best.number, "best_value": best.value, "margin": margin, "prune": worse}
+        worse = value < best_value * (1 - margin) if maximize else value > best_value * (1 + margin)
+        return {"value": value, "best_trial": best.number, "best_value": best_value, "margin": margin, "prune": worse}
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
         screening = trial.user_attrs.get("screening") or {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from autotune.common.errors import UserError
 from autotune.measure.drift import DriftCriterion
@@ -18,6 +18,7 @@ from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
 
 OBJECTIVES = ("throughput", "latency", "pareto")
+Direction = Literal["minimize", "maximize"]
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
 IDENTITY_FIELDS = (
@@ -147,9 +148,14 @@ class SearchSpec:
         return DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
 
     @property
-    def directions(self) -> list[str]:
+    def directions(self) -> list[Direction]:
         """pareto: throughput up and p99 latency down, together (a multi-objective study)."""
-        return {"throughput": ["maximize"], "latency": ["minimize"], "pareto": ["maximize", "minimize"]}[self.objective]
+        directions: dict[str, list[Direction]] = {
+            "throughput": ["maximize"],
+            "latency": ["minimize"],
+            "pareto": ["maximize", "minimize"],
+        }
+        return directions[self.objective]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

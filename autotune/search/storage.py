@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 from sqlalchemy.engine import make_url
@@ -21,7 +22,7 @@ def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.sto
     """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds."""
     given, url = url, database_url(url)
     parsed = make_url(url)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     try:
         if parsed.get_backend_name() == "sqlite":
             if parsed.database:

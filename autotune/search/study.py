@@ -12,6 +12,7 @@ import socket
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,16 @@ from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import MachineProbe, probe_machine
-from autotune.machine.runtimes import discover_runtimes
-from autotune.records.config import pin_prefix
+from autotune.machine.runtimes import Runtime, discover_runtimes
+from autotune.measure.drift import Drift
+from autotune.records.config import TrialConfig, pin_prefix
+from autotune.records.metrics import Screening, TrialMetrics
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
 from autotune.results.progress import LiveStatus, ProgressPrinter
-from autotune.results.selection import baseline_trial
-from autotune.runner.trials import TrialContext, compute_reference, run_config, screening_value
+from autotune.results.selection import baseline_trial, drift_of, metrics_of
+from autotune.runner.launch import InstanceLaunch
+from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
 from autotune.search.finalists import run_finalists
 from autotune.search.fleet import AbandonedTrialsCheck, fail_abandoned_trials, orchestrator_record, register_worker
 from autotune.search.pruners import DriftPruner, SpeedPruner
@@ -50,7 +54,7 @@ class SearchOutcome:
 
 def baseline_throughput(study: optuna.study.Study) -> float | None:
     trial = baseline_trial(study)
-    return trial.user_attrs.get("throughput_sps") if trial else None
+    return metrics_of(trial).throughput_sps if trial else None
 
 
 def open_study(
@@ -102,8 +106,25 @@ class Objective:
         self.spec, self.space, self.ctx, self.deadline = spec, space, ctx, deadline
         self.status: LiveStatus | None = None  # the live panel, told which trial runs
 
-    def __call__(self, trial: optuna.trial.Trial) -> float:
+    def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
         trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
+        config = self._suggest(trial)
+        known_drift = self._reused_drift(trial, config)
+        timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
+        trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
+        metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift)
+        try:
+            value = objective_value(self.spec.objective, metrics)
+        except TrialFailed as exc:
+            self._record_failure(trial, trial_dir, timeout, exc)
+            raise
+        self._record(trial, config, trial_dir, metrics, launches, template)
+        if self.spec.slo_ms is not None:
+            self._check_slo(trial, metrics)
+        return value
+
+    def _suggest(self, trial: optuna.trial.Trial) -> TrialConfig:
+        """The sampler's config, recorded on the trial; one that cannot run is pruned unlaunched."""
         try:
             config = self.space.suggest(trial)
         except InfeasibleConfig as exc:
@@ -117,53 +138,40 @@ class Objective:
         trial.set_user_attr("host", socket.gethostname())
         if self.spec.mixed_hardware:
             trial.set_user_attr("mixed_hardware", self.spec.mixed_hardware)
-        remaining = self.deadline - time.monotonic()
-        timeout = min(self.spec.trial_timeout_s, remaining)
-        trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
-        known_drift = same_numerics_drift(trial.study, config.numerics_key())
-        if known_drift is not None:
-            trial.set_user_attr("drift", known_drift)
-            if self._drift_prunes(trial, known_drift):
-                verdict = self.spec.criterion.verdict(known_drift)
-                reason = f"{verdict}, as measured by trial {known_drift['reused_from']} (same numerics): not launched"
+        return config
+
+    def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
+        """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
+        pruned before anything is launched."""
+        known = same_numerics_drift(trial.study, config.numerics_key())
+        if known is not None:
+            trial.set_user_attr("drift", known.to_json())
+            if self._drift_prunes(trial, known):
+                verdict = self.spec.criterion.verdict(known)
+                reason = f"{verdict}, as measured by trial {known.reused_from} (same numerics): not launched"
                 trial.set_user_attr("prune_reason", reason)
                 raise optuna.TrialPruned(reason)
+        return known
+
+    def _measure(
+        self,
+        trial: optuna.trial.Trial,
+        config: TrialConfig,
+        trial_dir: Path,
+        timeout: float,
+        known_drift: Drift | None,
+    ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
+        """Run the config; the barriers ask the pruners (drift, then screening) before the timed window.
+        A failure is recorded with its cause and the trial's log."""
 
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
             if stage == "ready":
-                drift = payloads[0].get("drift")
-                if drift is None:
-                    return  # reused: already judged before launch
-                trial.set_user_attr("drift", drift)
-                if self._drift_prunes(trial, drift):
-                    reason = self.spec.criterion.verdict(drift)
-                    trial.set_user_attr("prune_reason", reason)
-                    raise optuna.TrialPruned(reason)
+                self._judge_drift(trial, payloads[0].get("drift"))
             elif stage == "screened":
-                screening = screening_value(payloads)
-                trial.set_user_attr("screening", screening)
-                value = screening["throughput_sps"] if self.spec.objective == "throughput" else screening["p50_ms"]
-                trial.report(value, step=0)
-                if trial.should_prune():
-                    speed = getattr(trial.study.pruner, "wrapped", None)
-                    verdict = (
-                        speed.verdict(trial.study, value, screening["ci_rel"])
-                        if isinstance(speed, SpeedPruner)
-                        else None
-                    )
-                    unit = "samples/s" if self.spec.objective == "throughput" else "ms"
-                    reason = (
-                        f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
-                        f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin "
-                        f"{verdict['margin']:.0%} with its noise)"
-                        if verdict
-                        else f"screening {value:.3g} {unit}: pruned"
-                    )
-                    trial.set_user_attr("prune_reason", reason)
-                    raise optuna.TrialPruned(reason)
+                self._judge_screening(trial, screening_value(payloads))
 
         try:
-            metrics, launches, template = run_config(
+            return run_config(
                 config,
                 self.ctx,
                 trial_dir,
@@ -172,15 +180,8 @@ class Objective:
                 screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
                 known_drift=known_drift,
             )
-            value = objective_value(self.spec.objective, metrics)
         except TrialFailed as exc:
-            cause = exc.cause
-            if "timed out" in cause and timeout < self.spec.trial_timeout_s:
-                cause = f"budget ran out: {cause}"
-            trial.set_user_attr("fail_cause", cause)
-            trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
-            trial.set_user_attr("trial_dir", str(trial_dir))
-            attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
+            self._record_failure(trial, trial_dir, timeout, exc)
             raise
         except optuna.TrialPruned:
             attach_trial_log(trial, self.spec.dir, trial_dir, {})
@@ -188,39 +189,88 @@ class Objective:
         except KeyboardInterrupt:
             trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
             raise
-        for key, metric in metrics.items():
-            trial.set_user_attr(key, metric)
+
+    def _record_failure(self, trial: optuna.trial.Trial, trial_dir: Path, timeout: float, exc: TrialFailed) -> None:
+        cause = exc.cause
+        if "timed out" in cause and timeout < self.spec.trial_timeout_s:
+            cause = f"budget ran out: {cause}"
+        trial.set_user_attr("fail_cause", cause)
+        trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
+        trial.set_user_attr("trial_dir", str(trial_dir))
+        attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
+
+    def _judge_drift(self, trial: optuna.trial.Trial, payload: dict[str, Any] | None) -> None:
+        """At the ready barrier: the drift instance 0 measured (None when reused: judged before launch)."""
+        if payload is None:
+            return
+        drift = Drift.from_json(payload)
+        trial.set_user_attr("drift", drift.to_json())
+        if self._drift_prunes(trial, drift):
+            reason = self.spec.criterion.verdict(drift)
+            trial.set_user_attr("prune_reason", reason)
+            raise optuna.TrialPruned(reason)
+
+    def _judge_screening(self, trial: optuna.trial.Trial, screening: Screening) -> None:
+        """At the screened barrier: the speed pruner compares the screening with the best clean trial."""
+        trial.set_user_attr("screening", screening.to_json())
+        value = screening.throughput_sps if self.spec.objective == "throughput" else screening.p50_ms
+        trial.report(value, step=0)
+        if not trial.should_prune():
+            return
+        speed = getattr(trial.study.pruner, "wrapped", None)
+        verdict = speed.verdict(trial.study, value, screening.ci_rel) if isinstance(speed, SpeedPruner) else None
+        unit = "samples/s" if self.spec.objective == "throughput" else "ms"
+        reason = (
+            f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
+            f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin "
+            f"{verdict['margin']:.0%} with its noise)"
+            if verdict
+            else f"screening {value:.3g} {unit}: pruned"
+        )
+        trial.set_user_attr("prune_reason", reason)
+        raise optuna.TrialPruned(reason)
+
+    def _record(
+        self,
+        trial: optuna.trial.Trial,
+        config: TrialConfig,
+        trial_dir: Path,
+        metrics: TrialMetrics,
+        launches: list[InstanceLaunch],
+        template: dict[str, Any],
+    ) -> None:
+        """Everything a completed trial stores: its metrics field by field, and how to launch it again."""
+        for key, value in metrics.to_json().items():
+            trial.set_user_attr(key, value)
         commands = [launch.shell_command() for launch in launches]
+        machine = self.ctx.machine
         trial.set_user_attr("env", launches[0].set_env)
         trial.set_user_attr("commands", commands)
-        trial.set_user_attr(
-            "pin_prefixes", [pin_prefix(cpus, self.ctx.machine) for cpus in config.instance_cpus(self.ctx.machine)]
-        )
+        trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, machine) for cpus in config.instance_cpus(machine)])
         trial.set_user_attr("job", template)
-        trial.set_user_attr("pinning", self.ctx.machine.pinning)
+        trial.set_user_attr("pinning", machine.pinning)
         trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
         trial.set_user_attr("trial_dir", str(trial_dir))
         attach_trial_log(trial, self.spec.dir, trial_dir, {"commands": commands})
-        if self.spec.slo_ms is not None:
-            self._check_slo(trial, metrics)
-        return value
 
-    def _drift_prunes(self, trial: optuna.trial.Trial, drift: dict[str, Any]) -> bool:
+    def _drift_prunes(self, trial: optuna.trial.Trial, drift: Drift) -> bool:
         """Optuna's pruner decides (DriftPruner); a multi-objective study cannot ask it, so the same
         criterion is applied directly there."""
         if len(trial.study.directions) > 1:
             return self.spec.criterion.exceeded(drift)
         return trial.should_prune()
 
-    def _check_slo(self, trial: optuna.trial.Trial, metrics: dict[str, Any]) -> None:
+    def _check_slo(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
         """--slo-ms: a config whose p99 latency per call exceeds the bound is measured and kept in the
         study, but PRUNED, so it never wins, becomes a finalist or sets the speed pruner's bar."""
-        p99 = (metrics.get("latency_ms") or {}).get("p99")
-        slo = {"bound_ms": self.spec.slo_ms, "p99_ms": p99, "met": p99 is not None and p99 <= self.spec.slo_ms}
+        bound = self.spec.slo_ms
+        assert bound is not None
+        p99 = metrics.latency_ms.p99
+        slo = {"bound_ms": bound, "p99_ms": p99, "met": p99 is not None and p99 <= bound}
         trial.set_user_attr("slo", slo)
         if not slo["met"]:
             reason = (
-                f"latency SLO: p99 {p99:.1f} ms > {self.spec.slo_ms:g} ms"
+                f"latency SLO: p99 {p99:.1f} ms > {bound:g} ms"
                 if p99 is not None
                 else "latency SLO: too few calls for a p99 (needs 100)"
             )
@@ -228,29 +278,37 @@ class Objective:
             raise optuna.TrialPruned(reason)
 
 
-def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> dict[str, Any] | None:
+def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> Drift | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
     the drift an earlier trial measured for the same numerics, marked as reused, or None."""
     for earlier in study.get_trials(deepcopy=False):
-        drift = earlier.user_attrs.get("drift")
-        if drift and "reused_from" not in drift and earlier.user_attrs.get("numerics_key") == numerics_key:
-            return {**drift, "reused_from": earlier.number}
+        if earlier.user_attrs.get("numerics_key") != numerics_key:
+            continue
+        drift = drift_of(earlier)
+        if drift is not None and drift.reused_from is None:
+            return drift.reused_by_another(earlier.number)
     return None
 
 
-def objective_value(objective: str, metrics: dict[str, Any]) -> float | tuple[float, float]:
+def objective_value(objective: str, metrics: TrialMetrics) -> float | tuple[float, float]:
     """What Optuna optimizes: samples/s, median latency per call in ms, or (samples/s, p99 ms) for pareto."""
     if objective == "throughput":
-        return metrics["throughput_sps"]
+        return metrics.throughput_sps
     if objective == "pareto":
-        p99 = metrics["latency_ms"]["p99"]
+        p99 = metrics.latency_ms.p99
         if p99 is None:
             raise TrialFailed("too few calls for a p99 latency (needs 100)")
-        return metrics["throughput_sps"], p99
-    p50 = metrics["latency_ms"]["p50"]
+        return metrics.throughput_sps, p99
+    p50 = metrics.latency_ms.p50
     if p50 is None:
         raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")
     return p50
+
+
+def primary_objective_value(objective: str, metrics: TrialMetrics) -> float:
+    """The single value the finalists compare: a Pareto study's is its throughput."""
+    value = objective_value(objective, metrics)
+    return value[0] if isinstance(value, tuple) else value
 
 
 class BudgetGuard:
@@ -290,35 +348,66 @@ def _terminate_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
+    """Open (or resume) the study, compute the reference, run trials until the search's share of the
+    budget is spent, re-measure the finalists, and export the winner."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate_as_interrupt)
+
+    def say(line: str) -> None:
+        console.print(line, markup=False)
+
     started = time.monotonic()
     deadline = started + spec.budget_s
     reserve = spec.finalist_share * spec.budget_s if spec.finalists > 0 else 0.0
     search_deadline = deadline - reserve  # the finalists' share of the budget is kept for the end
     machine = probe_machine()
     runtimes = discover_runtimes(spec.runtimes)
-    space = SearchSpace.from_dict(spec.space, machine, runtimes)
-    for note in space.notes:
-        console.print(f"note: {note}", markup=False)
-    for backend, names in space.runtimes.items():
-        if names != ["main"]:
-            console.print(
-                f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}", markup=False
-            )
+    space = _search_space(spec, machine, runtimes, say)
     spec.dir.mkdir(parents=True, exist_ok=True)
     study, created = open_study(spec, machine, runtimes)
-    console.print(
+    say(
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
-        f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s",
-        markup=False,
+        f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s"
     )
     register_worker(study)  # refused beside another process of this study on the same cores of this host
-
-    def say(line: str) -> None:
-        console.print(line, markup=False)
-
     fail_abandoned_trials(study, say)
+    reference = _reference(spec, study)
+    if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
+        _enqueue_first_trials(study, space, spec, console)
+    ctx = TrialContext(
+        machine,
+        reference,
+        spec.measure,
+        spec.cache_dir,
+        spec.calibration_samples,
+        runtimes=runtimes,
+        memory_limit_mib=spec.memory_limit_mib,
+        cache_size_mib=spec.cache_size_mib,
+    )
+    interrupted = _optimize(spec, study, Objective(spec, space, ctx, search_deadline), started, deadline, console)
+    best_path = None
+    complete = any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    if complete or closest_candidate(study):
+        best_path = export_best(study, spec.dir / "best.json")
+        attach_to_study(study, spec.dir, best_path, "application/json")
+    return SearchOutcome(study, best_path, interrupted)
+
+
+def _search_space(
+    spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Runtime], say: Callable[[str], None]
+) -> SearchSpace:
+    """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
+    space = SearchSpace.from_dict(spec.space, machine, runtimes)
+    for note in space.notes:
+        say(f"note: {note}")
+    for backend, names in space.runtimes.items():
+        if names != ["main"]:
+            say(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}")
+    return space
+
+
+def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
+    """The FP32 eager outputs every trial is compared with (computed once per study), recorded on it."""
     try:
         reference = compute_reference(
             spec.model,
@@ -337,23 +426,26 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     study.set_user_attr("model_for_trials", reference.model.to_dict())
     study.set_user_attr("evaluation", reference.evaluation)
     study.set_user_attr("calibration", reference.calibration)
-    if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
-        _enqueue_first_trials(study, space, spec, console)
-    ctx = TrialContext(
-        machine,
-        reference,
-        spec.measure,
-        spec.cache_dir,
-        spec.calibration_samples,
-        runtimes=runtimes,
-        memory_limit_mib=spec.memory_limit_mib,
-        cache_size_mib=spec.cache_size_mib,
-    )
-    objective = Objective(spec, space, ctx, search_deadline)
+    return reference
+
+
+def _optimize(
+    spec: SearchSpec,
+    study: optuna.study.Study,
+    objective: Objective,
+    started: float,
+    deadline: float,
+    console: Console,
+) -> bool:
+    """Trials, then the finalist round, under the progress printer and (on a terminal) the live panel.
+    Returns whether the run was interrupted."""
+
+    def say(line: str) -> None:
+        console.print(line, markup=False)
+
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
     objective.status = status
-    interrupted = False
     # The live panel only on a terminal: logs and CI get the plain lines alone.
     live = (
         Live(status, console=console, refresh_per_second=1, transient=True)
@@ -365,34 +457,26 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
             study.optimize(
                 objective,
                 n_trials=spec.trials,
-                timeout=max(0.0, search_deadline - time.monotonic() - MIN_TRIAL_S),
+                timeout=max(0.0, objective.deadline - time.monotonic() - MIN_TRIAL_S),
                 catch=(TrialFailed,),
-                callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(search_deadline)],
+                callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(objective.deadline)],
                 gc_after_trial=False,
             )
             if spec.finalists > 0:
                 status.running = "finalists: the top configurations re-measured, interleaved"
                 run_finalists(
                     study,
-                    ctx,
+                    objective.ctx,
                     spec.dir / "finalists",
                     spec.finalists,
                     spec.finalist_repeats,
                     deadline,
                     spec.trial_timeout_s,
-                    lambda metrics: objective_value(spec.objective, metrics),
+                    lambda metrics: primary_objective_value(spec.objective, metrics),
                     baseline_trial(study),
-                    lambda line: console.print(line, markup=False),
+                    say,
                 )
         except KeyboardInterrupt:
-            interrupted = True
-            console.print(
-                "interrupted: the running trial was stopped and recorded; run the same command to resume", markup=False
-            )
-    best_path = None
-    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)) or closest_candidate(
-        study
-    ):
-        best_path = export_best(study, spec.dir / "best.json")
-        attach_to_study(study, spec.dir, best_path, "application/json")
-    return SearchOutcome(study, best_path, interrupted)
+            say("interrupted: the running trial was stopped and recorded; run the same command to resume")
+            return True
+    return False

@@ -17,13 +17,15 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from autotune.common.files import read_json, write_json_atomic
-from autotune.measure.drift import compute_drift, top1_accuracy
+from autotune.common.records import Record
+from autotune.measure.drift import Drift, compute_drift, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.model.dataset import DataSource, evaluation_and_calibration
@@ -31,6 +33,7 @@ from autotune.model.inputs import as_batch, batch_len, fixed_batches, synthetic,
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_numpy
 from autotune.model.sources import ModelSource, build_model, primary_output
 from autotune.records.config import TrialConfig
+from autotune.records.metrics import InstanceResult, InstanceScreen
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
 
 EXIT_CHECK_FAILED = 3
@@ -171,7 +174,58 @@ def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, 
     return module.prepare(build_model(source), example, config, Path(job["workdir"]))
 
 
-def run_trial(job: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LoadedModel:
+    """The backend's callable on this instance's fixed input, and what loading it cost."""
+
+    runner: Any
+    native_input: Any
+    load_s: float
+    first_call_s: float
+    openmp: dict[str, Any]
+
+    def step(self) -> Any:
+        """One timed call: the fixed batch in, the outputs out."""
+        return self.runner(self.native_input)
+
+
+def load_model(job: dict[str, Any], config: TrialConfig, instance: int) -> LoadedModel:
+    """Build (or load the prepared artifact of) the model, check OpenMP once torch is loaded, and make
+    the first call, timed apart: it includes compilation for compiled backends."""
+    source = ModelSource.from_dict(job["model"])
+    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
+    t0 = time.monotonic()
+    runner = build_runner(job, config, source, example)
+    openmp = check_openmp(config)
+    native = runner.convert_input(example)
+    load_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    runner(native)
+    return LoadedModel(runner, native, load_s, time.monotonic() - t0, openmp)
+
+
+def measure_drift(reference_path: str, runner: Any, batch_size: int) -> Drift:
+    """The candidate's outputs on the evaluation set against the FP32 reference, before any timing."""
+    import torch
+
+    reference = torch.load(reference_path, weights_only=True)
+    outputs = run_in_batches(runner, as_batch(reference["inputs"]), batch_size)
+    labels = reference.get("labels")
+    return compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
+
+
+def screen(model: LoadedModel, settings: MeasureSettings, samples_per_call: int, stamps_path: str) -> InstanceScreen:
+    """The short screening window speed pruning looks at (its stamps saved beside the full window's)."""
+    stamps = timed_window(model.step, settings.screening())
+    np.save(stamps_path.replace("stamps-", "screen-"), stamps)
+    return InstanceScreen(
+        throughput_sps=instance_throughput(stamps, samples_per_call),
+        latency_ms=latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
+    )
+
+
+def run_trial(job: dict[str, Any]) -> InstanceResult:
+    """Check the environment, load, measure drift, warm up, wait at the barrier, screen, time the window."""
     t_start = time.monotonic()
     config = TrialConfig.from_dict(job["config"])
     settings = MeasureSettings.from_dict(job["measure"])
@@ -181,73 +235,54 @@ def run_trial(job: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    source = ModelSource.from_dict(job["model"])
-    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
-    t0 = time.monotonic()
-    runner = build_runner(job, config, source, example)
-    openmp = check_openmp(config)
-    native = runner.convert_input(example)
-    load_s = time.monotonic() - t0
-
-    t0 = time.monotonic()
-    runner(native)
-    first_call_s = time.monotonic() - t0
-
+    model = load_model(job, config, instance)
     drift = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
-        reference = torch.load(job["reference_path"], weights_only=True)
-        outputs = run_in_batches(runner, as_batch(reference["inputs"]), config.batch_size)
-        labels = reference.get("labels")
-        drift = compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
-
-    def step() -> Any:
-        return runner(native)
-
-    warmup = warm_up(step, settings)
-    samples_per_call = config.batch_size * runner.batches_per_call
+        drift = measure_drift(job["reference_path"], model.runner, config.batch_size)
+    warmup = warm_up(model.step, settings)
+    samples_per_call = config.batch_size * model.runner.batches_per_call
     barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
+    timeout_s = job.get("barrier_timeout_s", 0.0)
     if barrier:
-        wait_at_barrier(barrier, "ready", instance, {"pid": os.getpid(), "drift": drift}, job["barrier_timeout_s"])
+        ready = {"pid": os.getpid(), "drift": drift.to_json() if drift else None}
+        wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
     screening = None
     if barrier and job.get("screen") and settings.screen_s > 0:
-        screen = timed_window(step, settings.screening())
-        np.save(job["stamps_path"].replace("stamps-", "screen-"), screen)
-        screening = {
-            "throughput_sps": instance_throughput(screen, samples_per_call),
-            "latency_ms": latency_summary(screen[:, 1] - screen[:, 0], settings.ci_confidence),
-        }
-        wait_at_barrier(barrier, "screened", instance, screening, job["barrier_timeout_s"])
+        screening = screen(model, settings, samples_per_call, job["stamps_path"])
+        wait_at_barrier(barrier, "screened", instance, screening.to_json(), timeout_s)
     cpus = sorted(os.sched_getaffinity(0))
     agree = StopTogether(barrier, instance, int(job["instances"])) if barrier else (lambda satisfied: satisfied)
     before = process_snapshot(cpus)
-    stamps = timed_window(step, settings, agree_to_stop=agree)
+    stamps = timed_window(model.step, settings, agree_to_stop=agree)
     signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
     np.save(job["stamps_path"], stamps)
-    return {
-        "pid": os.getpid(),
-        "instance": instance,
-        "cpus": cpus,
-        "allocator": allocator,
-        "threads": threads,
-        "openmp": openmp,
-        "torch": torch.__version__,
-        "python": sys.executable,
-        "load_s": load_s,
-        "first_call_s": first_call_s,
-        **warmup,
-        "drift": drift,
-        "iterations": len(stamps),
-        "window_s": float(stamps[-1, 1] - stamps[0, 0]),
-        "samples_per_call": samples_per_call,
-        "throughput_sps": instance_throughput(stamps, samples_per_call),
-        "latency_ms": latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
-        "noise": signals,
-        "screening": screening,
-        "stamps_path": job["stamps_path"],
-        "peak_rss_mib": peak_rss_mib(),
-        "startup_to_ready_s": time.monotonic() - t_start,
-        "backend_details": runner.details,
-    }
+    return InstanceResult(
+        pid=os.getpid(),
+        instance=instance,
+        cpus=cpus,
+        allocator=allocator,
+        threads=threads,
+        openmp=model.openmp,
+        torch=torch.__version__,
+        python=sys.executable,
+        load_s=model.load_s,
+        first_call_s=model.first_call_s,
+        warmup_iters=warmup["warmup_iters"],
+        warmup_s=warmup["warmup_s"],
+        warmup_steady=warmup["warmup_steady"],
+        drift=drift,
+        iterations=len(stamps),
+        window_s=float(stamps[-1, 1] - stamps[0, 0]),
+        samples_per_call=samples_per_call,
+        throughput_sps=instance_throughput(stamps, samples_per_call),
+        latency_ms=latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
+        noise=signals,
+        screening=screening,
+        stamps_path=job["stamps_path"],
+        peak_rss_mib=peak_rss_mib(),
+        startup_to_ready_s=time.monotonic() - t_start,
+        backend_details=model.runner.details,
+    )
 
 
 TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
@@ -296,7 +331,8 @@ def run_job(job: dict[str, Any], print_result: bool) -> int:
         traceback.print_exc()
         print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    write_json_atomic(job["result_path"], result)
+    payload = result.to_json() if isinstance(result, Record) else result
+    write_json_atomic(job["result_path"], payload)
     if print_result:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(payload, indent=2))
     return 0

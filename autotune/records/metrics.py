@@ -1,0 +1,214 @@
+"""What a trial measured, as typed records: one instance's result (the worker's JSON), the trial's
+aggregated metrics (stored as the trial's user attributes, under the field names best.json and
+older studies use), the screening measurement, and one run of the finalist round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from autotune.common.records import Record, RecordError
+from autotune.measure.drift import Drift
+from autotune.measure.stopwatch import LatencySummary
+
+
+@dataclass(frozen=True)
+class InstanceScreen(Record):
+    """One instance's short screening window (speed pruning looks at it before the full window)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"latency_ms": LatencySummary}
+
+    throughput_sps: float
+    latency_ms: LatencySummary
+
+
+@dataclass(frozen=True)
+class InstanceResult(Record):
+    """What one trial process reports for its instance (python -m autotune.worker JOB.json)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "latency_ms": LatencySummary,
+        "drift": Drift,
+        "screening": InstanceScreen,
+    }
+
+    pid: int
+    instance: int
+    cpus: list[int]
+    torch: str
+    load_s: float
+    first_call_s: float
+    iterations: int
+    window_s: float
+    samples_per_call: int
+    throughput_sps: float
+    latency_ms: LatencySummary
+    stamps_path: str
+    peak_rss_mib: float
+    warmup_iters: int
+    warmup_s: float
+    warmup_steady: bool = False
+    allocator: dict[str, Any] = field(default_factory=dict)
+    threads: dict[str, Any] = field(default_factory=dict)
+    openmp: dict[str, Any] = field(default_factory=dict)
+    python: str = ""
+    drift: Drift | None = None
+    noise: dict[str, Any] | None = None
+    screening: InstanceScreen | None = None
+    startup_to_ready_s: float | None = None
+    backend_details: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class InstanceShare(Record):
+    """One instance inside a trial's metrics: its own numbers and its share of the common window."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"latency_ms": LatencySummary}
+
+    pid: int
+    cpus: list[int]
+    throughput_sps: float
+    common_window_sps: float
+    latency_ms: LatencySummary
+    iterations: int
+    window_s: float
+    warmup_iters: int | None = None
+    warmup_s: float | None = None
+    allocator: dict[str, Any] | None = None
+    threads: dict[str, Any] | None = None
+    openmp: dict[str, Any] | None = None
+    noise: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Screening(Record):
+    """A trial's screening: its instances screened together (throughputs add up)."""
+
+    throughput_sps: float
+    p50_ms: float
+    ci_rel: float | None
+    calls: int
+
+    @classmethod
+    def of(cls, screens: list[InstanceScreen]) -> Screening:
+        cis = [s.latency_ms.p50_ci_rel for s in screens]
+        return cls(
+            throughput_sps=sum(s.throughput_sps for s in screens),
+            p50_ms=max(s.latency_ms.p50 or 0.0 for s in screens),
+            ci_rel=None if any(c is None for c in cis) else max(c for c in cis if c is not None),
+            calls=sum(s.latency_ms.samples for s in screens),
+        )
+
+
+@dataclass(frozen=True)
+class Attempt(Record):
+    """One measurement attempt of a trial (a noisy one is repeated in fresh processes)."""
+
+    throughput_sps: float
+    noise_flags: list[str]
+
+
+@dataclass(frozen=True)
+class Measurement(Record):
+    """How the trial's numbers were obtained: the common window, the calls in it, the confidence
+    interval against its target, the warm-up, the clock, the noise checks and the attempts."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"attempts": Attempt}
+
+    common_window_s: float
+    calls: int
+    samples: int
+    throughput_ci_rel: float | None
+    ci_confidence: float
+    ci_target_rel: float
+    ci_target_met: bool
+    samples_per_call: int
+    straggler_ratio: float | None = None
+    warmup: dict[str, Any] = field(default_factory=dict)
+    clock: str = "time.monotonic per call, input in, output out"
+    stamps: list[str] = field(default_factory=list)
+    machine: dict[str, Any] | None = None
+    noise_flags: list[str] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrialMetrics(Record):
+    """Everything a completed measurement of one configuration says, stored field by field as the
+    trial's user attributes (`to_json`), read back with `from_trial_attrs`."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "latency_ms": LatencySummary,
+        "instances": InstanceShare,
+        "measurement": Measurement,
+        "screening": Screening,
+        "drift": Drift,
+    }
+
+    throughput_sps: float
+    latency_ms: LatencySummary
+    measurement: Measurement
+    throughput_ci_sps: list[float] | None = None
+    peak_rss_mib: float | None = None
+    peak_rss_mib_total: float | None = None
+    load_s: float | None = None
+    first_call_s: float | None = None
+    pids: list[int] = field(default_factory=list)
+    drift: Drift | None = None
+    torch_version: str | None = None
+    backend_details: dict[str, Any] | None = None
+    instances: list[InstanceShare] = field(default_factory=list)
+    screening: Screening | None = None
+    valid: bool = True
+    runtime: dict[str, Any] | None = None
+    prepare_s: float = 0.0
+    artifact: dict[str, Any] | None = None
+
+    @classmethod
+    def from_trial_attrs(cls, attrs: dict[str, Any], trial_number: int | None = None) -> TrialMetrics:
+        """The metrics of a COMPLETE trial, from its stored user attributes."""
+        try:
+            return cls.from_json(attrs)
+        except RecordError as exc:
+            where = f"trial {trial_number}" if trial_number is not None else "a stored trial"
+            raise RecordError(f"{where}: {exc}") from None
+
+    @property
+    def noise_flags(self) -> list[str]:
+        return self.measurement.noise_flags
+
+    def noisy_note(self) -> str:
+        """'' for a clean measurement, else ' (noisy: reasons)' for a printed line."""
+        return "" if self.valid else f" (noisy: {'; '.join(self.noise_flags)})"
+
+    def with_changes(self, **changes: Any) -> TrialMetrics:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class FinalistRun(Record):
+    """One re-measurement of a candidate in the finalist round (or why it failed)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"drift": Drift}
+
+    value: float | None = None
+    valid: bool = False
+    ci_rel: float | None = None
+    noise_flags: list[str] = field(default_factory=list)
+    drift: Drift | None = None
+    calls: int | None = None
+    window_s: float | None = None
+    failed: str | None = None
+
+    @classmethod
+    def of(cls, value: float, metrics: TrialMetrics) -> FinalistRun:
+        return cls(
+            value=value,
+            valid=metrics.valid,
+            ci_rel=metrics.measurement.throughput_ci_rel,
+            noise_flags=metrics.noise_flags,
+            drift=metrics.drift,
+            calls=metrics.measurement.calls,
+            window_s=metrics.measurement.common_window_s,
+        )

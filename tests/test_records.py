@@ -1,0 +1,92 @@
+"""The typed records that cross layer boundaries: what goes in comes back, a misspelt field is an
+error rather than a silent None, and a stored record missing a field says which one."""
+
+import json
+
+import pytest
+
+from autotune.common.records import RecordError
+from autotune.measure.drift import Drift, DriftCriterion
+from autotune.measure.stopwatch import LatencySummary, latency_summary
+from autotune.records.metrics import FinalistRun, InstanceShare, Measurement, Screening, TrialMetrics
+
+
+def sample_metrics() -> TrialMetrics:
+    latency = latency_summary([0.010, 0.011, 0.012, 0.010, 0.013, 0.011])
+    return TrialMetrics(
+        throughput_sps=123.5,
+        latency_ms=latency,
+        measurement=Measurement(
+            common_window_s=2.0,
+            calls=6,
+            samples=48,
+            throughput_ci_rel=0.02,
+            ci_confidence=0.95,
+            ci_target_rel=0.02,
+            ci_target_met=True,
+            samples_per_call=8,
+            noise_flags=["instance 0: call times spread"],
+        ),
+        drift=Drift(relative_l2=0.01, cosine_similarity=0.999, top1_agreement=1.0, samples=32),
+        instances=[
+            InstanceShare(
+                pid=7,
+                cpus=[0],
+                throughput_sps=123.5,
+                common_window_sps=120.0,
+                latency_ms=latency,
+                iterations=6,
+                window_s=2.0,
+            )
+        ],
+        screening=Screening(throughput_sps=118.0, p50_ms=11.0, ci_rel=None, calls=3),
+        valid=False,
+    )
+
+
+def test_metrics_survive_the_study_storage_round_trip():
+    metrics = sample_metrics()
+    stored = json.loads(json.dumps(metrics.to_json()))  # what Optuna keeps as user attributes
+    back = TrialMetrics.from_trial_attrs(stored, trial_number=4)
+    assert back == metrics
+    assert isinstance(back.latency_ms, LatencySummary) and isinstance(back.instances[0], InstanceShare)
+    assert back.drift is not None and back.drift.relative_l2 == 0.01
+    assert back.noisy_note() == " (noisy: instance 0: call times spread)"
+
+
+def test_stored_field_names_are_the_ones_best_json_and_older_studies_use():
+    stored = sample_metrics().to_json()
+    assert {"throughput_sps", "latency_ms", "measurement", "valid", "drift", "screening"} <= set(stored)
+    assert stored["latency_ms"]["p50"] == pytest.approx(11.0) and stored["measurement"]["throughput_ci_rel"] == 0.02
+
+
+def test_a_misspelt_field_is_an_error_not_none():
+    metrics = sample_metrics()
+    with pytest.raises(AttributeError):
+        metrics.throughput_spss  # noqa: B018
+
+
+def test_a_stored_record_missing_a_field_names_it():
+    stored = sample_metrics().to_json()
+    del stored["measurement"]["calls"]
+    with pytest.raises(RecordError, match=r"trial 4: the Measurement record lacks its 'calls' field"):
+        TrialMetrics.from_trial_attrs(stored, trial_number=4)
+
+
+def test_fields_a_newer_version_added_are_ignored_when_read():
+    stored = {**sample_metrics().to_json(), "a_future_field": 1}
+    assert TrialMetrics.from_json(stored) == sample_metrics()
+
+
+def test_a_failed_finalist_run_from_an_older_study_still_reads():
+    run = FinalistRun.from_json({"failed": "instance 0 killed by signal SIGKILL"})
+    assert run.failed and run.value is None and run.valid is False
+
+
+def test_the_drift_criterion_reads_the_record():
+    drift = Drift(relative_l2=0.2, cosine_similarity=0.95, top1_agreement=0.75, samples=4)
+    assert DriftCriterion("relative_l2", 0.1).exceeded(drift) and not DriftCriterion("relative_l2", 0.3).exceeded(drift)
+    assert DriftCriterion("top1", 0.3).drop(drift) == pytest.approx(0.25)
+    assert (
+        drift.reused_by_another(3).reused_from == 3 and drift.reused_by_another(3).reused_by_another(9).reused_from == 3
+    )
