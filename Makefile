@@ -18,7 +18,7 @@ MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages test-system-packages search test clean-venv
+.PHONY: setup system-packages test-system-packages search test lint clean-venv
 
 setup: $(STAMP) $(IPEX_STAMP)
 
@@ -59,6 +59,12 @@ search: setup
 
 test: setup test-system-packages
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# Format, lint and type checks (configured in pyproject.toml); CI runs them before the tests.
+lint: setup
+	$(BIN)/ruff format --check autotune tests docs
+	$(BIN)/ruff check autotune tests docs
+	$(BIN)/mypy
 
 clean-venv:
 	rm -rf $(VENV) $(IPEX_VENV)

@@ -270,10 +270,10 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_worker(args: argparse.Namespace, console: Console) -> int:
     from autotune.common.durations import parse_duration
-    from autotune.search.fleet_join import worker_spec
+    from autotune.search.fleet_join import joining_spec
     from autotune.search.study import run_search
 
-    spec = worker_spec(
+    spec = joining_spec(
         args.study,
         _storage_arg(args),
         Path(args.studies_dir),

@@ -104,7 +104,7 @@ def run_finalists(
         "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
         "order": "round-robin over the candidates and the baseline, fresh processes per run",
-        "host": socket.gethostname(),  # in a fleet, the worker whose round this is (the last to finish)
+        "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
     }
     decide(record, maximize)
     study.set_user_attr("finalists", record)

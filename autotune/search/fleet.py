@@ -19,7 +19,7 @@ import psutil
 from autotune.common.errors import UserError
 from autotune.machine.probe import format_cpu_ranges
 
-MAX_RETRIES = 2  # a configuration whose worker died twice in a row is not tried a third time
+MAX_RETRIES = 2  # a configuration whose orchestrator died twice in a row is not tried a third time
 KEPT_ON_RETRY = ("baseline", "coverage")  # why the trial was enqueued: the retry plays the same role
 WORKER_KEY = "worker:"
 
@@ -43,7 +43,7 @@ def is_alive(record: dict[str, Any]) -> bool:
 
 
 def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
-    """Enqueue the configuration of a trial whose worker died, for whichever worker asks next.
+    """Enqueue the configuration of a trial whose orchestrator died, for whichever one asks next.
 
     Optuna's RetryFailedTrialCallback would copy every user attribute, the dead trial's cause and
     config included; the retry carries only why it was enqueued and which trial it repeats."""
@@ -71,7 +71,7 @@ def _grace_period(storage: optuna.storages.BaseStorage) -> Any:
 def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None], dead_pids: bool = True) -> list[int]:
     """Fail the trials left RUNNING by a process that died, with the cause, and queue each again.
 
-    A worker anywhere is found dead by its stale heartbeat; with `dead_pids` (when a run starts: a
+    An orchestrator anywhere is found dead by its stale heartbeat; with `dead_pids` (when a run starts: a
     crashed run being resumed) one of this host also by its pid being gone, without waiting."""
     storage = study._storage
     study_id = study._study_id
@@ -93,7 +93,7 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
             if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another worker failed it first
+            continue  # another orchestrator failed it first
         failed.append(trial.number)
         retry_abandoned_trial(study, storage.get_trial(trial._trial_id))
         say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
@@ -101,7 +101,7 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
 
 
 class AbandonedTrialsCheck:
-    """Optuna callback: after every trial, look for trials of workers whose heartbeat stopped (before
+    """Optuna callback: after every trial, look for trials of orchestrators whose heartbeat stopped (before
     Optuna's own check, at the next trial's start, fails them without saying why)."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
@@ -111,8 +111,8 @@ class AbandonedTrialsCheck:
         fail_abandoned_trials(study, self.say, dead_pids=False)
 
 
-def register_worker(study: optuna.study.Study) -> dict[str, Any]:
-    """Record this process as a worker of the study, and refuse to start beside an earlier live worker
+def register_orchestrator(study: optuna.study.Study) -> dict[str, Any]:
+    """Record this process as an orchestrator of the study, and refuse to start beside an earlier live one
     of the same host whose CPUs overlap ours: trials timed on shared cores corrupt each other."""
     me = orchestrator_record()
     storage = study._storage

@@ -1,7 +1,11 @@
 """`autotune worker`: join an existing study from this machine, with the settings stored in the study.
 
+In the code a process that runs a study's trials (`autotune search` or `autotune worker`) is an
+*orchestrator*; "worker" names only the trial process (`python -m autotune.worker`). The command keeps
+its name, which fleet set-ups already use.
+
 Nothing is typed again: model, space, drift bound and measurement settings come from the study; only
-where it lives, this worker's budget and the local studies folder come from the command line. Results
+where it lives, this orchestrator's budget and the local studies folder come from the command line. Results
 are only comparable between identical machines, so a machine whose hardware or software differs from
 the one that created the study is refused unless `--allow-mixed-hardware`, which each trial records.
 """
@@ -50,7 +54,7 @@ def _comparable(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**recorded, "hardware": hardware, "software": software}
 
 
-def worker_spec(
+def joining_spec(
     study_name: str,
     storage_url: str,
     studies_root: Path,
@@ -60,7 +64,7 @@ def worker_spec(
     heartbeat_grace_s: float = 60.0,
     finalists: int | None = None,
 ) -> SearchSpec:
-    """This worker's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
+    """This orchestrator's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
     stored, recorded = stored_spec(study_name, storage_url)
     runtimes = discover_runtimes(stored.get("runtimes") or ())
     here = fingerprint(probe_machine(), runtimes)

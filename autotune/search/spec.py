@@ -1,6 +1,6 @@
 """Everything the user asked for, validated once and stored on the study.
 
-A resumed study (or a later joining worker) reads it back; the fields that decide what is being
+A resumed study (or a later joining orchestrator, `autotune worker`) reads it back; the fields that decide what is being
 compared must not change between runs of one study.
 """
 
@@ -90,7 +90,9 @@ class SearchSpec:
     memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
     cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
     slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
-    heartbeat_grace_s: float = 60.0  # a trial whose worker is silent this long is failed and retried (per process)
+    heartbeat_grace_s: float = (
+        60.0  # a trial whose orchestrator is silent this long is failed and retried (per process)
+    )
     mixed_hardware: list[str] | None = (
         None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
     )

@@ -1,5 +1,5 @@
 """Optuna storage: any RDB URL (SQLite by default; PostgreSQL or MySQL for a fleet), with heartbeats so
-the trials of a dead worker are failed and retried."""
+the trials of a dead orchestrator are failed and retried."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from autotune.common.errors import UserError
 from autotune.common.storage_urls import database_url, mask_url
 from autotune.search.fleet import retry_abandoned_trial
 
-GRACE_PERIOD_S = 60  # a RUNNING trial whose worker sent no heartbeat for this long is failed and retried
+GRACE_PERIOD_S = 60  # a RUNNING trial whose orchestrator sent no heartbeat for this long is failed and retried
 # The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).
 
 

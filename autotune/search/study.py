@@ -36,7 +36,12 @@ from autotune.results.selection import baseline_trial, drift_of, metrics_of
 from autotune.runner.launch import InstanceLaunch
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
 from autotune.search.finalists import run_finalists
-from autotune.search.fleet import AbandonedTrialsCheck, fail_abandoned_trials, orchestrator_record, register_worker
+from autotune.search.fleet import (
+    AbandonedTrialsCheck,
+    fail_abandoned_trials,
+    orchestrator_record,
+    register_orchestrator,
+)
 from autotune.search.pruners import DriftPruner, SpeedPruner
 from autotune.search.space import InfeasibleConfig, SearchSpace
 from autotune.search.spec import SearchSpec, identity_differences
@@ -369,7 +374,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s"
     )
-    register_worker(study)  # refused beside another process of this study on the same cores of this host
+    register_orchestrator(study)  # refused beside another process of this study on the same cores of this host
     fail_abandoned_trials(study, say)
     reference = _reference(spec, study)
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
