@@ -15,6 +15,7 @@ from autotune.measure.stopwatch import (
     straggler_ratio,
     timed_window,
     warm_up,
+    window_calls,
 )
 
 RNG = np.random.default_rng(7)
@@ -159,3 +160,30 @@ def test_common_window_ci_brackets_the_throughput_and_straggler_ratio():
     assert fast_share == pytest.approx(2 * slow_share, rel=0.1)
     assert straggler_ratio(result["per_instance_sps"]) == pytest.approx(2.0, rel=0.1)
     assert straggler_ratio([0.0, 3.0]) is None
+
+
+def test_calls_cut_by_the_common_window_count_by_their_fraction_inside():
+    # A calls [0,1] [1,2] [2,3] [3,4]; B one call [0.9, 3.1]: the window is [0.9, 3.1], 2.2 s.
+    # Counting calls that *finish* inside gives A 3 calls in 2.2 s (1.36/s) for a true rate of 1.0/s.
+    a = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 3.0], [3.0, 4.0]])
+    b = np.array([[0.9, 3.1]])
+    result = common_window_throughput([a, b], batch_size=1)
+    assert result["window_s"] == pytest.approx(2.2)
+    assert result["per_instance_sps"][0] == pytest.approx(1.0)
+    assert result["per_instance_sps"][1] == pytest.approx(1 / 2.2)
+    assert result["throughput_sps"] == pytest.approx(1.0 + 1 / 2.2)
+
+
+def test_percentiles_and_counts_describe_only_the_common_window():
+    # A runs alone (fast, 1 ms calls) for 5 s before B starts; then both run 10 s with A slowed to 4 ms.
+    alone = np.stack([np.arange(0, 5, 0.001), np.arange(0, 5, 0.001) + 0.001], axis=1)
+    shared_starts = 5 + np.arange(0, 10, 0.004)
+    shared = np.stack([shared_starts, shared_starts + 0.004], axis=1)
+    a = np.concatenate([alone, shared])
+    b_starts = 5 + np.arange(0, 10, 0.01)
+    b = np.stack([b_starts, b_starts + 0.01], axis=1)
+    window = common_window_throughput([a, b], batch_size=1)
+    latencies, counted = window_calls([a, b], window["start"], window["end"])
+    assert np.median(latencies[: len(shared)]) == pytest.approx(0.004)  # none of A's solo 1 ms calls
+    assert latency_summary(latencies).p50 == pytest.approx(4.0)  # ms: B's calls and A's shared ones only
+    assert len(latencies) == len(shared) + len(b_starts) and counted == pytest.approx(len(shared) + len(b_starts))

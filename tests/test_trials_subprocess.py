@@ -180,11 +180,12 @@ def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_
     cpus = ",".join(map(str, config.instance_cpus(MACHINE)[0]))
     spinner = subprocess.Popen(["taskset", "-c", cpus, sys.executable, "-c", "while True: pass"])
     try:
-        metrics, _ = run(config, reference, tmp_path)
+        metrics, _ = run(config, reference, tmp_path, screen=True)
     finally:
         spinner.kill()
         spinner.wait()
     attempts = metrics.measurement.attempts
+    assert metrics.screening is not None and metrics.screening.calls >= 3  # the first attempt's, kept
     assert metrics.valid is False and len(attempts) == 2  # measured, found noisy, measured again, still noisy
     assert all(any("other processes used" in flag for flag in a.noise_flags) for a in attempts)
     assert metrics.instances[0].noise["foreign_cpu"] > 0.3

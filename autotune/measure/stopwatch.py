@@ -255,9 +255,11 @@ def common_window_throughput(
 ) -> dict[str, Any]:
     """Throughput of N instances counted only while all of them were running.
 
-    The common window runs from the latest first-start to the earliest last-end. Each instance
-    contributes the calls that finished inside it; the sum is divided by the window length. The
-    confidence interval applies each instance's median-call-time interval to its share.
+    The common window runs from the latest first-start to the earliest last-end. Each call counts by
+    the fraction of it that lies inside the window (a call half inside counts half), so an instance
+    is not credited with work it did while its siblings were idle, however long its calls; the sum is
+    divided by the window length. The confidence interval applies each instance's median-call-time
+    interval (over its calls wholly inside the window) to its share.
     """
     invalid = {
         "throughput_sps": 0.0,
@@ -277,9 +279,9 @@ def common_window_throughput(
     shares, low, high = [], 0.0, 0.0
     ci_known = True
     for s in per_instance:
-        inside = (s[:, 1] > start) & (s[:, 1] <= end)
-        share = batch_size * int(np.count_nonzero(inside)) / window
+        share = batch_size * float(calls_in_window(s, start, end).sum()) / window
         shares.append(share)
+        inside = wholly_inside(s, start, end)
         ci = median_ci(s[inside, 1] - s[inside, 0], confidence) if inside.any() else {"ci_rel": None}
         median, ci_low, ci_high = ci.get("median"), ci.get("ci_low"), ci.get("ci_high")
         if ci["ci_rel"] is None or median is None or ci_low is None or ci_high is None:
@@ -292,11 +294,38 @@ def common_window_throughput(
     return {
         "throughput_sps": total,
         "window_s": window,
+        "start": start,
+        "end": end,
         "valid": total > 0,
         "per_instance_sps": shares,
         "ci_sps": ci_sps,
         "ci_rel": max(total - low, high - total) / total if ci_sps else None,
     }
+
+
+def calls_in_window(stamps: np.ndarray, start: float, end: float) -> np.ndarray:
+    """Per call, the fraction of its duration inside [start, end] (0 to 1); a zero-length call counts
+    whole when it lies inside."""
+    begins, ends = stamps[:, 0], stamps[:, 1]
+    overlap = np.clip(np.minimum(ends, end) - np.maximum(begins, start), 0.0, None)
+    duration = ends - begins
+    point_inside = (begins >= start) & (ends <= end)
+    return np.where(duration > 0, overlap / np.where(duration > 0, duration, 1.0), point_inside.astype(float))
+
+
+def window_calls(per_instance: list[np.ndarray], start: float, end: float) -> tuple[np.ndarray, float]:
+    """The latencies of the calls wholly inside the common window, and how many calls the window holds
+    counted fractionally (what throughput counts): a multi-instance trial's percentiles and counts then
+    describe the time every instance was running, not the moments a sibling was idle."""
+    latencies = [s[wholly_inside(s, start, end)] for s in per_instance]
+    counted = sum(float(calls_in_window(s, start, end).sum()) for s in per_instance)
+    return np.concatenate([s[:, 1] - s[:, 0] for s in latencies]), counted
+
+
+def wholly_inside(stamps: np.ndarray, start: float, end: float) -> np.ndarray:
+    """Mask of the calls that ran entirely inside [start, end]: the ones whose latency describes the
+    window (made while every sibling instance was running too)."""
+    return (stamps[:, 0] >= start) & (stamps[:, 1] <= end)
 
 
 def straggler_ratio(per_instance_sps: list[float]) -> float | None:

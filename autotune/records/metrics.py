@@ -111,8 +111,10 @@ class Attempt(Record):
 
 @dataclass(frozen=True)
 class Measurement(Record):
-    """How the trial's numbers were obtained: the common window, the calls in it, the confidence
-    interval against its target, the warm-up, the clock, the noise checks and the attempts."""
+    """How the trial's numbers were obtained: the common window (all instances running), the calls
+    wholly inside it (`calls`: what the percentiles are computed from), the samples it holds (calls
+    cut by its edges count by the fraction inside), the confidence interval against its target, the
+    warm-up, the clock, the noise checks and the attempts."""
 
     NESTED: ClassVar[dict[str, type[Record]]] = {"attempts": Attempt}
 

@@ -24,7 +24,13 @@ from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
-from autotune.measure.stopwatch import MeasureSettings, common_window_throughput, latency_summary, straggler_ratio
+from autotune.measure.stopwatch import (
+    MeasureSettings,
+    common_window_throughput,
+    latency_summary,
+    straggler_ratio,
+    window_calls,
+)
 from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
@@ -159,8 +165,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
     window = common_window_throughput(stamps, samples_per_call, settings.ci_confidence)
     if not window["valid"]:
         raise TrialFailed("the instances' measurement windows did not overlap: no common throughput")
-    latencies = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
-    calls = int(sum(len(s) for s in stamps))
+    latencies, counted_calls = window_calls(stamps, window["start"], window["end"])
     ci_rel = window["ci_rel"]
     return TrialMetrics(
         throughput_sps=window["throughput_sps"],
@@ -194,8 +199,8 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
         ],
         measurement=Measurement(
             common_window_s=window["window_s"],
-            calls=calls,
-            samples=calls * samples_per_call,
+            calls=len(latencies),
+            samples=round(counted_calls * samples_per_call),
             throughput_ci_rel=ci_rel,
             ci_confidence=settings.ci_confidence,
             ci_target_rel=settings.ci_target_rel,
@@ -361,6 +366,7 @@ def run_config(
     metrics = replace(
         last,
         drift=known_drift or attempts[0].drift,  # measured once: by the first attempt, or reused
+        screening=attempts[0].screening,  # what speed pruning looked at: retries are not screened
         valid=not last.noise_flags,
         measurement=replace(last.measurement, attempts=[Attempt(m.throughput_sps, m.noise_flags) for m in attempts]),
         runtime=ctx.runtime(config.runtime).record(),
