@@ -57,3 +57,14 @@ def test_bounds_are_absolute_or_relative(metric, text, expected):
 def test_bad_bounds_are_refused(metric, text):
     with pytest.raises(ValueError):
         DriftCriterion.parse(metric, text)
+
+
+def test_an_all_zero_candidate_has_no_cosine_agreement_with_a_real_reference():
+    drift = compute_drift(np.zeros_like(REFERENCE), REFERENCE)
+    assert drift.cosine_similarity == 0.0 and DriftCriterion("cosine", 0.05).exceeded(drift)
+    both_zero = compute_drift(np.zeros_like(REFERENCE), np.zeros_like(REFERENCE))
+    assert both_zero.cosine_similarity == 1.0  # identical (zero) outputs do agree
+
+
+def test_a_missing_drift_record_never_passes_the_bound():
+    assert DriftCriterion().exceeded(None) and DriftCriterion("cosine", 0.5).exceeded(None)

@@ -3,10 +3,15 @@
 Real Optuna studies (in memory) with trials recorded as a search records them.
 """
 
+from pathlib import Path
+
+import numpy as np
 import optuna
 import pytest
 
 from autotune.measure.drift import Drift, DriftCriterion
+from autotune.measure.stopwatch import latency_summary
+from autotune.records.metrics import Measurement, TrialMetrics
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import complexity, select_winner, summarize_runs
 from autotune.search.pruners import DriftPruner, SpeedPruner
@@ -14,6 +19,25 @@ from autotune.search.pruners import DriftPruner, SpeedPruner
 EAGER = {"backend": "eager", "precision": "fp32", "batch_size": 8, "allocator": "glibc", "instances": 1}
 OPENVINO = {"backend": "openvino", "precision": "int8", "batch_size": 8, "allocator": "tcmalloc", "instances": 2}
 INDUCTOR = {"backend": "inductor", "precision": "bf16", "batch_size": 4, "allocator": "glibc", "instances": 1}
+
+
+WITHIN_BOUND = Drift(relative_l2=0.001, cosine_similarity=1.0, top1_agreement=1.0, samples=8).to_json()
+
+
+def full_metrics(throughput_sps: float) -> dict:
+    """A completed trial's stored metrics, as the search records them."""
+    measurement = Measurement(
+        common_window_s=1.0,
+        calls=20,
+        samples=40,
+        throughput_ci_rel=0.01,
+        ci_confidence=0.95,
+        ci_target_rel=0.02,
+        ci_target_met=True,
+        samples_per_call=2,
+    )
+    latency = latency_summary(np.full(20, 0.01))
+    return TrialMetrics(throughput_sps=throughput_sps, latency_ms=latency, measurement=measurement).to_json()
 
 
 def completed(value: float, ci_rel: float = 0.01, valid: bool = True, **attrs) -> optuna.trial.FrozenTrial:
@@ -32,6 +56,7 @@ def study_with(*trials, direction: str = "maximize") -> optuna.study.Study:
 
 def screened(study: optuna.study.Study, value: float, ci_rel: float | None = 0.02, **attrs) -> bool:
     trial = study.ask()
+    trial.set_user_attr("drift", WITHIN_BOUND)  # measured at the ready barrier, before any screening
     trial.set_user_attr("screening", {"ci_rel": ci_rel})
     for key, val in attrs.items():
         trial.set_user_attr(key, val)
@@ -115,3 +140,15 @@ def test_a_noisy_runner_up_does_not_tie_when_every_run_of_the_best_beat_it():
     ]
     index, why = select_winner(candidates, maximize=True)
     assert candidates[index]["trial"] == 37 and why.startswith("beats the runner-up")
+
+
+def test_best_json_says_whether_the_winner_meets_the_bound_instead_of_assuming_it():
+    from autotune.results.best_json import build_best
+
+    beyond = Drift(relative_l2=0.3, cosine_similarity=0.9, top1_agreement=0.5, samples=8).to_json()
+    for drift, meets in ((WITHIN_BOUND, True), (beyond, False), (None, False)):
+        attrs = {"config": EAGER} | ({"drift": drift} if drift else {})
+        trial = optuna.trial.create_trial(value=10.0, user_attrs={**full_metrics(10.0), **attrs})
+        study = study_with(trial)
+        study.set_user_attr("spec", {"drift_metric": "relative_l2", "max_drift": 0.05})
+        assert build_best(study, Path("best.json"))["meets_drift"] is meets

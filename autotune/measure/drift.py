@@ -37,13 +37,14 @@ def relative_l2(outputs: np.ndarray, reference: np.ndarray) -> float:
 
 
 def cosine_similarity(outputs: np.ndarray, reference: np.ndarray) -> float:
-    """Mean over samples of the cosine between a sample's output vector and the reference's."""
+    """Mean over samples of the cosine between a sample's output vector and the reference's. A zero
+    vector has no direction: it agrees (1) only with a zero reference, and not at all (0) otherwise."""
     outputs, reference = _flat(outputs, len(reference)), _flat(reference, len(reference))
-    norms = np.linalg.norm(outputs, axis=1) * np.linalg.norm(reference, axis=1)
+    output_norms, reference_norms = np.linalg.norm(outputs, axis=1), np.linalg.norm(reference, axis=1)
+    norms = output_norms * reference_norms
     dots = np.sum(outputs * reference, axis=1)
-    cos = np.where(
-        norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(np.linalg.norm(outputs, axis=1) == 0, 1.0, 0.0)
-    )
+    both_zero = (output_norms == 0) & (reference_norms == 0)
+    cos = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(both_zero, 1.0, 0.0))
     return float(np.mean(cos))
 
 
@@ -145,9 +146,10 @@ class DriftCriterion:
         return loss
 
     def exceeded(self, drift: Drift | None) -> bool:
-        """True when the drop is beyond the bound, not finite, or cannot be told from the record."""
+        """True when the drop is beyond the bound, not finite, or cannot be told (no record, or a
+        record without this metric): a candidate whose drift is unknown is never kept."""
         if drift is None:
-            return False
+            return True
         value = self.drop(drift)
         return value is None or not math.isfinite(value) or value > self.max_drop
 

@@ -51,6 +51,13 @@ METRIC_KEYS = (
 )
 
 
+def criterion_of(spec: dict[str, Any]) -> DriftCriterion:
+    """The drift bound a study's stored settings name (the defaults of studies from before a field existed)."""
+    return DriftCriterion(
+        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
+    )
+
+
 def _counts(study: optuna.study.Study) -> dict[str, int]:
     counts: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):
@@ -134,7 +141,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "meets_drift": True,
+        "meets_drift": not criterion_of(spec).exceeded(drift_of(best)),
         "study": {
             "name": study.study_name,
             "storage": spec.get("storage"),
@@ -184,9 +191,7 @@ def drift_report(
     drift: Drift | None, spec: dict[str, Any], evaluation: dict[str, Any] | None, calibration: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The winner's drift: every metric, the one bounded with its drop and bound, and what it was measured on."""
-    criterion = DriftCriterion(
-        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
-    )
+    criterion = criterion_of(spec)
     evaluation = evaluation or {
         "data": "synthetic seeded random inputs",
         "samples": spec.get("eval_samples"),
@@ -257,9 +262,7 @@ def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
 def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
     spec = study.user_attrs.get("spec", {})
-    criterion = DriftCriterion(
-        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
-    )
+    criterion = criterion_of(spec)
     measured = [
         (criterion.drop(drift), t)
         for t in study.get_trials(deepcopy=False)

@@ -118,6 +118,9 @@ class Objective:
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
         metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift)
+        if metrics.drift is None:  # never reached the ready barrier's check: not kept, whatever its speed
+            self._record_failure(trial, trial_dir, timeout, TrialFailed("its drift from FP32 was not measured"))
+            raise TrialFailed("its drift from FP32 was not measured")
         try:
             value = objective_value(self.spec.objective, metrics)
         except TrialFailed as exc:
