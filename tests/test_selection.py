@@ -152,3 +152,44 @@ def test_best_json_says_whether_the_winner_meets_the_bound_instead_of_assuming_i
         study = study_with(trial)
         study.set_user_attr("spec", {"drift_metric": "relative_l2", "max_drift": 0.05})
         assert build_best(study, Path("best.json"))["meets_drift"] is meets
+
+
+def test_a_finalist_with_one_clean_run_of_three_cannot_win():
+    from autotune.results.selection import decide
+
+    def run(value: float, valid: bool = True) -> dict:
+        return {"value": value, "valid": valid, "ci_rel": 0.01, "noise_flags": [] if valid else ["spread"]}
+
+    record = {
+        "repeats": 3,
+        "candidates": [
+            {
+                "trial": 1,
+                "config": OPENVINO,
+                "candidate": True,
+                "runs": [run(90.0), run(50.0, False), run(40.0, False)],
+            },
+            {"trial": 2, "config": INDUCTOR, "candidate": True, "runs": [run(60.0), run(61.0), run(59.0)]},
+        ],
+    }
+    decided = decide(record, maximize=True)
+    assert decided["winner_trial"] == 2  # 90 from one clean run proves nothing
+    assert decided["candidates"][0]["summary"]["eligible"] is False
+
+
+def test_ipex_has_its_place_in_the_simplicity_order():
+    ipex = {**INDUCTOR, "backend": "ipex"}
+    assert complexity(INDUCTOR) < complexity(ipex) < complexity({**INDUCTOR, "backend": "onnxruntime"})
+
+
+def test_verify_and_bench_medians_leave_noisy_runs_out():
+    from autotune.checks.bench import BenchRun, median_throughput
+    from autotune.checks.verify import judge
+
+    assert median_throughput([BenchRun(100.0), BenchRun(10.0, valid=False), BenchRun(102.0)]) == 101.0
+    assert median_throughput([BenchRun(10.0, valid=False)]) is None
+    clean, noisy = TrialMetrics.from_json(full_metrics(100.0)), TrialMetrics.from_json(full_metrics(10.0))
+    noisy = noisy.with_changes(valid=False)
+    verdict, here, _ = judge(100.0, [clean, noisy, noisy], recorded_ci=0.01)
+    assert verdict == "matches" and here == 100.0
+    assert judge(100.0, [noisy], recorded_ci=0.01)[:2] == ("no verdict", None)

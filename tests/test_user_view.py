@@ -112,7 +112,7 @@ def test_verify_remeasures_and_says_when_it_regressed_or_the_machine_differs(tun
     first = run_autotune("verify", str(best_path), "--repeats", "1", cwd=tuned)
     assert first.returncode in (0, 1), first.stderr
     assert "same hardware and software as when it was tuned" in first.stdout
-    assert "samples/s here (median of 1) vs" in first.stdout
+    assert "samples/s here (median of the 1 clean runs of 1) vs" in first.stdout
     best = json.loads(best_path.read_text())
     best["metrics"]["throughput_sps"] *= 10  # as if it once ran ten times faster
     best["objective"]["revalidated_median"] = None

@@ -90,7 +90,9 @@ def config_measure(config: TrialConfig, ctx: TrialContext) -> Measure:
 
 
 def median_throughput(runs: list[BenchRun]) -> float | None:
-    return statistics.median(r.throughput_sps for r in runs) if runs else None
+    """The median over the clean runs (as finalists and verify count them); None when none was clean."""
+    clean = [r.throughput_sps for r in runs if r.valid]
+    return statistics.median(clean) if clean else None
 
 
 def print_results(
@@ -103,7 +105,8 @@ def print_results(
 
 
 def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[str]) -> Table:
-    """Medians with their range, latency, drift, and the ratio of each row's median to some rows'."""
+    """Medians over the clean runs with their range, how many runs were clean, latency, drift, and the
+    ratio of each row's median to some rows'. Runs flagged noisy are counted, not averaged in."""
     medians = {name: median_throughput(ms) for name, ms in runs.items()}
     table = Table(title=title)
     for column in (
@@ -111,7 +114,7 @@ def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[s
         "median samples/s",
         "min",
         "max",
-        "noisy runs",
+        "clean runs",
         "p50 ms",
         "p99 ms",
         "drift (rel. L2)",
@@ -123,19 +126,19 @@ def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[s
         if not ms:
             table.add_row(name, "failed", *[""] * (8 + len(ratios_to)))
             continue
-        sps = [r.throughput_sps for r in ms]
-        p50 = [r.p50_ms for r in ms if r.p50_ms is not None]
-        p99 = [r.p99_ms for r in ms if r.p99_ms is not None]
+        clean = [r for r in ms if r.valid]
+        sps = [r.throughput_sps for r in clean]
+        p50 = [r.p50_ms for r in clean if r.p50_ms is not None]
+        p99 = [r.p99_ms for r in clean if r.p99_ms is not None]
         drift = ms[0].drift
-        noisy = sum(1 for r in ms if not r.valid)
         mine = medians[name]
         ratios = [f"{mine / theirs:.2f}x" if mine and (theirs := medians.get(other)) else "-" for other in ratios_to]
         table.add_row(
             name,
             _fmt(medians[name]),
-            _fmt(min(sps)),
-            _fmt(max(sps)),
-            f"{noisy}/{len(ms)}",
+            _fmt(min(sps)) if sps else "-",
+            _fmt(max(sps)) if sps else "-",
+            f"{len(clean)}/{len(ms)}",
             _fmt(statistics.median(p50), 1) if p50 else "-",
             _fmt(statistics.median(p99), 1) if p99 else "-",
             _fmt(drift.relative_l2 if drift else None, 4),

@@ -22,6 +22,7 @@ from autotune.runner.trials import run_config
 MIN_REGRESSION = 0.10  # below this, a difference is not called a regression on a shared machine
 TIMEOUT_S = 1800.0
 EXIT_REGRESSED = 1
+EXIT_NO_VERDICT = 3  # every run was disturbed: nothing to judge
 
 
 def recorded_throughput(best: dict[str, Any]) -> float:
@@ -29,10 +30,14 @@ def recorded_throughput(best: dict[str, Any]) -> float:
     return best["objective"].get("revalidated_median") or best["metrics"]["throughput_sps"]
 
 
-def judge(recorded: float, runs: list[TrialMetrics], recorded_ci: float | None) -> tuple[str, float, float]:
-    """'matches', 'REGRESSED' or 'faster', the median here, and the relative margin used."""
-    here = statistics.median(m.throughput_sps for m in runs)
-    cis = [m.measurement.throughput_ci_rel or 0.0 for m in runs]
+def judge(recorded: float, runs: list[TrialMetrics], recorded_ci: float | None) -> tuple[str, float | None, float]:
+    """'matches', 'REGRESSED', 'faster' or 'no verdict', the median here over the clean runs (noisy runs
+    are left out, as in the finalist round and bench), and the relative margin used."""
+    clean = [m for m in runs if m.valid]
+    if not clean:
+        return "no verdict", None, MIN_REGRESSION
+    here = statistics.median(m.throughput_sps for m in clean)
+    cis = [m.measurement.throughput_ci_rel or 0.0 for m in clean]
     margin = max(MIN_REGRESSION, 2 * ((recorded_ci or 0.0) + max(cis)))
     if here < recorded * (1 - margin):
         return "REGRESSED", here, margin
@@ -60,13 +65,19 @@ def verify(best_path: Path, repeats: int, console: Console) -> int:
             runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S)[0])
         except TrialFailed as exc:
             raise UserError(f"the tuned config does not run here: {exc.cause}") from None
-        console.print(f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} samples/s", markup=False)
+        console.print(
+            f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} samples/s{runs[-1].noisy_note()}", markup=False
+        )
     recorded = recorded_throughput(best)
     verdict, here, margin = judge(recorded, runs, (best["metrics"].get("measurement") or {}).get("throughput_ci_rel"))
+    clean = sum(1 for m in runs if m.valid)
+    if here is None:
+        console.print(f"no verdict: all {repeats} runs were flagged noisy; rerun on a quieter machine", markup=False)
+        return EXIT_NO_VERDICT
     change = here / recorded - 1
     console.print(
-        f"{verdict}: {here:.2f} samples/s here (median of {repeats}) vs {recorded:.2f} recorded ({change:+.1%}; "
-        f"differences within ±{margin:.0%} are noise)"
+        f"{verdict}: {here:.2f} samples/s here (median of the {clean} clean runs of {repeats}) vs {recorded:.2f} "
+        f"recorded ({change:+.1%}; differences within ±{margin:.0%} are noise)"
         + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
         markup=False,
     )

@@ -124,6 +124,8 @@ def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any]
                 "values": [r.get("value") for r in c["runs"]],
                 "runs": c["runs"],
                 **{k: c["summary"][k] for k in ("median", "min", "max", "spread_rel", "noise_rel")},
+                "clean_runs": c["summary"]["runs"],  # the median and range are over these only
+                "eligible": c["summary"].get("eligible", True),
             }
             for c in record["candidates"]
         ],

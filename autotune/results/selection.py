@@ -63,7 +63,8 @@ def clean_trials(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted(clean, key=primary_value, reverse=maximizes(study))
 
 
-BACKEND_COMPLEXITY = {"eager": 0, "inductor": 1, "onnxruntime": 2, "openvino": 3, "torchao": 4}
+# IPEX keeps the model in PyTorch (no export to another format), though in a runtime of its own.
+BACKEND_COMPLEXITY = {"eager": 0, "inductor": 1, "ipex": 2, "onnxruntime": 3, "openvino": 4, "torchao": 5}
 
 
 PRECISION_COMPLEXITY = {"fp32": 0, "bf16": 1, "int8": 2}
@@ -73,7 +74,7 @@ MIN_TIE_NOISE = 0.01  # never call a gap under 1% a win
 
 
 def complexity(config: dict[str, Any]) -> tuple:
-    """Fewer moving parts first: eager < inductor < ONNX Runtime < OpenVINO < torchao; fp32 < bf16 <
+    """Fewer moving parts first: eager < inductor < IPEX < ONNX Runtime < OpenVINO < torchao; fp32 < bf16 <
     int8; one instance; the system allocator; then the smaller batch (lower latency)."""
     return (
         BACKEND_COMPLEXITY.get(config["backend"], len(BACKEND_COMPLEXITY)),
@@ -104,13 +105,16 @@ def summarize_runs(values: list[float], ci_rels: list[float]) -> dict[str, Any]:
 def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int, str]:
     """Index of the winning candidate and why.
 
-    Each candidate has `config` and `summary` (from summarize_runs). Candidates whose median is within
-    the noise of the best median tie with it, unless (3+ runs each) every run of the best beat every run
-    of theirs; among the tied the simplest config wins.
+    Each candidate has `config` and `summary` (from summarize_runs). Only a candidate whose runs were
+    mostly clean may win (`eligible`): one lucky clean run among noisy ones proves nothing. Candidates
+    whose median is within the noise of the best median tie with it, unless (3+ runs each) every run of
+    the best beat every run of theirs; among the tied the simplest config wins.
     """
-    measured = [i for i, c in enumerate(candidates) if c["summary"]["median"] is not None]
+    measured = [
+        i for i, c in enumerate(candidates) if c["summary"]["median"] is not None and c["summary"].get("eligible", True)
+    ]
     if not measured:
-        raise ValueError("no candidate has a clean finalist measurement")
+        raise ValueError("no candidate has a majority of clean finalist measurements")
     ordered = sorted(measured, key=lambda i: candidates[i]["summary"]["median"], reverse=maximize)
     top = candidates[ordered[0]]["summary"]
     if len(ordered) == 1:
@@ -155,7 +159,11 @@ def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
         runs = [FinalistRun.from_json(r) for r in entry["runs"]]
         clean = [r.value for r in runs if r.valid and r.value is not None]
         cis = [r.ci_rel for r in runs if r.valid and r.value is not None and r.ci_rel is not None]
-        entry["summary"] = summarize_runs(clean, cis)
+        entry["summary"] = {
+            **summarize_runs(clean, cis),
+            "of_runs": len(runs),
+            "eligible": len(clean) > len(runs) / 2,  # a majority clean: 2 of 3
+        }
     contenders = [e for e in record["candidates"] if e["candidate"]]
     try:
         index, reason = select_winner(contenders, maximize)
