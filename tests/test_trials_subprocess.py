@@ -200,3 +200,11 @@ def test_openvino_runs_with_a_preloaded_allocator(allocator, reference, tmp_path
     metrics, launches = run(config, reference, tmp_path)
     assert metrics.instances[0].allocator["verified"] is True and metrics.throughput_sps > 0
     assert launches[0].set_env["TBB_ENABLE_SANITIZERS"] == "1"
+
+
+def test_a_machine_without_pinning_tools_marks_its_measurements_unpinned(reference, tmp_path):
+    pinned, pinned_launches = run(TrialConfig("eager", "fp32", 2, "glibc", 1, 1), reference, tmp_path / "pinned")
+    assert pinned.measurement.pinned is True and pinned_launches[0].argv[0] in ("numactl", "taskset")
+    unpinned_ctx = TrialContext(replace(MACHINE, pinning="none"), reference, QUICK, tmp_path / "cache")
+    metrics, launches, _ = run_config(TrialConfig("eager", "fp32", 2, "glibc", 1, 1), unpinned_ctx, tmp_path / "t", 120)
+    assert metrics.measurement.pinned is False and launches[0].argv[0] not in ("numactl", "taskset")

@@ -225,6 +225,12 @@ def transparent_huge_pages() -> str:
     return match.group(1) if match else "unknown"
 
 
+UNPINNED_WARNING = (
+    "warning: neither numactl nor taskset works here, so instances run UNPINNED (the scheduler may put two on "
+    "one core): every measurement is marked unpinned and is weaker evidence; install numactl to pin them"
+)
+
+
 def detect_pinning(cpu: int) -> str:
     """Prefer numactl with memory binding; containers often forbid membind, so test it for real."""
     numactl = shutil.which("numactl")

@@ -126,6 +126,9 @@ class Measurement(Record):
     ci_target_rel: float
     ci_target_met: bool
     samples_per_call: int
+    # False: no numactl or taskset here, so instances ran wherever the scheduler put them (and may have
+    # shared cores): weaker evidence than a pinned measurement.
+    pinned: bool = True
     straggler_ratio: float | None = None
     warmup: dict[str, Any] = field(default_factory=dict)
     clock: str = "time.monotonic per call, input in, output out"

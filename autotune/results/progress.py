@@ -30,6 +30,8 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
             f"{p50:.1f} ms  drift {drift.relative_l2:.2e}"
             f"{f'  acc {drift.accuracy:.3f}' if drift.accuracy is not None else ''}"
         )
+        if not metrics.measurement.pinned:
+            text += "  UNPINNED"
         flags = metrics.noise_flags
         return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if not metrics.valid and flags else text
     if trial.state == optuna.trial.TrialState.PRUNED:

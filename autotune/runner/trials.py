@@ -400,6 +400,7 @@ def measure_attempt(
         memory_limit_mib=ctx.memory_limit_mib,
     )
     metrics = aggregate([InstanceResult.from_json(p) for p in payloads], ctx.measure)
+    metrics = replace(metrics, measurement=replace(metrics.measurement, pinned=ctx.machine.pinning != "none"))
     allowed = len(ctx.machine.allowed_cpus)
     return judge_noise(metrics, before, machine_snapshot(), allowed, ctx.noise_limits), launches
 

@@ -24,7 +24,7 @@ from rich.live import Live
 from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
-from autotune.machine.probe import MachineProbe, probe_machine
+from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes
 from autotune.measure.drift import Drift
 from autotune.records.config import TrialConfig, pin_prefix
@@ -369,6 +369,8 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     reserve = spec.finalist_share * spec.budget_s if spec.finalists > 0 else 0.0
     search_deadline = deadline - reserve  # the finalists' share of the budget is kept for the end
     machine = probe_machine()
+    if machine.pinning == "none":
+        say(UNPINNED_WARNING)
     runtimes = discover_runtimes(spec.runtimes)
     space = _search_space(spec, machine, runtimes, say)
     spec.dir.mkdir(parents=True, exist_ok=True)
