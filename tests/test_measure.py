@@ -1,5 +1,7 @@
 """The measurement protocol on synthetic timing series: steady, drifting, bimodal, too short."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -187,3 +189,27 @@ def test_percentiles_and_counts_describe_only_the_common_window():
     assert np.median(latencies[: len(shared)]) == pytest.approx(0.004)  # none of A's solo 1 ms calls
     assert latency_summary(latencies).p50 == pytest.approx(4.0)  # ms: B's calls and A's shared ones only
     assert len(latencies) == len(shared) + len(b_starts) and counted == pytest.approx(len(shared) + len(b_starts))
+
+
+def test_the_stop_rule_costs_under_a_thousandth_of_the_window():
+    """The rule is checked between timed calls on the measured cores: its cost must not tax fast configs."""
+    starts: list[float] = []
+    ends: list[float] = []
+    check_costs: list[float] = []
+
+    def step() -> None:  # a ~200 µs call: over ten thousand of them in the window
+        t = time.monotonic()
+        starts.append(t)
+        while time.monotonic() - t < 200e-6:
+            pass
+        ends.append(time.monotonic())
+
+    def agree_to_stop(satisfied: bool) -> bool:  # called right after the rule was evaluated
+        check_costs.append(time.monotonic() - ends[-1])
+        return satisfied
+
+    settings = MeasureSettings(window_min_s=1.0, window_max_s=3.0, ci_target_rel=-1.0)  # never precise enough
+    timed_window(step, settings, agree_to_stop=agree_to_stop)
+    window = ends[-1] - starts[0]
+    assert len(starts) > 10_000 and len(check_costs) >= 3
+    assert sum(check_costs) / window < 0.001, f"{len(check_costs)} checks cost {sum(check_costs) * 1e3:.2f} ms"
