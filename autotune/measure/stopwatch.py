@@ -29,6 +29,9 @@ STOP_CHECK_EVERY_S = 0.25
 # Past this many calls (a partition then costs more than ~50 µs) the stop rule is checked again only
 # once the calls grew by half.
 CHECK_GROWTH_FROM = 10_000
+# The throughput interval's sub-windows: one per 20 calls, 5 to 10 of them (fewer than 10 calls: none).
+RATE_BATCHES = (5, 10)
+CALLS_PER_BATCH = 20
 CHECK_GROWTH = 1.5
 
 
@@ -292,8 +295,7 @@ def common_window_throughput(
     The common window runs from the latest first-start to the earliest last-end. Each call counts by
     the fraction of it that lies inside the window (a call half inside counts half), so an instance
     is not credited with work it did while its siblings were idle, however long its calls; the sum is
-    divided by the window length. The confidence interval applies each instance's median-call-time
-    interval (over its calls wholly inside the window) to its share.
+    divided by the window length. The confidence interval is one of the rate (rate_interval).
     """
     invalid = {
         "throughput_sps": 0.0,
@@ -310,21 +312,9 @@ def common_window_throughput(
     window = end - start
     if window <= 0:
         return invalid
-    shares, low, high = [], 0.0, 0.0
-    ci_known = True
-    for s in per_instance:
-        share = batch_size * float(calls_in_window(s, start, end).sum()) / window
-        shares.append(share)
-        inside = wholly_inside(s, start, end)
-        ci = median_ci(s[inside, 1] - s[inside, 0], confidence) if inside.any() else {"ci_rel": None}
-        median, ci_low, ci_high = ci.get("median"), ci.get("ci_low"), ci.get("ci_high")
-        if ci["ci_rel"] is None or median is None or ci_low is None or ci_high is None:
-            ci_known = False
-            continue
-        low += share * median / ci_high
-        high += share * median / ci_low if ci_low > 0 else math.inf
+    shares = [batch_size * float(calls_in_window(s, start, end).sum()) / window for s in per_instance]
     total = float(sum(shares))
-    ci_sps = [low, high] if ci_known and total > 0 else None
+    interval = rate_interval(per_instance, start, end, batch_size, confidence)
     return {
         "throughput_sps": total,
         "window_s": window,
@@ -332,9 +322,47 @@ def common_window_throughput(
         "end": end,
         "valid": total > 0,
         "per_instance_sps": shares,
-        "ci_sps": ci_sps,
-        "ci_rel": max(total - low, high - total) / total if ci_sps else None,
+        "ci_sps": interval,
+        "ci_rel": max(total - interval[0], interval[1] - total) / total if interval and total > 0 else None,
+        "ci_method": "batch means over 5-10 equal sub-windows of the common window (one per 20 calls), Student t",
     }
+
+
+def rate_interval(
+    per_instance: list[np.ndarray], start: float, end: float, batch_size: int, confidence: float = 0.95
+) -> list[float] | None:
+    """A confidence interval of the throughput itself: the common window cut into equal sub-windows (one
+    per CALLS_PER_BATCH calls, within RATE_BATCHES), each one's rate (calls counted by the fraction inside it, all instances together),
+    and a Student t interval of their mean, which is the window's throughput. Unlike an interval of
+    the median call time it sees the tail (stalls), the edges and the instances' interplay. None when
+    the window holds too few calls for it."""
+    counted = sum(float(calls_in_window(s, start, end).sum()) for s in per_instance)
+    if counted < 2 * RATE_BATCHES[0] or end <= start:
+        return None
+    batches = int(min(max(counted // CALLS_PER_BATCH, RATE_BATCHES[0]), RATE_BATCHES[1]))
+    edges = np.linspace(start, end, batches + 1)
+    width = (end - start) / batches
+    rates = np.array(
+        [
+            batch_size * sum(float(calls_in_window(s, lo, hi).sum()) for s in per_instance) / width
+            for lo, hi in zip(edges[:-1], edges[1:])
+        ]
+    )
+    mean = float(rates.mean())
+    spread = float(rates.std(ddof=1)) / math.sqrt(batches)
+    half = student_t_quantile(1 - (1 - confidence) / 2, batches - 1) * spread
+    return [mean - half, mean + half]
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """Student's t quantile from the normal one (Cornish-Fisher; within 0.1% for df >= 5)."""
+    z = NormalDist().inv_cdf(p)
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
 
 
 def calls_in_window(stamps: np.ndarray, start: float, end: float) -> np.ndarray:

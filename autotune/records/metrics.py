@@ -121,7 +121,7 @@ class Measurement(Record):
     common_window_s: float
     calls: int
     samples: int
-    throughput_ci_rel: float | None
+    throughput_ci_rel: float | None  # half-width of the throughput's interval (throughput_ci_method), relative
     ci_confidence: float
     ci_target_rel: float
     ci_target_met: bool
@@ -129,6 +129,7 @@ class Measurement(Record):
     # False: no numactl or taskset here, so instances ran wherever the scheduler put them (and may have
     # shared cores): weaker evidence than a pinned measurement.
     pinned: bool = True
+    throughput_ci_method: str = "median call time's interval applied to each instance's share"
     straggler_ratio: float | None = None
     warmup: dict[str, Any] = field(default_factory=dict)
     clock: str = "time.monotonic per call, input in, output out"

@@ -205,6 +205,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
             ci_confidence=settings.ci_confidence,
             ci_target_rel=settings.ci_target_rel,
             ci_target_met=ci_rel is not None and ci_rel <= settings.ci_target_rel,
+            throughput_ci_method=window["ci_method"],
             straggler_ratio=straggler_ratio(window["per_instance_sps"]),
             samples_per_call=samples_per_call,
             warmup={"iters": min(r.warmup_iters for r in results), "s": min(r.warmup_s for r in results)},
