@@ -11,6 +11,7 @@ comparable across the processes of one trial.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 from array import array
@@ -331,11 +332,11 @@ def common_window_throughput(
 def rate_interval(
     per_instance: list[np.ndarray], start: float, end: float, batch_size: int, confidence: float = 0.95
 ) -> list[float] | None:
-    """A confidence interval of the throughput itself: the common window cut into equal sub-windows (one
-    per CALLS_PER_BATCH calls, within RATE_BATCHES), each one's rate (calls counted by the fraction inside it, all instances together),
-    and a Student t interval of their mean, which is the window's throughput. Unlike an interval of
-    the median call time it sees the tail (stalls), the edges and the instances' interplay. None when
-    the window holds too few calls for it."""
+    """A confidence interval of the throughput itself: the common window cut into equal sub-windows
+    (one per CALLS_PER_BATCH calls, within RATE_BATCHES), each one's rate (calls counted by the fraction
+    inside it, all instances together), and a Student t interval of their mean, which is the window's
+    throughput. Unlike an interval of the median call time it sees the tail (stalls), the edges and the
+    instances' interplay. None when the window holds too few calls for it."""
     counted = sum(float(calls_in_window(s, start, end).sum()) for s in per_instance)
     if counted < 2 * RATE_BATCHES[0] or end <= start:
         return None
@@ -345,7 +346,7 @@ def rate_interval(
     rates = np.array(
         [
             batch_size * sum(float(calls_in_window(s, lo, hi).sum()) for s in per_instance) / width
-            for lo, hi in zip(edges[:-1], edges[1:])
+            for lo, hi in itertools.pairwise(edges)
         ]
     )
     mean = float(rates.mean())
