@@ -90,3 +90,34 @@ def test_the_drift_criterion_reads_the_record():
     assert (
         drift.reused_by_another(3).reused_from == 3 and drift.reused_by_another(3).reused_by_another(9).reused_from == 3
     )
+
+
+def test_screening_counts_over_the_common_window_as_the_full_measurement_does(tmp_path):
+    """A runs alone at 20 calls/s, then at 10/s beside B; B then runs alone at 20/s. Each over its own
+    window A and B make 15/s, 30/s summed; while both ran (what the full measurement counts), 20/s."""
+    import numpy as np
+
+    from autotune.measure.stopwatch import instance_throughput
+    from autotune.records.metrics import InstanceScreen
+    from autotune.runner.trials import combine_screens
+
+    def calls(start: float, period: float, n: int) -> np.ndarray:
+        begins = start + period * np.arange(n)
+        return np.stack([begins, begins + period], axis=1)
+
+    a = np.concatenate([calls(0.0, 0.05, 10), calls(0.5, 0.1, 5)])
+    b = np.concatenate([calls(0.5, 0.1, 5), calls(1.0, 0.05, 10)])
+    screens = []
+    for name, stamps in (("a", a), ("b", b)):
+        np.save(tmp_path / f"screen-{name}.npy", stamps)
+        screens.append(
+            InstanceScreen(
+                throughput_sps=instance_throughput(stamps, 1),
+                latency_ms=latency_summary(stamps[:, 1] - stamps[:, 0]),
+                stamps_path=str(tmp_path / f"screen-{name}.npy"),
+            )
+        )
+    assert sum(s.throughput_sps for s in screens) == pytest.approx(30.0)  # what screening used to report
+    screening = combine_screens(screens)
+    assert screening.throughput_sps == pytest.approx(20.0) and screening.calls == 10
+    assert screening.p50_ms == pytest.approx(100.0)  # the shared calls' 100 ms, not the solo 50 ms

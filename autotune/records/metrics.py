@@ -21,6 +21,8 @@ class InstanceScreen(Record):
 
     throughput_sps: float
     latency_ms: LatencySummary
+    stamps_path: str | None = None  # the screening window's [start, end] per call
+    samples_per_call: int = 1
 
 
 @dataclass(frozen=True)
@@ -83,22 +85,13 @@ class InstanceShare(Record):
 
 @dataclass(frozen=True)
 class Screening(Record):
-    """A trial's screening: its instances screened together (throughputs add up)."""
+    """A trial's screening: its instances screened together, counted as the full measurement is
+    (over their common window; `ci_rel` is the throughput interval's half-width, relative)."""
 
     throughput_sps: float
     p50_ms: float
     ci_rel: float | None
     calls: int
-
-    @classmethod
-    def of(cls, screens: list[InstanceScreen]) -> Screening:
-        cis = [s.latency_ms.p50_ci_rel for s in screens]
-        return cls(
-            throughput_sps=sum(s.throughput_sps for s in screens),
-            p50_ms=max(s.latency_ms.p50 or 0.0 for s in screens),
-            ci_rel=None if any(c is None for c in cis) else max(c for c in cis if c is not None),
-            calls=sum(s.latency_ms.samples for s in screens),
-        )
 
 
 @dataclass(frozen=True)

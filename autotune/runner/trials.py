@@ -211,7 +211,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
             warmup={"iters": min(r.warmup_iters for r in results), "s": min(r.warmup_s for r in results)},
             stamps=[r.stamps_path for r in results],
         ),
-        screening=screening_of(results),
+        screening=screening_of(results, settings.ci_confidence),
     )
 
 
@@ -406,15 +406,39 @@ def measure_attempt(
     return judge_noise(metrics, before, machine_snapshot(), allowed, ctx.noise_limits), launches
 
 
-def screening_of(results: list[InstanceResult]) -> Screening | None:
+def screening_of(results: list[InstanceResult], confidence: float = 0.95) -> Screening | None:
     """The trial's screening, when every instance screened."""
     screens = [r.screening for r in results]
-    return Screening.of([s for s in screens if s is not None]) if all(screens) else None
+    return combine_screens([s for s in screens if s is not None], confidence) if all(screens) else None
 
 
-def screening_value(payloads: list[dict[str, Any]]) -> Screening:
+def screening_value(payloads: list[dict[str, Any]], confidence: float = 0.95) -> Screening:
     """The screening measurement of a trial from its instances' barrier payloads."""
-    return Screening.of([InstanceScreen.from_json(p) for p in payloads])
+    return combine_screens([InstanceScreen.from_json(p) for p in payloads], confidence)
+
+
+def combine_screens(screens: list[InstanceScreen], confidence: float = 0.95) -> Screening:
+    """Instances screened together, counted over their common window as the full measurement is, so
+    the speed pruner compares like with like (not each instance over its own window, summed)."""
+    if any(s.stamps_path is None for s in screens):  # a worker that saved no stamps: its own numbers
+        cis = [s.latency_ms.p50_ci_rel for s in screens]
+        return Screening(
+            throughput_sps=sum(s.throughput_sps for s in screens),
+            p50_ms=max(s.latency_ms.p50 or 0.0 for s in screens),
+            ci_rel=None if any(c is None for c in cis) else max(c for c in cis if c is not None),
+            calls=sum(s.latency_ms.samples for s in screens),
+        )
+    stamps = [np.load(str(s.stamps_path)) for s in screens]
+    window = common_window_throughput(stamps, screens[0].samples_per_call, confidence)
+    if not window["valid"]:
+        raise TrialFailed("the instances' screening windows did not overlap")
+    latencies, _ = window_calls(stamps, window["start"], window["end"])
+    return Screening(
+        throughput_sps=window["throughput_sps"],
+        p50_ms=latency_summary(latencies, confidence).p50 or 0.0,
+        ci_rel=window["ci_rel"],
+        calls=len(latencies),
+    )
 
 
 def compute_reference(

@@ -176,7 +176,7 @@ class Objective:
             if stage == "ready":
                 self._judge_drift(trial, payloads[0].get("drift"))
             elif stage == "screened":
-                self._judge_screening(trial, screening_value(payloads))
+                self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
 
         try:
             return run_config(

@@ -217,10 +217,13 @@ def measure_drift(reference_path: str, runner: Any, batch_size: int) -> Drift:
 def screen(model: LoadedModel, settings: MeasureSettings, samples_per_call: int, stamps_path: str) -> InstanceScreen:
     """The short screening window speed pruning looks at (its stamps saved beside the full window's)."""
     stamps = timed_window(model.step, settings.screening())
-    np.save(stamps_path.replace("stamps-", "screen-"), stamps)
+    screen_path = stamps_path.replace("stamps-", "screen-")
+    np.save(screen_path, stamps)
     return InstanceScreen(
         throughput_sps=instance_throughput(stamps, samples_per_call),
         latency_ms=latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
+        stamps_path=screen_path,
+        samples_per_call=samples_per_call,
     )
 
 
