@@ -193,3 +193,12 @@ def test_verify_and_bench_medians_leave_noisy_runs_out():
     verdict, here, _ = judge(100.0, [clean, noisy, noisy], recorded_ci=0.01)
     assert verdict == "matches" and here == 100.0
     assert judge(100.0, [noisy], recorded_ci=0.01)[:2] == ("no verdict", None)
+
+
+def test_a_noisy_trial_ahead_of_the_best_clean_one_gets_a_place_in_the_finalist_round():
+    from autotune.search.finalists import pick_candidates
+
+    fast_but_flagged = completed(150.0, valid=False, config_summary="openvino int8")
+    study = study_with(completed(100.0, config_summary="eager"), fast_but_flagged, completed(90.0, valid=False))
+    picked = [t.value for t in pick_candidates(study, count=3)]
+    assert picked == [100.0, 150.0]  # the flagged 90 is behind the best clean trial: no second chance

@@ -28,6 +28,10 @@ class NoiseLimits:
     max_steal: float = 0.05  # share of our CPUs' time stolen by the hypervisor
     max_iqr_rel: float = 0.5  # IQR of call times over their median (sub-ms calls jitter by 25% when clean)
     max_early_late_rel: float = 0.10  # median of the last third vs the first third
+    # Calls this short jitter by more than that on a shared machine whatever the config: their drift is
+    # judged against their own spread (drift_per_iqr x IQR over median), not the fixed 10%.
+    short_call_ms: float = 3.0
+    drift_per_iqr: float = 2.0
     max_runnable_others: float = 1.0  # runnable processes besides ours, per allowed CPU, before/after
     min_calls_for_shape: int = 20
 
@@ -127,7 +131,10 @@ def noise_flags(
             iqr, drift = latency.iqr_rel, latency.early_late_rel
             if iqr is not None and iqr > limits.max_iqr_rel:
                 flags.append(f"instance {i}: call times spread, IQR {iqr:.0%} of the median")
-            if drift is not None and abs(drift) > limits.max_early_late_rel:
+            drift_limit = limits.max_early_late_rel
+            if (latency.p50 or 0.0) < limits.short_call_ms and iqr is not None:
+                drift_limit = max(drift_limit, limits.drift_per_iqr * iqr)
+            if drift is not None and abs(drift) > drift_limit:
                 flags.append(f"instance {i}: call times drifted {drift:+.0%} from the first to the last third")
     for when, snap in (("before", machine_before), ("after", machine_after)):
         if snap and snap["runnable_others"] > limits.max_runnable_others * allowed_cpus:

@@ -94,7 +94,8 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
     record = study.user_attrs.get("finalists")
     if record:
         record = decide(record, maximize)  # from the stored runs, with the current selection rule
-    by_number = {t.number: t for t in clean}
+    # A noisy contender may win the finalist round: its interleaved clean runs decided, not its flag.
+    by_number = {t.number: t for t in complete}
     if (
         record
         and record.get("winner_trial") in by_number

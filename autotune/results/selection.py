@@ -46,6 +46,16 @@ def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
     return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True) is not False
 
 
+def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
+    """COMPLETE trials flagged noisy: never winners on their own measurement, but candidates for the
+    finalist round when they measured ahead of the best clean trial."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.user_attrs.get("valid", True) is False
+    ]
+
+
 def maximizes(study: optuna.study.Study) -> bool:
     """Whether the primary value grows with goodness: throughput, and a Pareto study's first objective."""
     return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE

@@ -19,12 +19,14 @@ from autotune.common.errors import TrialFailed
 from autotune.measure.drift import Drift
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import FinalistRun, TrialMetrics
-from autotune.results.selection import clean_trials, decide, maximizes
+from autotune.results.selection import clean_trials, decide, maximizes, noisy_contenders, primary_value
 from autotune.runner.trials import TrialContext, run_config
 
 
 def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
-    """The best `count` clean trials with distinct configs, best first."""
+    """The best `count` clean trials with distinct configs, best first; then any trial flagged noisy
+    whose value put it ahead of the best clean one (one extra place each, at most `count`): a noise
+    flag must not bury the fastest configuration, and the interleaved repeats decide it."""
     picked, seen = [], set()
     for trial in clean_trials(study):
         key = trial.user_attrs.get("config_summary") or str(trial.params)
@@ -33,6 +35,16 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
             picked.append(trial)
         if len(picked) == count:
             break
+    if not picked:
+        return picked
+    maximize = maximizes(study)
+    best = primary_value(picked[0])
+    for trial in sorted(noisy_contenders(study), key=primary_value, reverse=maximize)[:count]:
+        key = trial.user_attrs.get("config_summary") or str(trial.params)
+        ahead = primary_value(trial) > best if maximize else primary_value(trial) < best
+        if ahead and key not in seen:
+            seen.add(key)
+            picked.append(trial)
     return picked
 
 
