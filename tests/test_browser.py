@@ -95,8 +95,10 @@ def test_the_report_opens_with_no_network_and_shows_its_charts(study_dir, browse
     page.on("request", lambda request: requests.append(request.url))
     page.goto(report.as_uri())
     assert page.title() == "autotune report: b"
-    assert page.locator("figure svg").count() == 4  # Pareto front, importances, speedup, drift against speed
-    assert all(page.locator("figure svg").nth(i).is_visible() for i in range(4))
+    # Pareto front, importances, speedup, drift against speed, best so far against time
+    assert page.locator("figure svg").count() == 5
+    assert all(page.locator("figure svg").nth(i).is_visible() for i in range(5))
+    assert page.get_by_text("winner: trial", exact=False).count() == 1  # the winner comes first
     rows = page.locator("table").first.locator("tr")
     assert rows.count() == 1 + len(clean_trials(load_study(study_dir, "b")))  # header and every clean trial
     assert "1.00x" in page.locator("table").first.inner_text()

@@ -202,3 +202,31 @@ def test_a_noisy_trial_ahead_of_the_best_clean_one_gets_a_place_in_the_finalist_
     study = study_with(completed(100.0, config_summary="eager"), fast_but_flagged, completed(90.0, valid=False))
     picked = [t.value for t in pick_candidates(study, count=3)]
     assert picked == [100.0, 150.0]  # the flagged 90 is behind the best clean trial: no second chance
+
+
+def test_the_first_thing_read_is_the_revalidated_winner_not_its_single_measurement():
+    from autotune.results.leaderboard import winner_lines
+    from autotune.results.selection import decide
+
+    study = study_with(completed(204.7, config_summary="openvino int8"), completed(22.0, baseline=True))
+    runs = [{"value": v, "valid": True, "ci_rel": 0.01} for v in (189.8, 187.0, 191.5)]
+    base_runs = [{"value": v, "valid": True, "ci_rel": 0.01} for v in (22.0, 22.3, 21.8)]
+    record = {
+        "repeats": 3,
+        "last_trial": 1,
+        "candidates": [
+            {"trial": 0, "config": OPENVINO, "candidate": True, "baseline": False, "search_value": 204.7, "runs": runs},
+            {
+                "trial": 1,
+                "config": EAGER,
+                "candidate": False,
+                "baseline": True,
+                "search_value": 22.0,
+                "runs": base_runs,
+            },
+        ],
+    }
+    study.set_user_attr("finalists", decide(record, maximize=True))
+    first = winner_lines(study)[0]
+    assert first.startswith("winner: trial 0 openvino int8: 189.8 samples/s re-measured (median of 3 clean runs of 3")
+    assert "8.63x the baseline re-measured alike" in first and "search measurement was 204.7" in first

@@ -13,7 +13,9 @@ from typing import Any
 import optuna
 from rich.table import Table
 
-from autotune.results.selection import baseline_trial, clean_trials, metrics_of
+from autotune.common.errors import UserError
+from autotune.results.best_json import choose_winner
+from autotune.results.selection import baseline_trial, clean_trials, maximizes, metrics_of, primary_value
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -47,7 +49,7 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str,
 
 
 def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[str, Any]] | None = None) -> Table:
-    table = Table(title=f"study {study.study_name}: best {top} clean configurations")
+    table = Table(title=f"study {study.study_name}: best {top} clean configurations, one search measurement each")
     for column in ("#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
     for row in rows if rows is not None else leaderboard_rows(study, top):
@@ -101,6 +103,32 @@ def outcome_table(study: optuna.study.Study) -> Table | None:
         for cause, count in counter.most_common():
             table.add_row(state, str(count), cause)
     return table
+
+
+def winner_lines(study: optuna.study.Study) -> list[str]:
+    """What a user should read first: the winner as the finalist round re-measured it (median, range,
+    clean runs, speedup over the baseline re-measured alike), or, without a round, its one search
+    measurement labelled as such. Empty when nothing completed."""
+    try:
+        best, record, why = choose_winner(study)
+    except UserError:
+        return []
+    unit = "samples/s" if maximizes(study) else "ms"
+    name = f"trial {best.number} {best.user_attrs.get('config_summary', '')}".rstrip()
+    candidate = next((c for c in (record or {}).get("candidates", []) if c["trial"] == best.number), None)
+    if candidate is None or candidate["summary"]["median"] is None:
+        return [f"winner: {name}: {primary_value(best):.1f} {unit} from one search measurement ({why})"]
+    summary = candidate["summary"]
+    base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)  # type: ignore[index]
+    speedup = (
+        f", {summary['median'] / base:.2f}x the baseline re-measured alike" if base and unit == "samples/s" else ""
+    )
+    runs = f"{summary['runs']} clean runs of {summary.get('of_runs', summary['runs'])}"
+    return [
+        f"winner: {name}: {summary['median']:.1f} {unit} re-measured (median of {runs}, "
+        f"{summary['min']:.1f}-{summary['max']:.1f}){speedup}; its search measurement was {primary_value(best):.1f}",
+        f"  {why}",
+    ]
 
 
 def study_summary(study: optuna.study.Study) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 
 import optuna
 
-from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary
-from autotune.results.selection import baseline_trial, clean_trials, metrics_of
+from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
+from autotune.results.selection import baseline_trial, clean_trials, maximizes, metrics_of, primary_value
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -149,6 +149,30 @@ def drift_chart(study: optuna.study.Study) -> str | None:
     return _svg(fig)
 
 
+def best_so_far_chart(study: optuna.study.Study) -> str | None:
+    """The best clean value against the time the search had run: whether a longer budget would have
+    helped (a curve still climbing at the end) or the answer came early."""
+    trials = [t for t in clean_trials(study) if t.datetime_complete is not None]
+    starts = [t.datetime_start for t in study.get_trials(deepcopy=False) if t.datetime_start is not None]
+    if len(trials) < 2 or not starts:
+        return None
+    origin = min(starts)
+    maximize = maximizes(study)
+    times, best, current = [], [], None
+    for trial in sorted(trials, key=lambda t: t.datetime_complete or origin):
+        value = primary_value(trial)
+        if current is None or (value > current if maximize else value < current):
+            current = value
+        times.append(((trial.datetime_complete or origin) - origin).total_seconds() / 60)
+        best.append(current)
+    fig, ax = _figure()
+    ax.step(times, best, where="post", color="#47a")
+    ax.plot(times, best, "o", color="#47a", markersize=3)
+    ax.set_xlabel("minutes since the study's first trial started")
+    ax.set_ylabel("best clean " + ("samples/s" if maximize else "ms per call") + " so far")
+    return _svg(fig)
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -164,6 +188,7 @@ def build_report(study: optuna.study.Study) -> str:
         ("Parameter importances", importance_chart(study)),
         ("Speedup by backend and precision", speedup_chart(study)),
         ("Drift against speed", drift_chart(study)),
+        ("Best so far against time", best_so_far_chart(study)),
     ]
     figures = "".join(
         f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
@@ -193,7 +218,17 @@ def build_report(study: optuna.study.Study) -> str:
         for cause, count in counter.most_common()
     ]
     cpu = html.escape(str(hardware.get("cpu_model", "?")))
-    leader_headers = ["#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"]
+    winner = "".join(f"<p>{html.escape(line.strip())}</p>" for line in winner_lines(study)) or "<p>None yet.</p>"
+    leader_headers = [
+        "#",
+        "trial",
+        "config",
+        "samples/s (one search measurement)",
+        "p50 ms",
+        "p99 ms",
+        "drift (rel. L2)",
+        "vs baseline",
+    ]
     leaderboard = _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
     failures = _table(["state", "trials", "cause"], outcomes) if outcomes else "<p>None.</p>"
     return f"""<!DOCTYPE html>
@@ -203,6 +238,7 @@ def build_report(study: optuna.study.Study) -> str:
 <p>model <b>{html.escape(str(model))}</b> on {cpu}, {hardware.get("physical_cores", "?")} physical cores;
 objective {html.escape(str(spec.get("objective", "throughput")))}; {html.escape(study_summary(study))}.
 <span class="note">Generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}.</span></p>
+<h2>Winner</h2>{winner}
 <h2>Charts</h2><div class="charts">{figures}</div>
 {f'<p class="note">Not drawn (not enough completed trials): {html.escape(", ".join(missing))}.</p>' if missing else ""}
 <h2>Leaderboard</h2>{leaderboard}
