@@ -63,13 +63,15 @@ def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
             assert 0 < drift < 0.05, (backend, precision, drift)
         artifact = trial.user_attrs["artifact"]
         assert (artifact is not None) == BACKENDS[backend].builds_artifact(precision)
-        if artifact:
-            assert artifact["cached"] is False or backend == "openvino"  # openvino fp32 and bf16 share one IR
+        if artifact:  # built once each; OpenVINO's fp32 and bf16 share one IR: the later of the two reuses it
+            shared_ir = backend == "openvino" and precision in ("fp32", "bf16")
+            first_of_pair = min(done[("openvino", "fp32")].number, done[("openvino", "bf16")].number)
+            assert artifact["cached"] is (shared_ir and trial.number != first_of_pair), (backend, precision)
     assert (
         done[("inductor", "fp32")].user_attrs["first_call_s"] > 1.0
     )  # compiled on the first call (an eager call takes ms)
-    ov_bf16 = done[("openvino", "bf16")].user_attrs["artifact"]
-    assert ov_bf16["cached"] is True and ov_bf16["prepare_s"] == 0.0
+    later = max((done[("openvino", p)] for p in ("fp32", "bf16")), key=lambda t: t.number)
+    assert later.user_attrs["artifact"]["prepare_s"] == 0.0  # reused, not built again
 
 
 @pytest.mark.timeout(1200)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FAST, run_autotune, tiny, write_space
+from conftest import FAST, require, run_autotune, tiny, write_space
 
 STUDY = ["--study", "fleet"]
 MODEL = ["--model", tiny(), "--input-shape", "3x16x16"]
@@ -55,10 +55,10 @@ def running_trial_of(url: str, pid: int, timeout_s: float = 120) -> optuna.trial
     pytest.fail(f"worker {pid} started no trial within {timeout_s}s")
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two workers pinned to disjoint cores need two CPUs")
 def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed_by_heartbeat_and_retried(
     workdir, postgres
 ):
+    require(len(os.sched_getaffinity(0)) >= 2, "two CPUs (two workers pinned to disjoint cores)")
     url = postgres()
     space = write_space(workdir / "space.yaml", batch_size=[2, 4, 8], threads_per_instance=[1])
     created = pinned(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import TINY
+from conftest import TINY, require
 
 from autotune.common.errors import TrialFailed
 from autotune.machine.probe import probe_machine
@@ -53,8 +53,7 @@ def run(config, reference, tmp_path, timeout=120, on_stage=None, model=None, scr
 
 @pytest.mark.parametrize("allocator", ["glibc", "tcmalloc", "jemalloc"])
 def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
-    if allocator != "glibc" and allocator not in MACHINE.allocators:
-        pytest.skip(f"{allocator} is not installed here (make setup installs it when run as root)")
+    require(allocator == "glibc" or allocator in MACHINE.allocators, allocator)
     metrics, launches = run(TrialConfig("eager", "fp32", 2, allocator, 1, 1), reference, tmp_path)
     inst = metrics.instances[0]
     assert inst.allocator["verified"] is True
@@ -65,7 +64,10 @@ def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
         assert allocator in mapped and launches[0].env["LD_PRELOAD"] == MACHINE.allocators[allocator]
     assert inst.threads == {"asked": 1, "torch": 1, "OMP_NUM_THREADS": "1"}
     assert inst.cpus == [MACHINE.cores[0].cpus[0]]
-    assert metrics.drift.relative_l2 < 1e-5 and metrics.throughput_sps > 0
+    assert metrics.drift.relative_l2 < 1e-5
+    assert metrics.throughput_sps == pytest.approx(
+        metrics.measurement.samples / metrics.measurement.common_window_s, abs=2
+    )
 
 
 def _launch_with_env(reference, tmp_path, config, change):
@@ -85,10 +87,8 @@ def _launch_with_env(reference, tmp_path, config, change):
     return run_instances([replace(launch, env=change(dict(launch.env)))], 60, trial_dir / "barrier")
 
 
-@pytest.mark.skipif(
-    "tcmalloc" not in MACHINE.allocators, reason="tcmalloc is not installed here (make setup installs it as root)"
-)
 def test_worker_refuses_to_run_without_the_allocator_it_was_asked_for(reference, tmp_path):
+    require("tcmalloc" in MACHINE.allocators, "tcmalloc")
     config = TrialConfig("eager", "fp32", 2, "tcmalloc", 1, 1)
     with pytest.raises(TrialFailed, match="environment check failed: allocator 'tcmalloc'"):
         _launch_with_env(reference, tmp_path, config, lambda env: {k: v for k, v in env.items() if k != "LD_PRELOAD"})
@@ -102,8 +102,8 @@ def test_worker_refuses_to_run_without_the_openmp_it_was_asked_for(reference, tm
         _launch_with_env(reference, tmp_path, config, lambda env: {k: v for k, v in env.items() if k != "LD_PRELOAD"})
 
 
-@pytest.mark.skipif(MACHINE.physical_cores < 2, reason="needs two physical cores for a two-thread instance")
 def test_worker_refuses_to_run_with_another_thread_count(reference, tmp_path):
+    require(MACHINE.physical_cores >= 2, "two physical cores")
     config = TrialConfig("eager", "fp32", 2, "glibc", 1, 2)
     with pytest.raises(TrialFailed, match="environment check failed: asked for 2 threads, torch runs with 1"):
         _launch_with_env(
@@ -135,12 +135,14 @@ def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):
     assert leftover_processes(str(tmp_path / "trial")) == []
 
 
-@pytest.mark.skipif(MACHINE.physical_cores < 2, reason="needs two physical cores for two pinned instances")
 def test_two_instances_run_pinned_to_disjoint_cores(reference, tmp_path):
+    require(MACHINE.physical_cores >= 2, "two physical cores")
     metrics, _ = run(TrialConfig("eager", "fp32", 2, "glibc", 2, 1), reference, tmp_path)
     first, second = metrics.instances
     assert first.pid != second.pid and set(first.cpus).isdisjoint(second.cpus)
-    assert metrics.measurement.common_window_s > 0 and metrics.throughput_sps > 0
+    counted = metrics.measurement.samples / metrics.measurement.common_window_s
+    assert metrics.throughput_sps == pytest.approx(counted, abs=4)  # both instances' calls, over the shared window
+    assert metrics.throughput_sps == pytest.approx(sum(i.common_window_sps for i in metrics.instances))
 
 
 def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):
@@ -193,12 +195,11 @@ def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_
 
 @pytest.mark.parametrize("allocator", ["tcmalloc", "jemalloc"])
 def test_openvino_runs_with_a_preloaded_allocator(allocator, reference, tmp_path):
-    if allocator not in MACHINE.allocators:
-        pytest.skip(f"{allocator} is not installed here (make setup installs it when run as root)")
+    require(allocator in MACHINE.allocators, allocator)
     # Without TBB_ENABLE_SANITIZERS, oneTBB's RTLD_DEEPBIND makes compile_model abort with jemalloc.
     config = TrialConfig("openvino", "fp32", 2, allocator, 1, 1, {"hint": "LATENCY", "streams": 1})
     metrics, launches = run(config, reference, tmp_path)
-    assert metrics.instances[0].allocator["verified"] is True and metrics.throughput_sps > 0
+    assert metrics.instances[0].allocator["verified"] is True and metrics.instances[0].allocator["asked"] == allocator
     assert launches[0].set_env["TBB_ENABLE_SANITIZERS"] == "1"
 
 
