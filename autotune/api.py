@@ -1,25 +1,467 @@
-"""`autotune.load("best.json")`: the tuned inference callable, inside a process started as tuned.
+"""The Python API: `autotune.search(...)` runs a study, `autotune.load("best.json")` gives the tuned model.
+
+    import autotune
+    result = autotune.search(model="my_models.py:build", input_shape="3x224x224", budget="20m")
+    result.best.config, result.best.throughput_sps      # best.json as a typed record (autotune.records.best)
+
+`search` takes the options of `autotune search` (the CLI is a thin layer over it). Trials run in fresh
+processes, so the model is named, not passed: a torchvision name, a model file, "file.py:function" /
+"module:function", or a factory function defined at the top level of a module (turned into such a
+reference here); an nn.Module instance cannot travel to another process and is refused.
 
     # started by the exported launch script: ./launch.sh python serve.py
-    import autotune
     infer = autotune.load()                  # best.json from AUTOTUNE_BEST, the model from its source
     outputs = infer(batch)                   # a tensor (or tuple of tensors) of the tuned batch size
 
 The environment (allocator, OpenMP, threads) only takes effect when the process starts, so `load`
 checks it instead of setting it, and says what differs and how to start the process right.
+
+Heavy imports stay inside the functions: the CLI imports this module to start, and must start fast.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import json
 import os
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.common.files import read_json
-from autotune.records.config import TrialConfig
+from autotune.common.errors import UserError
+from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
+
+if TYPE_CHECKING:
+    import optuna
+    from rich.console import Console
+
+    from autotune.measure.drift import DriftCriterion
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.dataset import DataSource
+    from autotune.model.sources import ModelSource
+    from autotune.records.best import BestJson
+    from autotune.search.spec import SearchSpec
+
+DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
+Duration = str | float  # "90s", "20m", "2h", "1h30m", or seconds
+PathArg = str | os.PathLike[str]
+FACTORY_HINT = (
+    "pass a factory function defined at the top level of a module (def build(): return MyNet()), or its "
+    "reference as a string: 'path/to/file.py:build' or 'package.module:build'"
+)
 
 
+@dataclass
+class Result:
+    """What `autotune.search` found: the Optuna study (every trial, stored), the winner's best.json as a
+    typed record (None when nothing was exported), where it was written, and whether Ctrl-C stopped it."""
+
+    study: optuna.study.Study
+    best: BestJson | None
+    best_path: Path | None
+    interrupted: bool = False
+
+
+# ---- the model: named, since trials run in fresh processes -------------------------------------------------
+def _in_memory(what: str, extra: str = "") -> UserError:
+    return UserError(
+        f"model: {what} cannot be searched: trials run in fresh processes, which cannot receive an in-memory "
+        f"object; {FACTORY_HINT}{extra}"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _fresh_sys_path(cwd: str, pythonpath: str | None) -> frozenset[str]:
+    """The import path of a fresh process of this interpreter started here (as trials are), resolved."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=cwd,
+    )
+    return frozenset(os.path.realpath(entry or cwd) for entry in json.loads(done.stdout))
+
+
+def _importable_by_name(module_name: str, module_file: str) -> bool:
+    """Whether a fresh trial process imports `module_name` from the same file (not only this process,
+    whose sys.path a script or a test runner may have extended)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin or os.path.realpath(spec.origin) != os.path.realpath(module_file):
+        return False
+    levels = module_name.count(".") + (1 if Path(spec.origin).name == "__init__.py" else 0)
+    root = Path(os.path.realpath(spec.origin)).parents[levels]
+    try:
+        return str(root) in _fresh_sys_path(os.getcwd(), os.environ.get("PYTHONPATH"))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return False
+
+
+def model_reference(model: PathArg | Callable[..., Any]) -> str:
+    """What `--model` takes, for `model`: a string or path as it is; a factory (a function or class
+    defined at the top level of a module) as "package.module:function" when a fresh process imports
+    that module by name, else as "path/to/file.py:function". Anything held only in memory (an nn.Module
+    instance, a lambda, a nested function, a bound method) raises UserError saying what to pass."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(model, torch.nn.Module):
+        raise _in_memory(
+            f"an nn.Module instance ({type(model).__name__})",
+            " (trained weights: torch.save(model.state_dict(), 'weights.pt') and pass weights='weights.pt')",
+        )
+    if not callable(model):
+        raise UserError(
+            f"model must be a torchvision model name, a model file, a 'file.py:function' reference or a factory "
+            f"function, got {type(model).__name__}"
+        )
+    if inspect.ismethod(model):
+        raise _in_memory(f"the bound method {model.__qualname__}")
+    name, qualname = getattr(model, "__name__", None), getattr(model, "__qualname__", None)
+    if name == "<lambda>":
+        raise _in_memory("a lambda")
+    if not (inspect.isfunction(model) or inspect.isclass(model)) or not isinstance(name, str):
+        raise _in_memory(f"a {type(model).__name__} object")
+    if qualname != name:
+        where = "inside a function" if "<locals>" in (qualname or "") else "inside a class"
+        raise _in_memory(f"{qualname}, defined {where},")
+    module_name = model.__module__
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, name, None) is not model:
+        raise _in_memory(f"{name} (not reachable as {module_name}.{name})")
+    module_file = getattr(module, "__file__", None)
+    if not module_file or not module_file.endswith(".py") or not os.path.isfile(module_file):
+        raise _in_memory(f"{name}, defined in {module_name} which has no .py file (an interactive session?),")
+    if module_name == "__main__":  # a script, or `python -m package.module`
+        main_spec = getattr(module, "__spec__", None)
+        module_name = main_spec.name if main_spec is not None else "__main__"
+    if module_name != "__main__" and _importable_by_name(module_name, module_file):
+        return f"{module_name}:{name}"
+    return f"{Path(module_file).resolve()}:{name}"
+
+
+def _refuse_nested_search() -> None:
+    """A script that calls autotune.search outside `if __name__ == "__main__":` would run it again when its
+    factory is imported (to read its example inputs, and in every trial process): refuse that."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_import_factory" and frame.f_globals.get("__name__") == "autotune.model.sources":
+            raise UserError(
+                "autotune.search was called while the model's module was being imported (to build the model, here "
+                'or in a trial process): call it under `if __name__ == "__main__":` in your script, or keep the '
+                "factory in a module of its own"
+            )
+        frame = frame.f_back  # type: ignore[assignment]
+
+
+# ---- the settings ------------------------------------------------------------------------------------------
+def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.0) -> MeasureSettings:
+    """The measurement window from the user's --measure-seconds: capped at 4x (at least +10 s)."""
+    from autotune.measure.stopwatch import MeasureSettings
+
+    return MeasureSettings(
+        window_min_s=window_s,
+        window_min_iters=min_iterations,
+        window_max_s=max(window_s * 4, window_s + 10, cap_s),
+        warmup_min_s=min(1.0, window_s),
+        screen_s=min(1.0, window_s / 2),
+    )
+
+
+def seconds(value: Duration) -> float:
+    """A duration as the CLI takes it ("90s", "20m", "2h", "1h30m"), or a number of seconds."""
+    from autotune.common.durations import parse_duration
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise UserError(f"duration {value!r} must be positive")
+        return float(value)
+    return parse_duration(str(value))
+
+
+def heartbeat_grace_s(value: Duration) -> float:
+    grace = seconds(value)
+    if grace < 2:
+        raise UserError(f"--heartbeat-grace must be at least 2s, got {value}")
+    return grace
+
+
+def _input_shape(value: str | Sequence[int] | None) -> str | None:
+    """--input-shape as given, or a shape as a sequence of ints: (3, 224, 224) -> "3x224x224"."""
+    if value is None or isinstance(value, str):
+        return value
+    return "x".join(str(int(d)) for d in value)
+
+
+def _optional_path(value: PathArg | None) -> str | None:
+    return None if value is None else os.fspath(value)
+
+
+def _resolve_model_source(
+    reference: str,
+    weights: str | None,
+    input_shape: str | None,
+    allow_pickle: bool,
+    console: Console,
+) -> ModelSource:
+    """The model, checked; the first line printed says where its weights come from."""
+    from autotune.model.inputs import describe as describe_inputs
+    from autotune.model.sources import resolve_model
+
+    model = resolve_model(reference, weights, input_shape, allow_pickle)
+    origin = {
+        "random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
+        "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
+        "weights-file": f"weights from {model.weights_path}",
+        "model-file": "weights inside the model file",
+    }[model.weights_origin]
+    console.print(f"model {model.name} input {describe_inputs(model.specs)}: {origin}", markup=False)
+    return model
+
+
+def _drift_criterion(drift_metric: str, max_drift: str | float) -> DriftCriterion:
+    from autotune.measure.drift import DriftCriterion
+
+    try:
+        return DriftCriterion.parse(drift_metric, str(max_drift))
+    except ValueError as exc:
+        raise UserError(f"--max-drift: {exc}") from None
+
+
+def _resolve_drift_data(
+    model: ModelSource,
+    data: str | None,
+    calibration_data: str | None,
+    eval_samples: int,
+    calibration_samples: int,
+    console: Console,
+) -> tuple[DataSource, DataSource | None]:
+    """The drift (and calibration) data, checked to hold both sets; says what drift is measured on."""
+    from autotune.model.dataset import check_sizes, resolve_data
+
+    resolved = resolve_data(data, model.specs)
+    calibration = resolve_data(calibration_data, model.specs, "--calibration-data") if calibration_data else None
+    check_sizes(resolved, calibration, eval_samples, calibration_samples)
+    if resolved.kind == "synthetic":
+        console.print(
+            "warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
+            "pass --data (an image folder or a tensor file) to keep your accuracy",
+            markup=False,
+        )
+    else:
+        console.print(
+            f"data: {resolved.describe()}; calibration: "
+            f"{calibration.describe() if calibration else 'a disjoint split of it'}",
+            markup=False,
+        )
+    return resolved, calibration
+
+
+def search_spec(
+    model: PathArg | Callable[..., Any],
+    *,
+    budget: Duration = "20m",
+    trials: int | None = None,
+    study: str | None = None,
+    storage: str | None = None,
+    space: PathArg | None = None,
+    objective: str = "throughput",
+    data: PathArg | None = None,
+    calibration_data: PathArg | None = None,
+    eval_samples: int = 32,
+    calibration_samples: int = 64,
+    drift_metric: str = "relative_l2",
+    max_drift: str | float = "0.05",
+    slo_ms: float | None = None,
+    weights: PathArg | None = None,
+    input_shape: str | Sequence[int] | None = None,
+    allow_pickle: bool = False,
+    trial_timeout: Duration = "10m",
+    measure_seconds: Duration = "5s",
+    speed_pruning: bool = True,
+    cover_backends: bool = True,
+    finalists: int = 3,
+    finalist_repeats: int = 3,
+    finalist_share: float = 0.2,
+    runtimes: Iterable[PathArg] = (),
+    memory_limit: str = DEFAULT_TRIAL_MEMORY,
+    cache_size: str = DEFAULT_CACHE_SIZE,
+    heartbeat_grace: Duration = "60s",
+    studies_dir: PathArg = "studies",
+    console: Console | None = None,
+) -> SearchSpec:
+    """The options of `autotune search` (see `search`), validated into the SearchSpec a study runs with.
+
+    Resolves the model and the data (printing where the weights come from and what drift is measured
+    on); raises UserError, one line naming the option, on bad input."""
+    from autotune.common.sizes import machine_memory_mib, parse_size_mib
+    from autotune.machine.runtimes import interpreter_of
+    from autotune.search.space import load_space_file
+    from autotune.search.spec import SearchSpec, default_storage, validate_study_name
+
+    _refuse_nested_search()
+    console = console or default_console()
+    reference = model_reference(model)
+    budget_s = seconds(budget)
+    study = validate_study_name(study or Path(reference.rpartition(":")[2]).stem or "model")
+    space_path = Path(space or DEFAULT_SPACE)
+    space_dict = load_space_file(space_path)
+    window = seconds(measure_seconds)
+    source = _resolve_model_source(reference, _optional_path(weights), _input_shape(input_shape), allow_pickle, console)
+    criterion = _drift_criterion(drift_metric, max_drift)
+    drift_data, calibration = _resolve_drift_data(
+        source, _optional_path(data), _optional_path(calibration_data), eval_samples, calibration_samples, console
+    )
+    pareto = objective == "pareto"
+    return SearchSpec(
+        study=study,
+        model=source,
+        storage=storage or os.environ.get("AUTOTUNE_STORAGE") or default_storage(os.fspath(studies_dir), study),
+        space_path=str(space_path),
+        space=space_dict,
+        objective=objective,
+        max_drift=criterion.max_drop,
+        drift_metric=criterion.metric,
+        drift_relative=criterion.relative,
+        data=drift_data,
+        calibration_data=calibration,
+        budget_s=budget_s,
+        trials=trials,
+        trial_timeout_s=seconds(trial_timeout),
+        eval_samples=eval_samples,
+        studies_root=str(Path(studies_dir).resolve()),
+        calibration_samples=calibration_samples,
+        cover_backends=cover_backends,
+        measure=measure_settings(window, min_iterations=100 if slo_ms is not None or pareto else 5),
+        finalists=0 if pareto else finalists,
+        finalist_repeats=finalist_repeats,
+        finalist_share=finalist_share,
+        speed_pruning=speed_pruning and not pareto,
+        runtimes=[str(interpreter_of(os.fspath(path))) for path in runtimes],
+        memory_limit_mib=parse_size_mib(memory_limit, "--memory-limit", machine_memory_mib()),
+        cache_size_mib=parse_size_mib(cache_size, "--cache-size"),
+        slo_ms=slo_ms,
+        heartbeat_grace_s=heartbeat_grace_s(heartbeat_grace),
+    )
+
+
+def default_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+# ---- the search --------------------------------------------------------------------------------------------
+def search(
+    model: PathArg | Callable[..., Any],
+    *,
+    budget: Duration = "20m",
+    trials: int | None = None,
+    study: str | None = None,
+    storage: str | None = None,
+    space: PathArg | None = None,
+    objective: str = "throughput",
+    data: PathArg | None = None,
+    calibration_data: PathArg | None = None,
+    eval_samples: int = 32,
+    calibration_samples: int = 64,
+    drift_metric: str = "relative_l2",
+    max_drift: str | float = "0.05",
+    slo_ms: float | None = None,
+    weights: PathArg | None = None,
+    input_shape: str | Sequence[int] | None = None,
+    allow_pickle: bool = False,
+    trial_timeout: Duration = "10m",
+    measure_seconds: Duration = "5s",
+    speed_pruning: bool = True,
+    cover_backends: bool = True,
+    finalists: int = 3,
+    finalist_repeats: int = 3,
+    finalist_share: float = 0.2,
+    runtimes: Iterable[PathArg] = (),
+    memory_limit: str = DEFAULT_TRIAL_MEMORY,
+    cache_size: str = DEFAULT_CACHE_SIZE,
+    heartbeat_grace: Duration = "60s",
+    studies_dir: PathArg = "studies",
+    console: Console | None = None,
+) -> Result:
+    """Run (or resume) a study, as `autotune search` does, and return its Result.
+
+    `model`: a torchvision classification model name, "path/to/file.py:function" or
+    "package.module:function" (a function returning an nn.Module, or (model, example_inputs)), a
+    TorchScript (.pt) or exported program (.pt2) file, or the factory function itself, defined at
+    the top level of a module (trials run in fresh processes, which import it; an nn.Module instance
+    is refused). Every other option is the CLI's of the same name (--no-speed-pruning is
+    speed_pruning=False, --no-cover-backends cover_backends=False, --runtime runtimes=[...]);
+    durations are strings ("90s", "20m", "2h") or seconds; input_shape may be a tuple, (3, 224, 224).
+    Progress goes to `console` (default: a rich Console on stdout). Bad input raises UserError (its
+    message names the CLI option); Ctrl-C stops the search cleanly and the Result says `interrupted`
+    (the same call resumes the study). Runs in the main thread only (it handles SIGTERM and SIGHUP
+    during the search, and puts the caller's handlers back after).
+    """
+    import signal
+    import threading
+
+    from autotune.records.best import BestJson
+    from autotune.search.study import run_search
+
+    if threading.current_thread() is not threading.main_thread():
+        raise UserError("autotune.search must run in the main thread (it stops cleanly on Ctrl-C, SIGTERM and SIGHUP)")
+    console = console or default_console()
+    spec = search_spec(
+        model,
+        budget=budget,
+        trials=trials,
+        study=study,
+        storage=storage,
+        space=space,
+        objective=objective,
+        data=data,
+        calibration_data=calibration_data,
+        eval_samples=eval_samples,
+        calibration_samples=calibration_samples,
+        drift_metric=drift_metric,
+        max_drift=max_drift,
+        slo_ms=slo_ms,
+        weights=weights,
+        input_shape=input_shape,
+        allow_pickle=allow_pickle,
+        trial_timeout=trial_timeout,
+        measure_seconds=measure_seconds,
+        speed_pruning=speed_pruning,
+        cover_backends=cover_backends,
+        finalists=finalists,
+        finalist_repeats=finalist_repeats,
+        finalist_share=finalist_share,
+        runtimes=runtimes,
+        memory_limit=memory_limit,
+        cache_size=cache_size,
+        heartbeat_grace=heartbeat_grace,
+        studies_dir=studies_dir,
+        console=console,
+    )
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        outcome = run_search(spec, console)
+    finally:  # run_search turns SIGTERM and SIGHUP into Ctrl-C; the caller's handlers come back after it
+        for signum, handler in handlers.items():
+            if handler is not None:  # None: not set from Python, cannot be put back
+                signal.signal(signum, handler)
+    best = BestJson.read(outcome.best_path) if outcome.best_path else None
+    return Result(outcome.study, best, outcome.best_path, outcome.interrupted)
+
+
+# ---- the tuned model ---------------------------------------------------------------------------------------
 class TunedEnvironmentMismatch(RuntimeError):
     """The process was not started with the environment the winner was tuned with."""
 
@@ -54,8 +496,10 @@ def load(
     TunedEnvironmentMismatch when the process was not started as tuned (see the launch script).
     """
     from autotune.backends import BACKENDS, backend_module
+    from autotune.common.files import read_json
     from autotune.model.inputs import as_batch, synthetic
     from autotune.model.sources import ModelSource, build_model
+    from autotune.records.config import TrialConfig
 
     path = Path(best_path or os.environ.get("AUTOTUNE_BEST") or "best.json")
     best = read_json(path)

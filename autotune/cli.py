@@ -7,34 +7,25 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
+from autotune.api import DEFAULT_SPACE
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
 from autotune.measure.drift import METRIC_HELP, METRICS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
+
+if TYPE_CHECKING:
+    from autotune.api import Result
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2
         raise UserError(f"{message} (see '{self.prog} --help')")
-
-
-def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.0):
-    """The measurement window from the user's --measure-seconds: capped at 4x (at least +10 s)."""
-    from autotune.measure.stopwatch import MeasureSettings
-
-    return MeasureSettings(
-        window_min_s=window_s,
-        window_min_iters=min_iterations,
-        window_max_s=max(window_s * 4, window_s + 10, cap_s),
-        warmup_min_s=min(1.0, window_s),
-        screen_s=min(1.0, window_s / 2),
-    )
 
 
 def _given_storage(args: argparse.Namespace) -> str | None:
@@ -49,116 +40,69 @@ def _storage_arg(args: argparse.Namespace, study: str | None = None) -> str:
 
 
 def _heartbeat_grace(args: argparse.Namespace) -> float:
-    from autotune.common.durations import parse_duration
+    from autotune.api import heartbeat_grace_s
 
-    grace = parse_duration(args.heartbeat_grace)
-    if grace < 2:
-        raise UserError(f"--heartbeat-grace must be at least 2s, got {args.heartbeat_grace}")
-    return grace
+    return heartbeat_grace_s(args.heartbeat_grace)
+
+
+def search_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`autotune search`'s words as the keyword arguments of autotune.search (the same names and defaults)."""
+    return {
+        "model": args.model,
+        "budget": args.budget,
+        "trials": args.trials,
+        "study": args.study,
+        "storage": args.storage,
+        "space": args.space,
+        "objective": args.objective,
+        "data": args.data,
+        "calibration_data": args.calibration_data,
+        "eval_samples": args.eval_samples,
+        "calibration_samples": args.calibration_samples,
+        "drift_metric": args.drift_metric,
+        "max_drift": args.max_drift,
+        "slo_ms": args.slo_ms,
+        "weights": args.weights,
+        "input_shape": args.input_shape,
+        "allow_pickle": args.allow_pickle,
+        "trial_timeout": args.trial_timeout,
+        "measure_seconds": args.measure_seconds,
+        "speed_pruning": not args.no_speed_pruning,
+        "cover_backends": not args.no_cover_backends,
+        "finalists": args.finalists,
+        "finalist_repeats": args.finalist_repeats,
+        "finalist_share": args.finalist_share,
+        "runtimes": args.runtime or (),
+        "memory_limit": args.memory_limit,
+        "cache_size": args.cache_size,
+        "heartbeat_grace": args.heartbeat_grace,
+        "studies_dir": args.studies_dir,
+    }
+
+
+def search_summary(result: Result) -> str:
+    """The last line of `autotune search`: the winner and where best.json went, or why there is none."""
+    best = result.best
+    if best is None:
+        return "no trial completed: nothing to export"
+    if not best.meets_drift:
+        return f"no trial met the drift bound: {best.selection}; wrote {result.best_path} (meets_drift: false)"
+    speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline" if best.speedup_vs_baseline else ""
+    revalidated = best.objective.revalidated_median
+    if revalidated:  # the re-validated number first; the search's single measurement labelled as such
+        number = f"{revalidated:.1f} samples/s re-measured (its search measurement: {best.throughput_sps:.1f})"
+    else:
+        number = f"{best.throughput_sps:.1f} samples/s from one search measurement"
+    return f"best: trial {best.study.trial} {number}{speed}; {best.selection}; wrote {result.best_path}"
 
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
-    from autotune.common.durations import parse_duration
-    from autotune.common.sizes import machine_memory_mib, parse_size_mib
-    from autotune.machine.runtimes import interpreter_of
-    from autotune.measure.drift import DriftCriterion
-    from autotune.model.dataset import check_sizes, resolve_data
-    from autotune.model.inputs import describe as describe_inputs
-    from autotune.model.sources import resolve_model
-    from autotune.search.space import load_space_file
-    from autotune.search.spec import SearchSpec, validate_study_name
-    from autotune.search.study import run_search
+    from autotune.api import search
 
-    budget_s = parse_duration(args.budget)
-    study = validate_study_name(args.study or Path(args.model.rpartition(":")[2]).stem or "model")
-    space_path = Path(args.space or DEFAULT_SPACE)
-    space = load_space_file(space_path)
-    window = parse_duration(args.measure_seconds)
-    model = resolve_model(args.model, args.weights, args.input_shape, args.allow_pickle)
-    origin = {
-        "random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
-        "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
-        "weights-file": f"weights from {model.weights_path}",
-        "model-file": "weights inside the model file",
-    }[model.weights_origin]
-    console.print(f"model {model.name} input {describe_inputs(model.specs)}: {origin}", markup=False)
-    try:
-        criterion = DriftCriterion.parse(args.drift_metric, args.max_drift)
-    except ValueError as exc:
-        raise UserError(f"--max-drift: {exc}") from None
-    data = resolve_data(args.data, model.specs)
-    calibration = (
-        resolve_data(args.calibration_data, model.specs, "--calibration-data") if args.calibration_data else None
-    )
-    check_sizes(data, calibration, args.eval_samples, args.calibration_samples)
-    if data.kind == "synthetic":
-        console.print(
-            "warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
-            "pass --data (an image folder or a tensor file) to keep your accuracy",
-            markup=False,
-        )
-    else:
-        console.print(
-            f"data: {data.describe()}; calibration: "
-            f"{calibration.describe() if calibration else 'a disjoint split of it'}",
-            markup=False,
-        )
-    studies_root = str(Path(args.studies_dir).resolve())
-    spec = SearchSpec(
-        study=study,
-        model=model,
-        storage=_storage_arg(args, study),
-        space_path=str(space_path),
-        space=space,
-        objective=args.objective,
-        max_drift=criterion.max_drop,
-        drift_metric=criterion.metric,
-        drift_relative=criterion.relative,
-        data=data,
-        calibration_data=calibration,
-        budget_s=budget_s,
-        trials=args.trials,
-        trial_timeout_s=parse_duration(args.trial_timeout),
-        eval_samples=args.eval_samples,
-        studies_root=studies_root,
-        calibration_samples=args.calibration_samples,
-        cover_backends=not args.no_cover_backends,
-        measure=measure_settings(
-            window, min_iterations=100 if args.slo_ms is not None or args.objective == "pareto" else 5
-        ),
-        finalists=0 if args.objective == "pareto" else args.finalists,
-        finalist_repeats=args.finalist_repeats,
-        finalist_share=args.finalist_share,
-        speed_pruning=not args.no_speed_pruning and args.objective != "pareto",
-        runtimes=[str(interpreter_of(path)) for path in args.runtime or ()],
-        memory_limit_mib=parse_size_mib(args.memory_limit, "--memory-limit", machine_memory_mib()),
-        cache_size_mib=parse_size_mib(args.cache_size, "--cache-size"),
-        slo_ms=args.slo_ms,
-        heartbeat_grace_s=_heartbeat_grace(args),
-    )
-    outcome = run_search(spec, console)
-    print_study(outcome.study, console, top=5)
-    if outcome.best_path and not json.loads(outcome.best_path.read_text()).get("meets_drift", True):
-        best = json.loads(outcome.best_path.read_text())
-        console.print(
-            f"no trial met the drift bound: {best['selection']}; wrote {outcome.best_path} (meets_drift: false)",
-            markup=False,
-        )
-    elif outcome.best_path:
-        best = json.loads(outcome.best_path.read_text())
-        speed = (
-            f", {best['speedup_vs_baseline']:.2f}x the eager fp32 baseline" if best.get("speedup_vs_baseline") else ""
-        )
-        revalidated = best["objective"].get("revalidated_median")
-        again = f" (re-measured median {revalidated:.1f})" if revalidated else ""
-        console.print(
-            f"best: trial {best['study']['trial']} {best['metrics']['throughput_sps']:.1f} samples/s{again}{speed}; "
-            f"{best['selection']}; wrote {outcome.best_path}",
-            markup=False,
-        )
-    else:
-        console.print("no trial completed: nothing to export", markup=False)
-    return EXIT_INTERRUPTED if outcome.interrupted else 0
+    result = search(**search_options(args), console=console)
+    print_study(result.study, console, top=5)
+    console.print(search_summary(result), markup=False)
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 def _load_study(args: argparse.Namespace):
@@ -184,10 +128,19 @@ def _load_study(args: argparse.Namespace):
 
 
 def print_study(study, console: Console, top: int) -> None:
-    """The study's summary, its leaderboard, and its failures and prunings grouped by cause."""
-    from autotune.results.leaderboard import leaderboard_rows, leaderboard_table, outcome_table, study_summary
+    """The study's summary, the winner as re-validated, its leaderboard, and its failures and prunings
+    grouped by cause."""
+    from autotune.results.leaderboard import (
+        leaderboard_rows,
+        leaderboard_table,
+        outcome_table,
+        study_summary,
+        winner_lines,
+    )
 
     console.print(study_summary(study), markup=False)
+    for line in winner_lines(study):
+        console.print(line, markup=False)
     rows = leaderboard_rows(study, top)
     if rows:
         console.print(leaderboard_table(study, top, rows))
@@ -302,6 +255,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from autotune.api import measure_settings
     from autotune.checks.bench import benchmark_backends
     from autotune.common.durations import parse_duration
     from autotune.model.sources import resolve_model
@@ -578,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress lines reach a log file as they happen
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     try:
         args = build_parser().parse_args(argv)

@@ -1,0 +1,234 @@
+"""best.json as a typed record: the winner (or, with `meets_drift: false`, the closest candidate), read
+back by `autotune.search(...)` and by anyone holding the file.
+
+The schema is documented in docs/best-json.md. Reading is strict about the fields every best.json has
+(a missing one is one clear error naming it) and lenient about the rest: a field this autotune does
+not know (a newer one wrote the file) is kept in `extra` and written back by `to_json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from autotune.common.records import Record, RecordError
+from autotune.records.config import TrialConfig
+
+SCHEMA_PREFIX = "autotune.best/"
+OpenT = TypeVar("OpenT", bound="OpenRecord")
+
+
+@dataclass(frozen=True)
+class OpenRecord(Record):
+    """A record that keeps the fields it does not know in `extra`, and writes them back.
+
+    `OMIT_IF_NONE`: fields best.json only has in some files (e.g. `pareto_front`), left out when None."""
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ()
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls: type[OpenT], data: Any) -> OpenT:
+        record = super().from_json(data)
+        if isinstance(data, dict):
+            known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+            record = dataclasses.replace(record, extra={k: v for k, v in data.items() if k not in known})
+        return record
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data.pop("extra", None)
+        for name in self.OMIT_IF_NONE:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return {**data, **self.extra}
+
+
+def config_from_json(data: Any, where: str = "config") -> TrialConfig:
+    """A TrialConfig from best.json: its fields a newer autotune added are dropped, a missing one is an error."""
+    if isinstance(data, TrialConfig):
+        return data
+    if not isinstance(data, dict):
+        raise RecordError(f"best.json: {where} must be a mapping, got {type(data).__name__}")
+    known = {f.name: f for f in dataclasses.fields(TrialConfig)}
+    for name, f in known.items():
+        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RecordError(f"best.json: {where} lacks its {name!r} field")
+    return TrialConfig.from_dict({k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class StudyInfo(OpenRecord):
+    """Which study, and which of its trials, the file comes from."""
+
+    name: str
+    trial: int  # the winning (or closest) trial's number
+    storage: str | None = None  # password hidden
+    trials: dict[str, int] = field(default_factory=dict)  # per state: complete, pruned, fail, ...
+
+
+@dataclass(frozen=True)
+class ObjectiveInfo(OpenRecord):
+    """What was optimised and the winner's value in its search trial (None for a closest candidate)."""
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("values",)
+
+    name: str | None = None  # throughput, latency or pareto
+    direction: str | list[str] = "maximize"
+    value: float | None = None
+    revalidated_median: float | None = None  # median of the winner's finalist runs
+    values: list[float] | None = None  # pareto: (samples/s, p99 ms)
+
+
+@dataclass(frozen=True)
+class Launch(OpenRecord):
+    """How to run the winner as tuned: one pinned command per instance."""
+
+    pinning: str | None = None  # numactl, numactl-cpu, taskset or none
+    pin_prefixes: list[list[str]] | None = None
+    commands: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Baseline(OpenRecord):
+    """The eager fp32 baseline trial the speedup is measured against."""
+
+    trial: int
+    config: TrialConfig | None = None
+    throughput_sps: float | None = None
+    latency_ms: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Baseline:
+        if isinstance(data, dict) and data.get("config") is not None:
+            data = {**data, "config": config_from_json(data["config"], "baseline.config")}
+        return super().from_json(data)
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        if self.config is not None:
+            data["config"] = self.config.to_dict()
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class BestJson(OpenRecord):
+    """The contents of a best.json (schema autotune.best/2, docs/best-json.md).
+
+    A winner has `meets_drift` true, its `metrics`, `launch`, `job` and speedup; a file written when no
+    configuration met the drift bound holds the closest candidate instead (`meets_drift` false, never
+    timed: those fields are None and `selection` says so).
+    """
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "study": StudyInfo,
+        "objective": ObjectiveInfo,
+        "launch": Launch,
+        "baseline": Baseline,
+    }
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source")
+
+    schema: str
+    created: str | None = None  # UTC time of writing (ISO 8601)
+    meets_drift: bool
+    study: StudyInfo
+    objective: ObjectiveInfo
+    selection: str  # why this trial won (or why there is no winner)
+    pareto_front: list[dict[str, Any]] | None = None  # pareto studies: every non-dominated clean trial
+    finalists: dict[str, Any] | None = None  # the finalist round, when one decided
+    model: dict[str, Any]  # how trials built the model (kind, name, input shape, weights)
+    config: TrialConfig
+    runtime: dict[str, Any] | None = None  # the Python environment the winner ran in
+    environment: dict[str, str] | None = None  # the variables the configuration sets
+    launch: Launch | None = None
+    job: dict[str, Any] | None = None  # what a worker needs to rebuild the winner
+    metrics: dict[str, Any] | None = None  # throughput_sps, latency_ms, peak_rss_mib, measurement, ...
+    measure_settings: dict[str, Any] | None = None
+    drift: dict[str, Any]  # every drift metric against FP32, the one bounded, its drop and the bound
+    baseline: Baseline | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_source: str | None = None
+    fingerprint: dict[str, Any] | None = None  # hardware, software, host
+
+    @classmethod
+    def from_json(cls, data: Any) -> BestJson:
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise RecordError(f"best.json must be a JSON object, got {type(data).__name__}")
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise RecordError(
+                f"best.json lacks its required {', '.join(repr(m) for m in missing)} "
+                f"field{'s' if len(missing) > 1 else ''} (schema: docs/best-json.md)"
+            )
+        schema = data["schema"]
+        if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+            raise RecordError(f"not an autotune best.json: schema is {schema!r}, expected {SCHEMA_PREFIX}N")
+        try:
+            return super().from_json({**data, "config": config_from_json(data["config"])})
+        except RecordError as exc:
+            message = str(exc)
+            raise RecordError(message if message.startswith("best.json") else f"best.json: {message}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data["config"] = self.config.to_dict()
+        return data
+
+    @classmethod
+    def read(cls, path: str | Path) -> BestJson:
+        """Read a best.json file; a file that cannot be read or is not a best.json raises RecordError naming it."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise RecordError(f"cannot read {path}: {exc}") from None
+        try:
+            return cls.from_json(data)
+        except RecordError as exc:
+            raise RecordError(f"{path}: {exc}") from None
+
+    # ---- conveniences --------------------------------------------------------------------------
+    @property
+    def timed(self) -> bool:
+        """A timed winner (False: the closest candidate of a study where no configuration met the bound)."""
+        return self.meets_drift and self.metrics is not None
+
+    @property
+    def trial(self) -> int:
+        """The number of the winning (or closest) trial in the study."""
+        return self.study.trial
+
+    @property
+    def throughput_sps(self) -> float | None:
+        """The winner's samples per second in its search trial (None when it was never timed)."""
+        return (self.metrics or {}).get("throughput_sps")
+
+    @property
+    def latency_ms(self) -> dict[str, Any] | None:
+        """The winner's latency per call: p50, p90, p99, mean (ms) and samples."""
+        return (self.metrics or {}).get("latency_ms")
+
+    @property
+    def speedup(self) -> float | None:
+        """Throughput over the eager fp32 baseline's (see `speedup_source` for how it was measured)."""
+        return self.speedup_vs_baseline
+
+    @property
+    def drift_drop(self) -> float | None:
+        """The winner's drop from FP32 on the bounded drift metric."""
+        return self.drift.get("drop")
+
+    @property
+    def max_drift(self) -> float | None:
+        return self.drift.get("max_drift")
