@@ -523,8 +523,22 @@ def load(
             model if model is not None else build_model(source), example, config, Path(best["job"]["workdir"])
         )
 
+    import numpy as np
+    import torch
+
+    def as_tensor(value: Any) -> Any:
+        """Torch tensors as they are, numpy arrays as views (no copy); anything else is refused in one line."""
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, np.ndarray):
+            return torch.from_numpy(value)
+        raise TypeError(
+            f"the tuned model takes torch tensors or numpy arrays (a batch of {config.batch_size}), "
+            f"got {type(value).__name__}"
+        )
+
     def infer(*inputs: Any) -> Any:
-        batch = as_batch(inputs[0] if len(inputs) == 1 else inputs)
+        batch = tuple(as_tensor(x) for x in as_batch(inputs[0] if len(inputs) == 1 else inputs))
         return runner(runner.convert_input(batch))
 
     infer.config = config  # type: ignore[attr-defined]

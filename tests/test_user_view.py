@@ -39,11 +39,17 @@ infer = autotune.load()
 torch.manual_seed(0)
 x = torch.randn(infer.config.batch_size, 3, 16, 16)
 out = infer(x)
+numpy_same = bool(torch.equal(torch.as_tensor(infer(x.numpy())), torch.as_tensor(out)))  # numpy arrays taken too
+try:
+    infer([[0.0]])
+    refused = None
+except TypeError as exc:
+    refused = str(exc)
 instance = int(os.environ["AUTOTUNE_INSTANCE"])
 with open(f"served-{instance}.json", "w") as f:  # one file per instance: concurrent writes to one pipe may interleave
     json.dump({"instance": instance, "of": int(os.environ["AUTOTUNE_INSTANCES"]),
                "cpus": sorted(os.sched_getaffinity(0)), "out": out.tolist(),
-               "preload": os.environ.get("LD_PRELOAD", "")}, f)
+               "preload": os.environ.get("LD_PRELOAD", ""), "numpy_same": numpy_same, "refused": refused}, f)
 """
 
 
@@ -67,6 +73,8 @@ def test_the_launch_script_starts_your_program_pinned_and_load_gives_the_tuned_m
     torch.manual_seed(0)
     expected = model(torch.randn(4, 3, 16, 16))
     assert torch.allclose(torch.tensor(lines[0]["out"]), expected, atol=1e-5)
+    assert all(r["numpy_same"] for r in lines)  # a numpy batch gives the same outputs as the tensor
+    assert "takes torch tensors or numpy arrays (a batch of 4), got list" in lines[0]["refused"]
 
 
 def test_load_refuses_a_process_not_started_as_tuned(tuned):
