@@ -87,7 +87,9 @@ def search_summary(result: Result) -> str:
         return "no trial completed: nothing to export"
     if not best.meets_drift:
         return f"no trial met the drift bound: {best.selection}; wrote {result.best_path} (meets_drift: false)"
-    speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline" if best.speedup_vs_baseline else ""
+    alike = "interleaved" in (best.speedup_source or "")
+    how = "re-measured alike" if alike else "from their search measurements"
+    speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline ({how})" if best.speedup_vs_baseline else ""
     revalidated = best.objective.revalidated_median
     if revalidated:  # the re-validated number first; the search's single measurement labelled as such
         number = f"{revalidated:.1f} samples/s re-measured (its search measurement: {best.throughput_sps:.1f})"
