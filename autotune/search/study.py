@@ -7,9 +7,12 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import socket
 import statistics
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -25,9 +28,9 @@ from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
-from autotune.machine.runtimes import Runtime, discover_runtimes
+from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
-from autotune.records.config import TrialConfig, pin_prefix
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.metrics import Screening, TrialMetrics
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
@@ -82,11 +85,12 @@ def open_study(
     if not study.metric_names:  # how optuna-dashboard labels the objectives
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            latency = "TPOT" if spec.task == "generate" else "ms per call"
             study.set_metric_names(
                 {
-                    "throughput": ["samples/s"],
-                    "latency": ["p50 ms per call"],
-                    "pareto": ["samples/s", "p99 ms per call"],
+                    "throughput": [spec.unit],
+                    "latency": [f"p50 {latency}"],
+                    "pareto": [spec.unit, f"p99 {latency}"],
                 }[spec.objective]
             )
     stored = study.user_attrs.get("spec")
@@ -129,6 +133,8 @@ class Objective:
         self._record(trial, config, trial_dir, metrics, launches, template)
         if self.spec.slo_ms is not None:
             self._check_slo(trial, metrics)
+        if self.spec.ttft_slo_ms is not None or self.spec.tpot_slo_ms is not None:
+            self._check_token_slos(trial, metrics)
         return value
 
     def _suggest(self, trial: optuna.trial.Trial) -> TrialConfig:
@@ -285,6 +291,35 @@ class Objective:
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
 
+    def _check_token_slos(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
+        """--ttft-slo-ms / --tpot-slo-ms: over a p99 bound is measured, recorded and pruned, as --slo-ms."""
+        generation = metrics.generation
+        assert generation is not None
+        bounds = {
+            "ttft": (self.spec.ttft_slo_ms, generation.ttft_ms),
+            "tpot": (self.spec.tpot_slo_ms, generation.tpot_ms),
+        }
+        slo: dict[str, Any] = {}
+        failed = []
+        for name, (bound, summary) in bounds.items():
+            if bound is None:
+                continue
+            p99 = summary.p99
+            met = p99 is not None and p99 <= bound
+            slo[name] = {"bound_ms": bound, "p99_ms": p99, "met": met}
+            if not met:
+                failed.append(
+                    f"{name.upper()} p99 {p99:.1f} ms > {bound:g} ms"
+                    if p99 is not None
+                    else f"{name.upper()}: too few samples for a p99 (needs 100)"
+                )
+        slo["met"] = not failed
+        trial.set_user_attr("slo", slo)
+        if failed:
+            reason = "latency SLO: " + "; ".join(failed)
+            trial.set_user_attr("prune_reason", reason)
+            raise optuna.TrialPruned(reason)
+
 
 def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> Drift | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
@@ -299,15 +334,17 @@ def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> Drift |
 
 
 def objective_value(objective: str, metrics: TrialMetrics) -> float | tuple[float, float]:
-    """What Optuna optimizes: samples/s, median latency per call in ms, or (samples/s, p99 ms) for pareto."""
+    """What Optuna optimizes: samples/s, median latency per call in ms, or (samples/s, p99 ms) for pareto.
+    A language model's latency is its time per output token (TPOT), and throughput generated tokens/s."""
     if objective == "throughput":
         return metrics.throughput_sps
+    latency = metrics.generation.tpot_ms if metrics.generation else metrics.latency_ms
     if objective == "pareto":
-        p99 = metrics.latency_ms.p99
+        p99 = latency.p99
         if p99 is None:
             raise TrialFailed("too few calls for a p99 latency (needs 100)")
         return metrics.throughput_sps, p99
-    p50 = metrics.latency_ms.p50
+    p50 = latency.p50
     if p50 is None:
         raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")
     return p50
@@ -407,13 +444,26 @@ def _search_space(
     spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Runtime], say: Callable[[str], None]
 ) -> SearchSpace:
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
-    space = SearchSpace.from_dict(spec.space, machine, runtimes)
+    unavailable = generation_precisions_unavailable(runtimes["main"]) if spec.task == "generate" else None
+    space = SearchSpace.from_dict(spec.space, machine, runtimes, spec.task, unavailable)
     for note in space.notes:
         say(f"note: {note}")
     for backend, names in space.runtimes.items():
         if names != ["main"]:
             say(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}")
     return space
+
+
+def generation_precisions_unavailable(runtime: Runtime) -> dict[str, str]:
+    """Which generation precisions the runtime's torchao cannot run on CPU, probed in a fresh process
+    of that runtime (APIs move between torchao versions: what imports may still have no CPU kernel)."""
+    command = [runtime.python, "-m", "autotune.backends.generation"]
+    env = runtime_env(runtime, clean_environment(dict(os.environ)))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
+        return dict(json.loads(done.stdout.strip().splitlines()[-1])["unavailable"])
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
+        raise UserError(f"cannot probe which precisions run in {runtime.python}: {exc}") from None
 
 
 def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
@@ -427,6 +477,7 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
             spec.data,
             spec.calibration_data,
             spec.calibration_samples,
+            spec.generation,
         )
     except TrialFailed as exc:
         raise UserError(

@@ -92,6 +92,10 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
 
     from autotune.backends import backend_module
 
+    if job.get("generation"):
+        from autotune.worker.generate import run_generation_reference
+
+        return run_generation_reference(job, save_atomic)
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
     model = build_model(source)
@@ -193,9 +197,15 @@ def load_model(job: dict[str, Any], config: TrialConfig, instance: int) -> Loade
     """Build (or load the prepared artifact of) the model, check OpenMP once torch is loaded, and make
     the first call, timed apart: it includes compilation for compiled backends."""
     source = ModelSource.from_dict(job["model"])
-    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
     t0 = time.monotonic()
-    runner = build_runner(job, config, source, example)
+    if job.get("generation"):
+        from autotune.worker.generate import build_generation_runner, timing_prompts
+
+        example = timing_prompts(job, config, instance)
+        runner: Any = build_generation_runner(job, config)
+    else:
+        example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
+        runner = build_runner(job, config, source, example)
     openmp = check_openmp(config)
     native = runner.convert_input(example)
     load_s = time.monotonic() - t0
@@ -239,11 +249,18 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     import torch
 
     model = load_model(job, config, instance)
+    generation = job.get("generation")
     drift = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
-        drift = measure_drift(job["reference_path"], model.runner, config.batch_size)
+        if generation:
+            from autotune.worker.generate import measure_generation_drift
+
+            drift = measure_generation_drift(job["reference_path"], model.runner)
+        else:
+            drift = measure_drift(job["reference_path"], model.runner, config.batch_size)
     warmup = warm_up(model.step, settings)
-    samples_per_call = config.batch_size * model.runner.batches_per_call
+    # What throughput counts: samples, or for a language model the tokens one call generates.
+    samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
     barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
     timeout_s = job.get("barrier_timeout_s", 0.0)
     if barrier:
@@ -259,6 +276,12 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     stamps = timed_window(model.step, settings, agree_to_stop=agree)
     signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
     np.save(job["stamps_path"], stamps)
+    tokens = None
+    if generation:
+        from autotune.worker.generate import save_token_stamps, tokens_path
+
+        tokens = tokens_path(job["stamps_path"])
+        save_token_stamps(model.runner, len(stamps), generation["new_tokens"], tokens)
     return InstanceResult(
         pid=os.getpid(),
         instance=instance,
@@ -285,6 +308,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         peak_rss_mib=peak_rss_mib(),
         startup_to_ready_s=time.monotonic() - t_start,
         backend_details=model.runner.details,
+        tokens_path=tokens,
     )
 
 
