@@ -27,7 +27,7 @@ def model(name: str) -> str:
     return f"{MODELS}:{name}"
 
 
-def search(workdir: Path, name: str, *extra: str, precisions=("fp32",)):
+def search(workdir: Path, model_args: list[str], *extra: str, precisions=("fp32",)):
     space = write_space(
         workdir / "space.yaml",
         batch_size=[4],
@@ -35,8 +35,7 @@ def search(workdir: Path, name: str, *extra: str, precisions=("fp32",)):
     )
     return run_autotune(
         "search",
-        "--model",
-        model(name),
+        *model_args,
         "--input-shape",
         "3x16x16",
         "--study",
@@ -108,7 +107,7 @@ def test_a_zero_head_no_longer_hides_broken_numerics(workdir):
     reference gave it drift 0 and it completed; now it is pruned, and the note says why drift is
     measured where it is, on the first lines and in best.json (the closest candidate's: nothing met
     the bound, so no timing, and no noisy machine, decides what the file holds)."""
-    result = search(workdir, "zero_head", "--trials", "1", precisions=("bf16",))
+    result = search(workdir, ["--model", model("zero_head")], "--trials", "1", precisions=("bf16",))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     (note,) = [i for i, line in enumerate(lines) if line.startswith("note: the FP32 outputs are all zero")]
@@ -134,25 +133,33 @@ def test_an_informative_reference_carries_no_note(tmp_path):
     assert json.loads((tmp_path / "reference" / "meta.json").read_text())["result"]["reference_note"] is None
 
 
-def zero_head_weights(path: Path) -> Path:
+def zero_head_weights(workdir: Path) -> list[str]:
     from degenerate_models import zero_head
 
-    torch.save(zero_head().state_dict(), path)
-    return path
+    torch.save(zero_head().state_dict(), workdir / "w.pt")
+    return ["--model", model("zero_head"), "--weights", str(workdir / "w.pt")]
+
+
+def zero_head_torchscript(workdir: Path) -> list[str]:
+    from degenerate_models import zero_head
+
+    torch.jit.save(torch.jit.trace(zero_head().eval(), torch.randn(2, 3, 16, 16)), workdir / "m.pt")
+    return ["--model", str(workdir / "m.pt")]
 
 
 @pytest.mark.parametrize(
-    "name,weights,expected",
+    "arguments,expected",
     [
-        ("ignores_input", False, "no layer's output depends on the input"),
-        ("zero_head", True, "leave --weights out"),
+        (lambda workdir: ["--model", model("ignores_input")], "no layer's output depends on the input"),
+        (zero_head_weights, "leave --weights out"),
+        (zero_head_torchscript, "save the model file with a trained head"),
     ],
+    ids=["no-layer-varies", "own-weights", "model-file"],
 )
-def test_a_reference_drift_cannot_see_past_is_refused(workdir, name, weights, expected):
+def test_a_reference_drift_cannot_see_past_is_refused(workdir, arguments, expected):
     """No layer varies, or the constant head is in the user's own weights (not autotune's to change):
     a drift-bounded search would pass any numerics, so it is refused, in one line."""
-    extra = ["--weights", str(zero_head_weights(workdir / "w.pt"))] if weights else []
-    result = search(workdir, name, "--trials", "1", *extra)
+    result = search(workdir, arguments(workdir), "--trials", "1")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "drift cannot tell a broken numerics from a correct one" in result.stderr and expected in result.stderr

@@ -44,8 +44,8 @@ def _tensors(value: Any) -> list[Any]:
 
 
 def _flat(value: Any) -> np.ndarray:
-    parts = [t.detach().reshape(-1).double().cpu().numpy() for t in _tensors(value)]
-    return np.concatenate(parts) if parts else np.zeros(0)
+    parts = [t.detach().reshape(-1).float().cpu().numpy() for t in _tensors(value)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
 
 class _Recorder:
@@ -116,6 +116,8 @@ def find_layers(model: Any, samples: list[tuple[Any, ...]], constant: Callable[[
     finally:
         for handle in handles:
             handle.remove()
+    if handles and not recorder.ends:  # traced TorchScript takes hooks and never calls them
+        raise CannotInspect("no hook ran")
     return recorder.layers()
 
 
