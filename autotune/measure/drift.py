@@ -61,6 +61,25 @@ def top1_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(outputs.argmax(axis=1) == np.asarray(labels).reshape(-1)))
 
 
+# Outputs that differ between samples by no more than this share of their largest magnitude are constant:
+# an FP32 forward's rounding stays far below it, any input-dependent output far above.
+CONSTANT_RTOL = 1e-6
+
+
+def constant_across_samples(outputs: np.ndarray) -> bool:
+    """True when every sample's output is the same (all zero included). Drift against such a reference
+    is 0 whatever a candidate computes before the part that makes it constant (a zero-initialised
+    head maps any features to zero), so it tells nothing. One sample alone: only all-zero is known."""
+    values = _flat(outputs, len(outputs))
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        return False
+    scale = float(np.max(np.abs(values)))
+    if len(values) < 2:
+        return scale == 0.0
+    spread = float(np.max(values.max(axis=0) - values.min(axis=0)))
+    return spread <= CONSTANT_RTOL * scale
+
+
 @dataclass(frozen=True)
 class Drift(Record):
     """How far a configuration's outputs are from the FP32 eager reference, on the evaluation set.

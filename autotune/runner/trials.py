@@ -45,6 +45,7 @@ from autotune.records.metrics import (
     Screening,
     TrialMetrics,
 )
+from autotune.records.reference import ReferenceNote
 from autotune.runner.artifact_cache import (
     META_FILE,
     artifact_dir,
@@ -69,6 +70,7 @@ class Reference:
     calibration: dict[str, Any] = field(default_factory=lambda: {"data": "synthetic", "samples": 64})
     evaluation: dict[str, Any] = field(default_factory=dict)
     generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
+    note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
 
 
 @dataclass(frozen=True)
@@ -488,7 +490,8 @@ def compute_reference(
     """FP32 eager outputs on the evaluation set, computed once per study in a fresh process, which also
     draws the calibration set (disjoint from evaluation) and saves it beside them.
 
-    Reused only when it was computed for the same model, weights, data and set sizes.
+    Reused only when it was computed for the same model, weights, data and set sizes. When its outputs
+    are constant across inputs, `note` says so (and whether the random init's head was redrawn).
     """
     ref_dir = study_dir / "reference"
     outputs_path = (ref_dir / "reference.pt").resolve()
@@ -502,7 +505,9 @@ def compute_reference(
         **({"generation": generation} if generation else {}),
     }
     try:
-        fresh = read_json(ref_dir / "meta.json")["wanted"] == wanted and outputs_path.exists()
+        meta = read_json(ref_dir / "meta.json")
+        # A reference from before constant outputs were looked for has no note: computed again.
+        fresh = meta["wanted"] == wanted and "reference_note" in meta["result"] and outputs_path.exists()
     except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     if not fresh:
@@ -553,4 +558,5 @@ def compute_reference(
         **({"reference_perplexity": result["reference_perplexity"]} if generation else {}),
     }
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
-    return Reference(outputs_path, shared, calibration, evaluation, generation)
+    note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note)

@@ -419,6 +419,8 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     register_orchestrator(study)  # refused beside another process of this study on the same cores of this host
     fail_abandoned_trials(study, say)
     reference = _reference(spec, study)
+    if reference.note is not None:
+        say(f"note: {reference.note.message}")
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
     ctx = TrialContext(
@@ -467,7 +469,8 @@ def generation_precisions_unavailable(runtime: Runtime) -> dict[str, str]:
 
 
 def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
-    """The FP32 eager outputs every trial is compared with (computed once per study), recorded on it."""
+    """The FP32 eager outputs every trial is compared with (computed once per study), recorded on it;
+    refused when they are constant across inputs and nothing could make drift see past that."""
     try:
         reference = compute_reference(
             spec.model,
@@ -484,6 +487,10 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
             f"the model does not run in FP32 eager mode, so there is no reference to compare with ({exc.cause}); "
             f"see {spec.dir / 'reference' / 'stderr.log'}"
         ) from None
+    if reference.note is not None and not reference.note.drift_measurable:
+        # Every search bounds drift, and against this reference any numerics would pass the bound.
+        raise UserError(reference.note.message)
+    study.set_user_attr("reference_note", reference.note.to_json() if reference.note else None)
     study.set_user_attr("model_for_trials", reference.model.to_dict())
     study.set_user_attr("evaluation", reference.evaluation)
     study.set_user_attr("calibration", reference.calibration)

@@ -73,6 +73,7 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
         "labels": False,
         "reference_accuracy": None,
         "reference_perplexity": perplexity(logits, ids),
+        "reference_note": None,  # logits over a vocabulary vary with the text: never a constant head
     }
 
 

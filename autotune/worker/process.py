@@ -25,7 +25,7 @@ import numpy as np
 
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.records import Record
-from autotune.measure.drift import Drift, compute_drift, top1_accuracy
+from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.model.dataset import DataSource, evaluation_and_calibration
@@ -34,6 +34,7 @@ from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_nu
 from autotune.model.sources import ModelSource, build_model, primary_output
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import InstanceResult, InstanceScreen
+from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
 
 EXIT_CHECK_FAILED = 3
@@ -87,7 +88,8 @@ def save_atomic(obj: Any, path: str) -> None:
 
 
 def run_reference(job: dict[str, Any]) -> dict[str, Any]:
-    """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it."""
+    """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it (with
+    an all-zero head redrawn when the outputs would otherwise be the same for every input)."""
     import torch
 
     from autotune.backends import backend_module
@@ -99,8 +101,6 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
     model = build_model(source)
-    if job.get("weights_out"):
-        save_atomic(model.state_dict(), job["weights_out"])
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
         DataSource.from_dict(job.get("data")),
@@ -112,8 +112,22 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     )
     inputs = sets["inputs"]
     config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
-    runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
-    outputs = run_in_batches(runner, inputs, config.batch_size)
+
+    def fp32_outputs() -> np.ndarray:
+        runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
+        return run_in_batches(runner, inputs, config.batch_size)
+
+    outputs = fp32_outputs()
+    note = None
+    if constant_across_samples(outputs):  # drift against it would be blind: see reference_check
+        all_zero = not np.any(outputs)
+        note = reference_check.examine(model, inputs, source, all_zero)
+        if note.redrawn:
+            outputs = fp32_outputs()
+            if constant_across_samples(outputs):
+                note = reference_check.still_constant(note, not np.any(outputs))
+    if job.get("weights_out"):  # after any redraw: every trial loads exactly the model the reference ran
+        save_atomic(model.state_dict(), job["weights_out"])
     save_atomic(
         {**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)},
         job["reference_path"],
@@ -129,6 +143,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         "calibration_samples": batch_len(sets["calibration"]),
         "labels": labels is not None,
         "reference_accuracy": accuracy,
+        "reference_note": note.to_json() if note else None,
     }
 
 
