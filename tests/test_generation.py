@@ -110,9 +110,10 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
 def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timing(workdir, trained, monkeypatch):
     """The same trained model with LLM-style activation outliers: DA8W8 (per-token activation scales)
     loses the other channels to the outlier's range and is pruned on drift, with no timed window;
-    weight-only int8 keeps perplexity and is timed."""
+    weight-only int8 keeps perplexity and is timed, and so does SmoothQuant, which moves the outlier
+    into the weights before quantizing activations (what it was made for)."""
     monkeypatch.setenv("AUTOTUNE_TEST_LM_WEIGHTS", str(trained["weights"]))
-    space = generation_space(workdir / "space.yaml", ["woq_int8", "da8w8"])
+    space = generation_space(workdir / "space.yaml", ["woq_int8", "da8w8", "smoothquant_int8"])
     result = run_autotune(
         "search",
         "--model",
@@ -122,16 +123,15 @@ def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timin
         "--space",
         str(space),
         "--trials",
-        "2",
+        "3",
         "--budget",
-        "5m",
+        "6m",
         "--measure-seconds",
         "0.5",
         "--drift-metric",
         "perplexity",
         "--max-drift",
         "5%",
-        "--no-cover-backends",
         "--no-speed-pruning",
         *GENERATE,
         cwd=workdir,
@@ -141,13 +141,14 @@ def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timin
     assert result.returncode == 0 or (result.returncode == 2 and all_noisy), result.stdout + result.stderr
     study = load_study(workdir, "outlier_llama")
     by_precision = {t.user_attrs["config"]["precision"]: t for t in study.trials}
-    broken, kept = by_precision["da8w8"], by_precision["woq_int8"]
+    broken, kept, smoothed = by_precision["da8w8"], by_precision["woq_int8"], by_precision["smoothquant_int8"]
     assert broken.state.name == "PRUNED" and broken.user_attrs["prune_reason"].startswith("drift: perplexity")
     assert broken.user_attrs["drift"]["perplexity_increase"] > 0.05
     broken_dir = workdir / "studies" / "outlier_llama" / "trials" / f"{broken.number:05d}"
     assert list(broken_dir.glob("job-*.json")), "the trial was launched"
     assert not list(broken_dir.glob("stamps-*.npy")), "a trial pruned on drift is never timed"
     assert kept.state.name == "COMPLETE" and kept.user_attrs["drift"]["perplexity_increase"] <= 0.05
+    assert smoothed.state.name == "COMPLETE" and smoothed.user_attrs["drift"]["perplexity_increase"] <= 0.05
 
 
 @pytest.mark.parametrize(

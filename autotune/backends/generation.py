@@ -121,15 +121,28 @@ def smoothquant(model: Any, alpha: float, calibration: Any) -> None:
     """torchao's SmoothQuant: observers on every Linear, calibrated on `calibration` (token ids), then
     int8 dynamic-activation weights with the smoothing factors folded in."""
     import torch
-    from torchao.prototype.smoothquant import SmoothQuantConfig
     from torchao.quantization import quantize_
 
     if calibration is None:
         raise RuntimeError("SmoothQuant needs calibration text")
-    quantize_(model, SmoothQuantConfig(step="prepare", alpha=alpha))
+    quantize_(model, smoothquant_config("prepare", alpha))
     with torch.no_grad():
         model(input_ids=calibration, use_cache=False)
-    quantize_(model, SmoothQuantConfig(step="convert", alpha=alpha))
+    quantize_(model, smoothquant_config("convert", alpha))
+
+
+def smoothquant_config(step: str, alpha: float) -> Any:
+    """torchao's SmoothQuantConfig in the form this torchao takes: on top of int8 dynamic activation and
+    weight quantization (newer torchao names it `base_config`; older ones quantize to that themselves)."""
+    import inspect
+
+    from torchao.prototype.smoothquant import SmoothQuantConfig
+
+    if "base_config" in inspect.signature(SmoothQuantConfig).parameters:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        return SmoothQuantConfig(base_config=Int8DynamicActivationInt8WeightConfig(), step=step, alpha=alpha)
+    return SmoothQuantConfig(step=step, alpha=alpha)
 
 
 def unavailable_precisions() -> dict[str, str]:
@@ -148,12 +161,11 @@ def unavailable_precisions() -> dict[str, str]:
         try:
             layer = torch.nn.Sequential(torch.nn.Linear(256, 256))
             if precision == "smoothquant_int8":
-                from torchao.prototype.smoothquant import SmoothQuantConfig
                 from torchao.quantization import quantize_
 
-                quantize_(layer, SmoothQuantConfig(step="prepare", alpha=0.5))
+                quantize_(layer, smoothquant_config("prepare", 0.5))
                 layer(torch.randn(4, 256))
-                quantize_(layer, SmoothQuantConfig(step="convert", alpha=0.5))
+                quantize_(layer, smoothquant_config("convert", 0.5))
             else:
                 from torchao.quantization import quantize_
 
