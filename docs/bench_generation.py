@@ -1,0 +1,154 @@
+"""Text generation side by side: fp32 eager against every precision this machine's torchao runs, on a
+decoder of realistic shape (a Llama config, random init), through autotune's protocol (fresh pinned
+processes, warm-up, stop rule, token stamps), interleaved so slow drifts of a shared machine hit all.
+
+    .venv/bin/python docs/bench_generation.py [--layers 8] [--prompt 512] [--new 64] [--repeats 2]
+
+The model factory is docs/bench_generation.py:decoder (hidden 768, 12 heads, MLP 2048, vocabulary 32000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def decoder():
+    """A Llama-architecture decoder of about 100M parameters (layers from $BENCH_LAYERS, default 8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=int(os.environ.get("BENCH_LAYERS", "8")),
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        vocab_size=32000,
+        max_position_embeddings=2048,
+    )
+    return LlamaForCausalLM(config)
+
+
+def main() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.common.errors import TrialFailed
+    from autotune.machine.probe import probe_machine
+    from autotune.machine.runtimes import discover_runtimes
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.generation import GenerationWorkload
+    from autotune.model.sources import resolve_model
+    from autotune.records.config import TrialConfig
+    from autotune.runner.trials import TrialContext, compute_reference, run_config
+    from autotune.search.study import generation_precisions_unavailable
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--sequences", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--window", type=float, default=10.0, help="minimum timed window per run, seconds")
+    parser.add_argument("--only", help="comma-separated row names to run (default: all)")
+    args = parser.parse_args()
+    os.environ["BENCH_LAYERS"] = str(args.layers)
+
+    console = Console(width=170)
+    machine = probe_machine()
+    runtimes = discover_runtimes()
+    cores = machine.physical_cores
+    workload = GenerationWorkload(args.prompt, args.new, 32000, 2048).to_json()
+    model = resolve_model(f"{Path(__file__).resolve()}:decoder", None, f"input_ids:int64:{args.prompt}:0-32000")
+    work = Path("studies") / "benchmarks" / f"generation-l{args.layers}-p{args.prompt}-n{args.new}"
+    reference = compute_reference(model, work, 4, 1800, generation=workload)
+    measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)
+    ctx = TrialContext(machine, reference, measure, Path("studies") / ".cache", runtimes=runtimes)
+    unavailable = generation_precisions_unavailable(runtimes["main"])
+    rows = {
+        "eager fp32": TrialConfig("eager", "fp32", args.sequences, threads_per_instance=cores),
+        "eager bf16": TrialConfig("eager", "bf16", args.sequences, threads_per_instance=cores),
+        "eager woq_int8": TrialConfig("eager", "woq_int8", args.sequences, threads_per_instance=cores),
+        "eager da8w8": TrialConfig("eager", "da8w8", args.sequences, threads_per_instance=cores),
+        "eager smoothquant_int8": TrialConfig(
+            "eager", "smoothquant_int8", args.sequences, threads_per_instance=cores, options={"alpha": 0.5}
+        ),
+        "eager woq_int4": TrialConfig(
+            "eager", "woq_int4", args.sequences, threads_per_instance=cores, options={"group_size": 128}
+        ),
+        # The recipe of PyTorch's quantized-LLM-on-Xeon write-up, applied by hand: DA8W8, max-autotune,
+        # C++ wrapper, concatenated linears, freezing, one instance on all cores.
+        "inductor da8w8 recipe": TrialConfig(
+            "inductor",
+            "da8w8",
+            args.sequences,
+            threads_per_instance=cores,
+            options={
+                "kv_cache": "static",
+                "max_autotune": True,
+                "cpp_wrapper": True,
+                "concat_linear": True,
+                "freezing": True,
+            },
+        ),
+    }
+    if args.only:
+        rows = {name: rows[name] for name in args.only.split(",")}
+    for name, config in list(rows.items()):
+        if config.precision in unavailable:
+            console.print(f"{name}: left out, {unavailable[config.precision]}", markup=False)
+            del rows[name]
+    console.print(
+        f"{machine.cpu_model}, {cores} cores; Llama {args.layers} layers hidden 768 vocab 32000 (random init); "
+        f"prompt {args.prompt}, {args.new} new tokens, {args.sequences} sequence(s), 1 instance x {cores} threads",
+        markup=False,
+    )
+    results: dict[str, list] = {name: [] for name in rows}
+    for repeat in range(args.repeats):
+        for name, config in rows.items():
+            try:
+                metrics = run_config(config, ctx, work / "runs" / f"{repeat}-{name.replace(' ', '_')}", 3600)[0]
+            except TrialFailed as exc:
+                console.print(f"{name}: FAILED {exc.cause}", markup=False)
+                continue
+            results[name].append(metrics)
+            console.print(f"repeat {repeat + 1} {name}: {metrics.throughput_sps:.2f} tokens/s{metrics.noisy_note()}")
+    table = Table(title=f"generation, medians of {args.repeats} interleaved run(s) (clean and noisy alike, flagged)")
+    columns = ("config", "tokens/s", "vs fp32", "TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms", "peak RSS MiB")
+    for column in (*columns, "weights MiB", "logits rel. L2", "greedy agree", "noisy runs"):
+        table.add_column(column, justify="left" if column == "config" else "right")
+    base = (
+        statistics.median(m.throughput_sps for m in results.get("eager fp32", []))
+        if results.get("eager fp32")
+        else None
+    )
+    for name, runs in results.items():
+        if not runs:
+            continue
+        gen = [m.generation for m in runs]
+        tps = statistics.median(m.throughput_sps for m in runs)
+        drift = runs[0].drift
+        table.add_row(
+            name,
+            f"{tps:.2f}",
+            f"{tps / base:.2f}x" if base else "-",
+            f"{statistics.median(g.ttft_ms.p50 for g in gen):.0f}",
+            f"{statistics.median(g.tpot_ms.p50 for g in gen):.1f}",
+            f"{statistics.median(g.tpot_ms.p99 or float('nan') for g in gen):.1f}",
+            f"{statistics.median(m.peak_rss_mib or 0 for m in runs):.0f}",
+            f"{(gen[0].weight_bytes or 0) / 2**20:.0f}",
+            f"{drift.relative_l2:.2e}" if drift else "-",
+            f"{drift.greedy_agreement:.2f}" if drift and drift.greedy_agreement is not None else "-",
+            f"{sum(not m.valid for m in runs)}/{len(runs)}",
+        )
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
