@@ -1,13 +1,16 @@
-"""What a program gets: `autotune.load()` converts nothing it need not."""
+"""What a program gets: `autotune.load()` converts nothing it need not, and `verify --through-load` times the
+winner through it, in processes started by the launch script, beside the protocol's own runs."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 from conftest import FAST, require, run_autotune, tiny, write_space
+from tiny_models import PACE_S
 
 import autotune
 from autotune.machine.probe import probe_machine
@@ -82,3 +85,60 @@ def test_load_hands_a_tensor_to_a_torch_backend_as_it_is(paced):
     array = x.numpy().copy()
     infer(array)
     assert isinstance(seen[-1][0], torch.Tensor) and np.shares_memory(seen[-1][0].numpy(), array)
+
+
+RUN_LINE = re.compile(
+    r"run (\d)/2 through autotune\.load\(\): ([\d.]+) samples/s \(2 instances: (\d+) \+ (\d+) calls of (\d+) samples "
+    r"in ([\d.]+) \+ ([\d.]+) s, windows overlapping (\d+)%\)"
+)
+PROTOCOL_LINE = re.compile(r"run (\d)/2: ([\d.]+) samples/s(.*)")
+SUMMARY = re.compile(
+    r"through autotune\.load\(\): ([\d.]+) samples/s \(median of (\d) runs, .* (\d+) calls in all\), ([+-][\d.]+)% "
+    r"from the protocol's ([\d.]+) measured here in the same run"
+)
+
+
+@pytest.mark.timeout(900)
+def test_verify_through_load_times_the_winner_as_a_program_runs_it(paced):
+    best_path = paced / "studies" / "s" / "best.json"
+    done = run_autotune("verify", str(best_path), "--repeats", "2", "--through-load", cwd=paced, timeout=800)
+    assert done.returncode in (0, 1, 3), done.stderr  # the verdict depends on this machine's load; the lines do not
+    out = done.stdout
+    # Interleaved: each protocol run is followed by its run through load().
+    order = [line.split(":")[0] for line in out.splitlines() if line.startswith("run ")]
+    assert order == ["run 1/2", "run 1/2 through autotune.load()", "run 2/2", "run 2/2 through autotune.load()"]
+    runs = [m.groups() for m in RUN_LINE.finditer(out)]
+    assert len(runs) == 2, out
+    ceiling = BATCH / PACE_S  # no call returns sooner than its sleep: an instance cannot do better than this
+    figures = []
+    for _, sps, calls0, calls1, batch, window0, window1, overlap in runs:
+        assert int(batch) == BATCH and int(overlap) >= 80  # the instances were timed together
+        rates = [int(calls0) * BATCH / float(window0), int(calls1) * BATCH / float(window1)]
+        assert float(sps) == pytest.approx(sum(rates), rel=0.01)  # the figure is the calls counted over the window
+        assert all(ceiling / 4 < rate <= ceiling for rate in rates), rates  # and what the sleep allows
+        figures.append(float(sps))
+    protocol_runs = [(float(m[2]), "noisy" not in m[3]) for m in PROTOCOL_LINE.finditer(out)]
+    # Pairs whose protocol run was clean are compared (all pairs when none was).
+    paired = [i for i, (_, clean) in enumerate(protocol_runs) if clean] or [0, 1]
+    summary = SUMMARY.search(out)
+    assert summary, out
+    here, count, calls = float(summary[1]), int(summary[2]), int(summary[3])
+    gap, protocol = float(summary[4]), float(summary[5])
+    assert count == len(paired)
+    assert here == pytest.approx(
+        sum(figures[i] for i in paired) / len(paired), abs=0.02
+    )  # median of 1 or 2 (each printed rounded)
+    assert protocol == pytest.approx(sum(protocol_runs[i][0] for i in paired) / len(paired), abs=0.02)
+    assert calls == sum(int(runs[i][2]) + int(runs[i][3]) for i in paired)
+    assert gap == pytest.approx((here / protocol - 1) * 100, abs=0.06)
+    # Independent of each other, both measure the same sleep-bound calls: close, not equal by construction.
+    assert 1 / 1.5 < here / protocol < 1.5, out
+    # Each process ran pinned where the protocol's instance of the same number ran, and loaded the tuned model.
+    for i in range(2):
+        for instance in range(2):
+            through = json.loads((paced / "studies/s/verify" / f"load-{i}" / f"result-{instance}.json").read_text())
+            protocol_instance = json.loads(
+                (paced / "studies/s/verify" / str(i) / f"result-{instance}.json").read_text()
+            )
+            assert through["cpus"] == protocol_instance["cpus"] and len(through["cpus"]) == 1
+            assert through["pid"] != protocol_instance["pid"] and through["load_s"] > 0
