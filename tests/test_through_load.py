@@ -142,3 +142,17 @@ def test_verify_through_load_times_the_winner_as_a_program_runs_it(paced):
             )
             assert through["cpus"] == protocol_instance["cpus"] and len(through["cpus"]) == 1
             assert through["pid"] != protocol_instance["pid"] and through["load_s"] > 0
+
+
+def test_verify_through_load_says_in_one_line_when_a_program_cannot_run_as_tuned(paced):
+    """A best.json whose exported environment no longer holds (its allocator moved): the protocol's run, which
+    builds its environment from the config, still works; a program started by the launch script does not."""
+    best = json.loads((paced / "studies" / "s" / "best.json").read_text())
+    best["environment"]["LD_PRELOAD"] = "/nonexistent/libjemalloc.so.2"
+    moved = paced / "studies" / "s" / "moved.json"
+    moved.write_text(json.dumps(best))
+    done = run_autotune("verify", str(moved), "--repeats", "1", "--through-load", cwd=paced)
+    assert done.returncode == 2 and "run 1/1: " in done.stdout, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "through autotune.load() the tuned config does not run here: the launch script exited with 1" in done.stderr
+    assert "/nonexistent/libjemalloc.so.2 is not preloaded" in done.stderr

@@ -55,6 +55,8 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
     best = read_best(best_path)
     if best.get("objective", {}).get("name") not in (None, "throughput"):
         raise UserError(f"{best_path} was tuned for {best['objective']['name']}; verify compares throughput")
+    if through_load and not (best.get("launch") or {}).get("pin_prefixes"):
+        raise UserError(f"{best_path} names no launch (pin_prefixes): export it again with 'autotune export'")
     ctx = context_from_best(best)
     differences = fingerprint_differences(best.get("fingerprint"), fingerprint(ctx.machine, ctx.runtimes))
     if differences:
