@@ -616,6 +616,10 @@ def load(
 ) -> Callable[..., Any]:
     """The winner of best.json as a callable: `infer(batch)` -> the model's outputs.
 
+    `batch`: torch tensors or numpy arrays of the tuned batch size. Each call converts only what the
+    backend cannot take as it is: a numpy array reaches ONNX Runtime or OpenVINO unchanged when it is
+    C-contiguous float32 (or integer), a tensor reaches a torch backend unchanged when it is in the
+    tuned memory format; across kinds the conversion is a zero-copy view.
     `model`: your nn.Module (default: rebuilt from the model source best.json records; artifact
     backends load their exported, converted or quantized file instead). Raises
     TunedEnvironmentMismatch when the process was not started as tuned (see the launch script).
@@ -651,20 +655,26 @@ def load(
     import numpy as np
     import torch
 
-    def as_tensor(value: Any) -> Any:
-        """Torch tensors as they are, numpy arrays as views (no copy); anything else is refused in one line."""
+    takes_numpy = runner.takes == "numpy"
+
+    def native(value: Any) -> Any:
+        """The caller's tensor or array, in the kind the backend runs on, converted only when the kinds differ:
+        a numpy array goes to ONNX Runtime or OpenVINO as it is and to a torch backend as a zero-copy view; a
+        tensor goes to a torch backend as it is (to ONNX Runtime or OpenVINO as a view, in convert_input).
+        Anything else is refused in one line."""
+        if isinstance(value, np.ndarray):
+            return value if takes_numpy else torch.from_numpy(value)
         if isinstance(value, torch.Tensor):
             return value
-        if isinstance(value, np.ndarray):
-            return torch.from_numpy(value)
         raise TypeError(
             f"the tuned model takes torch tensors or numpy arrays (a batch of {config.batch_size}), "
             f"got {type(value).__name__}"
         )
 
     def infer(*inputs: Any) -> Any:
-        batch = tuple(as_tensor(x) for x in as_batch(inputs[0] if len(inputs) == 1 else inputs))
+        batch = tuple(native(x) for x in as_batch(inputs[0] if len(inputs) == 1 else inputs))
         return runner(runner.convert_input(batch))
 
     infer.config = config  # type: ignore[attr-defined]
+    infer.runner = runner  # type: ignore[attr-defined]  # the backend's Runner, for inspection
     return infer

@@ -271,7 +271,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
-    return verify(Path(args.best), args.repeats, console)
+    return verify(Path(args.best), args.repeats, console, through_load=args.through_load)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -545,6 +545,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("best", help="a best.json file")
     verify.add_argument("--repeats", type=int, default=3, help="runs, in fresh processes (default 3)")
+    verify.add_argument(
+        "--through-load",
+        action="store_true",
+        help="after each run, time the winner as a program does: autotune.load() in processes started by the "
+        "launch script, for the same window; prints the gap to the protocol's figure from the same runs",
+    )
     verify.set_defaults(func=cmd_verify)
 
     report = sub.add_parser(

@@ -26,6 +26,7 @@ LAYERS = {
     "search": 7,
     "api": 8,
     "cli": 9,
+    "load_loop": 9,  # a user's program, timed (python -m autotune.load_loop): calls autotune.load()
     "__init__": 9,
 }
 

@@ -49,8 +49,24 @@ class Hanging(TinyCNN):
         return super().forward(x)
 
 
+PACE_S = 0.004
+
+
+class Paced(TinyCNN):
+    """Sleeps PACE_S in every call: a floor on the call time known in advance, which a throughput can be
+    checked against (a sleep needs no CPU, so other load on the machine barely moves it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(PACE_S)
+        return super().forward(x)
+
+
 def tiny_cnn() -> nn.Module:
     return TinyCNN()
+
+
+def paced() -> nn.Module:
+    return Paced()
 
 
 def crashing() -> nn.Module:

@@ -45,14 +45,20 @@ class Runner:
     convert_input: Callable[[Any], Any] = lambda x: x
     details: dict[str, Any] = field(default_factory=dict)
     batches_per_call: int = 1  # >1 when one call keeps several async requests (streams) busy
+    # What `run` takes: "torch" tensors or "numpy" arrays (ONNX Runtime, OpenVINO). autotune.load hands a
+    # caller's batch of that kind to convert_input as it is, so it crosses no other library on each call.
+    takes: str = "torch"
 
     def __call__(self, native_input: Any) -> Any:
         return self.run(native_input)
 
 
 def numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A batch of torch tensors as contiguous numpy arrays, for the runtimes fed numpy (ONNX Runtime,
-    OpenVINO): floats as float32, integer inputs (token ids) keep their type."""
+    """A batch of torch tensors or numpy arrays as C-contiguous numpy arrays, for the runtimes fed numpy
+    (ONNX Runtime, OpenVINO): floats as float32, integer inputs (token ids) keep their type. Nothing is
+    copied that need not be: a tensor becomes a view of its memory, and an array that is already
+    C-contiguous float32 (or integer) is returned as the very same object."""
     import numpy as np
 
-    return tuple(np.ascontiguousarray(x.numpy(), dtype=np.float32 if x.is_floating_point() else None) for x in batch)
+    arrays = (x if isinstance(x, np.ndarray) else x.numpy() for x in batch)
+    return tuple(np.asarray(a, dtype=np.float32 if a.dtype.kind == "f" else None, order="C") for a in arrays)

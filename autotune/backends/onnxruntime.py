@@ -117,5 +117,6 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     return Runner(
         run=run,
         convert_input=numpy_batch,
+        takes="numpy",
         details={"onnxruntime": ort.__version__, "inter_op_threads": options.inter_op_num_threads},
     )

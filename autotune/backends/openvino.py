@@ -115,7 +115,7 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         def run(batch: tuple[Any, ...]) -> Any:
             return request.infer(_feed(batch))[0]
 
-        return Runner(run=run, convert_input=numpy_batch, details=details)
+        return Runner(run=run, convert_input=numpy_batch, takes="numpy", details=details)
 
     queue = ov.AsyncInferQueue(compiled, details["optimal_requests"])
     outputs: dict[int, Any] = {}
@@ -128,4 +128,4 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         queue.wait_all()
         return outputs[0]
 
-    return Runner(run=run_async, convert_input=numpy_batch, details=details, batches_per_call=len(queue))
+    return Runner(run=run_async, convert_input=numpy_batch, takes="numpy", details=details, batches_per_call=len(queue))

@@ -1,7 +1,9 @@
 """`autotune verify best.json`: re-measure an exported winner here and say plainly whether it still holds.
 
 Two questions, answered separately: is this the machine and software it was tuned on (the fingerprint),
-and is it as fast as recorded (re-measured by the same protocol, judged against the noise)?
+and is it as fast as recorded (re-measured by the same protocol, judged against the noise)? With
+`--through-load`, a third: what does a program get, timing calls through `autotune.load()` in
+processes started by the launch script, against the protocol's figure from the same run?
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
+from autotune.checks.through_load import LoadRun, pinning_differences, run_through_load, summary, window_of
 from autotune.common.errors import TrialFailed, UserError
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.records.config import TrialConfig
@@ -46,10 +49,14 @@ def judge(recorded: float, runs: list[TrialMetrics], recorded_ci: float | None) 
     return "matches", here, margin
 
 
-def verify(best_path: Path, repeats: int, console: Console) -> int:
+def verify(best_path: Path, repeats: int, console: Console, through_load: bool = False) -> int:
+    """Re-measure the winner `repeats` times; with `through_load`, each protocol run is followed by a run
+    through autotune.load() with the same window. Returns the exit code (see the EXIT_ constants)."""
     best = read_best(best_path)
     if best.get("objective", {}).get("name") not in (None, "throughput"):
         raise UserError(f"{best_path} was tuned for {best['objective']['name']}; verify compares throughput")
+    if through_load and not (best.get("launch") or {}).get("pin_prefixes"):
+        raise UserError(f"{best_path} names no launch (pin_prefixes): export it again with 'autotune export'")
     ctx = context_from_best(best)
     differences = fingerprint_differences(best.get("fingerprint"), fingerprint(ctx.machine, ctx.runtimes))
     if differences:
@@ -59,7 +66,8 @@ def verify(best_path: Path, repeats: int, console: Console) -> int:
     else:
         console.print("same hardware and software as when it was tuned", markup=False)
     config = TrialConfig.from_dict(best["config"])
-    runs = []
+    runs: list[TrialMetrics] = []
+    loads: list[LoadRun] = []
     for i in range(repeats):
         try:
             runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S)[0])
@@ -68,11 +76,18 @@ def verify(best_path: Path, repeats: int, console: Console) -> int:
         console.print(
             f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} samples/s{runs[-1].noisy_note()}", markup=False
         )
+        if through_load:
+            loads.append(_through_load(best, best_path, ctx.measure.warmup_min_s, runs[-1], i))
+            console.print(f"run {i + 1}/{repeats} through autotune.load(): {loads[-1].describe()}", markup=False)
+            for line in pinning_differences(runs[-1], loads[-1]):
+                console.print(f"  pinned differently: {line}", markup=False)
     recorded = recorded_throughput(best)
     verdict, here, margin = judge(recorded, runs, (best["metrics"].get("measurement") or {}).get("throughput_ci_rel"))
     clean = sum(1 for m in runs if m.valid)
     if here is None:
         console.print(f"no verdict: all {repeats} runs were flagged noisy; rerun on a quieter machine", markup=False)
+        if loads:
+            console.print(summary(loads, runs), markup=False)
         return EXIT_NO_VERDICT
     change = here / recorded - 1
     console.print(
@@ -81,4 +96,22 @@ def verify(best_path: Path, repeats: int, console: Console) -> int:
         + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
         markup=False,
     )
+    if loads:
+        console.print(summary(loads, runs), markup=False)
     return EXIT_REGRESSED if verdict == "REGRESSED" else 0
+
+
+def _through_load(
+    best: dict[str, Any], best_path: Path, min_warmup_s: float, protocol: TrialMetrics, i: int
+) -> LoadRun:
+    window_s, warmup_s = window_of(protocol, min_warmup_s)
+    try:
+        return run_through_load(
+            best, best_path, best_path.parent / "verify" / f"load-{i}", window_s, warmup_s, TIMEOUT_S
+        )
+    except TrialFailed as exc:
+        detail = exc.stderr_tail.strip().splitlines()[-1] if exc.stderr_tail.strip() else ""
+        raise UserError(
+            f"through autotune.load() the tuned config does not run here: {exc.cause}"
+            + (f" ({detail})" if detail else "")
+        ) from None
