@@ -587,6 +587,29 @@ def search(
 
 
 # ---- the tuned model ---------------------------------------------------------------------------------------
+def _load_generator(workload: dict[str, Any], config: Any, model: Any) -> Callable[..., Any]:
+    """A generation winner as a callable: `generate(input_ids)` -> the new tokens (sequences x new_tokens),
+    greedy, converted and compiled as tuned (the precision applied to `model` in place)."""
+    from autotune.backends.generation import prepare
+    from autotune.model.generation import GenerationWorkload
+
+    settings = GenerationWorkload.from_json(workload)
+    generator, details = prepare(model, config, settings.new_tokens)
+
+    def generate(input_ids: Any) -> Any:
+        import numpy as np
+        import torch
+
+        ids = torch.from_numpy(input_ids) if isinstance(input_ids, np.ndarray) else input_ids
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+            raise TypeError("the tuned language model takes token ids: an integer tensor or array, sequences x tokens")
+        return generator.generate(ids, stamp=False)
+
+    generate.config = config  # type: ignore[attr-defined]
+    generate.details = details  # type: ignore[attr-defined]
+    return generate
+
+
 class TunedEnvironmentMismatch(RuntimeError):
     """The process was not started with the environment the winner was tuned with."""
 
@@ -643,6 +666,8 @@ def load(
             )
     config = TrialConfig.from_dict(best["config"])
     source = ModelSource.from_dict(best["job"]["model"])
+    if best["job"].get("generation"):
+        return _load_generator(best["job"]["generation"], config, model if model is not None else build_model(source))
     example = synthetic(source.specs, config.batch_size, 0)
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):

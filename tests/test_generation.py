@@ -103,8 +103,18 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
         weights[precision] = generation.weight_bytes
     assert weights["woq_int8"] < 0.6 * weights["fp32"], weights
     if not all_noisy:
-        best = json.loads((workdir / "studies" / "tiny_llama" / "best.json").read_text())
+        best_path = workdir / "studies" / "tiny_llama" / "best.json"
+        best = json.loads(best_path.read_text())
         assert best["metrics"]["generation"]["tpot_ms"]["p50"] > 0
+        import torch
+
+        import autotune
+
+        generate = autotune.load(best_path, check_environment=False)  # the winner, as a program gets it
+        prompt = torch.tensor([(list(text) * 2)[:32] for text in (b"def load(path):\n    ", b"Return the number of ")])
+        tokens = generate(prompt)
+        assert tokens.shape == (2, 8) and tokens.dtype == torch.long
+        assert torch.equal(tokens, generate(prompt.numpy())), "greedy decoding is deterministic"
 
 
 def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timing(workdir, trained, monkeypatch):
