@@ -53,6 +53,11 @@ def tiny_cnn() -> nn.Module:
     return TinyCNN()
 
 
+def tiny_mlp() -> nn.Module:
+    """Linear layers only (64 features in): what runs them differs from what runs convolutions."""
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
 def crashing() -> nn.Module:
     return Crashing()
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -45,6 +48,9 @@ class Runner:
     convert_input: Callable[[Any], Any] = lambda x: x
     details: dict[str, Any] = field(default_factory=dict)
     batches_per_call: int = 1  # >1 when one call keeps several async requests (streams) busy
+    # What the prepared model really executes, for a claimed precision (int8, bf16): reads the
+    # runtime's own record, or makes one call on the native input at most (backends/precision.py).
+    probe: Callable[[Any, str], ExecutedPrecision] | None = None
 
     def __call__(self, native_input: Any) -> Any:
         return self.run(native_input)

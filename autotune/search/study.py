@@ -203,6 +203,8 @@ class Objective:
         if "timed out" in cause and timeout < self.spec.trial_timeout_s:
             cause = f"budget ran out: {cause}"
         trial.set_user_attr("fail_cause", cause)
+        for key, value in exc.attrs.items():
+            trial.set_user_attr(key, value)
         trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
         trial.set_user_attr("trial_dir", str(trial_dir))
         attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
