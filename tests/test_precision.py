@@ -233,7 +233,7 @@ def test_layers_of_unknown_type_decide_nothing_and_no_layer_is_unchecked():
     assert later.status == "ok" and later.source == "ATen operators"  # PyTorch's own bf16 kernels
 
 
-def test_a_trial_that_falls_back_fails_with_its_cause_and_shows_in_show(workdir):
+def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_launched_again(workdir):
     space = write_space(
         workdir / "space.yaml",
         batch_size=[BATCH],
@@ -257,3 +257,12 @@ def test_a_trial_that_falls_back_fails_with_its_cause_and_shows_in_show(workdir)
     assert shown.returncode == 0, shown.stderr
     flat = " ".join(re.sub("[│┃]", " ", shown.stdout).split())  # the table's cells, wrapped lines joined
     assert "FAIL" in flat and "precision fallback: int8 asked, N of N compute layers ran in int8" in flat, shown.stdout
+
+    load_study(workdir, "s").enqueue_trial(unfused.params)  # the same numerics again: known to fall back
+    again = run_autotune("search", *args, "--trials", "1", "--calibration-samples", "8", *FAST, cwd=workdir)
+    assert "Traceback" not in again.stderr, again.stderr
+    repeated = load_study(workdir, "s").trials[-1]
+    assert repeated.state.name == "FAIL" and repeated.number == 2
+    assert repeated.user_attrs["fail_cause"] == f"{cause} (as trial 1 with the same numerics found): not launched"
+    assert repeated.user_attrs["executed_precision"] == unfused.user_attrs["executed_precision"]
+    assert not Path(repeated.user_attrs["trial_dir"]).exists()  # nothing was started for it
