@@ -27,6 +27,7 @@ ROOT = TESTS.parent
 IPEX_PYTHON = Path(sys.prefix).parent / ".venv-ipex" / "bin" / "python"
 BATCH = 4
 MODELS = {"cnn": (tiny_cnn, (3, 16, 16)), "mlp": (tiny_mlp, (64,))}
+LAYERS = {"cnn": 3, "mlp": 2}  # convolutions and Linear layers
 
 
 def example(name: str) -> tuple[torch.Tensor, ...]:
@@ -83,6 +84,8 @@ def test_eager_bf16_runs_bf16_layers_and_the_probe_makes_one_call(name, tmp_path
     calls = counting_calls(model)
     record = check_precision(runner, native, "bf16")
     assert_runs(record, "bf16")
+    # Each layer once, in bf16: not autocast's outer fp32 call, nor the operators it dispatches through.
+    assert record.evidence["ATen operators"] == {"bf16": LAYERS[name]}
     assert len(calls) == 1  # the probe's whole cost: one call, outside any timed window
     assert json.loads(json.dumps(record.to_json())) == record.to_json()  # travels as the worker's JSON
 
@@ -256,7 +259,8 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
     shown = run_autotune("show", "--study", "s", cwd=workdir)
     assert shown.returncode == 0, shown.stderr
     flat = " ".join(re.sub("[│┃]", " ", shown.stdout).split())  # the table's cells, wrapped lines joined
-    assert "FAIL" in flat and "precision fallback: int8 asked, N of N compute layers ran in int8" in flat, shown.stdout
+    grouped = "precision fallback: int8 asked, N of N compute layers ran in int8 (ONNX Runtime optimized graph: N f32)"
+    assert "FAIL" in flat and grouped in flat, shown.stdout  # numbers grouped, names (int8, f32) kept
 
     load_study(workdir, "s").enqueue_trial(unfused.params)  # the same numerics again: known to fall back
     again = run_autotune("search", *args, "--trials", "1", "--calibration-samples", "8", *FAST, cwd=workdir)

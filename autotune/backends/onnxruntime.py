@@ -135,16 +135,22 @@ def _session_and_probe(model_path: str, options: Any, precision: str) -> tuple[A
         return session, None
     import onnx
 
-    from autotune.backends.precision import judge, onnx_graph_counts
+    from autotune.backends.precision import ExecutedPrecision, judge, onnx_graph_counts
 
-    with tempfile.TemporaryDirectory(prefix="autotune-ort-") as scratch:
-        options.optimized_model_filepath = os.path.join(scratch, "optimized.onnx")
-        # Weights go to a side file: the graph alone is small to write and to read.
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "64")
+    try:
+        with tempfile.TemporaryDirectory(prefix="autotune-ort-") as scratch:
+            options.optimized_model_filepath = os.path.join(scratch, "optimized.onnx")
+            # Weights go to a side file: the graph alone is small to write and to read.
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "64")
+            session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+            graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+            counts = onnx_graph_counts(list(graph.node))
+    except Exception as exc:  # not written or not readable: run without it (a broken model fails here again)
+        options.optimized_model_filepath = ""
         session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
-        graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
-        counts = onnx_graph_counts(list(graph.node))
+        reason = f"ONNX Runtime's optimized graph could not be read: {type(exc).__name__}: {exc}"
+        return session, lambda native_input, claimed: ExecutedPrecision.unchecked(claimed, reason)
     unfused = options.graph_optimization_level in (
         ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

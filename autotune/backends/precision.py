@@ -36,17 +36,18 @@ from autotune.common.records import Record
 
 OK, FALLBACK, UNCHECKED = "ok", "fallback", "unchecked"
 
-# The buckets compute layers are counted in; a claim names the one it must reach.
-CLAIMED_BUCKET = {"int8": "int8", "bf16": "bf16"}
+# The precisions checked; each is also the bucket its compute layers are counted in.
+CHECKED = ("int8", "bf16")
 
 
 def bucket_of(dtype: str) -> str:
     """One runtime's name for a data type (oneDNN's s8, OpenVINO's I8, ATen's c10::BFloat16, ...) as
     one of int8, bf16, f16, f32 or other."""
     name = dtype.lower().removeprefix("c10::")
-    if name in ("s8", "u8", "i8", "s4", "u4", "i4", "int8", "uint8", "quint8", "qint8", "quint4x2", "signed char"):
+    # ATen's "unsigned char" (uint8) is what oneDNN's int8 operators take as activations.
+    if name in ("s8", "u8", "i8", "s4", "u4", "i4", "int8", "uint8", "quint8", "qint8", "quint4x2"):
         return "int8"
-    if name == "unsigned char":  # ATen's uint8: the activations of oneDNN's int8 operators
+    if name in ("signed char", "unsigned char"):
         return "int8"
     if name in ("bf16", "bfloat16"):
         return "bf16"
@@ -87,22 +88,21 @@ class ExecutedPrecision(Record):
         return cls(claimed=claimed, status=UNCHECKED, reason=reason, evidence=evidence or {})
 
 
-def judge(claimed: str, evidence: dict[str, dict[str, int]], no_compute: str = "", why: str = "") -> ExecutedPrecision:
+def judge(claimed: str, evidence: dict[str, dict[str, int]], why: str = "") -> ExecutedPrecision:
     """The verdict from each source's counts of compute layers by precision (sources in order of
     preference): the claim holds in the first source that saw a compute layer run in it. `why`
     explains a fallback, when the backend knows."""
-    wanted = CLAIMED_BUCKET[claimed]
     for source, counts in evidence.items():
-        if counts.get(wanted, 0) > 0:
+        if counts.get(claimed, 0) > 0:
             return ExecutedPrecision(claimed, OK, source, dict(counts), dict(evidence))
-    # A layer of unknown type ("other", e.g. a TorchScript fusion group) is no evidence either way.
-    seen = {
-        source: known
-        for source, counts in evidence.items()
-        if sum((known := {k: n for k, n in counts.items() if k != "other"}).values()) > 0
-    }
+    seen: dict[str, dict[str, int]] = {}
+    for source, counts in evidence.items():
+        # A layer of unknown type ("other", e.g. a TorchScript fusion group) is no evidence either way.
+        known = {bucket: n for bucket, n in counts.items() if bucket != "other" and n > 0}
+        if known:
+            seen[source] = known
     if not seen:
-        reason = no_compute or "no convolution or matrix product of a known type was seen running"
+        reason = "no convolution or matrix product of a known type was seen running"
         return ExecutedPrecision.unchecked(claimed, reason, dict(evidence))
     source, counts = next(iter(seen.items()))
     ran = "; ".join(f"{name}: {describe(c)}" for name, c in seen.items())
@@ -119,7 +119,7 @@ def describe(counts: dict[str, int]) -> str:
 def check_precision(runner: Any, native_input: Any, claimed: str) -> ExecutedPrecision:
     """Ask the runner's probe what it executes (one call at most), timed; fp32 is not checked, and a
     probe that fails leaves the claim unchecked, with the error, rather than failing the trial."""
-    if claimed not in CLAIMED_BUCKET:
+    if claimed not in CHECKED:
         return ExecutedPrecision.unchecked(claimed, f"{claimed} is what everything falls back to: nothing to check")
     probe = getattr(runner, "probe", None)
     if probe is None:
@@ -170,17 +170,23 @@ def aten_counts(events: list[Any]) -> dict[str, int]:
     compute = []
     for event in events:
         name = event.name().split("::")[-1]
-        if "convert" in name or not _COMPUTE_OP.fullmatch(name):
-            continue
-        start = event.start_ns()
-        compute.append((event.start_thread_id(), start, start + event.duration_ns(), event))
+        if "convert" not in name and _COMPUTE_OP.fullmatch(name):
+            start = event.start_ns()
+            compute.append((event.start_thread_id(), start, start + event.duration_ns(), event))
+    compute.sort(key=lambda c: (c[0], c[1], -c[2]))  # per thread, each operator before those it calls
+    has_inner = [False] * len(compute)
+    open_calls: list[int] = []
+    for i, (thread, start, _, _) in enumerate(compute):
+        while open_calls and (compute[open_calls[-1]][0] != thread or compute[open_calls[-1]][2] <= start):
+            open_calls.pop()
+        if open_calls:
+            has_inner[open_calls[-1]] = True
+        open_calls.append(i)
     counts: Counter[str] = Counter()
-    for thread, start, end, event in compute:
-        nested = any(t == thread and s >= start and e <= end and (s, e) != (start, end) for t, s, e, _ in compute)
-        if nested:
-            continue
-        types = [d for d in event.dtypes() if d not in _NOT_A_TENSOR]
-        counts[bucket_of(types[0]) if types else "other"] += 1
+    for (_, _, _, event), outer in zip(compute, has_inner):
+        if not outer:
+            types = [d for d in event.dtypes() if d not in _NOT_A_TENSOR]
+            counts[bucket_of(types[0]) if types else "other"] += 1
     return dict(counts)
 
 
