@@ -154,7 +154,7 @@ class Objective:
         """A config whose numerics an earlier trial found not to run its claimed precision FAILs the
         same way without being launched (the sampler does not learn from FAIL trials, and would try
         such a config again and again)."""
-        found = same_numerics_fallback(trial.study, config.numerics_key())
+        found = same_numerics_fallback(trial.study, config.numerics_key(), socket.gethostname())
         if found is not None:
             number, precision = found
             cause = f"{precision.cause} (as trial {number} with the same numerics found): not launched"
@@ -302,13 +302,17 @@ class Objective:
             raise optuna.TrialPruned(reason)
 
 
-def same_numerics_fallback(study: optuna.study.Study, numerics_key: str) -> tuple[int, ExecutedPrecision] | None:
+def same_numerics_fallback(
+    study: optuna.study.Study, numerics_key: str, host: str
+) -> tuple[int, ExecutedPrecision] | None:
     """What the backend executes depends on numerics (backend, precision, options, runtime) and the
-    machine, not on batch, threads or instances: the first earlier trial of the same numerics that
-    found a precision fallback, with its record, or None."""
+    machine (a fleet may mix CPUs with and without bf16), not on batch, threads or instances: the
+    first earlier trial of the same numerics on this host that found a precision fallback, with its
+    record, or None."""
     for earlier in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         stored = earlier.user_attrs.get("executed_precision")
-        if earlier.user_attrs.get("numerics_key") == numerics_key and stored:
+        same = earlier.user_attrs.get("numerics_key") == numerics_key and earlier.user_attrs.get("host") == host
+        if same and stored:
             precision = ExecutedPrecision.from_json(stored)
             if precision.fallback:
                 return earlier.number, precision

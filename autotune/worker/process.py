@@ -1,8 +1,9 @@
 """The process that runs one instance of one trial: job JSON in, result JSON out.
 
 It knows nothing about the search. It checks from inside that the environment it was started with is
-the one asked for (allocator really mapped, thread count), builds and prepares the model, measures
-drift against the FP32 reference, warms up, waits at the barrier, and times its window.
+the one asked for (allocator really mapped, thread count), builds and prepares the model, checks that
+it executes the precision its configuration claims, measures drift against the FP32 reference, warms
+up, waits at the barrier, and times its window.
 
     python -m autotune.worker JOB.json
 """
