@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
+from autotune.model.generation import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
 
 if TYPE_CHECKING:
     import optuna
@@ -42,11 +44,14 @@ if TYPE_CHECKING:
     from autotune.measure.drift import DriftCriterion
     from autotune.measure.stopwatch import MeasureSettings
     from autotune.model.dataset import DataSource
+    from autotune.model.generation import GenerationWorkload
     from autotune.model.sources import ModelSource
     from autotune.records.best import BestJson
     from autotune.search.spec import SearchSpec
 
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
+GENERATION_SPACE = DEFAULT_SPACE.with_name("generate.yaml")
+TASKS = ("auto", "classify", "generate")
 Duration = str | float  # "90s", "20m", "2h", "1h30m", or seconds
 PathArg = str | os.PathLike[str]
 FACTORY_HINT = (
@@ -267,6 +272,86 @@ def _resolve_drift_data(
     return resolved, calibration
 
 
+def _generation_workload(
+    reference: str,
+    task: str,
+    prompt_tokens: int,
+    new_tokens: int,
+    data: str | None,
+    weights: str | None,
+    input_shape: Any,
+) -> GenerationWorkload | None:
+    """The generation workload when the model is to generate text (--task generate, or auto and the
+    factory returns a causal language model); None for a forward-pass study."""
+    from autotune.model.generation import GenerationWorkload, check_workload, language_model_info, read_token_data
+    from autotune.model.sources import MODEL_FILE_SUFFIXES, build_model, resolve_model
+
+    if task not in TASKS:
+        raise UserError(f"--task {task!r} is not known; choose {', '.join(TASKS)}")
+    factory = ":" in reference and not reference.endswith(MODEL_FILE_SUFFIXES)
+    if task == "classify" or (task == "auto" and (not factory or input_shape is not None)):
+        return None
+    if not factory:
+        raise UserError(
+            f"--task generate needs a factory returning a causal language model (file.py:function), got {reference!r}"
+        )
+    check_workload(GenerationWorkload(prompt_tokens, new_tokens), None, reference)
+    # torch logs deprecation notices when torchao registers its types: not for the user's terminal.
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    try:
+        source = resolve_model(reference, weights, "input_ids:int64:1:0-2", False)
+        model = build_model(source)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"model {reference!r}: the factory failed ({type(exc).__name__}: {exc})") from None
+    info = language_model_info(model)
+    if info is None:
+        if task == "auto":
+            return None
+        raise UserError(
+            f"--task generate needs a causal language model: {reference} returns a {type(model).__name__}, which has "
+            "no config.vocab_size and no generate(); drop --task generate to tune its forward pass"
+        )
+    workload = GenerationWorkload(
+        prompt_tokens, new_tokens, info.vocab_size, info.context, str(Path(data).resolve()) if data else None
+    )
+    check_workload(workload, info, reference)
+    if data:
+        read_token_data(data, info.vocab_size)  # refused now, in one line, rather than in every trial
+    return workload
+
+
+def _with_sequences(space: dict[str, Any], sequences: Sequence[int] | None) -> dict[str, Any]:
+    """--sequences overrides the space's list of concurrent sequences per instance."""
+    if sequences is None:
+        return space
+    values = list(sequences)
+    if not values or any(int(v) < 1 for v in values):
+        raise UserError(f"--sequences must be positive counts, e.g. 1,2,4 (got {values})")
+    baseline = dict(space.get("baseline") or {})
+    if baseline.get("sequences") not in values:
+        baseline["sequences"] = values[0]
+    return {**space, "sequences": [int(v) for v in values], "baseline": baseline}
+
+
+def _say_generation(workload: GenerationWorkload, console: Console) -> None:
+    """The first lines of a generation study: what one call generates, and what drift is measured on."""
+    console.print(
+        f"task: generate, prompt {workload.prompt_tokens} tokens, {workload.new_tokens} new tokens per sequence "
+        f"(greedy, no early stop); vocabulary {workload.vocab_size}, context {workload.context or 'unknown'}",
+        markup=False,
+    )
+    if workload.data:
+        console.print(f"data: {workload.data}: prompts and the text drift and perplexity are measured on", markup=False)
+    else:
+        console.print(
+            "warning: no --data: prompts and drift use random token ids, so perplexity says little; pass --data "
+            "(a text file, or a tensor file of token ids) to bound perplexity on your text",
+            markup=False,
+        )
+
+
 def search_spec(
     model: PathArg | Callable[..., Any],
     *,
@@ -283,6 +368,12 @@ def search_spec(
     drift_metric: str = "relative_l2",
     max_drift: str | float = "0.05",
     slo_ms: float | None = None,
+    task: str = "auto",
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    sequences: Sequence[int] | None = None,
+    ttft_slo_ms: float | None = None,
+    tpot_slo_ms: float | None = None,
     weights: PathArg | None = None,
     input_shape: str | Sequence[int] | None = None,
     allow_pickle: bool = False,
@@ -306,6 +397,7 @@ def search_spec(
     on); raises UserError, one line naming the option, on bad input."""
     from autotune.common.sizes import machine_memory_mib, parse_size_mib
     from autotune.machine.runtimes import interpreter_of
+    from autotune.model.dataset import DataSource
     from autotune.search.space import load_space_file
     from autotune.search.spec import SearchSpec, default_storage, validate_study_name
 
@@ -314,15 +406,32 @@ def search_spec(
     reference = model_reference(model)
     budget_s = seconds(budget)
     study = validate_study_name(study or Path(reference.rpartition(":")[2]).stem or "model")
-    space_path = Path(space or DEFAULT_SPACE)
-    space_dict = load_space_file(space_path)
     window = seconds(measure_seconds)
-    source = _resolve_model_source(reference, _optional_path(weights), _input_shape(input_shape), allow_pickle, console)
     criterion = _drift_criterion(drift_metric, max_drift)
-    drift_data, calibration = _resolve_drift_data(
-        source, _optional_path(data), _optional_path(calibration_data), eval_samples, calibration_samples, console
+    workload = _generation_workload(
+        reference, task, prompt_tokens, new_tokens, _optional_path(data), _optional_path(weights), input_shape
     )
+    space_path = Path(space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
+    space_dict = load_space_file(space_path)
+    if workload:
+        space_dict = _with_sequences(space_dict, sequences)
+        vocab = f"0-{workload.vocab_size}"
+        source = _resolve_model_source(
+            reference, _optional_path(weights), f"input_ids:int64:{workload.prompt_tokens}:{vocab}", False, console
+        )
+        _say_generation(workload, console)
+        drift_data, calibration = DataSource(), None
+    else:
+        if sequences is not None or ttft_slo_ms is not None or tpot_slo_ms is not None:
+            raise UserError("--sequences, --ttft-slo-ms and --tpot-slo-ms are for generation (--task generate)")
+        source = _resolve_model_source(
+            reference, _optional_path(weights), _input_shape(input_shape), allow_pickle, console
+        )
+        drift_data, calibration = _resolve_drift_data(
+            source, _optional_path(data), _optional_path(calibration_data), eval_samples, calibration_samples, console
+        )
     pareto = objective == "pareto"
+    many_calls = slo_ms is not None or pareto or ttft_slo_ms is not None
     return SearchSpec(
         study=study,
         model=source,
@@ -342,7 +451,7 @@ def search_spec(
         studies_root=str(Path(studies_dir).resolve()),
         calibration_samples=calibration_samples,
         cover_backends=cover_backends,
-        measure=measure_settings(window, min_iterations=100 if slo_ms is not None or pareto else 5),
+        measure=measure_settings(window, min_iterations=100 if many_calls else 5),
         finalists=0 if pareto else finalists,
         finalist_repeats=finalist_repeats,
         finalist_share=finalist_share,
@@ -352,6 +461,10 @@ def search_spec(
         cache_size_mib=parse_size_mib(cache_size, "--cache-size"),
         slo_ms=slo_ms,
         heartbeat_grace_s=heartbeat_grace_s(heartbeat_grace),
+        task="generate" if workload else "classify",
+        generation=workload.to_json() if workload else None,
+        ttft_slo_ms=ttft_slo_ms,
+        tpot_slo_ms=tpot_slo_ms,
     )
 
 
@@ -378,6 +491,12 @@ def search(
     drift_metric: str = "relative_l2",
     max_drift: str | float = "0.05",
     slo_ms: float | None = None,
+    task: str = "auto",
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    sequences: Sequence[int] | None = None,
+    ttft_slo_ms: float | None = None,
+    tpot_slo_ms: float | None = None,
     weights: PathArg | None = None,
     input_shape: str | Sequence[int] | None = None,
     allow_pickle: bool = False,
@@ -433,6 +552,12 @@ def search(
         drift_metric=drift_metric,
         max_drift=max_drift,
         slo_ms=slo_ms,
+        task=task,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        sequences=sequences,
+        ttft_slo_ms=ttft_slo_ms,
+        tpot_slo_ms=tpot_slo_ms,
         weights=weights,
         input_shape=input_shape,
         allow_pickle=allow_pickle,

@@ -45,6 +45,17 @@ def _heartbeat_grace(args: argparse.Namespace) -> float:
     return heartbeat_grace_s(args.heartbeat_grace)
 
 
+def _count_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (argparse turns the ValueError into one line and exit 2)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give counts separated by commas, e.g. 1,2,4 (got {text!r})") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"counts must be 1 or more (got {text!r})")
+    return values
+
+
 def search_options(args: argparse.Namespace) -> dict[str, Any]:
     """`autotune search`'s words as the keyword arguments of autotune.search (the same names and defaults)."""
     return {
@@ -62,6 +73,12 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
         "drift_metric": args.drift_metric,
         "max_drift": args.max_drift,
         "slo_ms": args.slo_ms,
+        "task": args.task,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "sequences": args.sequences,
+        "ttft_slo_ms": args.ttft_slo_ms,
+        "tpot_slo_ms": args.tpot_slo_ms,
         "weights": args.weights,
         "input_shape": args.input_shape,
         "allow_pickle": args.allow_pickle,
@@ -91,10 +108,11 @@ def search_summary(result: Result) -> str:
     how = "re-measured alike" if alike else "from their search measurements"
     speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline ({how})" if best.speedup_vs_baseline else ""
     revalidated = best.objective.revalidated_median
+    unit = "tokens/s" if (best.metrics or {}).get("generation") else "samples/s"
     if revalidated:  # the re-validated number first; the search's single measurement labelled as such
-        number = f"{revalidated:.1f} samples/s re-measured (its search measurement: {best.throughput_sps:.1f})"
+        number = f"{revalidated:.1f} {unit} re-measured (its search measurement: {best.throughput_sps:.1f})"
     else:
-        number = f"{best.throughput_sps:.1f} samples/s from one search measurement"
+        number = f"{best.throughput_sps:.1f} {unit} from one search measurement"
     return f"best: trial {best.study.trial} {number}{speed}; {best.selection}; wrote {result.best_path}"
 
 
@@ -355,6 +373,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
         "(slower configs are measured, then pruned; every measurement takes at least 100 calls)",
     )
+    generation = search.add_argument_group(
+        "text generation (a factory returning a causal language model, e.g. a transformers *ForCausalLM)"
+    )
+    generation.add_argument(
+        "--task",
+        choices=("auto", "classify", "generate"),
+        default="auto",
+        help="generate: time text generation (TTFT, TPOT, generated tokens/s); classify: one forward pass; "
+        "auto (default): generate when the factory returns a causal language model",
+    )
+    generation.add_argument(
+        "--prompt-tokens", type=int, default=512, metavar="N", help="prompt length in tokens (default 512)"
+    )
+    generation.add_argument(
+        "--new-tokens", type=int, default=64, metavar="N", help="tokens generated per sequence (default 64)"
+    )
+    generation.add_argument(
+        "--sequences",
+        type=_count_list,
+        metavar="1,2,4",
+        help="concurrent sequences per instance to search (the batch; default: the space's)",
+    )
+    generation.add_argument("--ttft-slo-ms", type=float, metavar="MS", help="p99 bound on time to first token")
+    generation.add_argument("--tpot-slo-ms", type=float, metavar="MS", help="p99 bound on time per output token")
     search.add_argument(
         "--max-drift",
         default="0.05",

@@ -270,3 +270,24 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
     assert repeated.user_attrs["fail_cause"] == f"{cause} (as trial 1 with the same numerics found): not launched"
     assert repeated.user_attrs["executed_precision"] == unfused.user_attrs["executed_precision"]
     assert not Path(repeated.user_attrs["trial_dir"]).exists()  # nothing was started for it
+
+
+@pytest.mark.parametrize("precision", ["woq_int8", "da8w8", "smoothquant_int8", "bf16"])
+def test_a_language_model_runs_the_weights_its_precision_gives_and_an_fp32_one_under_that_claim_falls_back(precision):
+    from tiny_lm import tiny_llama
+
+    from autotune.backends.generation import prepare
+    from autotune.worker.generate import GenerationRunner
+
+    def runner(applied: str) -> GenerationRunner:
+        calibration = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+        generator, details = prepare(tiny_llama(), TrialConfig("eager", applied, batch_size=1), 2, calibration)
+        return GenerationRunner(generator, details)
+
+    bucket = "bf16" if precision == "bf16" else "int8"
+    quantized = check_precision(runner(precision), None, precision)
+    assert_runs(quantized, bucket)
+    assert quantized.source == "layer weight types" and quantized.counts == {bucket: 15}  # 2 x 7 Linear + lm_head
+    skipped = check_precision(runner("fp32"), None, precision)  # quantize_ that left every layer float
+    assert skipped.fallback and skipped.counts == {"f32": 15}
+    assert skipped.cause.startswith(f"precision fallback: {precision} asked, 0 of 15 compute layers ran in {bucket}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from autotune.backends import eager, inductor, ipex, onnxruntime, openvino, torchao
+from autotune.backends import eager, generation, inductor, ipex, onnxruntime, openvino, torchao
 from autotune.backends.base import BackendSpec
 
 _MODULES: dict[str, ModuleType] = {m.SPEC.name: m for m in (eager, inductor, ipex, onnxruntime, openvino, torchao)}
@@ -22,3 +22,8 @@ def backend_module(name: str) -> ModuleType:
         return _MODULES[name]
     except KeyError:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def backend_specs(task: str) -> dict[str, BackendSpec]:
+    """The backends of a task: one forward pass ("classify", the default) or text generation."""
+    return generation.SPECS if task == "generate" else BACKENDS

@@ -36,17 +36,28 @@ from autotune.common.records import Record
 
 OK, FALLBACK, UNCHECKED = "ok", "fallback", "unchecked"
 
-# The precisions checked; each is also the bucket its compute layers are counted in.
-CHECKED = ("int8", "bf16")
+# The precisions checked, and the bucket their compute layers must be counted in (language models'
+# torchao precisions too: weight-only and dynamic-activation int8 and int4, SmoothQuant).
+CLAIMED_BUCKET = {
+    "int8": "int8",
+    "bf16": "bf16",
+    "woq_int8": "int8",
+    "da8w8": "int8",
+    "smoothquant_int8": "int8",
+    "woq_int4": "int4",
+    "da8w4": "int4",
+}
 
 
 def bucket_of(dtype: str) -> str:
     """One runtime's name for a data type (oneDNN's s8, OpenVINO's I8, ATen's c10::BFloat16, ...) as
-    one of int8, bf16, f16, f32 or other."""
-    name = dtype.lower().removeprefix("c10::")
+    one of int8, int4, bf16, f16, f32 or other."""
+    name = dtype.lower().removeprefix("c10::").removeprefix("torch.")
     # ATen's "unsigned char" (uint8) is what oneDNN's int8 operators take as activations.
-    if name in ("s8", "u8", "i8", "s4", "u4", "i4", "int8", "uint8", "quint8", "qint8", "quint4x2"):
+    if name in ("s8", "u8", "i8", "int8", "uint8", "quint8", "qint8"):
         return "int8"
+    if name in ("s4", "u4", "i4", "int4", "uint4", "quint4x2"):
+        return "int4"
     if name in ("signed char", "unsigned char"):
         return "int8"
     if name in ("bf16", "bfloat16"):
@@ -92,8 +103,9 @@ def judge(claimed: str, evidence: dict[str, dict[str, int]], why: str = "") -> E
     """The verdict from each source's counts of compute layers by precision (sources in order of
     preference): the claim holds in the first source that saw a compute layer run in it. `why`
     explains a fallback, when the backend knows."""
+    wanted = CLAIMED_BUCKET[claimed]
     for source, counts in evidence.items():
-        if counts.get(claimed, 0) > 0:
+        if counts.get(wanted, 0) > 0:
             return ExecutedPrecision(claimed, OK, source, dict(counts), dict(evidence))
     seen: dict[str, dict[str, int]] = {}
     for source, counts in evidence.items():
@@ -107,7 +119,7 @@ def judge(claimed: str, evidence: dict[str, dict[str, int]], why: str = "") -> E
     source, counts = next(iter(seen.items()))
     ran = "; ".join(f"{name}: {describe(c)}" for name, c in seen.items())
     none = f"0 of {sum(counts.values())} compute layers" if len(seen) == 1 else "none of the compute layers"
-    reason = f"{claimed} asked, {none} ran in {claimed} ({ran}){f': {why}' if why else ''}"
+    reason = f"{claimed} asked, {none} ran in {wanted} ({ran}){f': {why}' if why else ''}"
     return ExecutedPrecision(claimed, FALLBACK, source, dict(counts), dict(evidence), reason)
 
 
@@ -119,7 +131,7 @@ def describe(counts: dict[str, int]) -> str:
 def check_precision(runner: Any, native_input: Any, claimed: str) -> ExecutedPrecision:
     """Ask the runner's probe what it executes (one call at most), timed; fp32 is not checked, and a
     probe that fails leaves the claim unchecked, with the error, rather than failing the trial."""
-    if claimed not in CHECKED:
+    if claimed not in CLAIMED_BUCKET:
         return ExecutedPrecision.unchecked(claimed, f"{claimed} is what everything falls back to: nothing to check")
     probe = getattr(runner, "probe", None)
     if probe is None:
@@ -312,3 +324,46 @@ def onnx_graph_counts(nodes: list[Any]) -> dict[str, int]:
         elif node.op_type in ORT_FLOAT:
             counts["f32"] += 1
     return dict(counts)
+
+
+# --- language models (torchao quantize_): the weight tensors of the layers ---------------------------
+
+_INT4_NAME = re.compile(r"int4", re.IGNORECASE)
+
+
+def weight_counts(model: Any) -> dict[str, int]:
+    """Linear and convolution layers by the type of their weight: torchao's weight-only and dynamic
+    quantization replace it with a quantized tensor subclass that picks the int8 / int4 kernels when the
+    layer runs (no oneDNN primitive to see for weight-only int8), so that type is what runs; a plain
+    float weight (quantization skipped the layer) runs float."""
+    import torch
+
+    counts: Counter[str] = Counter()
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)):
+            weight = module.weight
+            counts[_weight_bucket(weight.data if isinstance(weight, torch.nn.Parameter) else weight)] += 1
+    return dict(counts)
+
+
+def _weight_bucket(tensor: Any) -> str:
+    """A plain tensor by its type; a tensor subclass by its class name or range (int4), else by the
+    tensors it holds (SmoothQuant wraps an int8 tensor in one that carries its scales)."""
+    import torch
+
+    if type(tensor) is torch.Tensor:
+        return bucket_of(str(tensor.dtype))
+    quant_max = getattr(tensor, "quant_max", None)
+    if _INT4_NAME.search(type(tensor).__name__) or (isinstance(quant_max, int) and quant_max <= 15):
+        return "int4"
+    names = tensor.__tensor_flatten__()[0] if hasattr(tensor, "__tensor_flatten__") else []
+    inner = {_weight_bucket(getattr(tensor, name)) for name in names if getattr(tensor, name, None) is not None}
+    for bucket in ("int4", "int8"):
+        if bucket in inner:
+            return bucket
+    return "int8" if "Quantized" in type(tensor).__name__ else "other"
+
+
+def weight_probe(model: Any) -> Callable[[Any, str], ExecutedPrecision]:
+    """A language model's probe: its layers' weight types (no call)."""
+    return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)})

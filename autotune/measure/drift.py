@@ -16,12 +16,13 @@ import numpy as np
 
 from autotune.common.records import Record
 
-METRICS = ("relative_l2", "cosine", "top1", "accuracy")
+METRICS = ("relative_l2", "cosine", "top1", "accuracy", "perplexity")
 METRIC_HELP = {
     "relative_l2": "relative L2 error of the outputs, ||y - y_fp32|| / ||y_fp32||",
     "cosine": "1 - mean cosine similarity of each sample's output with FP32's (embeddings)",
     "top1": "share of samples whose top-1 class differs from FP32's",
     "accuracy": "drop of top-1 accuracy against the data's labels, FP32 minus candidate",
+    "perplexity": "relative increase of perplexity on the evaluation text (language models), e.g. 2%",
 }
 
 
@@ -60,6 +61,25 @@ def top1_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(outputs.argmax(axis=1) == np.asarray(labels).reshape(-1)))
 
 
+# Outputs that differ between samples by no more than this share of their largest magnitude are constant:
+# an FP32 forward's rounding stays far below it, any input-dependent output far above.
+CONSTANT_RTOL = 1e-6
+
+
+def constant_across_samples(outputs: np.ndarray) -> bool:
+    """True when every sample's output is the same (all zero included). Drift against such a reference
+    is 0 whatever a candidate computes before the part that makes it constant (a zero-initialised
+    head maps any features to zero), so it tells nothing. One sample alone: only all-zero is known."""
+    values = _flat(outputs, len(outputs))
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        return False
+    scale = float(np.max(np.abs(values)))
+    if len(values) < 2:
+        return scale == 0.0
+    spread = float(np.max(values.max(axis=0) - values.min(axis=0)))
+    return spread <= CONSTANT_RTOL * scale
+
+
 @dataclass(frozen=True)
 class Drift(Record):
     """How far a configuration's outputs are from the FP32 eager reference, on the evaluation set.
@@ -75,6 +95,12 @@ class Drift(Record):
     reference_accuracy: float | None = None
     accuracy_delta: float | None = None
     reused_from: int | None = None
+    # Language models: perplexity on the evaluation text, its relative increase over FP32's, and the
+    # share of greedily generated tokens identical to FP32's.
+    perplexity: float | None = None
+    reference_perplexity: float | None = None
+    perplexity_increase: float | None = None
+    greedy_agreement: float | None = None
 
     def reused_by_another(self, measured_by: int) -> Drift:
         """The same record, as reused by another trial (keeps the first measuring trial)."""
@@ -101,6 +127,30 @@ def compute_drift(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray
     )
 
 
+def compute_generation_drift(
+    logits: np.ndarray,
+    reference_logits: np.ndarray,
+    perplexity: float,
+    reference_perplexity: float,
+    greedy_agreement: float,
+) -> Drift:
+    """A language model's drift: its teacher-forced next-token logits against FP32's, one row per
+    position (relative L2, cosine, top-1 agreement), perplexity and greedy-token agreement."""
+    vocab = reference_logits.shape[-1]
+    rows = reference_logits.reshape(-1, vocab)
+    drift = compute_drift(logits.reshape(-1, vocab), rows)
+    finite = math.isfinite(perplexity)
+    return replace(
+        drift,
+        perplexity=perplexity if finite else math.inf,
+        reference_perplexity=reference_perplexity,
+        perplexity_increase=(perplexity / reference_perplexity - 1)
+        if finite and reference_perplexity > 0
+        else math.inf,
+        greedy_agreement=greedy_agreement,
+    )
+
+
 @dataclass(frozen=True)
 class DriftCriterion:
     """The largest drop from FP32 a config may have on one metric; `relative` divides by FP32's value."""
@@ -114,8 +164,8 @@ class DriftCriterion:
             raise ValueError(f"drift metric {self.metric!r} is not known; choose from {', '.join(METRICS)}")
         if not self.max_drop > 0:
             raise ValueError(f"the largest drift must be positive, got {self.max_drop}")
-        if self.relative and self.metric != "accuracy":
-            raise ValueError(f"a relative drift bound (a %) applies to accuracy only; {self.metric} is already a share")
+        if self.relative and self.metric not in ("accuracy", "perplexity"):
+            raise ValueError(f"a % bound applies to accuracy and perplexity only; {self.metric} is already a share")
 
     @classmethod
     def parse(cls, metric: str, text: str) -> DriftCriterion:
@@ -138,6 +188,8 @@ class DriftCriterion:
             return 1.0 - drift.cosine_similarity
         if self.metric == "top1":
             return 1.0 - drift.top1_agreement
+        if self.metric == "perplexity":
+            return drift.perplexity_increase
         if drift.accuracy is None or drift.reference_accuracy is None:
             return None
         loss = drift.reference_accuracy - drift.accuracy

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from autotune.common.records import Record, RecordError
 from autotune.records.config import TrialConfig
+from autotune.records.reference import ReferenceNote
 
 SCHEMA_PREFIX = "autotune.best/"
 OpenT = TypeVar("OpenT", bound="OpenRecord")
@@ -232,3 +233,9 @@ class BestJson(OpenRecord):
     @property
     def max_drift(self) -> float | None:
         return self.drift.get("max_drift")
+
+    @property
+    def reference_note(self) -> ReferenceNote | None:
+        """Set when the FP32 outputs were constant across inputs: what drift was measured on instead."""
+        note = self.drift.get("reference")
+        return ReferenceNote.from_json(note) if note else None

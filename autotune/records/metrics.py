@@ -63,6 +63,7 @@ class InstanceResult(Record):
     startup_to_ready_s: float | None = None
     backend_details: dict[str, Any] | None = None
     executed_precision: ExecutedPrecision | None = None  # instance 0 only: what really ran, against the claim
+    tokens_path: str | None = None  # generation: each timed call's token stamps, one row per call
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,26 @@ class Screening(Record):
     p50_ms: float
     ci_rel: float | None
     calls: int
+
+
+@dataclass(frozen=True)
+class GenerationMetrics(Record):
+    """A language model's trial, in its own terms, over the calls wholly inside the common window:
+    time to first token (a call's prefill, to its first token), time per output token (each decode
+    step), generated and prefilled tokens per second (all instances), and the weights' bytes."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"ttft_ms": LatencySummary, "tpot_ms": LatencySummary}
+
+    ttft_ms: LatencySummary
+    tpot_ms: LatencySummary
+    tokens_per_s: float
+    prefill_tokens_per_s: float
+    prompt_tokens: int
+    new_tokens: int
+    sequences: int
+    generation_ms_mean: float  # one call, start to last token: TTFT + (new_tokens - 1) x mean TPOT
+    weight_bytes: int | None = None
+    quantize_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +168,7 @@ class TrialMetrics(Record):
         "screening": Screening,
         "drift": Drift,
         "executed_precision": ExecutedPrecision,
+        "generation": GenerationMetrics,
     }
 
     throughput_sps: float
@@ -170,6 +192,7 @@ class TrialMetrics(Record):
     # What the model really executed against the precision the config claims (backends/precision.py);
     # None in trials stored before it was checked.
     executed_precision: ExecutedPrecision | None = None
+    generation: GenerationMetrics | None = None  # language models: TTFT, TPOT, tokens/s
 
     @classmethod
     def from_trial_attrs(cls, attrs: dict[str, Any], trial_number: int | None = None) -> TrialMetrics:
@@ -179,6 +202,11 @@ class TrialMetrics(Record):
         except RecordError as exc:
             where = f"trial {trial_number}" if trial_number is not None else "a stored trial"
             raise RecordError(f"{where}: {exc}") from None
+
+    @property
+    def unit(self) -> str:
+        """What throughput counts: generated tokens for a language model, samples otherwise."""
+        return "tokens/s" if self.generation else "samples/s"
 
     @property
     def noise_flags(self) -> list[str]:

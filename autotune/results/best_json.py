@@ -176,7 +176,11 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
         "metrics": {key: metrics[key] for key in METRIC_KEYS},
         "measure_settings": attrs.get("measure_settings"),
         "drift": drift_report(
-            drift_of(best), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration")
+            drift_of(best),
+            spec,
+            study.user_attrs.get("evaluation"),
+            study.user_attrs.get("calibration"),
+            study.user_attrs.get("reference_note"),
         ),
         "baseline": None
         if baseline is None
@@ -192,9 +196,14 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
 
 
 def drift_report(
-    drift: Drift | None, spec: dict[str, Any], evaluation: dict[str, Any] | None, calibration: dict[str, Any] | None
+    drift: Drift | None,
+    spec: dict[str, Any],
+    evaluation: dict[str, Any] | None,
+    calibration: dict[str, Any] | None,
+    reference_note: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The winner's drift: every metric, the one bounded with its drop and bound, and what it was measured on."""
+    """The winner's drift: every metric, the one bounded with its drop and bound, and what it was
+    measured on (`reference`: set when the FP32 outputs were constant across inputs, saying what was done)."""
     criterion = criterion_of(spec)
     evaluation = evaluation or {
         "data": "synthetic seeded random inputs",
@@ -212,6 +221,7 @@ def drift_report(
         + (" (synthetic: says little about accuracy)" if evaluation.get("synthetic") else ""),
         "evaluation": evaluation,
         "calibration": calibration,
+        "reference": reference_note,
     }
 
 
@@ -281,7 +291,13 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
     with its drift and how to run it, but no speed (it was never timed)."""
     spec = study.user_attrs.get("spec", {})
     attrs = trial.user_attrs
-    drift = drift_report(drift_of(trial), spec, study.user_attrs.get("evaluation"), study.user_attrs.get("calibration"))
+    drift = drift_report(
+        drift_of(trial),
+        spec,
+        study.user_attrs.get("evaluation"),
+        study.user_attrs.get("calibration"),
+        study.user_attrs.get("reference_note"),
+    )
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -355,6 +371,7 @@ def context_from_best(best: dict[str, Any]) -> TrialContext:
             Path(job["reference_path"]),
             ModelSource.from_dict(job["model"]),
             job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
+            generation=job.get("generation"),
         ),
         MeasureSettings.from_dict(job["measure"]),
         Path(job["workdir"]),

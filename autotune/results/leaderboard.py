@@ -15,7 +15,14 @@ from rich.table import Table
 
 from autotune.common.errors import UserError
 from autotune.results.best_json import choose_winner
-from autotune.results.selection import baseline_trial, clean_trials, maximizes, metrics_of, primary_value
+from autotune.results.selection import (
+    baseline_trial,
+    clean_trials,
+    maximizes,
+    metrics_of,
+    primary_value,
+    throughput_unit,
+)
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -39,6 +46,10 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str,
                 "throughput_sps": sps,
                 "p50_ms": metrics.latency_ms.p50,
                 "p99_ms": metrics.latency_ms.p99,
+                "ttft_p50_ms": metrics.generation.ttft_ms.p50 if metrics.generation else None,
+                "tpot_p50_ms": metrics.generation.tpot_ms.p50 if metrics.generation else None,
+                "tpot_p99_ms": metrics.generation.tpot_ms.p99 if metrics.generation else None,
+                "perplexity_increase": metrics.drift.perplexity_increase if metrics.drift else None,
                 "drift": metrics.drift.relative_l2 if metrics.drift else None,
                 "speedup": sps / base_sps if sps and base_sps else None,
                 "runtime": (metrics.runtime or {}).get("name", "main"),
@@ -50,17 +61,23 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str,
 
 def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[str, Any]] | None = None) -> Table:
     table = Table(title=f"study {study.study_name}: best {top} clean configurations, one search measurement each")
-    for column in ("#", "trial", "config", "samples/s", "p50 ms", "p99 ms", "drift (rel. L2)", "vs baseline"):
+    rows = rows if rows is not None else leaderboard_rows(study, top)
+    generation = throughput_unit(study) == "tokens/s"
+    latency = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
+    columns = ("#", "trial", "config", throughput_unit(study), *latency, "drift (rel. L2)")
+    for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
-    for row in rows if rows is not None else leaderboard_rows(study, top):
+    for row in rows:
+        keys = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
+        ppl = row.get("perplexity_increase")
         table.add_row(
             str(row["rank"]),
             f"{row['trial']}{' (baseline)' if row['baseline'] else ''}",
             row["config"],
             _fmt(row["throughput_sps"]),
-            _fmt(row["p50_ms"]),
-            _fmt(row["p99_ms"]),
+            *(_fmt(row.get(key)) for key in keys),
             "-" if row["drift"] is None else f"{row['drift']:.2e}",
+            *((("-" if ppl is None else f"{ppl:+.2%}"),) if generation else ()),
             "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
         )
     return table
@@ -114,7 +131,7 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
         best, record, why = choose_winner(study)
     except UserError:
         return []
-    unit = "samples/s" if maximizes(study) else "ms"
+    unit = throughput_unit(study) if maximizes(study) else "ms"
     name = f"trial {best.number} {best.user_attrs.get('config_summary', '')}".rstrip()
     candidate = next((c for c in (record or {}).get("candidates", []) if c["trial"] == best.number), None)
     if candidate is None or candidate["summary"]["median"] is None:
@@ -122,7 +139,7 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
     summary = candidate["summary"]
     base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)  # type: ignore[index]
     speedup = (
-        f", {summary['median'] / base:.2f}x the baseline re-measured alike" if base and unit == "samples/s" else ""
+        f", {summary['median'] / base:.2f}x the baseline re-measured alike" if base and unit.endswith("/s") else ""
     )
     runs = f"{summary['runs']} clean runs of {summary.get('of_runs', summary['runs'])}"
     return [

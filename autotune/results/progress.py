@@ -14,7 +14,11 @@ from rich.panel import Panel
 from rich.text import Text
 
 from autotune.common.durations import format_duration
-from autotune.results.selection import clean_trials, metrics_of
+from autotune.results.selection import clean_trials, metrics_of, throughput_unit
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
 
 
 def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
@@ -25,11 +29,20 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
         if p50 is None or drift is None:
             return ""
         ci = metrics.measurement.throughput_ci_rel
-        text = (
-            f"{metrics.throughput_sps:8.1f} samples/s{f' ±{ci:.1%}' if ci is not None else ''}  p50 "
-            f"{p50:.1f} ms  drift {drift.relative_l2:.2e}"
-            f"{f'  acc {drift.accuracy:.3f}' if drift.accuracy is not None else ''}"
-        )
+        rate = f"{metrics.throughput_sps:8.1f} {metrics.unit}{f' ±{ci:.1%}' if ci is not None else ''}"
+        generation = metrics.generation
+        if generation is not None:
+            ttft, tpot = generation.ttft_ms.p50, generation.tpot_ms.p50
+            ppl = drift.perplexity_increase
+            text = (
+                f"{rate}  TTFT p50 {_ms(ttft)}  TPOT p50 {_ms(tpot)}  drift {drift.relative_l2:.2e}"
+                f"{f'  ppl {ppl:+.1%}' if ppl is not None and ppl == ppl else ''}"
+            )
+        else:
+            text = (
+                f"{rate}  p50 {p50:.1f} ms  drift {drift.relative_l2:.2e}"
+                f"{f'  acc {drift.accuracy:.3f}' if drift.accuracy is not None else ''}"
+            )
         if not metrics.measurement.pinned:
             text += "  UNPINNED"
         flags = metrics.noise_flags
@@ -71,7 +84,8 @@ class ProgressPrinter:
         best = ""
         best_trial, sps, speedup = best_so_far(study, self.baseline_sps)
         if best_trial is not None and sps:
-            best = f" | best #{best_trial.number} {sps:.1f} sps" + (f" = {speedup:.2f}x baseline" if speedup else "")
+            unit = "tok/s" if throughput_unit(study) == "tokens/s" else "sps"
+            best = f" | best #{best_trial.number} {sps:.1f} {unit}" + (f" = {speedup:.2f}x baseline" if speedup else "")
         self.console.print(
             f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}",
             markup=False,
@@ -102,7 +116,7 @@ class LiveStatus:
         if best is not None:
             times = f" = {speedup:.2f}x the baseline" if speedup else ""
             summary = best.user_attrs.get("config_summary", "")
-            self.best = f"best so far: trial {best.number} {summary}: {sps or 0:.1f} samples/s{times}"
+            self.best = f"best so far: trial {best.number} {summary}: {sps or 0:.1f} {throughput_unit(study)}{times}"
 
     def lines(self) -> list[str]:
         used = time.monotonic() - self.started

@@ -56,6 +56,11 @@ def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial
     ]
 
 
+def throughput_unit(study: optuna.study.Study) -> str:
+    """tokens/s for a generation study (generated tokens), samples/s otherwise."""
+    return "tokens/s" if (study.user_attrs.get("spec") or {}).get("task") == "generate" else "samples/s"
+
+
 def maximizes(study: optuna.study.Study) -> bool:
     """Whether the primary value grows with goodness: throughput, and a Pareto study's first objective."""
     return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE

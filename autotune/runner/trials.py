@@ -32,11 +32,13 @@ from autotune.measure.stopwatch import (
     straggler_ratio,
     window_calls,
 )
+from autotune.measure.tokens import token_times
 from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.metrics import (
     Attempt,
+    GenerationMetrics,
     InstanceResult,
     InstanceScreen,
     InstanceShare,
@@ -44,6 +46,7 @@ from autotune.records.metrics import (
     Screening,
     TrialMetrics,
 )
+from autotune.records.reference import ReferenceNote
 from autotune.runner.artifact_cache import (
     META_FILE,
     artifact_dir,
@@ -67,6 +70,8 @@ class Reference:
     # What int8 artifacts are calibrated on (part of their cache key) and what drift is measured on.
     calibration: dict[str, Any] = field(default_factory=lambda: {"data": "synthetic", "samples": 64})
     evaluation: dict[str, Any] = field(default_factory=dict)
+    generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
+    note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,36 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
             stamps=[r.stamps_path for r in results],
         ),
         screening=screening_of(results, settings.ci_confidence),
+        generation=generation_of(results, stamps, window, settings),
+    )
+
+
+def generation_of(
+    results: list[InstanceResult], stamps: list[np.ndarray], window: dict[str, Any], settings: MeasureSettings
+) -> GenerationMetrics | None:
+    """A language model's TTFT, TPOT and tokens/s over the common window (None for other models)."""
+    if not results[0].tokens_path:
+        return None
+    tokens = [np.load(r.tokens_path) for r in results if r.tokens_path]
+    times = token_times(stamps, tokens, window["start"], window["end"])
+    new_tokens = tokens[0].shape[1]
+    sequences = results[0].samples_per_call // new_tokens
+    details = results[0].backend_details or {}
+    prompt_tokens = int(details.get("prompt_tokens", 0))
+    tokens_per_s = window["throughput_sps"]
+    mean_ttft = float(np.mean(times.ttft_s)) if len(times.ttft_s) else 0.0
+    return GenerationMetrics(
+        ttft_ms=latency_summary(times.ttft_s, settings.ci_confidence),
+        tpot_ms=latency_summary(times.tpot_s, settings.ci_confidence),
+        tokens_per_s=tokens_per_s,
+        # Prompt tokens each instance prefills per second of prefill, summed over instances.
+        prefill_tokens_per_s=len(results) * sequences * prompt_tokens / mean_ttft if mean_ttft > 0 else 0.0,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        sequences=sequences,
+        generation_ms_mean=float(np.mean(times.generation_s)) * 1e3 if len(times.generation_s) else 0.0,
+        weight_bytes=details.get("weight_bytes"),
+        quantize_s=details.get("quantize_s"),
     )
 
 
@@ -247,6 +282,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         "artifact_dir": artifact["dir"] if artifact else None,
         "calibration_samples": ctx.calibration_samples,
         "calibration": ctx.reference.calibration,
+        **({"generation": ctx.reference.generation} if ctx.reference.generation else {}),
     }
 
 
@@ -470,11 +506,13 @@ def compute_reference(
     data: DataSource = DataSource(),
     calibration_data: DataSource | None = None,
     calibration_samples: int = 64,
+    generation: dict[str, Any] | None = None,
 ) -> Reference:
     """FP32 eager outputs on the evaluation set, computed once per study in a fresh process, which also
     draws the calibration set (disjoint from evaluation) and saves it beside them.
 
-    Reused only when it was computed for the same model, weights, data and set sizes.
+    Reused only when it was computed for the same model, weights, data and set sizes. When its outputs
+    are constant across inputs, `note` says so (and whether the random init's head was redrawn).
     """
     ref_dir = study_dir / "reference"
     outputs_path = (ref_dir / "reference.pt").resolve()
@@ -485,9 +523,12 @@ def compute_reference(
         "eval_samples": eval_samples,
         "calibration_samples": calibration_samples,
         **sources,
+        **({"generation": generation} if generation else {}),
     }
     try:
-        fresh = read_json(ref_dir / "meta.json")["wanted"] == wanted and outputs_path.exists()
+        meta = read_json(ref_dir / "meta.json")
+        # A reference from before constant outputs were looked for has no note: computed again.
+        fresh = meta["wanted"] == wanted and "reference_note" in meta["result"] and outputs_path.exists()
     except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     if not fresh:
@@ -505,6 +546,7 @@ def compute_reference(
                 "reference_path": str(outputs_path),
                 "result_path": str((ref_dir / "result.json").resolve()),
                 "weights_out": None if model.has_own_weights else str(weights_path),
+                **({"generation": generation} if generation else {}),
             },
         )
         launch = InstanceLaunch(
@@ -534,6 +576,8 @@ def compute_reference(
         "labels": result["labels"],
         "reference_accuracy": result["reference_accuracy"],
         "synthetic": data.kind == "synthetic",
+        **({"reference_perplexity": result["reference_perplexity"]} if generation else {}),
     }
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
-    return Reference(outputs_path, shared, calibration, evaluation)
+    note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note)

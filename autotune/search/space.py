@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from autotune.backends import BACKENDS, backend_module
+from autotune.backends import BACKENDS, backend_module, backend_specs
+from autotune.backends.base import BackendSpec
 from autotune.common.errors import UserError
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, candidates, why_not
@@ -21,6 +22,7 @@ from autotune.records.config import TrialConfig
 
 TOP_LEVEL_KEYS = (
     "batch_size",
+    "sequences",
     "allocator",
     "instances",
     "threads_per_instance",
@@ -36,7 +38,7 @@ OPENMP = ("gnu", "intel")
 # PyTorch's Xeon launcher's Intel OpenMP settings: threads bound to cores in order, short spin-wait.
 DEFAULT_KMP_AFFINITY = "granularity=fine,compact,1,0"
 DEFAULT_KMP_BLOCKTIME = 1
-BASELINE_KEYS = ("batch_size",)
+BASELINE_KEYS = ("batch_size", "sequences")
 
 
 def load_space_file(path: str | Path) -> dict[str, Any]:
@@ -119,18 +121,34 @@ class SearchSpace:
     runtimes: dict[str, list[str]] = field(default_factory=dict)  # backend -> runtimes it may run in (first: default)
     thread_pool: ThreadPoolDims = ThreadPoolDims(["gnu"], [DEFAULT_KMP_AFFINITY], [DEFAULT_KMP_BLOCKTIME], [False])
     runtime_openmp: dict[str, list[str]] = field(default_factory=dict)  # runtime -> OpenMP libraries it has
+    task: str = "classify"  # "generate": language-model backends, batch_size = concurrent sequences
+
+    @property
+    def specs(self) -> dict[str, BackendSpec]:
+        return backend_specs(self.task)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime]) -> SearchSpace:
-        """Validate the YAML content and narrow it to what this machine and its runtimes can run."""
+    def from_dict(
+        cls,
+        data: dict[str, Any],
+        machine: MachineProbe,
+        runtimes: dict[str, Runtime],
+        task: str = "classify",
+        unavailable: dict[str, str] | None = None,
+    ) -> SearchSpace:
+        """Validate the YAML content and narrow it to what this machine and its runtimes can run.
+        `unavailable`: precisions this machine's libraries cannot run (generation), each with its reason."""
         unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
         if unknown:
             raise UserError(f"search space: unknown key {unknown[0]!r}; allowed keys are {', '.join(TOP_LEVEL_KEYS)}")
         notes: list[str] = []
         cores = machine.physical_cores
-        batch_sizes = _choices("batch_size", data.get("batch_size", [1, 8, 32]), int)
+        batch_key = "sequences" if task == "generate" else "batch_size"
+        if task != "generate" and "sequences" in data:
+            raise UserError("search space: 'sequences' is for generation (--task generate); use batch_size")
+        batch_sizes = _choices(batch_key, data.get(batch_key, data.get("batch_size", [1, 8, 32])), int)
         if any(b <= 0 for b in batch_sizes):
-            raise UserError("search space: batch_size values must be positive")
+            raise UserError(f"search space: {batch_key} values must be positive")
 
         allocators = _choices("allocator", data.get("allocator", list(ALLOCATORS)), str)
         for name in allocators:
@@ -159,7 +177,9 @@ class SearchSpace:
             )
 
         thread_pool = ThreadPoolDims.from_dict(data, machine, runtimes, notes)
-        backends, routes = cls._backends(data.get("backends", {"eager": {}}), runtimes, notes)
+        backends, routes = cls._backends(
+            data.get("backends", {"eager": {}}), runtimes, notes, backend_specs(task), unavailable or {}
+        )
         for runtime in runtimes.values():
             if runtime.role == "explicit" and not any(runtime.name in names for names in routes.values()):
                 reasons = (
@@ -178,10 +198,11 @@ class SearchSpace:
         unknown = sorted(set(baseline) - set(BASELINE_KEYS))
         if unknown:
             raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
-        baseline_bs = baseline.get("batch_size", 8 if 8 in batch_sizes else batch_sizes[0])
+        usual = 1 if task == "generate" else 8
+        baseline_bs = baseline.get(batch_key, usual if usual in batch_sizes else batch_sizes[0])
         if baseline_bs not in batch_sizes:
             raise UserError(
-                f"search space: baseline batch_size {baseline_bs!r} must be one of batch_size {batch_sizes}"
+                f"search space: baseline {batch_key} {baseline_bs!r} must be one of {batch_key} {batch_sizes}"
             )
         return cls(
             batch_sizes,
@@ -195,20 +216,25 @@ class SearchSpace:
             routes,
             thread_pool,
             {name: sorted(r.openmp) for name, r in runtimes.items()},
+            task,
         )
 
     @staticmethod
     def _backends(
-        raw: Any, runtimes: dict[str, Runtime], notes: list[str]
+        raw: Any,
+        runtimes: dict[str, Runtime],
+        notes: list[str],
+        specs: dict[str, BackendSpec],
+        unavailable: dict[str, str],
     ) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[str]]]:
         if not isinstance(raw, dict) or not raw:
             raise UserError("search space: 'backends' must map backend names to their options")
         result: dict[str, dict[str, list[Any]]] = {}
         routes: dict[str, list[str]] = {}
         for name, options in raw.items():
-            if name not in BACKENDS:
-                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(BACKENDS)}")
-            spec = BACKENDS[name]
+            if name not in specs:
+                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(specs)}")
+            spec = specs[name]
             options = options or {}
             if not isinstance(options, dict):
                 raise UserError(f"search space: backends.{name} must be a mapping of options")
@@ -229,7 +255,14 @@ class SearchSpace:
             dims.setdefault("precision", [spec.precisions[0]])
             for key, supported in spec.options.items():
                 dims.setdefault(key, [supported[0]])
-            routes[name] = candidates(name, runtimes)
+            left_out = [p for p in dims["precision"] if p in unavailable]
+            for precision in left_out:
+                notes.append(f"precision {precision} cannot run here ({unavailable[precision]}): left out of {name}")
+            dims["precision"] = [p for p in dims["precision"] if p not in unavailable]
+            if not dims["precision"]:
+                continue
+            # Generation runs in the main runtime (transformers and torchao, probed above).
+            routes[name] = candidates(name, runtimes) if specs is BACKENDS else ["main"]
             if not routes[name]:
                 notes.append(f"backend {name} imports in no runtime ({why_not(name, runtimes)}): left out")
                 del routes[name]
@@ -247,7 +280,7 @@ class SearchSpace:
         backend = trial.suggest_categorical("backend", list(self.backends))
         dims = self.backends[backend]
         precision = trial.suggest_categorical(f"{backend}.precision", dims["precision"])
-        spec = BACKENDS[backend]
+        spec = self.specs[backend]
         chosen = {
             key: trial.suggest_categorical(f"{backend}.{key}", values)
             for key, values in dims.items()
@@ -262,7 +295,9 @@ class SearchSpace:
                 pool["kmp_affinity"] = trial.suggest_categorical("kmp_affinity", self.thread_pool.kmp_affinity)
                 pool["kmp_blocktime"] = trial.suggest_categorical("kmp_blocktime", self.thread_pool.kmp_blocktime)
             pool["thp"] = trial.suggest_categorical("thp", self.thread_pool.thp)
-        batch_size = trial.suggest_categorical("batch_size", self.batch_sizes)
+        batch_size = trial.suggest_categorical(
+            "sequences" if self.task == "generate" else "batch_size", self.batch_sizes
+        )
         allocator = trial.suggest_categorical("allocator", self.allocators)
         instances = trial.suggest_categorical("instances", self.instances)
         max_threads = self.cores // instances
@@ -273,7 +308,9 @@ class SearchSpace:
         config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen, runtime, **pool)
         if config.total_cores > self.cores:
             raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
-        refusal = getattr(backend_module(backend), "unsupported", lambda _: None)(config)
+        refusal = (
+            getattr(backend_module(backend), "unsupported", lambda _: None)(config) if self.task != "generate" else None
+        )
         if refusal:
             raise InfeasibleConfig(refusal)
         if config.openmp == "intel" and "intel" not in self.runtime_openmp.get(runtime, ["intel"]):
@@ -298,7 +335,7 @@ class SearchSpace:
                     params: dict[str, Any] = {
                         "backend": backend,
                         f"{backend}.precision": precision,
-                        "batch_size": batch,
+                        self._batch_param: batch,
                         "allocator": self.allocators[0],
                         "instances": self.instances[0],
                         "threads_per_instance": threads,
@@ -307,15 +344,19 @@ class SearchSpace:
                         {
                             f"{backend}.{key}": values[0]
                             for key, values in dims.items()
-                            if key != "precision" and BACKENDS[backend].applies(key, precision)
+                            if key != "precision" and self.specs[backend].applies(key, precision)
                         }
                     )
                     if len(routes) > 1:
                         params[f"{backend}.runtime"] = runtime
-                    if BACKENDS[backend].torch_threads:
+                    if self.specs[backend].torch_threads:
                         params.update(self._plain_thread_pool())
                     plans.append(params)
         return plans
+
+    @property
+    def _batch_param(self) -> str:
+        return "sequences" if self.task == "generate" else "batch_size"
 
     def _plain_thread_pool(self) -> dict[str, Any]:
         """GNU OpenMP and no huge pages when the space allows them (what an untuned process runs with)."""
@@ -340,7 +381,7 @@ class SearchSpace:
         params: dict[str, Any] = {
             "backend": "eager",
             "eager.precision": "fp32",
-            "batch_size": self.baseline_batch_size,
+            self._batch_param: self.baseline_batch_size,
             "allocator": "glibc",
             "instances": 1,
             "threads_per_instance": self.cores,
@@ -349,8 +390,8 @@ class SearchSpace:
         if len(self.runtimes.get("eager", [])) > 1:
             params["eager.runtime"] = "main"
         for key, values in eager.items():
-            if key != "precision":
-                default = BACKENDS["eager"].options[key][0]
+            if key != "precision" and self.specs["eager"].applies(key, "fp32"):
+                default = self.specs["eager"].options[key][0]
                 if default not in values:
                     return None
                 params[f"eager.{key}"] = default

@@ -35,6 +35,10 @@ IDENTITY_FIELDS = (
     "calibration_samples",
     "runtimes",
     "slo_ms",
+    "task",
+    "generation",
+    "ttft_slo_ms",
+    "tpot_slo_ms",
 )
 # Fields added after studies already existed: a stored spec without them had these values.
 IDENTITY_DEFAULTS = {
@@ -44,7 +48,12 @@ IDENTITY_DEFAULTS = {
     "calibration_data": None,
     "runtimes": [],
     "slo_ms": None,
+    "task": "classify",
+    "generation": None,
+    "ttft_slo_ms": None,
+    "tpot_slo_ms": None,
 }
+TASKS = ("classify", "generate")
 
 
 def validate_study_name(name: str) -> str:
@@ -96,6 +105,10 @@ class SearchSpec:
     mixed_hardware: list[str] | None = (
         None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
     )
+    task: str = "classify"  # "generate": a causal language model generating text (TTFT, TPOT, tokens/s)
+    generation: dict[str, Any] | None = None  # the GenerationWorkload every trial runs (task generate)
+    ttft_slo_ms: float | None = None  # generation: p99 bound on time to first token
+    tpot_slo_ms: float | None = None  # generation: p99 bound on time per output token
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)
@@ -133,6 +146,19 @@ class SearchSpec:
             )
         if self.slo_ms is not None and self.measure.window_min_iters < 100:
             raise UserError("--slo-ms needs at least 100 calls per measurement for a p99")
+        if self.task not in TASKS:
+            raise UserError(f"--task {self.task!r} is not known; choose {' or '.join(TASKS)}")
+        if (self.task == "generate") != (self.generation is not None):
+            raise UserError("a generation study needs its workload (--prompt-tokens, --new-tokens)")
+        if self.task != "generate" and (self.ttft_slo_ms is not None or self.tpot_slo_ms is not None):
+            raise UserError("--ttft-slo-ms and --tpot-slo-ms bound a generation study (--task generate)")
+        if self.task == "generate" and self.slo_ms is not None:
+            raise UserError("--slo-ms bounds one call; for generation bound --ttft-slo-ms or --tpot-slo-ms")
+        for name, bound in (("--ttft-slo-ms", self.ttft_slo_ms), ("--tpot-slo-ms", self.tpot_slo_ms)):
+            if bound is not None and (bound <= 0 or self.objective != "throughput"):
+                raise UserError(f"{name} must be a positive p99 bound and goes with --objective throughput")
+        if self.ttft_slo_ms is not None and self.measure.window_min_iters < 100:
+            raise UserError("--ttft-slo-ms needs at least 100 generations per measurement for a p99")
         if self.calibration_samples < 1:
             raise UserError(f"--calibration-samples must be at least 1, got {self.calibration_samples}")
 
@@ -148,6 +174,11 @@ class SearchSpec:
     @property
     def criterion(self) -> DriftCriterion:
         return DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
+
+    @property
+    def unit(self) -> str:
+        """What throughput counts: generated tokens for a language model, samples otherwise."""
+        return "tokens/s" if self.task == "generate" else "samples/s"
 
     @property
     def directions(self) -> list[Direction]:

@@ -7,9 +7,12 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import socket
 import statistics
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -26,9 +29,9 @@ from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
-from autotune.machine.runtimes import Runtime, discover_runtimes
+from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
-from autotune.records.config import TrialConfig, pin_prefix
+from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.metrics import Screening, TrialMetrics
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
@@ -83,11 +86,12 @@ def open_study(
     if not study.metric_names:  # how optuna-dashboard labels the objectives
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            latency = "TPOT" if spec.task == "generate" else "ms per call"
             study.set_metric_names(
                 {
-                    "throughput": ["samples/s"],
-                    "latency": ["p50 ms per call"],
-                    "pareto": ["samples/s", "p99 ms per call"],
+                    "throughput": [spec.unit],
+                    "latency": [f"p50 {latency}"],
+                    "pareto": [spec.unit, f"p99 {latency}"],
                 }[spec.objective]
             )
     stored = study.user_attrs.get("spec")
@@ -131,6 +135,8 @@ class Objective:
         self._record(trial, config, trial_dir, metrics, launches, template)
         if self.spec.slo_ms is not None:
             self._check_slo(trial, metrics)
+        if self.spec.ttft_slo_ms is not None or self.spec.tpot_slo_ms is not None:
+            self._check_token_slos(trial, metrics)
         return value
 
     def _suggest(self, trial: optuna.trial.Trial) -> TrialConfig:
@@ -301,6 +307,35 @@ class Objective:
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
 
+    def _check_token_slos(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
+        """--ttft-slo-ms / --tpot-slo-ms: over a p99 bound is measured, recorded and pruned, as --slo-ms."""
+        generation = metrics.generation
+        assert generation is not None
+        bounds = {
+            "ttft": (self.spec.ttft_slo_ms, generation.ttft_ms),
+            "tpot": (self.spec.tpot_slo_ms, generation.tpot_ms),
+        }
+        slo: dict[str, Any] = {}
+        failed = []
+        for name, (bound, summary) in bounds.items():
+            if bound is None:
+                continue
+            p99 = summary.p99
+            met = p99 is not None and p99 <= bound
+            slo[name] = {"bound_ms": bound, "p99_ms": p99, "met": met}
+            if not met:
+                failed.append(
+                    f"{name.upper()} p99 {p99:.1f} ms > {bound:g} ms"
+                    if p99 is not None
+                    else f"{name.upper()}: too few samples for a p99 (needs 100)"
+                )
+        slo["met"] = not failed
+        trial.set_user_attr("slo", slo)
+        if failed:
+            reason = "latency SLO: " + "; ".join(failed)
+            trial.set_user_attr("prune_reason", reason)
+            raise optuna.TrialPruned(reason)
+
 
 def same_numerics_fallback(
     study: optuna.study.Study, numerics_key: str, host: str
@@ -332,15 +367,17 @@ def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> Drift |
 
 
 def objective_value(objective: str, metrics: TrialMetrics) -> float | tuple[float, float]:
-    """What Optuna optimizes: samples/s, median latency per call in ms, or (samples/s, p99 ms) for pareto."""
+    """What Optuna optimizes: samples/s, median latency per call in ms, or (samples/s, p99 ms) for pareto.
+    A language model's latency is its time per output token (TPOT), and throughput generated tokens/s."""
     if objective == "throughput":
         return metrics.throughput_sps
+    latency = metrics.generation.tpot_ms if metrics.generation else metrics.latency_ms
     if objective == "pareto":
-        p99 = metrics.latency_ms.p99
+        p99 = latency.p99
         if p99 is None:
             raise TrialFailed("too few calls for a p99 latency (needs 100)")
         return metrics.throughput_sps, p99
-    p50 = metrics.latency_ms.p50
+    p50 = latency.p50
     if p50 is None:
         raise TrialFailed("too few iterations for a median latency; raise --measure-seconds")
     return p50
@@ -415,6 +452,8 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     register_orchestrator(study)  # refused beside another process of this study on the same cores of this host
     fail_abandoned_trials(study, say)
     reference = _reference(spec, study)
+    if reference.note is not None:
+        say(f"note: {reference.note.message}")
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, console)
     ctx = TrialContext(
@@ -440,7 +479,8 @@ def _search_space(
     spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Runtime], say: Callable[[str], None]
 ) -> SearchSpace:
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
-    space = SearchSpace.from_dict(spec.space, machine, runtimes)
+    unavailable = generation_precisions_unavailable(runtimes["main"]) if spec.task == "generate" else None
+    space = SearchSpace.from_dict(spec.space, machine, runtimes, spec.task, unavailable)
     for note in space.notes:
         say(f"note: {note}")
     for backend, names in space.runtimes.items():
@@ -449,8 +489,21 @@ def _search_space(
     return space
 
 
+def generation_precisions_unavailable(runtime: Runtime) -> dict[str, str]:
+    """Which generation precisions the runtime's torchao cannot run on CPU, probed in a fresh process
+    of that runtime (APIs move between torchao versions: what imports may still have no CPU kernel)."""
+    command = [runtime.python, "-m", "autotune.backends.generation"]
+    env = runtime_env(runtime, clean_environment(dict(os.environ)))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
+        return dict(json.loads(done.stdout.strip().splitlines()[-1])["unavailable"])
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
+        raise UserError(f"cannot probe which precisions run in {runtime.python}: {exc}") from None
+
+
 def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
-    """The FP32 eager outputs every trial is compared with (computed once per study), recorded on it."""
+    """The FP32 eager outputs every trial is compared with (computed once per study), recorded on it;
+    refused when they are constant across inputs and nothing could make drift see past that."""
     try:
         reference = compute_reference(
             spec.model,
@@ -460,12 +513,17 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
             spec.data,
             spec.calibration_data,
             spec.calibration_samples,
+            spec.generation,
         )
     except TrialFailed as exc:
         raise UserError(
             f"the model does not run in FP32 eager mode, so there is no reference to compare with ({exc.cause}); "
             f"see {spec.dir / 'reference' / 'stderr.log'}"
         ) from None
+    if reference.note is not None and not reference.note.drift_measurable:
+        # Every search bounds drift, and against this reference any numerics would pass the bound.
+        raise UserError(reference.note.message)
+    study.set_user_attr("reference_note", reference.note.to_json() if reference.note else None)
     study.set_user_attr("model_for_trials", reference.model.to_dict())
     study.set_user_attr("evaluation", reference.evaluation)
     study.set_user_attr("calibration", reference.calibration)

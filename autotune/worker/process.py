@@ -27,7 +27,7 @@ import numpy as np
 from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.records import Record
-from autotune.measure.drift import Drift, compute_drift, top1_accuracy
+from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.model.dataset import DataSource, evaluation_and_calibration
@@ -36,6 +36,7 @@ from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_nu
 from autotune.model.sources import ModelSource, build_model, primary_output
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import InstanceResult, InstanceScreen
+from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
 
 EXIT_CHECK_FAILED = 3
@@ -90,16 +91,19 @@ def save_atomic(obj: Any, path: str) -> None:
 
 
 def run_reference(job: dict[str, Any]) -> dict[str, Any]:
-    """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it."""
+    """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it (with
+    an all-zero head redrawn when the outputs would otherwise be the same for every input)."""
     import torch
 
     from autotune.backends import backend_module
 
+    if job.get("generation"):
+        from autotune.worker.generate import run_generation_reference
+
+        return run_generation_reference(job, save_atomic)
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
     model = build_model(source)
-    if job.get("weights_out"):
-        save_atomic(model.state_dict(), job["weights_out"])
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
         DataSource.from_dict(job.get("data")),
@@ -111,8 +115,22 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     )
     inputs = sets["inputs"]
     config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
-    runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
-    outputs = run_in_batches(runner, inputs, config.batch_size)
+
+    def fp32_outputs() -> np.ndarray:
+        runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
+        return run_in_batches(runner, inputs, config.batch_size)
+
+    outputs = fp32_outputs()
+    note = None
+    if constant_across_samples(outputs):  # drift against it would be blind: see reference_check
+        all_zero = not np.any(outputs)
+        note = reference_check.examine(model, inputs, source, all_zero)
+        if note.redrawn:
+            outputs = fp32_outputs()
+            if constant_across_samples(outputs):
+                note = reference_check.still_constant(note, not np.any(outputs))
+    if job.get("weights_out"):  # after any redraw: every trial loads exactly the model the reference ran
+        save_atomic(model.state_dict(), job["weights_out"])
     save_atomic(
         {**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)},
         job["reference_path"],
@@ -128,6 +146,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         "calibration_samples": batch_len(sets["calibration"]),
         "labels": labels is not None,
         "reference_accuracy": accuracy,
+        "reference_note": note.to_json() if note else None,
     }
 
 
@@ -196,9 +215,15 @@ def load_model(job: dict[str, Any], config: TrialConfig, instance: int) -> Loade
     """Build (or load the prepared artifact of) the model, check OpenMP once torch is loaded, and make
     the first call, timed apart: it includes compilation for compiled backends."""
     source = ModelSource.from_dict(job["model"])
-    example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
     t0 = time.monotonic()
-    runner = build_runner(job, config, source, example)
+    if job.get("generation"):
+        from autotune.worker.generate import build_generation_runner, timing_prompts
+
+        example = timing_prompts(job, config, instance)
+        runner: Any = build_generation_runner(job, config)
+    else:
+        example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
+        runner = build_runner(job, config, source, example)
     openmp = check_openmp(config)
     native = runner.convert_input(example)
     load_s = time.monotonic() - t0
@@ -259,11 +284,18 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
 
     model = load_model(job, config, instance)
     precision = probe_precision(job, config, model) if instance == 0 else None
+    generation = job.get("generation")
     drift = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
-        drift = measure_drift(job["reference_path"], model.runner, config.batch_size)
+        if generation:
+            from autotune.worker.generate import measure_generation_drift
+
+            drift = measure_generation_drift(job["reference_path"], model.runner)
+        else:
+            drift = measure_drift(job["reference_path"], model.runner, config.batch_size)
     warmup = warm_up(model.step, settings)
-    samples_per_call = config.batch_size * model.runner.batches_per_call
+    # What throughput counts: samples, or for a language model the tokens one call generates.
+    samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
     barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
     timeout_s = job.get("barrier_timeout_s", 0.0)
     if barrier:
@@ -279,6 +311,12 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     stamps = timed_window(model.step, settings, agree_to_stop=agree)
     signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
     np.save(job["stamps_path"], stamps)
+    tokens = None
+    if generation:
+        from autotune.worker.generate import save_token_stamps, tokens_path
+
+        tokens = tokens_path(job["stamps_path"])
+        save_token_stamps(model.runner, len(stamps), generation["new_tokens"], tokens)
     return InstanceResult(
         pid=os.getpid(),
         instance=instance,
@@ -306,6 +344,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         peak_rss_mib=peak_rss_mib(),
         startup_to_ready_s=time.monotonic() - t_start,
         backend_details=model.runner.details,
+        tokens_path=tokens,
     )
 
 

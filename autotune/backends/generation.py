@@ -1,0 +1,312 @@
+"""Text generation with a causal language model: precision (torchao weight-only and dynamic int8/int4,
+bf16), KV cache (transformers' dynamic or static cache) and eager or torch.compile (inductor flags), and
+the greedy decoding loop that stamps every generated token.
+
+The loop is autotune's own rather than `model.generate`: it decodes exactly `new_tokens` tokens (no
+stop at an end-of-sequence token), and stamps the time each token is known, which is what time to first
+token (TTFT) and time per output token (TPOT) are read from. Imports torch, torchao and transformers
+inside functions only, so the registry loads in any runtime.
+
+    python -m autotune.backends.generation     # which precisions run in this runtime, as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.backends.base import BackendSpec
+
+PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
+INT4 = ("woq_int4", "da8w4")
+COMMON_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "kv_cache": ("dynamic", "static"),
+    "group_size": (128, 64, 32),
+    "alpha": (0.5, 0.25, 0.75),
+}
+COMMON_OPTION_PRECISIONS = {"group_size": INT4, "alpha": ("smoothquant_int8",)}
+INDUCTOR_FLAGS = ("max_autotune", "cpp_wrapper", "concat_linear", "freezing")
+
+EAGER = BackendSpec(
+    name="eager",
+    description="PyTorch eager generation (greedy, KV cache), torchao quantization",
+    precisions=PRECISIONS,
+    options=COMMON_OPTIONS,
+    option_precisions=COMMON_OPTION_PRECISIONS,
+    requires=("transformers", "torchao"),
+    torch_threads=True,
+)
+INDUCTOR = BackendSpec(
+    name="inductor",
+    description="torch.compile (inductor) of the decoder's forward, torchao quantization",
+    precisions=PRECISIONS,
+    options={**COMMON_OPTIONS, **{flag: (False, True) for flag in INDUCTOR_FLAGS}},
+    option_precisions=COMMON_OPTION_PRECISIONS,
+    requires=("transformers", "torchao"),
+    torch_threads=True,
+)
+SPECS = {spec.name: spec for spec in (EAGER, INDUCTOR)}
+
+
+# ---- precision ------------------------------------------------------------------------------------
+def quantization_config(precision: str, options: dict[str, Any]) -> Any:
+    """torchao's config for a precision, in the API of the torchao this runtime has. Raises
+    RuntimeError saying why when this torchao cannot run it on CPU."""
+    from torchao.quantization import (
+        Int4WeightOnlyConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+    )
+
+    group_size = int(options.get("group_size", 128))
+    if precision == "woq_int8":
+        return Int8WeightOnlyConfig()
+    if precision == "da8w8":
+        return Int8DynamicActivationInt8WeightConfig()
+    if precision == "woq_int4":
+        try:  # torchao <= 0.13: the CPU packing is a layout
+            from torchao.dtypes import Int4CPULayout
+
+            return Int4WeightOnlyConfig(group_size=group_size, layout=Int4CPULayout(), version=1)
+        except (ImportError, TypeError):
+            pass
+        import inspect
+
+        formats = inspect.signature(Int4WeightOnlyConfig).parameters.get("int4_packing_format")
+        if formats is not None:
+            for name in ("opaque", "tile_packed_to_4d"):
+                try:
+                    return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=name)
+                except (ValueError, TypeError, AttributeError):
+                    continue
+        raise RuntimeError("this torchao has no CPU packing for int4 weights (Int4CPULayout / 'opaque')")
+    if precision == "da8w4":
+        try:
+            from torchao.dtypes import Int8DynamicActInt4WeightCPULayout
+            from torchao.quantization import Int8DynamicActivationInt4WeightConfig
+            from torchao.quantization.quant_primitives import MappingType
+        except ImportError as exc:
+            raise RuntimeError(f"this torchao has no CPU layout for DA8W4 ({exc})") from None
+        import torch
+
+        if not hasattr(torch.ops.torchao, "da8w4_linear_prepack_cpu"):
+            raise RuntimeError("the torchao wheel has no DA8W4 CPU kernel (torchao::da8w4_linear_prepack_cpu)")
+        return Int8DynamicActivationInt4WeightConfig(
+            group_size=group_size, layout=Int8DynamicActInt4WeightCPULayout(), act_mapping_type=MappingType.SYMMETRIC
+        )
+    raise RuntimeError(f"precision {precision} is not a torchao quantize_ config")
+
+
+def apply_precision(model: Any, precision: str, options: dict[str, Any], calibration: Any = None) -> dict[str, Any]:
+    """Convert the model in place to `precision`; returns what was done and how long it took."""
+    import torch
+
+    t0 = time.monotonic()
+    if precision == "bf16":
+        model.to(torch.bfloat16)
+    elif precision == "smoothquant_int8":
+        smoothquant(model, float(options.get("alpha", 0.5)), calibration)
+    elif precision != "fp32":
+        from torchao.quantization import quantize_
+
+        quantize_(model, quantization_config(precision, options))
+    return {"precision": precision, "quantize_s": time.monotonic() - t0}
+
+
+def smoothquant(model: Any, alpha: float, calibration: Any) -> None:
+    """torchao's SmoothQuant: observers on every Linear, calibrated on `calibration` (token ids), then
+    int8 dynamic-activation weights with the smoothing factors folded in."""
+    import torch
+    from torchao.quantization import quantize_
+
+    if calibration is None:
+        raise RuntimeError("SmoothQuant needs calibration text")
+    quantize_(model, smoothquant_config("prepare", alpha))
+    with torch.no_grad():
+        model(input_ids=calibration, use_cache=False)
+    quantize_(model, smoothquant_config("convert", alpha))
+
+
+def smoothquant_config(step: str, alpha: float) -> Any:
+    """torchao's SmoothQuantConfig in the form this torchao takes: on top of int8 dynamic activation and
+    weight quantization (newer torchao names it `base_config`; older ones quantize to that themselves)."""
+    import inspect
+
+    from torchao.prototype.smoothquant import SmoothQuantConfig
+
+    if "base_config" in inspect.signature(SmoothQuantConfig).parameters:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        return SmoothQuantConfig(base_config=Int8DynamicActivationInt8WeightConfig(), step=step, alpha=alpha)
+    return SmoothQuantConfig(step=step, alpha=alpha)
+
+
+def unavailable_precisions() -> dict[str, str]:
+    """Each precision this runtime's torch/torchao cannot run on CPU, with the reason (a tiny Linear is
+    quantized and called: an API that exists but has no CPU kernel is caught too)."""
+    reasons: dict[str, str] = {}
+    try:
+        import torch
+        import torchao  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return {p: f"{exc.name} is not installed" for p in PRECISIONS}
+    for precision in PRECISIONS:
+        if precision in ("fp32", "bf16"):
+            continue
+        try:
+            layer = torch.nn.Sequential(torch.nn.Linear(256, 256))
+            if precision == "smoothquant_int8":
+                from torchao.quantization import quantize_
+
+                quantize_(layer, smoothquant_config("prepare", 0.5))
+                layer(torch.randn(4, 256))
+                quantize_(layer, smoothquant_config("convert", 0.5))
+            else:
+                from torchao.quantization import quantize_
+
+                quantize_(layer, quantization_config(precision, {"group_size": 128}))
+            with torch.no_grad():
+                layer(torch.randn(4, 256))
+        except Exception as exc:  # any failure means the precision cannot run here
+            reasons[precision] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return reasons
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes the model's parameters and buffers hold, quantized tensor subclasses counted by their
+    inner tensors (int4 weights count half a byte each, plus scales)."""
+    import torch
+
+    def size(tensor: Any) -> int:
+        if hasattr(tensor, "__tensor_flatten__") and type(tensor) is not torch.Tensor:
+            names, _ = tensor.__tensor_flatten__()
+            return sum(size(getattr(tensor, name)) for name in names if getattr(tensor, name) is not None)
+        return int(tensor.numel() * tensor.element_size())
+
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in seen:  # tied weights count once
+            continue
+        seen.add(id(tensor))
+        total += size(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor)
+    return total
+
+
+# ---- compile --------------------------------------------------------------------------------------
+def inductor_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """Set the inductor flags this config asks for; returns what was set (flags this torch lacks are
+    reported, not silently dropped)."""
+    import torch._inductor.config as inductor_config
+
+    wanted = {
+        "max_autotune": ("max_autotune", bool(options.get("max_autotune", False))),
+        "cpp_wrapper": ("cpp_wrapper", bool(options.get("cpp_wrapper", False))),
+        "freezing": ("freezing", bool(options.get("freezing", False))),
+        "concat_linear": ("cpp.enable_concat_linear", bool(options.get("concat_linear", False))),
+    }
+    applied: dict[str, Any] = {}
+    for name, (path, value) in wanted.items():
+        target: Any = inductor_config
+        *parents, leaf = path.split(".")
+        for parent in parents:
+            target = getattr(target, parent)
+        if not hasattr(target, leaf):
+            applied[name] = "not in this torch"
+            continue
+        setattr(target, leaf, value)
+        applied[name] = value
+    if options.get("max_autotune") and hasattr(inductor_config.cpp, "use_small_dequant_buffer"):
+        inductor_config.cpp.use_small_dequant_buffer = True  # what the int4 recipe pairs with max-autotune
+        applied["use_small_dequant_buffer"] = True
+    return applied
+
+
+# ---- the decoding loop ----------------------------------------------------------------------------
+@dataclass
+class Generator:
+    """Greedy decoding of exactly `new_tokens` tokens for a batch of prompts, stamping each token."""
+
+    model: Any
+    new_tokens: int
+    kv_cache: str = "dynamic"
+    token_stamps: array = field(default_factory=lambda: array("d"))
+    forward: Any = None  # the (maybe compiled) forward; None: the model's own
+
+    def __post_init__(self) -> None:
+        if self.forward is None:
+            self.forward = self.model.forward
+
+    def _cache(self, batch: int, length: int) -> Any:
+        if self.kv_cache == "static":
+            from transformers import StaticCache
+
+            return StaticCache(config=self.model.config, max_cache_len=length)
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def generate(self, input_ids: Any, stamp: bool = True) -> Any:
+        """The new tokens (batch x new_tokens); with `stamp`, the time each token is known is appended
+        to `token_stamps` (the first one ends the prefill)."""
+        import torch
+
+        batch, prompt = input_ids.shape
+        cache = self._cache(batch, prompt + self.new_tokens)
+        out = torch.empty(batch, self.new_tokens, dtype=torch.long)
+        with torch.no_grad():
+            positions = torch.arange(prompt)
+            logits = self.forward(
+                input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions
+            ).logits
+            token = logits[:, -1, :].argmax(dim=-1)
+            out[:, 0] = token
+            if stamp:
+                self.token_stamps.append(time.monotonic())
+            for step in range(1, self.new_tokens):
+                position = torch.tensor([prompt + step - 1])
+                logits = self.forward(
+                    input_ids=token[:, None], past_key_values=cache, use_cache=True, cache_position=position
+                ).logits
+                token = logits[:, -1, :].argmax(dim=-1)
+                out[:, step] = token
+                if stamp:
+                    self.token_stamps.append(time.monotonic())
+        return out
+
+    def logits(self, input_ids: Any) -> Any:
+        """Teacher-forced next-token logits over whole sequences (float32), for drift and perplexity."""
+        import torch
+
+        with torch.no_grad():
+            return self.forward(input_ids=input_ids, use_cache=False).logits.float()
+
+
+def prepare(model: Any, config: Any, new_tokens: int, calibration: Any = None) -> tuple[Generator, dict[str, Any]]:
+    """Convert the model to the config's precision and compile it when asked; returns the generator
+    and what was done (quantization and compile settings, weight bytes)."""
+    import torch
+
+    options = dict(config.options)
+    details = apply_precision(model.eval(), config.precision, options, calibration)
+    details["weight_bytes"] = weight_bytes(model)
+    generator = Generator(model, new_tokens, options.get("kv_cache", "dynamic"))
+    if config.backend == "inductor":
+        details["inductor"] = inductor_settings(options)
+        mode = "max-autotune-no-cudagraphs" if options.get("max_autotune") else None
+        generator.forward = torch.compile(model.forward, mode=mode, dynamic=None)
+    return generator, details
+
+
+def main() -> int:
+    json.dump({"unavailable": unavailable_precisions()}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""What a text-generation trial runs: the workload (prompt length, new tokens, concurrent sequences),
+the prompts' token ids, and what a causal language model must offer to be tuned for generation.
+
+Every trial generates the same amount of work: greedy decoding from fixed prompts, exactly
+`new_tokens` new tokens per sequence (no early stop at an end-of-sequence token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.common.errors import UserError
+from autotune.common.records import Record
+
+DEFAULT_PROMPT_TOKENS = 512
+DEFAULT_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class GenerationWorkload(Record):
+    """One generation call: `sequences` prompts of `prompt_tokens` tokens each (the batch), each
+    continued by `new_tokens` greedy tokens. `vocab_size` and `context` come from the model."""
+
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    new_tokens: int = DEFAULT_NEW_TOKENS
+    vocab_size: int = 0
+    context: int | None = None  # the model's longest sequence (max_position_embeddings), when it says
+    data: str | None = None  # a text file or a tensor file of token ids: prompts and the evaluation text
+
+    def tokens_per_call(self, sequences: int) -> int:
+        """Generated tokens per call: what tokens/s counts."""
+        return sequences * self.new_tokens
+
+
+@dataclass(frozen=True)
+class LanguageModelInfo:
+    vocab_size: int
+    context: int | None
+
+
+def language_model_info(model: Any) -> LanguageModelInfo | None:
+    """Vocabulary size and context length of a causal LM (a transformers model, or any module with a
+    `config` that has `vocab_size`); None when the model is not one."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        return None
+    is_causal = callable(getattr(model, "generate", None)) or "CausalLM" in type(model).__name__
+    if not is_causal:
+        return None
+    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return LanguageModelInfo(vocab, int(context) if context else None)
+
+
+def check_workload(workload: GenerationWorkload, info: LanguageModelInfo | None, model_name: str) -> None:
+    """Refuse, in one line each, a workload the model cannot run (`info` None: the counts alone)."""
+    if workload.new_tokens < 1:
+        raise UserError(f"--new-tokens must be 1 or more (got {workload.new_tokens}): a trial times generated tokens")
+    if workload.prompt_tokens < 1:
+        raise UserError(f"--prompt-tokens must be 1 or more (got {workload.prompt_tokens})")
+    total = workload.prompt_tokens + workload.new_tokens
+    if info is not None and info.context is not None and total > info.context:
+        raise UserError(
+            f"prompt of {workload.prompt_tokens} tokens + {workload.new_tokens} new tokens = {total} exceeds the "
+            f"{info.context}-token context of {model_name}: lower --prompt-tokens or --new-tokens"
+        )
+
+
+def read_token_data(path: str, vocab_size: int) -> Any:
+    """Token ids from `--data`: a tensor file (torch.save of a 1-D or 2-D int tensor), or a text file
+    encoded as UTF-8 bytes folded into the vocabulary (a fixed, tokenizer-free mapping: perplexity is then
+    that of bytes, the same for every candidate, which is what drift compares)."""
+    from pathlib import Path
+
+    import torch
+
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"--data {path!r} does not exist")
+    if file.suffix in (".pt", ".pth"):
+        ids = torch.load(file, weights_only=True)
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+            raise UserError(f"--data {path}: expected a tensor of token ids (torch.save of an int tensor)")
+        ids = ids.reshape(-1).long()
+    else:
+        ids = torch.tensor(list(file.read_bytes()), dtype=torch.long)
+    if len(ids) == 0:
+        raise UserError(f"--data {path} holds no tokens")
+    if int(ids.max()) >= vocab_size or int(ids.min()) < 0:
+        if file.suffix in (".pt", ".pth"):
+            raise UserError(f"--data {path}: token ids must lie in [0, {vocab_size}) for this model")
+        ids = ids % vocab_size
+    return ids
+
+
+def prompts(workload: GenerationWorkload, sequences: int, seed: int) -> Any:
+    """`sequences` prompts of `prompt_tokens` ids: windows of the data's tokens when there is data,
+    else ids drawn uniformly with a fixed seed (the same prompts in every trial)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    if workload.data:
+        ids = read_token_data(workload.data, workload.vocab_size)
+        span = workload.prompt_tokens
+        if len(ids) < span:
+            ids = ids.repeat(span // len(ids) + 1)
+        starts = torch.randint(0, len(ids) - span + 1, (sequences,), generator=generator)
+        return torch.stack([ids[s : s + span] for s in starts.tolist()])
+    return torch.randint(0, workload.vocab_size, (sequences, workload.prompt_tokens), generator=generator)

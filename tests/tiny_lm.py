@@ -1,0 +1,91 @@
+"""Tiny causal language models for generation tests: a Llama-architecture decoder built from a
+transformers config (random init), and one trained for under a minute on the docstrings of Python's
+standard library (text that ships with Python), so that perplexity means something.
+
+Text is encoded as UTF-8 bytes (vocabulary 256), the same tokenizer-free mapping autotune applies to a
+text file passed as --data.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+TEXT_MODULES = ("json", "pathlib", "argparse", "collections", "functools", "itertools", "textwrap", "string")
+
+
+def llama_config(context: int = 256, vocab: int = 256) -> LlamaConfig:
+    return LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=context,
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    """Random init (autotune seeds it and saves the init every trial loads)."""
+    return LlamaForCausalLM(llama_config())
+
+
+def outlier_llama() -> LlamaForCausalLM:
+    """The trained model (weights from $AUTOTUNE_TEST_LM_WEIGHTS) with the activation outliers large
+    language models are known for: one hidden channel of every MLP scaled up 1000x going in and down
+    1000x going out. FP32 computes the same function; quantizing activations per token (DA8W8) loses
+    every other channel to that one's range, while weight-only int8 keeps it (per output channel)."""
+    model = LlamaForCausalLM(llama_config())
+    model.load_state_dict(torch.load(os.environ["AUTOTUNE_TEST_LM_WEIGHTS"], weights_only=True))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.up_proj.weight[0] *= 1000.0
+            layer.mlp.down_proj.weight[:, 0] /= 1000.0
+    return model
+
+
+def stdlib_text() -> str:
+    """Docstrings of a few standard-library modules and their public members."""
+    import importlib
+
+    parts = []
+    for name in TEXT_MODULES:
+        module = importlib.import_module(name)
+        for _, member in inspect.getmembers(module):
+            doc = inspect.getdoc(member)
+            if doc and len(doc) > 40:
+                parts.append(doc)
+    return "\n\n".join(dict.fromkeys(parts))
+
+
+def train_llama(workdir: Path, steps: int = 150, seq: int = 64, batch: int = 8) -> dict[str, Path | float]:
+    """Train the tiny Llama on 90% of the text; write its weights and the held-out 10% as a text file.
+    Returns the paths and the held-out perplexity (per byte)."""
+    torch.manual_seed(0)
+    data = torch.tensor(list(stdlib_text().encode()), dtype=torch.long)
+    split = int(len(data) * 0.9)
+    train, held_out = data[:split], data[split:]
+    model = LlamaForCausalLM(llama_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=generator)
+        ids = torch.stack([train[s : s + seq] for s in starts.tolist()])
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        ids = held_out[: (len(held_out) // seq) * seq].reshape(-1, seq)[:32]
+        perplexity = float(torch.exp(model(input_ids=ids, labels=ids).loss))
+    weights, text = workdir / "lm.pt", workdir / "held_out.txt"
+    torch.save(model.state_dict(), weights)
+    text.write_bytes(bytes(held_out.tolist()))
+    return {"weights": weights, "text": text, "perplexity": perplexity}
