@@ -69,6 +69,11 @@ def paced() -> nn.Module:
     return Paced()
 
 
+def tiny_mlp() -> nn.Module:
+    """Linear layers only (64 features in): what runs them differs from what runs convolutions."""
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
 def crashing() -> nn.Module:
     return Crashing()
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -48,6 +51,9 @@ class Runner:
     # What `run` takes: "torch" tensors or "numpy" arrays (ONNX Runtime, OpenVINO). autotune.load hands a
     # caller's batch of that kind to convert_input as it is, so it crosses no other library on each call.
     takes: str = "torch"
+    # What the prepared model really executes, for a claimed precision (int8, bf16): reads the
+    # runtime's own record, or makes one call on the native input at most (backends/precision.py).
+    probe: Callable[[Any, str], ExecutedPrecision] | None = None
 
     def __call__(self, native_input: Any) -> Any:
         return self.run(native_input)

@@ -110,7 +110,7 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     import intel_extension_for_pytorch as ipex  # registers the int8 kernels the saved graph calls
     import torch
 
-    from autotune.backends.torch_common import input_converter
+    from autotune.backends.torch_common import input_converter, torch_probe
 
     module = torch.jit.load(str(artifact_dir / PROGRAM_FILE))
 
@@ -122,4 +122,5 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         run=run,
         convert_input=input_converter(config.options),
         details={"graph": "torchscript", "ipex": ipex.__version__},
+        probe=torch_probe(run),
     )

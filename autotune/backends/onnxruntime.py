@@ -5,6 +5,8 @@ Intra-op threads are the trial's threads_per_instance; inter-op threads only mat
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +110,7 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[config.options.get("graph_optimization", "all")]
-    session = ort.InferenceSession(str(artifact_dir / MODEL_FILE), options, providers=["CPUExecutionProvider"])
+    session, probe = _session_and_probe(str(artifact_dir / MODEL_FILE), options, config.precision)
     names = [i.name for i in session.get_inputs()]
 
     def run(batch: tuple[Any, ...]) -> Any:
@@ -119,4 +121,40 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         convert_input=numpy_batch,
         takes="numpy",
         details={"onnxruntime": ort.__version__, "inter_op_threads": options.inter_op_num_threads},
+        probe=probe,
     )
+
+
+def _session_and_probe(model_path: str, options: Any, precision: str) -> tuple[Any, Any]:
+    """The session, and what it executes: for int8 the session writes the graph it optimized (and
+    runs) to a scratch file, read once here: quantized operators, or float ones left between Q/DQ
+    pairs (graph optimization below `extended` does not fuse QDQ). The timed session itself, no call."""
+    import onnxruntime as ort
+
+    if precision != "int8":
+        session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+        return session, None
+    import onnx
+
+    from autotune.backends.precision import ExecutedPrecision, judge, onnx_graph_counts
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="autotune-ort-") as scratch:
+            options.optimized_model_filepath = os.path.join(scratch, "optimized.onnx")
+            # Weights go to a side file: the graph alone is small to write and to read.
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "64")
+            session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+            graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+            counts = onnx_graph_counts(list(graph.node))
+    except Exception as exc:  # not written or not readable: run without it (a broken model fails here again)
+        options.optimized_model_filepath = ""
+        session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+        reason = f"ONNX Runtime's optimized graph could not be read: {type(exc).__name__}: {exc}"
+        return session, lambda native_input, claimed: ExecutedPrecision.unchecked(claimed, reason)
+    unfused = options.graph_optimization_level in (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    )
+    why = "ONNX Runtime fuses QDQ pairs into int8 operators from graph_optimization=extended on" if unfused else ""
+    return session, lambda native_input, claimed: judge(claimed, {"ONNX Runtime optimized graph": counts}, why=why)

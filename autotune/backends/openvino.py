@@ -6,10 +6,12 @@ as many async requests in flight.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import BackendSpec, Runner, numpy_batch
+from autotune.backends.precision import ExecutedPrecision
 
 SPEC = BackendSpec(
     name="openvino",
@@ -109,13 +111,14 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         "effective_threads": int(compiled.get_property(props.inference_num_threads)),
         "optimal_requests": int(compiled.get_property(props.optimal_number_of_infer_requests)),
     }
+    probe = runtime_model_probe(compiled, core)
     if effective_streams <= 1:
         request = compiled.create_infer_request()
 
         def run(batch: tuple[Any, ...]) -> Any:
             return request.infer(_feed(batch))[0]
 
-        return Runner(run=run, convert_input=numpy_batch, takes="numpy", details=details)
+        return Runner(run=run, convert_input=numpy_batch, takes="numpy", details=details, probe=probe)
 
     queue = ov.AsyncInferQueue(compiled, details["optimal_requests"])
     outputs: dict[int, Any] = {}
@@ -128,4 +131,32 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         queue.wait_all()
         return outputs[0]
 
-    return Runner(run=run_async, convert_input=numpy_batch, takes="numpy", details=details, batches_per_call=len(queue))
+    return Runner(
+        run=run_async,
+        convert_input=numpy_batch,
+        takes="numpy",
+        details=details,
+        batches_per_call=len(queue),
+        probe=probe,
+    )
+
+
+def runtime_model_probe(compiled: Any, core: Any) -> Callable[[Any, str], ExecutedPrecision]:
+    """The precision each compute layer runs in, from the compiled model's runtime model (no call):
+    an int8 IR whose layers run f32, or a bf16 hint the CPU does not honour, shows there."""
+    import openvino.properties.hint as hints
+
+    from autotune.backends.precision import judge, openvino_counts
+
+    def probe(native_input: Any, claimed: str) -> ExecutedPrecision:
+        why = ""
+        effective = compiled.get_property(hints.inference_precision).to_string()
+        if claimed == "bf16" and effective != "bf16":
+            capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+            offered = (
+                "" if "BF16" in capabilities else f" (the CPU plugin offers {' '.join(capabilities)} here, no BF16)"
+            )
+            why = f"the compiled model's inference precision is {effective}{offered}"
+        return judge(claimed, {"OpenVINO runtime model": openvino_counts(compiled)}, why=why)
+
+    return probe

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from autotune.backends.base import Runner
+from autotune.backends.precision import ExecutedPrecision
 
 
 def memory_format_of(options: dict[str, Any]) -> torch.memory_format:
@@ -45,4 +47,11 @@ def module_runner(
         with torch.inference_mode(), precision_context(precision):
             return module(*batch)
 
-    return Runner(run=run, convert_input=input_converter(options), details=details or {})
+    return Runner(run=run, convert_input=input_converter(options), details=details or {}, probe=torch_probe(run))
+
+
+def torch_probe(run: Callable[[Any], Any]) -> Callable[[Any, str], ExecutedPrecision]:
+    """A runner's probe: one call under oneDNN's verbose mode and the torch profiler."""
+    from autotune.backends.precision import probe_torch
+
+    return lambda native_input, claimed: probe_torch(lambda: run(native_input), claimed)

@@ -79,7 +79,7 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
     import torchao.quantization.pt2e.quantize_pt2e
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer  # noqa: F401
 
-    from autotune.backends.torch_common import input_converter
+    from autotune.backends.torch_common import input_converter, torch_probe
 
     module = torch.export.load(str(artifact_dir / PROGRAM_FILE)).module()
     inductor_config.freezing = True  # int8 weights are prepacked only with freezing
@@ -89,4 +89,6 @@ def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
         with torch.no_grad():
             return compiled(*batch)
 
-    return Runner(run=run, convert_input=input_converter(config.options), details={"freezing": True})
+    return Runner(
+        run=run, convert_input=input_converter(config.options), details={"freezing": True}, probe=torch_probe(run)
+    )

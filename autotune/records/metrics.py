@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from autotune.backends.precision import ExecutedPrecision
 from autotune.common.records import Record, RecordError
 from autotune.measure.drift import Drift
 from autotune.measure.stopwatch import LatencySummary
@@ -33,6 +34,7 @@ class InstanceResult(Record):
         "latency_ms": LatencySummary,
         "drift": Drift,
         "screening": InstanceScreen,
+        "executed_precision": ExecutedPrecision,
     }
 
     pid: int
@@ -60,6 +62,7 @@ class InstanceResult(Record):
     screening: InstanceScreen | None = None
     startup_to_ready_s: float | None = None
     backend_details: dict[str, Any] | None = None
+    executed_precision: ExecutedPrecision | None = None  # instance 0 only: what really ran, against the claim
     tokens_path: str | None = None  # generation: each timed call's token stamps, one row per call
 
 
@@ -164,6 +167,7 @@ class TrialMetrics(Record):
         "measurement": Measurement,
         "screening": Screening,
         "drift": Drift,
+        "executed_precision": ExecutedPrecision,
         "generation": GenerationMetrics,
     }
 
@@ -185,6 +189,9 @@ class TrialMetrics(Record):
     runtime: dict[str, Any] | None = None
     prepare_s: float = 0.0
     artifact: dict[str, Any] | None = None
+    # What the model really executed against the precision the config claims (backends/precision.py);
+    # None in trials stored before it was checked.
+    executed_precision: ExecutedPrecision | None = None
     generation: GenerationMetrics | None = None  # language models: TTFT, TPOT, tokens/s
 
     @classmethod

@@ -46,6 +46,7 @@ METRIC_KEYS = (
     "instances",
     "torch_version",
     "backend_details",
+    "executed_precision",
     "screening",
     "valid",
 )

@@ -84,8 +84,9 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
 
 
 def cause_group(cause: str) -> str:
-    """Causes that differ only in numbers (instance, pid, seconds, MiB) fall in one group."""
-    return re.sub(r"\d+(\.\d+)?", "N", cause.splitlines()[0] if cause else "unknown")
+    """Causes that differ only in numbers (instance, pid, seconds, MiB, layer counts) fall in one group;
+    digits that end a name (int8, f32, bf16) are not numbers."""
+    return re.sub(r"(?<![A-Za-z\d])\d+(\.\d+)?", "N", cause.splitlines()[0] if cause else "unknown")
 
 
 def outcome_groups(study: optuna.study.Study) -> dict[str, Counter]:

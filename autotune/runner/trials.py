@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from autotune.backends import BACKENDS
+from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed
 from autotune.common.files import read_json, write_json_atomic
 from autotune.machine.probe import MachineProbe
@@ -147,6 +148,7 @@ def plan_instances(
                 "instances": config.instances,
                 "result_path": str(trial_dir / f"result-{i}.json"),
                 "stamps_path": str(trial_dir / f"stamps-{i}.npy"),
+                "precision_path": str(trial_dir / f"precision-{i}.json"),
             },
         )
         launches.append(
@@ -184,6 +186,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
         drift=results[0].drift,
         torch_version=results[0].torch,
         backend_details=results[0].backend_details,
+        executed_precision=results[0].executed_precision,
         instances=[
             InstanceShare(
                 pid=r.pid,
@@ -428,18 +431,36 @@ def measure_attempt(
     job = {**job, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s}
     launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
     before = machine_snapshot()
-    payloads = run_instances(
-        launches,
-        timeout_s,
-        barrier_dir=barrier,
-        on_stage=on_stage,
-        stages=("ready", "screened") if job["screen"] else ("ready",),
-        memory_limit_mib=ctx.memory_limit_mib,
-    )
+    try:
+        payloads = run_instances(
+            launches,
+            timeout_s,
+            barrier_dir=barrier,
+            on_stage=on_stage,
+            stages=("ready", "screened") if job["screen"] else ("ready",),
+            memory_limit_mib=ctx.memory_limit_mib,
+        )
+    except TrialFailed as exc:
+        fallback = precision_failure(attempt_dir, exc)
+        if fallback is None:
+            raise
+        raise fallback from exc
     metrics = aggregate([InstanceResult.from_json(p) for p in payloads], ctx.measure)
     metrics = replace(metrics, measurement=replace(metrics.measurement, pinned=ctx.machine.pinning != "none"))
     allowed = len(ctx.machine.allowed_cpus)
     return judge_noise(metrics, before, machine_snapshot(), allowed, ctx.noise_limits), launches
+
+
+def precision_failure(attempt_dir: Path, exc: TrialFailed) -> TrialFailed | None:
+    """When instance 0 stopped because the model does not execute the precision its config claims:
+    the failure with that cause (`precision fallback: ...`) and the record of what ran."""
+    try:
+        precision = ExecutedPrecision.from_json(read_json(attempt_dir / "precision-0.json"))
+    except (OSError, ValueError):
+        return None
+    if not precision.fallback:
+        return None
+    return TrialFailed(precision.cause, exc.stderr_tail, {"executed_precision": precision.to_json()})
 
 
 def screening_of(results: list[InstanceResult], confidence: float = 0.95) -> Screening | None:

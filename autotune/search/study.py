@@ -24,6 +24,7 @@ import optuna
 from rich.console import Console
 from rich.live import Live
 
+from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
@@ -118,9 +119,10 @@ class Objective:
     def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
         trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
         config = self._suggest(trial)
-        known_drift = self._reused_drift(trial, config)
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
+        self._known_fallback(trial, config, trial_dir, timeout)
+        known_drift = self._reused_drift(trial, config)
         metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift)
         if metrics.drift is None:  # never reached the ready barrier's check: not kept, whatever its speed
             self._record_failure(trial, trial_dir, timeout, TrialFailed("its drift from FP32 was not measured"))
@@ -153,6 +155,18 @@ class Objective:
         if self.spec.mixed_hardware:
             trial.set_user_attr("mixed_hardware", self.spec.mixed_hardware)
         return config
+
+    def _known_fallback(self, trial: optuna.trial.Trial, config: TrialConfig, trial_dir: Path, timeout: float) -> None:
+        """A config whose numerics an earlier trial found not to run its claimed precision FAILs the
+        same way without being launched (the sampler does not learn from FAIL trials, and would try
+        such a config again and again)."""
+        found = same_numerics_fallback(trial.study, config.numerics_key(), socket.gethostname())
+        if found is not None:
+            number, precision = found
+            cause = f"{precision.cause} (as trial {number} with the same numerics found): not launched"
+            failure = TrialFailed(cause, attrs={"executed_precision": precision.to_json()})
+            self._record_failure(trial, trial_dir, timeout, failure)
+            raise failure
 
     def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
         """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
@@ -209,6 +223,8 @@ class Objective:
         if "timed out" in cause and timeout < self.spec.trial_timeout_s:
             cause = f"budget ran out: {cause}"
         trial.set_user_attr("fail_cause", cause)
+        for key, value in exc.attrs.items():
+            trial.set_user_attr(key, value)
         trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
         trial.set_user_attr("trial_dir", str(trial_dir))
         attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
@@ -319,6 +335,23 @@ class Objective:
             reason = "latency SLO: " + "; ".join(failed)
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
+
+
+def same_numerics_fallback(
+    study: optuna.study.Study, numerics_key: str, host: str
+) -> tuple[int, ExecutedPrecision] | None:
+    """What the backend executes depends on numerics (backend, precision, options, runtime) and the
+    machine (a fleet may mix CPUs with and without bf16), not on batch, threads or instances: the
+    first earlier trial of the same numerics on this host that found a precision fallback, with its
+    record, or None."""
+    for earlier in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+        stored = earlier.user_attrs.get("executed_precision")
+        same = earlier.user_attrs.get("numerics_key") == numerics_key and earlier.user_attrs.get("host") == host
+        if same and stored:
+            precision = ExecutedPrecision.from_json(stored)
+            if precision.fallback:
+                return earlier.number, precision
+    return None
 
 
 def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> Drift | None:

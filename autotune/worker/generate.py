@@ -91,8 +91,11 @@ class GenerationRunner:
     batches_per_call = 1
 
     def __init__(self, generator: Any, details: dict[str, Any]) -> None:
+        from autotune.backends.precision import weight_probe
+
         self.generator = generator
         self.details = details
+        self.probe = weight_probe(generator.model)  # what the layers run: their (quantized) weight types
 
     def __call__(self, input_ids: Any) -> Any:
         return self.generator.generate(input_ids)

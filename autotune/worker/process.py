@@ -1,8 +1,9 @@
 """The process that runs one instance of one trial: job JSON in, result JSON out.
 
 It knows nothing about the search. It checks from inside that the environment it was started with is
-the one asked for (allocator really mapped, thread count), builds and prepares the model, measures
-drift against the FP32 reference, warms up, waits at the barrier, and times its window.
+the one asked for (allocator really mapped, thread count), builds and prepares the model, checks that
+it executes the precision its configuration claims, measures drift against the FP32 reference, warms
+up, waits at the barrier, and times its window.
 
     python -m autotune.worker JOB.json
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.records import Record
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
@@ -38,6 +40,7 @@ from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
 
 EXIT_CHECK_FAILED = 3
+EXIT_PRECISION_FALLBACK = 4
 CALIBRATION_BATCH = 8
 
 
@@ -252,8 +255,24 @@ def screen(model: LoadedModel, settings: MeasureSettings, samples_per_call: int,
     )
 
 
+class PrecisionFallback(RuntimeError):
+    """The model does not execute the precision its configuration claims: nothing is measured."""
+
+
+def probe_precision(job: dict[str, Any], config: TrialConfig, model: LoadedModel) -> ExecutedPrecision:
+    """What the loaded model really executes against its claimed precision, before anything is timed
+    (one call at most); saved for the orchestrator, which fails the trial on a fallback."""
+    precision = check_precision(model.runner, model.native_input, config.precision)
+    if job.get("precision_path"):
+        write_json_atomic(job["precision_path"], precision.to_json())
+    if precision.fallback:
+        raise PrecisionFallback(precision.cause)
+    return precision
+
+
 def run_trial(job: dict[str, Any]) -> InstanceResult:
-    """Check the environment, load, measure drift, warm up, wait at the barrier, screen, time the window."""
+    """Check the environment, load, check the executed precision, measure drift, warm up, wait at the
+    barrier, screen, time the window."""
     t_start = time.monotonic()
     config = TrialConfig.from_dict(job["config"])
     settings = MeasureSettings.from_dict(job["measure"])
@@ -264,6 +283,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     import torch
 
     model = load_model(job, config, instance)
+    precision = probe_precision(job, config, model) if instance == 0 else None
     generation = job.get("generation")
     drift = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
@@ -312,6 +332,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         warmup_s=warmup["warmup_s"],
         warmup_steady=warmup["warmup_steady"],
         drift=drift,
+        executed_precision=precision,
         iterations=len(stamps),
         window_s=float(stamps[-1, 1] - stamps[0, 0]),
         samples_per_call=samples_per_call,
@@ -369,6 +390,9 @@ def run_job(job: dict[str, Any], print_result: bool) -> int:
     except EnvironmentMismatch as exc:
         print(f"autotune-worker: environment check failed: {exc}", file=sys.stderr)
         return EXIT_CHECK_FAILED
+    except PrecisionFallback as exc:
+        print(f"autotune-worker: {exc}", file=sys.stderr)
+        return EXIT_PRECISION_FALLBACK
     except Exception as exc:  # the orchestrator records the cause and our stderr tail
         traceback.print_exc()
         print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
