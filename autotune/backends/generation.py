@@ -237,16 +237,25 @@ class Generator:
     kv_cache: str = "dynamic"
     token_stamps: array = field(default_factory=lambda: array("d"))
     forward: Any = None  # the (maybe compiled) forward; None: the model's own
+    _static: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.forward is None:
             self.forward = self.model.forward
 
     def _cache(self, batch: int, length: int) -> Any:
+        """A fresh dynamic cache per generation; one static cache per shape, reset between generations:
+        a graph compiled with freezing keeps the first static cache's buffers, and a new cache object
+        after it reads out of bounds."""
         if self.kv_cache == "static":
             from transformers import StaticCache
 
-            return StaticCache(config=self.model.config, max_cache_len=length)
+            cached = self._static.get((batch, length))
+            if cached is None:
+                cached = self._static[(batch, length)] = StaticCache(config=self.model.config, max_cache_len=length)
+            else:
+                cached.reset()
+            return cached
         from transformers import DynamicCache
 
         return DynamicCache()
