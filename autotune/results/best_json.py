@@ -49,6 +49,7 @@ METRIC_KEYS = (
     "executed_precision",
     "screening",
     "valid",
+    "generation",
 )
 
 
