@@ -298,11 +298,9 @@ def _generation_workload(
     check_workload(GenerationWorkload(prompt_tokens, new_tokens), None, reference)
     # torch logs deprecation notices when torchao registers its types: not for the user's terminal.
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    source = resolve_model(reference, weights, "input_ids:int64:1:0-2", False)
     try:
-        source = resolve_model(reference, weights, "input_ids:int64:1:0-2", False)
         model = build_model(source)
-    except UserError:
-        raise
     except Exception as exc:
         raise UserError(f"model {reference!r}: the factory failed ({type(exc).__name__}: {exc})") from None
     info = language_model_info(model)

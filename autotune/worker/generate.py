@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from autotune.measure.drift import Drift, compute_generation_drift
-from autotune.model.generation import GenerationWorkload, prompts, read_token_data
+from autotune.model.generation import GenerationWorkload, prompts
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
 from autotune.model.sources import ModelSource, build_model
 from autotune.records.config import TrialConfig
@@ -150,15 +150,3 @@ def save_token_stamps(runner: Any, calls: int, new_tokens: int, path: str) -> No
 
 def tokens_path(stamps_path: str) -> str:
     return str(Path(stamps_path).with_name(Path(stamps_path).name.replace("stamps-", "tokens-")))
-
-
-__all__ = [
-    "GenerationRunner",
-    "build_generation_runner",
-    "measure_generation_drift",
-    "read_token_data",
-    "run_generation_reference",
-    "save_token_stamps",
-    "timing_prompts",
-    "tokens_path",
-]
