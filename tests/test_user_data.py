@@ -205,7 +205,7 @@ def test_image_folder_with_class_subfolders_gives_labels(workdir):
         (["--data", "DATA"], "samples have shape 1x8x8, the model's input is 3x16x16"),
         (["--drift-metric", "accuracy"], "--drift-metric accuracy needs labels"),
         (["--max-drift", "abc"], "cannot read the drift bound 'abc'"),
-        (["--max-drift", "5%"], "a relative drift bound (a %) applies to accuracy only"),
+        (["--max-drift", "5%"], "a % bound applies to accuracy and perplexity only"),
         (["--data", "DATA_FEW", "--eval-samples", "8", "--calibration-samples", "8"], "--data has 10 samples"),
     ],
 )

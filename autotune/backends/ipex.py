@@ -56,7 +56,7 @@ def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
 
     graph = config.options.get("graph", "eager")
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
-    optimized = ipex.optimize(convert_for(model, config.options), dtype=dtype)
+    optimized, prepacked = _optimize(ipex, convert_for(model, config.options), dtype)
     if graph == "torchscript":
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
             traced = torch.jit.trace(optimized, _example(example, config.options), check_trace=False, strict=False)
@@ -64,8 +64,20 @@ def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
     elif graph.startswith("compile_"):
         optimized = torch.compile(optimized, backend=graph.removeprefix("compile_"), dynamic=False)
     return module_runner(
-        optimized, config.precision, config.options, details={"graph": graph, "ipex": ipex.__version__}
+        optimized, config.precision, config.options, details={"graph": graph, "ipex": ipex.__version__, "weights_prepack": prepacked}
     )
+
+
+def _optimize(ipex: Any, model: Any, dtype: Any) -> tuple[Any, bool]:
+    """ipex.optimize, prepacking weights where the CPU can. IPEX's bf16 prepack needs AVX-512 BW/VL/DQ
+    or AVX-NE-CONVERT and asserts otherwise (seen on an AVX2-only EPYC); there bf16 runs unpacked, and
+    the trial's details say so."""
+    try:
+        return ipex.optimize(model, dtype=dtype), True
+    except AssertionError as error:
+        if "weight prepack" not in str(error):
+            raise
+        return ipex.optimize(model, dtype=dtype, weights_prepack=False), False
 
 
 def artifact_identity(config: Any) -> dict[str, Any]:
