@@ -74,6 +74,12 @@ def quantization_config(precision: str, options: dict[str, Any]) -> Any:
             return Int4WeightOnlyConfig(group_size=group_size, layout=Int4CPULayout(), version=1)
         except (ImportError, TypeError):
             pass
+        try:  # torchao 0.18: the CPU packing (Int4OpaqueTensor) lives in the prototype workflow
+            from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+
+            return PrototypeInt4WeightOnlyConfig(group_size=group_size)
+        except ImportError:
+            pass
         import inspect
 
         formats = inspect.signature(Int4WeightOnlyConfig).parameters.get("int4_packing_format")
