@@ -8,7 +8,7 @@ warm-up rule, no confidence interval, no common-window arithmetic (the protocol'
 is compared with). The batch is a contiguous torch batch of the tuned size, the inputs the protocol
 times (same seed). Instances wait for each other through ready files, then each counts its calls
 for a fixed time and writes one JSON result. The samples counted are those handed back to the caller:
-one batch per call.
+one batch per call (for a language model, the timed prompts, and the tokens each call generates).
 
     ./launch.sh python -m autotune.load_loop SECONDS WARMUP_SECONDS RUN_DIR
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 import autotune
 from autotune.common.files import read_json, write_json_atomic
+from autotune.model.generation import GenerationWorkload, prompts
 from autotune.model.inputs import synthetic
 from autotune.model.seeds import TIMING_SEED
 from autotune.model.sources import ModelSource
@@ -53,8 +54,14 @@ def run(seconds: float, warmup_s: float, run_dir: Path) -> dict[str, Any]:
     infer = autotune.load()  # best.json from AUTOTUNE_BEST; raises when the process was not started as tuned
     load_s = time.monotonic() - t0
     config = infer.config
-    source = ModelSource.from_dict(read_json(os.environ["AUTOTUNE_BEST"])["job"]["model"])
-    batch = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
+    job = read_json(os.environ["AUTOTUNE_BEST"])["job"]
+    if job.get("generation"):  # a language model: the timed prompts; each call hands back its new tokens
+        workload = GenerationWorkload.from_json(job["generation"])
+        batch = (prompts(workload, config.batch_size, TIMING_SEED + instance),)
+        per_call, unit = config.batch_size * workload.new_tokens, "tokens/s"
+    else:
+        batch = synthetic(ModelSource.from_dict(job["model"]).specs, config.batch_size, TIMING_SEED + instance)
+        per_call, unit = config.batch_size, "samples/s"
     t0 = time.monotonic()
     infer(*batch)
     first_call_s = time.monotonic() - t0
@@ -74,9 +81,10 @@ def run(seconds: float, warmup_s: float, run_dir: Path) -> dict[str, Any]:
         "pid": os.getpid(),
         "cpus": sorted(os.sched_getaffinity(0)),
         "calls": calls,
-        "samples_per_call": config.batch_size,
+        "samples_per_call": per_call,  # generated tokens for a language model (`unit`)
         "seconds": end - start,
-        "samples_per_s": calls * config.batch_size / (end - start),
+        "samples_per_s": calls * per_call / (end - start),
+        "unit": unit,
         "start": start,  # time.perf_counter: CLOCK_MONOTONIC on Linux, comparable between the instances
         "end": end,
         "load_s": load_s,
@@ -84,8 +92,8 @@ def run(seconds: float, warmup_s: float, run_dir: Path) -> dict[str, Any]:
         "warmup_calls": warmup_calls,
         "warmup_s": warmed_s,
         "input": "torch, contiguous",
-        "backend_takes": infer.runner.takes,
-        "backend_batches_per_call": infer.runner.batches_per_call,
+        "backend_takes": getattr(getattr(infer, "runner", None), "takes", "token ids"),
+        "backend_batches_per_call": getattr(getattr(infer, "runner", None), "batches_per_call", 1),
     }
 
 

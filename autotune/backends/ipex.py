@@ -64,7 +64,10 @@ def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
     elif graph.startswith("compile_"):
         optimized = torch.compile(optimized, backend=graph.removeprefix("compile_"), dynamic=False)
     return module_runner(
-        optimized, config.precision, config.options, details={"graph": graph, "ipex": ipex.__version__, "weights_prepack": prepacked}
+        optimized,
+        config.precision,
+        config.options,
+        details={"graph": graph, "ipex": ipex.__version__, "weights_prepack": prepacked},
     )
 
 

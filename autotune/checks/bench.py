@@ -38,22 +38,28 @@ class BenchRun:
     """One run of one row of a side-by-side table: autotune's protocol in fresh processes, or an
     independent stopwatch (benchmark_app, a plain loop) that reports throughput alone."""
 
-    throughput_sps: float
-    p50_ms: float | None = None
+    throughput_sps: float  # generated tokens/s for a language model (`unit`)
+    p50_ms: float | None = None  # per call; per output token (TPOT) for a language model
     p99_ms: float | None = None
     drift: Drift | None = None
     valid: bool = True
     noise_flags: list[str] = field(default_factory=list)
+    unit: str = "samples/s"
+    ttft_p50_ms: float | None = None  # language models: time to first token
 
     @classmethod
     def of_metrics(cls, metrics: TrialMetrics) -> BenchRun:
+        generation = metrics.generation
+        latency = generation.tpot_ms if generation else metrics.latency_ms
         return cls(
             metrics.throughput_sps,
-            metrics.latency_ms.p50,
-            metrics.latency_ms.p99,
+            latency.p50,
+            latency.p99,
             metrics.drift,
             metrics.valid,
             metrics.noise_flags,
+            metrics.unit,
+            generation.ttft_ms.p50 if generation else None,
         )
 
     @classmethod
@@ -79,7 +85,7 @@ def measure_side_by_side(
             runs[name].append(run)
             noisy = "" if run.valid else "  (noisy: " + "; ".join(run.noise_flags) + ")"
             console.print(
-                f"repeat {repeat + 1}/{repeats} {name:<28} {run.throughput_sps:9.2f} samples/s{noisy}", markup=False
+                f"repeat {repeat + 1}/{repeats} {name:<28} {run.throughput_sps:9.2f} {run.unit}{noisy}", markup=False
             )
     return runs
 
@@ -108,15 +114,16 @@ def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[s
     """Medians over the clean runs with their range, how many runs were clean, latency, drift, and the
     ratio of each row's median to some rows'. Runs flagged noisy are counted, not averaged in."""
     medians = {name: median_throughput(ms) for name, ms in runs.items()}
+    generation = any(r.unit == "tokens/s" for ms in runs.values() for r in ms)
+    latency = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
     table = Table(title=title)
     for column in (
         "config",
-        "median samples/s",
+        "median tokens/s" if generation else "median samples/s",
         "min",
         "max",
         "clean runs",
-        "p50 ms",
-        "p99 ms",
+        *latency,
         "drift (rel. L2)",
         "top-1 agree",
         *("vs " + name for name in ratios_to),
@@ -124,28 +131,31 @@ def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[s
         table.add_column(column, no_wrap=column == "config")  # row names stay whole (and parseable)
     for name, ms in runs.items():
         if not ms:
-            table.add_row(name, "failed", *[""] * (8 + len(ratios_to)))
+            table.add_row(name, "failed", *[""] * (6 + len(latency) + len(ratios_to)))
             continue
         clean = [r for r in ms if r.valid]
         sps = [r.throughput_sps for r in clean]
-        p50 = [r.p50_ms for r in clean if r.p50_ms is not None]
-        p99 = [r.p99_ms for r in clean if r.p99_ms is not None]
         drift = ms[0].drift
         mine = medians[name]
         ratios = [f"{mine / theirs:.2f}x" if mine and (theirs := medians.get(other)) else "-" for other in ratios_to]
+        keys = ("ttft_p50_ms", "p50_ms", "p99_ms") if generation else ("p50_ms", "p99_ms")
         table.add_row(
             name,
             _fmt(medians[name]),
             _fmt(min(sps)) if sps else "-",
             _fmt(max(sps)) if sps else "-",
             f"{len(clean)}/{len(ms)}",
-            _fmt(statistics.median(p50), 1) if p50 else "-",
-            _fmt(statistics.median(p99), 1) if p99 else "-",
+            *(_median_of(clean, key) for key in keys),
             _fmt(drift.relative_l2 if drift else None, 4),
             _fmt(drift.top1_agreement if drift else None, 3),
             *ratios,
         )
     return table
+
+
+def _median_of(runs: list[BenchRun], key: str) -> str:
+    values = [value for r in runs if (value := getattr(r, key)) is not None]
+    return _fmt(statistics.median(values), 1) if values else "-"
 
 
 def compare_with_baseline(

@@ -38,6 +38,10 @@ class LoadRun:
         return sum(r["samples_per_s"] for r in self.instances)
 
     @property
+    def unit(self) -> str:
+        return self.instances[0].get("unit", "samples/s")
+
+    @property
     def calls(self) -> int:
         return sum(r["calls"] for r in self.instances)
 
@@ -52,8 +56,9 @@ class LoadRun:
         calls = " + ".join(str(r["calls"]) for r in self.instances)
         windows = " + ".join(f"{r['seconds']:.3f}" for r in self.instances)
         return (
-            f"{self.throughput_sps:.2f} samples/s ({len(self.instances)} instances: {calls} calls of "
-            f"{self.instances[0]['samples_per_call']} samples in {windows} s, windows overlapping {self.overlap:.0%})"
+            f"{self.throughput_sps:.2f} {self.unit} ({len(self.instances)} instances: {calls} calls of "
+            f"{self.instances[0]['samples_per_call']} {self.unit.removesuffix('/s')} in {windows} s, "
+            f"windows overlapping {self.overlap:.0%})"
         )
 
 
@@ -128,9 +133,10 @@ def summary(runs: list[LoadRun], protocol: list[TrialMetrics]) -> str:
             "hands back one batch, where the protocol counts them all"
         )
     return (
-        f"through autotune.load(): {here:.2f} samples/s (median of {len(pairs)} runs, {min(figures):.2f}-"
+        f"through autotune.load(): {here:.2f} {pairs[0][0].unit} (median of {len(pairs)} runs, {min(figures):.2f}-"
         f"{max(figures):.2f}; {len(pairs[0][0].instances)} instances started by the launch script, each a "
-        f"plain loop of calls on a fixed contiguous torch batch of {first['samples_per_call']}, timed for the window "
+        f"plain loop of calls on a fixed contiguous torch batch of {first['samples_per_call']}"
+        f"{' generated tokens' if pairs[0][0].unit == 'tokens/s' else ''}, timed for the window "
         f"of the protocol run before it, {min(windows):.2f}-{max(windows):.2f} s; "
         f"{sum(r.calls for r, _ in pairs)} calls in all{note}), {here / reference - 1:+.1%} from the protocol's "
         f"{reference:.2f} measured here in the same run ({which})"

@@ -74,7 +74,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
         except TrialFailed as exc:
             raise UserError(f"the tuned config does not run here: {exc.cause}") from None
         console.print(
-            f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} samples/s{runs[-1].noisy_note()}", markup=False
+            f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} {runs[-1].unit}{runs[-1].noisy_note()}", markup=False
         )
         if through_load:
             loads.append(_through_load(best, best_path, ctx.measure.warmup_min_s, runs[-1], i))
@@ -91,7 +91,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
         return EXIT_NO_VERDICT
     change = here / recorded - 1
     console.print(
-        f"{verdict}: {here:.2f} samples/s here (median of the {clean} clean runs of {repeats}) vs {recorded:.2f} "
+        f"{verdict}: {here:.2f} {runs[0].unit} here (median of the {clean} clean runs of {repeats}) vs {recorded:.2f} "
         f"recorded ({change:+.1%}; differences within ±{margin:.0%} are noise)"
         + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
         markup=False,

@@ -21,10 +21,15 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
     pin_prefixes = best["launch"]["pin_prefixes"]
     runtime = best.get("runtime") or {"name": MAIN}
     python, env = replay_env(runtime, best.get("environment") or {})
-    summary = (
-        f"{config['backend']}/{config['precision']} batch {config['batch_size']}, "
-        f"{config['instances']} x {config['threads_per_instance']} threads"
+    generation = (best.get("job") or {}).get("generation")
+    batch = (
+        f"{config['batch_size']} sequence(s) of {generation['prompt_tokens']} prompt tokens, "
+        f"{generation['new_tokens']} new tokens each"
+        if generation
+        else f"batch {config['batch_size']}"
     )
+    threads = f"{config['instances']} x {config['threads_per_instance']} threads"
+    summary = f"{config['backend']}/{config['precision']} {batch}, {threads}"
     lines = [
         "#!/usr/bin/env bash",
         f"# autotune launch script: {best['model']['name']} as tuned in study {best['study']['name']} (trial "

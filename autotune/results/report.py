@@ -17,7 +17,14 @@ from typing import Any
 import optuna
 
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
-from autotune.results.selection import baseline_trial, clean_trials, maximizes, metrics_of, primary_value
+from autotune.results.selection import (
+    baseline_trial,
+    clean_trials,
+    maximizes,
+    metrics_of,
+    primary_value,
+    throughput_unit,
+)
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -61,7 +68,8 @@ def _complete_points(study: optuna.study.Study) -> list[tuple[float, float, int,
     points = []
     for trial in clean_trials(study):
         metrics = metrics_of(trial)
-        sps, p99 = metrics.throughput_sps, metrics.latency_ms.p99 or metrics.latency_ms.p50
+        latency = metrics.generation.tpot_ms if metrics.generation else metrics.latency_ms  # per token for LMs
+        sps, p99 = metrics.throughput_sps, latency.p99 or latency.p50
         if sps and p99:
             points.append((sps, p99, trial.number, trial.user_attrs))
     return points
@@ -77,8 +85,10 @@ def pareto_chart(study: optuna.study.Study) -> str | None:
     ax.plot([p[1] for p in front], [p[0] for p in front], "o-", color="#c33", label="Pareto front")
     for sps, p99, number in front:
         ax.annotate(f"#{number}", (p99, sps), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("p99 latency per call (ms; p50 where too few calls)")
-    ax.set_ylabel("throughput (samples/s)")
+    generation = throughput_unit(study) == "tokens/s"
+    per = "TPOT: per output token" if generation else "per call"
+    ax.set_xlabel(f"p99 latency {per} (ms; p50 where too few calls)")
+    ax.set_ylabel(f"throughput ({throughput_unit(study)})")
     ax.set_xscale("log")
     ax.legend(loc="lower right")
     return _svg(fig)
@@ -123,7 +133,9 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
         ax.annotate(
             f"{value:.2f}{'x' if base else ''}", (value, y), textcoords="offset points", xytext=(3, -3), fontsize=8
         )
-    ax.set_xlabel("best speedup over the eager fp32 baseline" if base else "best throughput (samples/s)")
+    ax.set_xlabel(
+        "best speedup over the eager fp32 baseline" if base else f"best throughput ({throughput_unit(study)})"
+    )
     return _svg(fig)
 
 
@@ -144,7 +156,7 @@ def drift_chart(study: optuna.study.Study) -> str | None:
         ax.axvline(spec.get("max_drift", 0.05), color="#c33", linestyle="--", label="drift bound")
     ax.set_xscale("log")
     ax.set_xlabel("drift from FP32 (relative L2; 1e-9 shown for exact)")
-    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylabel(f"throughput ({throughput_unit(study)})")
     ax.legend(fontsize=8)
     return _svg(fig)
 
@@ -169,7 +181,7 @@ def best_so_far_chart(study: optuna.study.Study) -> str | None:
     ax.step(times, best, where="post", color="#47a")
     ax.plot(times, best, "o", color="#47a", markersize=3)
     ax.set_xlabel("minutes since the study's first trial started")
-    ax.set_ylabel("best clean " + ("samples/s" if maximize else "ms per call") + " so far")
+    ax.set_ylabel("best clean " + (throughput_unit(study) if maximize else "ms per call") + " so far")
     return _svg(fig)
 
 
@@ -184,7 +196,7 @@ def build_report(study: optuna.study.Study) -> str:
     model = (spec.get("model") or {}).get("name", "?")
     hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
     charts = [
-        ("Throughput against p99 latency: the Pareto front", pareto_chart(study)),
+        ("Throughput against p99 latency (TPOT for text generation): the Pareto front", pareto_chart(study)),
         ("Parameter importances", importance_chart(study)),
         ("Speedup by backend and precision", speedup_chart(study)),
         ("Drift against speed", drift_chart(study)),
@@ -199,14 +211,15 @@ def build_report(study: optuna.study.Study) -> str:
     def fmt(v: float | None, d: int = 1) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
+    generation = throughput_unit(study) == "tokens/s"
+    latency_keys = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
     leader_rows = [
         [
             r["rank"],
             r["trial"],
             r["config"],
             fmt(r["throughput_sps"]),
-            fmt(r["p50_ms"]),
-            fmt(r["p99_ms"]),
+            *(fmt(r[key]) for key in latency_keys),
             "-" if r["drift"] is None else f"{r['drift']:.2e}",
             "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
         ]
@@ -223,9 +236,8 @@ def build_report(study: optuna.study.Study) -> str:
         "#",
         "trial",
         "config",
-        "samples/s (one search measurement)",
-        "p50 ms",
-        "p99 ms",
+        f"{throughput_unit(study)} (one search measurement)",
+        *(("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")),
         "drift (rel. L2)",
         "vs baseline",
     ]
