@@ -290,15 +290,23 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
+    from autotune.backends.generation import PRECISIONS
     from autotune.machine.probe import probe_machine
     from autotune.machine.probe_report import probe_json, probe_lines
     from autotune.machine.runtimes import discover_runtimes
+    from autotune.search.study import generation_precisions_unavailable
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
+    # text generation's precisions are torchao configs whose CPU support moves between versions: tried here
+    unavailable = {name: generation_precisions_unavailable(runtime) for name, runtime in runtimes.items()}
     if args.json:
-        print(json.dumps(probe_json(machine, runtimes), indent=2))
-    else:
-        print("\n".join(probe_lines(machine, runtimes)))
+        print(json.dumps({**probe_json(machine, runtimes), "generation_precisions_unavailable": unavailable}, indent=2))
+        return 0
+    print("\n".join(probe_lines(machine, runtimes)))
+    for name, reasons in unavailable.items():
+        runs = [p for p in PRECISIONS if p not in reasons]
+        print(f"text generation in runtime {name}: {', '.join(runs)} run", end="")
+        print("".join(f"; {p} left out: {why}" for p, why in reasons.items()))
     return 0
 
 

@@ -2,7 +2,10 @@
 decoder of realistic shape (a Llama config, random init), through autotune's protocol (fresh pinned
 processes, warm-up, stop rule, token stamps), interleaved so slow drifts of a shared machine hit all.
 
-    .venv/bin/python docs/bench_generation.py [--layers 8] [--prompt 512] [--new 64] [--repeats 2]
+    .venv/bin/python docs/bench_generation.py [--layers 8] [--prompt 512] [--new 64] [--repeats 2] [--best B]
+
+--best adds the winner of a search on the same decoder (autotune search --model
+docs/bench_generation.py:decoder --task generate ...), to set it beside the hand-applied recipe.
 
 The model factory is docs/bench_generation.py:decoder (hidden 768, 12 heads, MLP 2048, vocabulary 32000).
 """
@@ -34,6 +37,45 @@ def decoder():
     return LlamaForCausalLM(config)
 
 
+def perplexity_table() -> int:
+    """Held-out perplexity of a decoder that learned real text, fp32 and each precision this torchao runs
+    (random weights make perplexity meaningless, so the 100M decoder's drift columns are logits only)."""
+    import tempfile
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+    from transformers import LlamaForCausalLM
+
+    from autotune.backends.generation import PRECISIONS, apply_precision, unavailable_precisions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tiny_lm import llama_config, train_llama
+
+    trained = train_llama(Path(tempfile.mkdtemp()))
+    held_out = torch.tensor(list(Path(trained["text"]).read_bytes()))
+    ids = held_out[: 32 * 64].reshape(-1, 64)
+    calibration = torch.tensor(list(Path(trained["text"]).read_bytes())[-4 * 64 :]).reshape(4, 64)
+    unavailable = unavailable_precisions()
+    table = Table(title="tiny Llama (2 layers, hidden 64) trained on stdlib docstrings: held-out byte perplexity")
+    for column in ("precision", "perplexity", "change vs fp32"):
+        table.add_column(column)
+    reference = None
+    for precision in PRECISIONS:
+        if precision in unavailable:
+            table.add_row(precision, "left out", unavailable[precision][:60])
+            continue
+        model = LlamaForCausalLM(llama_config())
+        model.load_state_dict(torch.load(trained["weights"], weights_only=True))
+        apply_precision(model.eval(), precision, {"group_size": 32, "alpha": 0.5}, calibration)
+        with torch.no_grad():
+            value = float(torch.exp(model(input_ids=ids, labels=ids).loss.float()))
+        reference = reference or value
+        table.add_row(precision, f"{value:.3f}", f"{value / reference - 1:+.2%}")
+    Console(width=120).print(table)
+    return 0
+
+
 def main() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -56,7 +98,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--window", type=float, default=10.0, help="minimum timed window per run, seconds")
     parser.add_argument("--only", help="comma-separated row names to run (default: all)")
+    parser.add_argument(
+        "--perplexity",
+        action="store_true",
+        help="instead: perplexity per precision of the tiny Llama the tests train on standard-library docstrings",
+    )
+    parser.add_argument("--best", help="a best.json of a search on this decoder: its winner becomes a row")
     args = parser.parse_args()
+    if args.perplexity:
+        return perplexity_table()
     os.environ["BENCH_LAYERS"] = str(args.layers)
 
     console = Console(width=170)
@@ -97,6 +147,16 @@ def main() -> int:
             },
         ),
     }
+    if args.best:
+        import json
+
+        best = json.loads(Path(args.best).read_text())
+        generation = best["job"]["generation"]
+        if (generation["prompt_tokens"], generation["new_tokens"]) != (args.prompt, args.new):
+            parser.error(
+                f"{args.best} was tuned for prompt {generation['prompt_tokens']}, {generation['new_tokens']} new"
+            )
+        rows["search winner"] = TrialConfig.from_dict(best["config"])
     if args.only:
         rows = {name: rows[name] for name in args.only.split(",")}
     for name, config in list(rows.items()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def generation_space(path: Path, precisions: list[str]) -> Path:
                 "instances": [1],
                 "threads_per_instance": "auto",
                 "openmp": ["gnu"],
-                "backends": {"eager": {"precision": precisions, "kv_cache": ["dynamic"]}},
+                # the tiny model's layers are 64 wide: int4 groups of 32
+                "backends": {"eager": {"precision": precisions, "kv_cache": ["dynamic"], "group_size": [32]}},
             }
         )
     )
@@ -42,10 +44,12 @@ def generation_space(path: Path, precisions: list[str]) -> Path:
 
 
 def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(workdir, trained):
-    """fp32/bf16/woq_int8/da8w8 on a model that learned real text: the int8 ones keep perplexity within
-    2%, and every trial's TTFT + (new_tokens - 1) x mean TPOT matches the stopwatch's call time."""
+    """fp32/bf16/woq_int8/da8w8/woq_int4 on a model that learned real text: the int8 and int4 ones keep
+    perplexity within 2%, int4 weights take less memory than int8, and every trial's TTFT +
+    (new_tokens - 1) x mean TPOT matches the stopwatch's call time. The winner then goes through what a
+    user does with it: autotune.load(), the report, the launch script and verify --through-load."""
     assert trained["perplexity"] < 40, "the tiny model did not learn the text (byte perplexity near 256 is chance)"
-    space = generation_space(workdir / "space.yaml", ["fp32", "bf16", "woq_int8", "da8w8"])
+    space = generation_space(workdir / "space.yaml", ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4"])
     result = run_autotune(
         "search",
         "--model",
@@ -57,7 +61,7 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
         "--space",
         str(space),
         "--trials",
-        "4",
+        "5",
         "--budget",
         "8m",
         "--measure-seconds",
@@ -79,7 +83,7 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
     assert "tokens/s" in result.stdout
     study = load_study(workdir, "tiny_llama")
     complete = {t.user_attrs["config"]["precision"]: t for t in study.trials if t.state.name == "COMPLETE"}
-    assert {"woq_int8", "da8w8"} <= set(complete), [
+    assert {"woq_int8", "da8w8", "woq_int4"} <= set(complete), [
         (t.state.name, t.user_attrs.get("prune_reason")) for t in study.trials
     ]
     weights = {}
@@ -88,7 +92,7 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
         drift, generation = metrics.drift, metrics.generation
         assert generation is not None and drift is not None
         assert drift.reference_perplexity < 40
-        if precision in ("woq_int8", "da8w8"):
+        if precision in ("woq_int8", "da8w8", "woq_int4"):
             assert drift.perplexity_increase <= 0.02, (precision, drift)
         # The token stamps split each call: prefill plus (new_tokens - 1) decode steps is the call the
         # stopwatch timed on its own clock reads (call start, return), within a few percent.
@@ -102,6 +106,7 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
         )
         weights[precision] = generation.weight_bytes
     assert weights["woq_int8"] < 0.6 * weights["fp32"], weights
+    assert weights["woq_int4"] < 0.8 * weights["woq_int8"], weights  # half a byte per weight, plus scales
     if not all_noisy:
         best_path = workdir / "studies" / "tiny_llama" / "best.json"
         best = json.loads(best_path.read_text())
@@ -115,6 +120,22 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
         tokens = generate(prompt)
         assert tokens.shape == (2, 8) and tokens.dtype == torch.long
         assert torch.equal(tokens, generate(prompt.numpy())), "greedy decoding is deterministic"
+        report = run_autotune("report", "--study", "tiny_llama", cwd=workdir)
+        assert report.returncode == 0, report.stderr
+        html = (workdir / "studies" / "tiny_llama" / "report.html").read_text()
+        assert "tokens/s (one search measurement)" in html and "TPOT p99 ms" in html
+        exported = run_autotune("export", "--study", "tiny_llama", "--format", "sh", cwd=workdir)
+        assert exported.returncode == 0, exported.stderr
+        assert "2 sequence(s) of 32 prompt tokens, 8 new tokens each" in (best_path.parent / "launch.sh").read_text()
+        verified = run_autotune("verify", str(best_path), "--repeats", "1", "--through-load", cwd=workdir, timeout=600)
+        assert verified.returncode in (0, 1, 3), verified.stdout + verified.stderr
+        assert "tokens/s here" in verified.stdout or "no verdict" in verified.stdout, verified.stdout
+        # through the launch script and autotune.load(): a plain loop counting the tokens it gets back
+        assert "through autotune.load():" in verified.stdout and "16 tokens in" in verified.stdout, verified.stdout
+        compared = run_autotune("compare", "--best", str(best_path), "--repeats", "1", cwd=workdir, timeout=600)
+        assert compared.returncode == 0, compared.stdout + compared.stderr
+        assert re.search(r"repeat 1/1 winner +[\d.]+ tokens/s", compared.stdout), compared.stdout
+        assert "TPOT" in compared.stdout and "TTFT" in compared.stdout, compared.stdout
 
 
 def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timing(workdir, trained, monkeypatch):
@@ -187,3 +208,17 @@ def test_perplexity_bound_reads_a_percentage():
     assert criterion.exceeded(record) and not DriftCriterion.parse("perplexity", "5%").exceeded(record)
     assert criterion.exceeded(Drift(0.01, 0.99, 0.98, 64)), "no perplexity measured: not kept"
     assert math.isclose(criterion.max_drop, 0.02)
+
+
+def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(workdir):
+    """Each runtime is tried in its own process: fp32 always runs; a precision left out says why."""
+    from autotune.backends.generation import PRECISIONS
+
+    result = run_autotune("probe", cwd=workdir, timeout=300)
+    assert result.returncode == 0, result.stderr
+    prefix = "text generation in runtime main:"
+    line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
+    runs, _, left_out = line.removeprefix(prefix).partition(" run")
+    assert "fp32" in runs
+    named = [p for p in PRECISIONS if f" {p}," in runs + "," or f" {p} left out:" in left_out]
+    assert sorted(named) == sorted(PRECISIONS), line  # every precision is either run or left out with a reason
