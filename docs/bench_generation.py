@@ -180,7 +180,8 @@ def main() -> int:
             console.print(f"repeat {repeat + 1} {name}: {metrics.throughput_sps:.2f} tokens/s{metrics.noisy_note()}")
     table = Table(title=f"generation, medians of {args.repeats} interleaved run(s) (clean and noisy alike, flagged)")
     columns = ("config", "tokens/s", "vs fp32", "TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms", "peak RSS MiB")
-    for column in (*columns, "weights MiB", "logits rel. L2", "greedy agree", "noisy runs"):
+    extra = ("weights MiB", "quantize s", "first call s", "logits rel. L2", "greedy agree", "noisy runs")
+    for column in (*columns, *extra):
         table.add_column(column, justify="left" if column == "config" else "right")
     base = (
         statistics.median(m.throughput_sps for m in results.get("eager fp32", []))
@@ -202,6 +203,8 @@ def main() -> int:
             f"{statistics.median(g.tpot_ms.p99 or float('nan') for g in gen):.1f}",
             f"{statistics.median(m.peak_rss_mib or 0 for m in runs):.0f}",
             f"{(gen[0].weight_bytes or 0) / 2**20:.0f}",
+            f"{statistics.median(g.quantize_s or 0.0 for g in gen):.1f}",
+            f"{statistics.median(m.first_call_s or 0.0 for m in runs):.1f}",  # compiles, for inductor
             f"{drift.relative_l2:.2e}" if drift else "-",
             f"{drift.greedy_agreement:.2f}" if drift and drift.greedy_agreement is not None else "-",
             f"{sum(not m.valid for m in runs)}/{len(runs)}",
