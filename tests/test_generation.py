@@ -222,3 +222,35 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     assert "fp32" in runs
     named = [p for p in PRECISIONS if f" {p}," in runs + "," or f" {p} left out:" in left_out]
     assert sorted(named) == sorted(PRECISIONS), line  # every precision is either run or left out with a reason
+
+
+def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdir, trained):
+    """int4 weights quantized by the prepare process, cached by numerics: a second trial with another KV
+    cache and batch loads them (no preparation), and its logits drift is the first one's to the last digit."""
+    from autotune.machine.probe import probe_machine
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.generation import GenerationWorkload
+    from autotune.model.sources import resolve_model
+    from autotune.records.config import TrialConfig
+    from autotune.runner.trials import TrialContext, compute_reference, run_config
+
+    source = resolve_model(f"{LM}:tiny_llama", str(trained["weights"]), "input_ids:int64:32:0-256")
+    workload = GenerationWorkload(32, 8, 256, 256, str(trained["text"])).to_json()
+    reference = compute_reference(source, workdir / "study", 4, 300, generation=workload)
+    measure = MeasureSettings(warmup_min_s=0.2, window_min_s=0.3, window_max_s=1.0, screen_s=0.0)
+    ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
+    runs = []
+    for sequences, kv_cache in ((2, "dynamic"), (1, "static")):
+        options = {"group_size": 32, "kv_cache": kv_cache}
+        config = TrialConfig("eager", "woq_int4", sequences, threads_per_instance=1, options=options)
+        runs.append(run_config(config, ctx, workdir / f"trial-{kv_cache}", 600)[0])
+    first, second = runs
+    assert first.artifact is not None and second.artifact is not None
+    assert not first.artifact["cached"] and first.prepare_s > 0
+    assert second.artifact["cached"] and second.prepare_s == 0.0 and second.artifact["dir"] == first.artifact["dir"]
+    assert second.backend_details is not None and "load_quantized_s" in second.backend_details
+    assert first.generation is not None and second.generation is not None
+    assert second.generation.quantize_s == first.generation.quantize_s > 0  # what building it cost, recorded
+    assert first.drift is not None and second.drift is not None  # the same weights: the same teacher-forced logits
+    assert (second.drift.relative_l2, second.drift.perplexity) == (first.drift.relative_l2, first.drift.perplexity)
+    assert second.executed_precision is not None and second.executed_precision.counts.get("int4", 0) > 0

@@ -29,6 +29,11 @@ COMMON_OPTIONS: dict[str, tuple[Any, ...]] = {
     "alpha": (0.5, 0.25, 0.75),
 }
 COMMON_OPTION_PRECISIONS = {"group_size": INT4, "alpha": ("smoothquant_int8",)}
+# Quantized once by the prepare process, cached, and loaded by every trial with the same numerics.
+QUANTIZED = ("woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
+ARTIFACT_VERSION = 1
+QUANTIZED_FILE = "quantized.pt"
+CALIBRATION_LENGTH = 128  # tokens per SmoothQuant calibration window (fewer when the prompt is shorter)
 INDUCTOR_FLAGS = ("max_autotune", "cpp_wrapper", "concat_linear", "freezing")
 
 EAGER = BackendSpec(
@@ -38,6 +43,7 @@ EAGER = BackendSpec(
     options=COMMON_OPTIONS,
     option_precisions=COMMON_OPTION_PRECISIONS,
     requires=("transformers", "torchao"),
+    uses_artifact=QUANTIZED,
     torch_threads=True,
 )
 INDUCTOR = BackendSpec(
@@ -47,6 +53,7 @@ INDUCTOR = BackendSpec(
     options={**COMMON_OPTIONS, **{flag: (False, True) for flag in INDUCTOR_FLAGS}},
     option_precisions=COMMON_OPTION_PRECISIONS,
     requires=("transformers", "torchao"),
+    uses_artifact=QUANTIZED,
     torch_threads=True,
 )
 SPECS = {spec.name: spec for spec in (EAGER, INDUCTOR)}
@@ -204,6 +211,40 @@ def weight_bytes(model: Any) -> int:
     return total
 
 
+# ---- the quantized model, prepared once ------------------------------------------------------------
+def artifact_identity(config: Any) -> dict[str, Any]:
+    """What the quantized weights depend on besides the model and calibration text: the precision and
+    its own options (not the KV cache, the compile flags or the sequences)."""
+    identity: dict[str, Any] = {"task": "generate", "precision": config.precision}
+    if config.precision in INT4:
+        identity["group_size"] = int(config.options.get("group_size", 128))
+    if config.precision == "smoothquant_int8":
+        identity["alpha"] = float(config.options.get("alpha", 0.5))
+    return identity
+
+
+def build_artifact(model: Any, calibration: Any, config: Any, out_dir: Any) -> dict[str, Any]:
+    """Quantize once and save the state dict (torchao's quantized tensors serialise with it and load
+    with `weights_only=True`); returns what was done, with the quantization time and weight bytes."""
+    import torch
+
+    details = apply_precision(model.eval(), config.precision, dict(config.options), calibration)
+    details["weight_bytes"] = weight_bytes(model)
+    torch.save(model.state_dict(), out_dir / QUANTIZED_FILE)
+    return details
+
+
+def load_quantized(model: Any, artifact_dir: Any) -> float:
+    """Put the prepared quantized weights in place of the model's (assigned, not copied into the float
+    parameters); returns the seconds it took."""
+    import torch
+
+    t0 = time.monotonic()
+    state = torch.load(artifact_dir / QUANTIZED_FILE, weights_only=True)
+    model.eval().load_state_dict(state, assign=True)
+    return time.monotonic() - t0
+
+
 # ---- compile --------------------------------------------------------------------------------------
 def inductor_settings(options: dict[str, Any]) -> dict[str, Any]:
     """Set the inductor flags this config asks for; returns what was set (flags this torch lacks are
@@ -302,13 +343,20 @@ class Generator:
             return self.forward(input_ids=input_ids, use_cache=False).logits.float()
 
 
-def prepare(model: Any, config: Any, new_tokens: int, calibration: Any = None) -> tuple[Generator, dict[str, Any]]:
-    """Convert the model to the config's precision and compile it when asked; returns the generator
-    and what was done (quantization and compile settings, weight bytes)."""
+def prepare(
+    model: Any, config: Any, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
+) -> tuple[Generator, dict[str, Any]]:
+    """Convert the model to the config's precision (or put in the quantized weights the prepare step
+    built: `artifact` is its folder and meta) and compile it when asked; returns the generator and what
+    was done (quantization and compile settings, weight bytes)."""
     import torch
 
     options = dict(config.options)
-    details = apply_precision(model.eval(), config.precision, options, calibration)
+    if artifact is not None:
+        details = {**artifact["details"], "quantized_by": "the prepare step (cached artifact)"}
+        details["load_quantized_s"] = load_quantized(model, artifact["dir"])
+    else:
+        details = apply_precision(model.eval(), config.precision, options, calibration)
     details["weight_bytes"] = weight_bytes(model)
     generator = Generator(model, new_tokens, options.get("kv_cache", "dynamic"))
     if config.backend == "inductor":

@@ -33,6 +33,7 @@ PACKAGES = (
     "torchao",
     "intel-extension-for-pytorch",
     "intel-openmp",
+    "transformers",  # the layers of a language model tuned for generation
 )
 
 

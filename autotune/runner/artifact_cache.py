@@ -37,13 +37,21 @@ VERSIONED_PACKAGES = (
     "torchao",
     "intel-extension-for-pytorch",
 )
+GENERATION_PACKAGES = (*VERSIONED_PACKAGES, "transformers")  # a language model's layers are transformers'
 
 
 def artifact_key(
-    model: ModelSource, config: TrialConfig, calibration: dict[str, Any], runtime_packages: dict[str, str] | None = None
+    model: ModelSource,
+    config: TrialConfig,
+    calibration: dict[str, Any],
+    runtime_packages: dict[str, str] | None = None,
+    generation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator).
-    `runtime_packages`: the versions in the runtime that builds it (default: this process's)."""
+    `runtime_packages`: the versions in the runtime that builds it (default: this process's);
+    `generation`: a language model's workload (its quantized weights come from the generation backends)."""
+    if generation is not None:
+        return _generation_key(model, config, generation, runtime_packages)
     return {
         "model": {
             "kind": model.kind,
@@ -65,6 +73,36 @@ def artifact_key(
             {k: v for k, v in runtime_packages.items() if k in VERSIONED_PACKAGES}
             if runtime_packages is not None
             else package_versions(VERSIONED_PACKAGES)
+        ),
+    }
+
+
+def _generation_key(
+    model: ModelSource, config: TrialConfig, generation: dict[str, Any], runtime_packages: dict[str, str] | None
+) -> dict[str, Any]:
+    """A language model's quantized weights: the model and its weights, the precision and its options,
+    and for SmoothQuant the calibration text (the data's digest and the window length it is cut into)."""
+    from autotune.backends import generation as backend
+    from autotune.common.files import file_digest
+
+    identity = backend.artifact_identity(config)
+    calibration: dict[str, Any] = {}
+    if config.precision == "smoothquant_int8":
+        data = generation.get("data")
+        calibration = {
+            "data": file_digest(data) if data else "seeded token ids",
+            "length": min(backend.CALIBRATION_LENGTH, int(generation["prompt_tokens"])),
+        }
+    return {
+        "model": {"kind": model.kind, "name": model.name, "weights_sha256": model.weights_sha256},
+        "backend": "generation",  # eager and inductor load the same quantized weights
+        "builder_version": backend.ARTIFACT_VERSION,
+        "identity": identity,
+        "calibration": calibration,
+        "versions": (
+            {k: v for k, v in runtime_packages.items() if k in GENERATION_PACKAGES}
+            if runtime_packages is not None
+            else package_versions(GENERATION_PACKAGES)
         ),
     }
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.backends import BACKENDS
+from autotune.backends import backend_specs
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed
 from autotune.common.files import read_json, write_json_atomic
@@ -301,10 +301,11 @@ def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, time
 def _cached_or_built_artifact(
     config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float
 ) -> dict[str, Any] | None:
-    if not BACKENDS[config.backend].builds_artifact(config.precision):
+    generation = ctx.reference.generation
+    if not backend_specs("generate" if generation else "classify")[config.backend].builds_artifact(config.precision):
         return None
     runtime = ctx.runtime(config.runtime)
-    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration, runtime.packages)
+    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration, runtime.packages, generation)
     directory = artifact_dir(ctx.cache_dir, key)
     with build_lock(directory):
         meta = read_meta(directory)
@@ -332,6 +333,7 @@ def _cached_or_built_artifact(
                 "reference_path": str(ctx.reference.outputs_path),
                 "calibration_description": ctx.reference.calibration["data"],
                 "result_path": str(work_dir / "prepare-result.json"),
+                "generation": generation,
             },
         )
         launch = InstanceLaunch(

@@ -79,7 +79,9 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
 
 def calibration_ids(workload: GenerationWorkload) -> Any:
     """Calibration text for SmoothQuant: data windows or seeded ids, disjoint seed from evaluation."""
-    length = min(EVAL_LENGTH, workload.prompt_tokens)
+    from autotune.backends.generation import CALIBRATION_LENGTH
+
+    length = min(CALIBRATION_LENGTH, workload.prompt_tokens)
     return prompts(
         GenerationWorkload(length, 1, workload.vocab_size, workload.context, workload.data), 4, CALIBRATION_SEED
     )
@@ -113,11 +115,41 @@ def build_generation_runner(job: dict[str, Any], config: TrialConfig) -> Generat
     t0 = time.monotonic()
     model = build_model(source)
     build_s = time.monotonic() - t0
-    calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" else None
-    generator, details = prepare(model, config, workload.new_tokens, calibration)
+    artifact = None
+    if job.get("artifact_dir"):  # quantized once by the prepare step: only loaded here
+        from autotune.common.files import read_json
+
+        directory = Path(job["artifact_dir"])
+        artifact = {"dir": directory, "details": read_json(directory / "meta.json")["details"]}
+    calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" and not artifact else None
+    generator, details = prepare(model, config, workload.new_tokens, calibration, artifact)
     return GenerationRunner(
         generator, {**details, "build_s": build_s, "prompt_tokens": workload.prompt_tokens, "generation": True}
     )
+
+
+def run_generation_prepare(job: dict[str, Any]) -> dict[str, Any]:
+    """Quantize the language model once into the artifact folder (SmoothQuant calibrated on the
+    calibration text), for every trial with the same numerics to load."""
+    from autotune.backends.generation import build_artifact
+
+    config = TrialConfig.from_dict(job["config"])
+    workload = GenerationWorkload.from_json(job["generation"])
+    t0 = time.monotonic()
+    model = build_model(ModelSource.from_dict(job["model"]))
+    calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" else None
+    out_dir = Path(job["artifact_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    details = build_artifact(model, calibration, config, out_dir)
+    return {
+        "pid": os.getpid(),
+        "prepare_s": time.monotonic() - t0,
+        "details": details,
+        "calibration": {
+            "data": "seeded token ids" if workload.data is None else workload.data,
+            "samples": 0 if calibration is None else int(calibration.shape[0]),
+        },
+    }
 
 
 def timing_prompts(job: dict[str, Any], config: TrialConfig, instance: int) -> Any:

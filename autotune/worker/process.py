@@ -154,6 +154,11 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     """Build a backend's artifact (export, conversion, quantization) once, into a fresh folder."""
     from autotune.backends import backend_module
 
+    if job.get("generation"):
+        from autotune.worker.generate import run_generation_prepare
+
+        return run_generation_prepare(job)
+
     config = TrialConfig.from_dict(job["config"])
     source = ModelSource.from_dict(job["model"])
     module = backend_module(config.backend)
