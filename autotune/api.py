@@ -585,14 +585,26 @@ def search(
 
 
 # ---- the tuned model ---------------------------------------------------------------------------------------
-def _load_generator(workload: dict[str, Any], config: Any, model: Any) -> Callable[..., Any]:
+def _load_generator(
+    workload: dict[str, Any], config: Any, model: Any, artifact_dir: str | None = None
+) -> Callable[..., Any]:
     """A generation winner as a callable: `generate(input_ids)` -> the new tokens (sequences x new_tokens),
-    greedy, converted and compiled as tuned (the precision applied to `model` in place)."""
-    from autotune.backends.generation import prepare
+    greedy, converted and compiled as tuned (the precision applied to `model` in place: the quantized
+    weights the search prepared when they are still in the cache, else quantized here)."""
+    from autotune.backends.generation import QUANTIZED_FILE, prepare
+    from autotune.common.files import read_json
     from autotune.model.generation import GenerationWorkload
 
     settings = GenerationWorkload.from_json(workload)
-    generator, details = prepare(model, config, settings.new_tokens)
+    artifact = None
+    if artifact_dir and (Path(artifact_dir) / QUANTIZED_FILE).is_file():
+        artifact = {"dir": Path(artifact_dir), "details": read_json(Path(artifact_dir) / "meta.json")["details"]}
+    calibration = None
+    if artifact is None and config.precision == "smoothquant_int8":
+        from autotune.worker.generate import calibration_ids
+
+        calibration = calibration_ids(settings)  # the text the search calibrated on
+    generator, details = prepare(model, config, settings.new_tokens, calibration, artifact)
 
     def generate(input_ids: Any) -> Any:
         import numpy as np
@@ -665,7 +677,12 @@ def load(
     config = TrialConfig.from_dict(best["config"])
     source = ModelSource.from_dict(best["job"]["model"])
     if best["job"].get("generation"):
-        return _load_generator(best["job"]["generation"], config, model if model is not None else build_model(source))
+        return _load_generator(
+            best["job"]["generation"],
+            config,
+            model if model is not None else build_model(source),
+            best["job"].get("artifact_dir"),
+        )
     example = synthetic(source.specs, config.batch_size, 0)
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):
