@@ -313,3 +313,46 @@ def test_ipex_with_intel_openmp_affinity_disabled_is_never_launched():
             launched += 1
             assert not (config.backend == "ipex" and config.kmp_affinity == "disabled")
     assert refused and launched
+
+
+@pytest.mark.parametrize(
+    ("isa", "first", "last"),
+    [
+        # A Xeon with AMX: int8 and bf16 computed natively, all four ahead of the fp32 backends.
+        ({"avx512_vnni": True, "amx_int8": True, "amx_bf16": True}, ["int8", "int8", "bf16", "bf16"], "fp32"),
+        # An AVX2-only EPYC: int8 still first (a quarter of the bytes), bf16 emulated and last.
+        ({"avx2": True}, ["int8", "int8"], "bf16"),
+    ],
+)
+def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first, last):
+    from autotune.search.payoff import order_by_payoff
+
+    space = {
+        "batch_size": [8],
+        "backends": {
+            "inductor": {"precision": ["fp32", "bf16"]},
+            "openvino": {"precision": ["fp32", "bf16", "int8"], "streams": [1]},
+            "onnxruntime": {"precision": ["fp32", "int8"]},
+        },
+    }
+    plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
+    ordered = order_by_payoff(plans, isa, "classify")
+    precisions = [params[f"{params['backend']}.precision"] for params, _ in ordered]
+    tiers = [int(why.split("tier ")[1].split(":")[0]) for _, why in ordered]
+    assert tiers == sorted(tiers)
+    assert sorted(precisions[: len(first)]) == sorted(first) and first.count("int8") == precisions.count("int8")
+    assert precisions[-1] == last and f"{len(plans)}/{len(plans)}" in ordered[-1][1]
+    # Within a tier the cheaper preparation goes first: ONNX Runtime's int8 before OpenVINO's.
+    int8 = [params["backend"] for params, _ in ordered if params[f"{params['backend']}.precision"] == "int8"]
+    assert int8 == ["onnxruntime", "openvino"]
+
+
+def test_text_generation_covers_the_fewest_weight_bytes_first():
+    from autotune.search.payoff import expected_payoff
+
+    order = sorted(
+        ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "smoothquant_int8"],
+        key=lambda p: expected_payoff("eager", p, {"avx2": True}, "generate").tier,
+    )
+    assert order[0] == "woq_int4" and set(order[1:4]) == {"woq_int8", "da8w8", "smoothquant_int8"}
+    assert order[-1] == "bf16"  # emulated on an AVX2-only CPU

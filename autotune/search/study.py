@@ -46,6 +46,7 @@ from autotune.search.fleet import (
     orchestrator_record,
     register_orchestrator,
 )
+from autotune.search.payoff import order_by_payoff
 from autotune.search.pruners import DriftPruner, SpeedPruner
 from autotune.search.space import InfeasibleConfig, SearchSpace
 from autotune.search.spec import SearchSpec, identity_differences
@@ -118,6 +119,8 @@ class Objective:
 
     def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
         trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
+        if "order" not in trial.user_attrs:  # why it runs now: enqueued trials say so themselves
+            trial.set_user_attr("order", f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
         config = self._suggest(trial)
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
@@ -404,19 +407,24 @@ class BudgetGuard:
             study.stop()
 
 
-def _enqueue_first_trials(study: optuna.study.Study, space: SearchSpace, spec: SearchSpec, console: Console) -> None:
-    """The eager fp32 baseline first, then one trial per backend x precision."""
+def _enqueue_first_trials(
+    study: optuna.study.Study, space: SearchSpace, spec: SearchSpec, machine: MachineProbe, console: Console
+) -> None:
+    """The eager fp32 baseline first, then one trial per backend x precision, highest expected payoff
+    on this machine first (search/payoff.py), each recording why it runs where it does."""
     baseline = space.baseline_params()
     if baseline is None:
         console.print(
             "note: the space has no eager fp32/glibc/1-instance config: speedups are not reported", markup=False
         )
     else:
-        study.enqueue_trial(baseline, user_attrs={"baseline": True})
+        study.enqueue_trial(
+            baseline, user_attrs={"baseline": True, "order": "baseline: first, every speedup is relative to it"}
+        )
     if spec.cover_backends:
-        for params in space.coverage_params():
-            if params != baseline:
-                study.enqueue_trial(params, user_attrs={"coverage": True})
+        plans = [params for params in space.coverage_params() if params != baseline]
+        for params, why in order_by_payoff(plans, machine.isa, space.task):
+            study.enqueue_trial(params, user_attrs={"coverage": True, "order": why})
     study.set_user_attr("seeded", True)
 
 
@@ -455,7 +463,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     if reference.note is not None:
         say(f"note: {reference.note.message}")
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
-        _enqueue_first_trials(study, space, spec, console)
+        _enqueue_first_trials(study, space, spec, machine, console)
     ctx = TrialContext(
         machine,
         reference,

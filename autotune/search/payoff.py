@@ -1,0 +1,87 @@
+"""The order of the coverage round: what is likely to win on this machine is measured first.
+
+A search with a short budget on a heavy model may not get through one trial per backend x precision,
+so the round is ordered by expected payoff, from the CPU's instruction sets and the task, never from a
+measurement (there is none yet). The rule, in tiers (a lower tier runs first):
+
+- **Classifiers and encoders** (one forward pass, compute-bound): int8 is tier 0 where the CPU has
+  int8 dot products (AVX512-VNNI or AMX-INT8), tier 1 otherwise (int8 still moves a quarter of
+  fp32's bytes); bf16 is tier 0 where the CPU computes it natively (AVX512-BF16 or AMX-BF16), and
+  last (tier 3) where it is emulated; other fp32 backends are tier 2 (the baseline already
+  measures fp32).
+- **Text generation** (decode is memory-bound: every token reads all weights): int4 weights are
+  tier 0, int8 weights tier 1, bf16 tier 1 where native and 3 otherwise, fp32 tier 2.
+- Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
+  OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest).
+
+Each coverage trial records its place and the reason (`order` in its user attributes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+INT8_DOT = ("avx512_vnni", "amx_int8")  # as the machine probe reads them from /proc/cpuinfo
+NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
+# Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
+# optimize/trace, and torch.compile's code generation.
+PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
+
+
+@dataclass(frozen=True)
+class Payoff:
+    """Where a backend x precision stands in the coverage round, and why."""
+
+    tier: int
+    reason: str
+
+
+def _kind(precision: str) -> str:
+    """A precision's family: int4, int8, bf16 or fp32 (da8w8 / da8w4: int8 activations, int8 / int4 weights)."""
+    if "int4" in precision or precision == "da8w4":
+        return "int4"
+    if "int8" in precision or precision == "da8w8":
+        return "int8"
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: str = "classify") -> Payoff:
+    """The tier of one backend x precision on a CPU with these ISA flags (see the module docstring)."""
+    kind = _kind(precision)
+    have = [flag for flag in INT8_DOT if isa.get(flag)]
+    if task == "generate":
+        if kind == "int4":
+            return Payoff(0, "int4 weights: decoding reads the fewest bytes per token")
+        if kind == "int8":
+            return Payoff(1, "int8 weights: decoding reads half the bytes of bf16 per token")
+    elif kind == "int8":
+        if have:
+            return Payoff(0, f"int8 first: the CPU has int8 dot products ({', '.join(have)})")
+        return Payoff(1, "int8 second: no VNNI/AMX int8 dot products, but a quarter of fp32's memory traffic")
+    if kind in NATIVE:
+        native = [flag for flag in NATIVE[kind] if isa.get(flag)]
+        if native:
+            tier = 1 if task == "generate" else 0
+            return Payoff(tier, f"{kind} native on this CPU ({', '.join(native)})")
+        return Payoff(3, f"{kind} last: no native {kind} instructions here ({' or '.join(NATIVE[kind])}), emulated")
+    return Payoff(2, "fp32 after the reduced precisions: the baseline already measures fp32")
+
+
+def _prepare_rank(backend: str) -> int:
+    return PREPARE_COST.index(backend) if backend in PREPARE_COST else len(PREPARE_COST)
+
+
+def order_by_payoff(plans: list[dict[str, Any]], isa: dict[str, bool], task: str) -> list[tuple[dict[str, Any], str]]:
+    """The coverage plans, highest expected payoff first, each with why it is where it is. Stable: plans
+    of the same tier and backend keep the space's order."""
+    ranked = []
+    for index, params in enumerate(plans):
+        backend = params["backend"]
+        payoff = expected_payoff(backend, params[f"{backend}.precision"], isa, task)
+        ranked.append((payoff.tier, _prepare_rank(backend), index, params, payoff.reason))
+    ranked.sort(key=lambda item: item[:3])
+    return [
+        (params, f"coverage {place + 1}/{len(ranked)}, tier {tier}: {reason}")
+        for place, (tier, _, _, params, reason) in enumerate(ranked)
+    ]
