@@ -150,6 +150,7 @@ def _load_study(args: argparse.Namespace):
 def print_study(study, console: Console, top: int) -> None:
     """The study's summary, the winner as re-validated, its leaderboard, and its failures and prunings
     grouped by cause."""
+    from autotune.results.budget import budget_line
     from autotune.results.leaderboard import (
         leaderboard_rows,
         leaderboard_table,
@@ -159,6 +160,9 @@ def print_study(study, console: Console, top: int) -> None:
     )
 
     console.print(study_summary(study), markup=False)
+    spent = budget_line(study)
+    if spent:
+        console.print(spent, markup=False)
     for line in winner_lines(study):
         console.print(line, markup=False)
     rows = leaderboard_rows(study, top)

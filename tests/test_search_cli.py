@@ -48,6 +48,17 @@ def test_search_completes_trials_and_exports_best_json(workdir):
         for key in ("throughput_sps", "latency_ms", "drift", "peak_rss_mib", "load_s", "first_call_s", "config"):
             assert key in trial.user_attrs, key
     assert study.trials[0].user_attrs["baseline"] is True and study.trials[0].params["backend"] == "eager"
+    # Where each trial's time went, on the orchestrator's clock: the parts add up to the trial's time.
+    for trial in study.trials:
+        budget = trial.user_attrs["budget"]
+        parts = sum(v for k, v in budget.items() if k != "total_s")
+        assert budget["measuring_s"] > 0 and budget["loading_s"] > 0 and budget["screening_s"] == 0  # no screening
+        assert parts == pytest.approx(budget["total_s"], rel=1e-6)
+        wall = (trial.datetime_complete - trial.datetime_start).total_seconds()
+        assert budget["total_s"] <= wall
+    assert study.trials[1].user_attrs["order"].startswith("sampled by")  # no coverage round: one backend
+    shown = run_autotune("show", "--study", "s", cwd=workdir)
+    assert "where the time went" in shown.stdout and "measuring" in shown.stdout and "finalists" in shown.stdout
 
     best = json.loads((workdir / "studies" / "s" / "best.json").read_text())
     assert best["schema"] == "autotune.best/2"

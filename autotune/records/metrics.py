@@ -119,6 +119,23 @@ class GenerationMetrics(Record):
 
 
 @dataclass(frozen=True)
+class TrialBudget(Record):
+    """Where one trial's wall time went, in seconds on the orchestrator's clock: from the trial's start
+    to the ready barrier (the artifact built, processes started and loaded, the first call, which
+    compiles for torch.compile backends, drift and warm-up), the screening window, and the full window
+    (noisy repeats included). The part before the barrier is split only for a trial that completed
+    (its metrics say how long preparing, loading and warm-up took); otherwise it is all `starting_s`."""
+
+    total_s: float
+    starting_s: float = 0.0  # process starts, drift, barrier waits (all of before-timing when not split)
+    preparing_s: float = 0.0  # the backend artifact (export, conversion, quantization) built for this trial
+    loading_s: float = 0.0  # loading the model and its first call (the compile, for torch.compile)
+    warmup_s: float = 0.0
+    screening_s: float = 0.0
+    measuring_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Attempt(Record):
     """One measurement attempt of a trial (a noisy one is repeated in fresh processes)."""
 

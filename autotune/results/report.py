@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 
+from autotune.results.budget import budget_breakdown
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
 from autotune.results.selection import (
     baseline_trial,
@@ -243,6 +244,13 @@ def build_report(study: optuna.study.Study) -> str:
     ]
     leaderboard = _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
     failures = _table(["state", "trials", "cause"], outcomes) if outcomes else "<p>None.</p>"
+    spent = budget_breakdown(study)
+    total = sum(seconds for _, seconds in spent) or 1.0
+    budget = (
+        _table(["stage", "seconds", "share"], [[name, f"{s:.1f}", f"{s / total:.0%}"] for name, s in spent])
+        if spent
+        else "<p>No trial yet.</p>"
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>autotune report: {html.escape(study.study_name)}</title>
 <style>{STYLE}</style></head><body>
@@ -255,6 +263,7 @@ objective {html.escape(str(spec.get("objective", "throughput")))}; {html.escape(
 {f'<p class="note">Not drawn (not enough completed trials): {html.escape(", ".join(missing))}.</p>' if missing else ""}
 <h2>Leaderboard</h2>{leaderboard}
 <h2>Failed and pruned trials, by cause</h2>{failures}
+<h2>Where the time went</h2>{budget}
 </body></html>
 """
 

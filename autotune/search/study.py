@@ -39,6 +39,7 @@ from autotune.results.progress import LiveStatus, ProgressPrinter
 from autotune.results.selection import baseline_trial, drift_of, metrics_of
 from autotune.runner.launch import InstanceLaunch
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
+from autotune.search.budget import StageClock
 from autotune.search.finalists import run_finalists
 from autotune.search.fleet import (
     AbandonedTrialsCheck,
@@ -195,14 +196,18 @@ class Objective:
         """Run the config; the barriers ask the pruners (drift, then screening) before the timed window.
         A failure is recorded with its cause and the trial's log."""
 
+        clock = StageClock()
+
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
+            clock.reached(stage)
             if stage == "ready":
                 self._judge_drift(trial, payloads[0].get("drift"))
             elif stage == "screened":
                 self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
 
+        metrics: TrialMetrics | None = None
         try:
-            return run_config(
+            metrics, launches, template = run_config(
                 config,
                 self.ctx,
                 trial_dir,
@@ -211,6 +216,7 @@ class Objective:
                 screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
                 known_drift=known_drift,
             )
+            return metrics, launches, template
         except TrialFailed as exc:
             self._record_failure(trial, trial_dir, timeout, exc)
             raise
@@ -220,6 +226,8 @@ class Objective:
         except KeyboardInterrupt:
             trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
             raise
+        finally:
+            trial.set_user_attr("budget", clock.spent(metrics).to_json())
 
     def _record_failure(self, trial: optuna.trial.Trial, trial_dir: Path, timeout: float, exc: TrialFailed) -> None:
         cause = exc.cause

@@ -1,0 +1,45 @@
+"""Where a trial's time goes: the orchestrator stamps the barriers a trial reaches (ready, screened)
+and splits its wall time into preparing, loading and compiling, warm-up, screening and measuring
+(records.metrics.TrialBudget, stored on the trial as `budget`; results.budget sums a study's)."""
+
+from __future__ import annotations
+
+import time
+
+from autotune.records.metrics import TrialBudget, TrialMetrics
+
+
+class StageClock:
+    """The monotonic times a trial started and reached each barrier."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.stages: dict[str, float] = {}
+
+    def reached(self, stage: str) -> None:
+        self.stages.setdefault(stage, time.monotonic())
+
+    def spent(self, metrics: TrialMetrics | None, now: float | None = None) -> TrialBudget:
+        """The trial's time until `now`, split as far as what is known allows (see TrialBudget)."""
+        end = time.monotonic() if now is None else now
+        ready, screened = self.stages.get("ready"), self.stages.get("screened")
+        before_timing = (ready if ready is not None else end) - self.start
+        screening = screened - ready if ready is not None and screened is not None else 0.0
+        measuring = end - (screened if screened is not None else ready) if ready is not None else 0.0
+        preparing = loading = warmup = 0.0
+        if metrics is not None:
+            preparing = metrics.prepare_s
+            loading = (metrics.load_s or 0.0) + (metrics.first_call_s or 0.0)
+            warmup = max((share.warmup_s or 0.0 for share in metrics.instances), default=0.0)
+            # never more than the time before the barrier (a reused artifact costs nothing here)
+            scale = min(1.0, before_timing / (preparing + loading + warmup)) if preparing + loading + warmup else 1.0
+            preparing, loading, warmup = preparing * scale, loading * scale, warmup * scale
+        return TrialBudget(
+            total_s=end - self.start,
+            starting_s=max(0.0, before_timing - preparing - loading - warmup),
+            preparing_s=preparing,
+            loading_s=loading,
+            warmup_s=warmup,
+            screening_s=screening,
+            measuring_s=measuring,
+        )
