@@ -591,16 +591,14 @@ def _load_generator(
     """A generation winner as a callable: `generate(input_ids)` -> the new tokens (sequences x new_tokens),
     greedy, converted and compiled as tuned (the precision applied to `model` in place: the quantized
     weights the search prepared when they are still in the cache, else quantized here)."""
-    from autotune.backends.generation import QUANTIZED_FILE, prepare
-    from autotune.common.files import read_json
+    from autotune.backends.generation import cached_artifact, prepare
     from autotune.model.generation import GenerationWorkload
 
     settings = GenerationWorkload.from_json(workload)
-    artifact = None
-    if artifact_dir and (Path(artifact_dir) / QUANTIZED_FILE).is_file():
-        artifact = {"dir": Path(artifact_dir), "details": read_json(Path(artifact_dir) / "meta.json")["details"]}
+    # `model` given by the caller: its weights are replaced by the search's quantized ones (same model).
+    artifact = cached_artifact(artifact_dir) if artifact_dir else None
     calibration = None
-    if artifact is None and config.precision == "smoothquant_int8":
+    if config.precision == "smoothquant_int8":  # should the cached weights not load
         from autotune.worker.generate import calibration_ids
 
         calibration = calibration_ids(settings)  # the text the search calibrated on

@@ -238,7 +238,10 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
     from autotune.common.durations import parse_duration
+    from autotune.common.files import read_json
 
+    if (read_json(path).get("job") or {}).get("generation") and (args.independent != "0" or args.vs_benchmark_app):
+        raise UserError("--independent and --vs-benchmark-app time one forward pass: not a text generation winner")
     independent = parse_duration(args.independent) if args.independent != "0" else 0.0
     versus = parse_duration(args.vs_benchmark_app) if args.vs_benchmark_app else 0.0
     compare_with_baseline(path, args.repeats, console, independent, versus)
@@ -301,16 +304,22 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
     from autotune.search.study import generation_precisions_unavailable
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
-    # text generation's precisions are torchao configs whose CPU support moves between versions: tried here
-    unavailable = {name: generation_precisions_unavailable(runtime) for name, runtime in runtimes.items()}
+    # text generation runs in the main runtime; its precisions are torchao configs whose CPU support
+    # moves between versions, so they are tried there, in a fresh process
+    try:
+        unavailable: dict[str, str] | str = generation_precisions_unavailable(runtimes["main"])
+    except UserError as exc:
+        unavailable = str(exc)
     if args.json:
         print(json.dumps({**probe_json(machine, runtimes), "generation_precisions_unavailable": unavailable}, indent=2))
         return 0
     print("\n".join(probe_lines(machine, runtimes)))
-    for name, reasons in unavailable.items():
-        runs = [p for p in PRECISIONS if p not in reasons]
-        print(f"text generation in runtime {name}: {', '.join(runs)} run", end="")
-        print("".join(f"; {p} left out: {why}" for p, why in reasons.items()))
+    if isinstance(unavailable, str):
+        print(f"text generation in runtime main: not probed ({unavailable})")
+    else:
+        runs = [p for p in PRECISIONS if p not in unavailable]
+        left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items())
+        print(f"text generation in runtime main: {', '.join(runs) or 'nothing'} run{left_out}")
     return 0
 
 

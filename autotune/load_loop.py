@@ -59,9 +59,11 @@ def run(seconds: float, warmup_s: float, run_dir: Path) -> dict[str, Any]:
         workload = GenerationWorkload.from_json(job["generation"])
         batch = (prompts(workload, config.batch_size, TIMING_SEED + instance),)
         per_call, unit = config.batch_size * workload.new_tokens, "tokens/s"
+        batch_text = f"{config.batch_size} prompts of {workload.prompt_tokens} tokens, {per_call} tokens generated"
     else:
         batch = synthetic(ModelSource.from_dict(job["model"]).specs, config.batch_size, TIMING_SEED + instance)
         per_call, unit = config.batch_size, "samples/s"
+        batch_text = str(per_call)
     t0 = time.monotonic()
     infer(*batch)
     first_call_s = time.monotonic() - t0
@@ -85,6 +87,7 @@ def run(seconds: float, warmup_s: float, run_dir: Path) -> dict[str, Any]:
         "seconds": end - start,
         "samples_per_s": calls * per_call / (end - start),
         "unit": unit,
+        "batch": batch_text,  # what each call is handed and hands back, in words
         "start": start,  # time.perf_counter: CLOCK_MONOTONIC on Linux, comparable between the instances
         "end": end,
         "load_s": load_s,

@@ -98,6 +98,13 @@ def quantization_config(precision: str, options: dict[str, Any]) -> Any:
                     continue
         raise RuntimeError("this torchao has no CPU packing for int4 weights (Int4CPULayout / 'opaque')")
     if precision == "da8w4":
+        try:  # torchao 0.18: a prototype config; it asserts when the wheel lacks the CPU kernel
+            from torchao.prototype.quantization.int4 import Int8DynamicActivationInt4WeightConfig as Prototype
+            from torchao.quantization.quant_primitives import MappingType
+
+            return Prototype(group_size=group_size, act_mapping_type=MappingType.SYMMETRIC)
+        except ImportError:
+            pass
         try:
             from torchao.dtypes import Int8DynamicActInt4WeightCPULayout
             from torchao.quantization import Int8DynamicActivationInt4WeightConfig
@@ -230,18 +237,54 @@ def build_artifact(model: Any, calibration: Any, config: Any, out_dir: Any) -> d
 
     details = apply_precision(model.eval(), config.precision, dict(config.options), calibration)
     details["weight_bytes"] = weight_bytes(model)
+    # The modules of the quantized tensor types: torch.load(weights_only=True) accepts a type only once
+    # its module has been imported (torchao registers them as safe globals on import).
+    details["tensor_modules"] = sorted(
+        {type(p).__module__ for p in model.parameters() if type(p) not in (torch.Tensor, torch.nn.Parameter)}
+        | {type(p.data).__module__ for p in model.parameters() if type(p.data) is not torch.Tensor}
+    )
     torch.save(model.state_dict(), out_dir / QUANTIZED_FILE)
     return details
 
 
-def load_quantized(model: Any, artifact_dir: Any) -> float:
+def cached_artifact(artifact_dir: Any) -> dict[str, Any] | None:
+    """The prepared quantized model in `artifact_dir` when it is complete and was built by this
+    process's torch, torchao and transformers; None otherwise (evicted, or other versions: quantize
+    here instead)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    directory = Path(artifact_dir)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())  # the artifact cache's META_FILE
+    except (OSError, ValueError):
+        return None
+    for package, built_with in (meta.get("key", {}).get("versions") or {}).items():
+        try:
+            here = version(package)
+        except PackageNotFoundError:
+            here = None
+        if package in ("torch", "torchao", "transformers") and here != built_with:
+            return None
+    if not (directory / QUANTIZED_FILE).is_file():
+        return None
+    return {"dir": directory, "details": meta["details"]}
+
+
+def load_quantized(model: Any, artifact_dir: Any, details: dict[str, Any]) -> float:
     """Put the prepared quantized weights in place of the model's (assigned, not copied into the float
-    parameters); returns the seconds it took."""
+    parameters); returns the seconds it took. Raises when they cannot be loaded here."""
+    import importlib
+
     import torch
 
     t0 = time.monotonic()
+    for module in details.get("tensor_modules", []):
+        importlib.import_module(module)
     state = torch.load(artifact_dir / QUANTIZED_FILE, weights_only=True)
-    model.eval().load_state_dict(state, assign=True)
+    model.eval().requires_grad_(False)  # as quantize_ leaves them: the same model for torch.compile
+    model.load_state_dict(state, assign=True)
     return time.monotonic() - t0
 
 
@@ -352,11 +395,19 @@ def prepare(
     import torch
 
     options = dict(config.options)
+    details: dict[str, Any] | None = None
     if artifact is not None:
-        details = {**artifact["details"], "quantized_by": "the prepare step (cached artifact)"}
-        details["load_quantized_s"] = load_quantized(model, artifact["dir"])
-    else:
+        try:
+            seconds = load_quantized(model, artifact["dir"], artifact["details"])
+            details = {**artifact["details"], "quantized_by": "the prepare step (cached artifact)"}
+            details["load_quantized_s"] = seconds
+        except Exception as exc:  # unreadable here: quantize as the prepare step would have
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            artifact = {**artifact, "load_failed": reason}
+    if details is None:
         details = apply_precision(model.eval(), config.precision, options, calibration)
+        if artifact is not None:
+            details["cached_artifact_not_loaded"] = artifact["load_failed"]
     details["weight_bytes"] = weight_bytes(model)
     generator = Generator(model, new_tokens, options.get("kv_cache", "dynamic"))
     if config.backend == "inductor":

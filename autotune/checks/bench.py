@@ -131,7 +131,7 @@ def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[s
         table.add_column(column, no_wrap=column == "config")  # row names stay whole (and parseable)
     for name, ms in runs.items():
         if not ms:
-            table.add_row(name, "failed", *[""] * (6 + len(latency) + len(ratios_to)))
+            table.add_row(name, "failed", *[""] * (5 + len(latency) + len(ratios_to)))
             continue
         clean = [r for r in ms if r.valid]
         sps = [r.throughput_sps for r in clean]

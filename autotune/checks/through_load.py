@@ -135,8 +135,8 @@ def summary(runs: list[LoadRun], protocol: list[TrialMetrics]) -> str:
     return (
         f"through autotune.load(): {here:.2f} {pairs[0][0].unit} (median of {len(pairs)} runs, {min(figures):.2f}-"
         f"{max(figures):.2f}; {len(pairs[0][0].instances)} instances started by the launch script, each a "
-        f"plain loop of calls on a fixed contiguous torch batch of {first['samples_per_call']}"
-        f"{' generated tokens' if pairs[0][0].unit == 'tokens/s' else ''}, timed for the window "
+        f"plain loop of calls on a fixed contiguous torch batch of {first.get('batch', first['samples_per_call'])}, "
+        "timed for the window "
         f"of the protocol run before it, {min(windows):.2f}-{max(windows):.2f} s; "
         f"{sum(r.calls for r, _ in pairs)} calls in all{note}), {here / reference - 1:+.1%} from the protocol's "
         f"{reference:.2f} measured here in the same run ({which})"

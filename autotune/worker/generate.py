@@ -108,20 +108,18 @@ class GenerationRunner:
 
 def build_generation_runner(job: dict[str, Any], config: TrialConfig) -> GenerationRunner:
     """Build the model, convert it to the config's precision (timed apart) and wrap it."""
-    from autotune.backends.generation import prepare
+    from autotune.backends.generation import cached_artifact, prepare
 
     source = ModelSource.from_dict(job["model"])
     workload = GenerationWorkload.from_json(job["generation"])
     t0 = time.monotonic()
     model = build_model(source)
     build_s = time.monotonic() - t0
-    artifact = None
-    if job.get("artifact_dir"):  # quantized once by the prepare step: only loaded here
-        from autotune.common.files import read_json
-
-        directory = Path(job["artifact_dir"])
-        artifact = {"dir": directory, "details": read_json(directory / "meta.json")["details"]}
-    calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" and not artifact else None
+    # Quantized once by the prepare step: only loaded here (quantized here if it was evicted since).
+    artifact = cached_artifact(job["artifact_dir"]) if job.get("artifact_dir") else None
+    calibration = (
+        calibration_ids(workload) if config.precision == "smoothquant_int8" else None
+    )  # a fallback may need it
     generator, details = prepare(model, config, workload.new_tokens, calibration, artifact)
     return GenerationRunner(
         generator, {**details, "build_s": build_s, "prompt_tokens": workload.prompt_tokens, "generation": True}
