@@ -136,6 +136,22 @@ def test_rerun_resumes_and_refuses_changed_settings(workdir):
     assert "Traceback" not in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
 
 
+def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(workdir):
+    """Studies in the same storage on the same hardware are a prior: the earlier winner (batch 4) is the
+    new study's first trial after its baseline (batch 2), and says why."""
+    earlier = write_space(workdir / "earlier.yaml", batch_size=[4])
+    assert search(workdir, "--trials", "2", "--no-speed-pruning", space=earlier, study="earlier").returncode == 0
+    won = load_study(workdir, "earlier").best_trial.params
+    space = write_space(workdir / "space.yaml", batch_size=[2, 4])
+    result = search(workdir, "--trials", "2", "--no-speed-pruning", space=space, study="later")
+    assert result.returncode == 0, result.stderr
+    assert "1 winner(s) of earlier studies on this machine tried first" in result.stdout
+    later = load_study(workdir, "later")
+    assert later.trials[0].user_attrs["baseline"] and later.trials[0].params["batch_size"] == 2
+    assert later.trials[1].params == won and later.trials[1].user_attrs["prior"] is True
+    assert later.trials[1].user_attrs["order"].startswith("prior: the winner of study earlier on this machine")
+
+
 def test_crashing_trials_never_kill_the_study(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
     result = search(workdir, "--trials", "2", model=tiny("crashing"), space=space)

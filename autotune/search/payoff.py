@@ -14,7 +14,10 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest).
 
-Each coverage trial records its place and the reason (`order` in its user attributes).
+Studies already run on this machine come first when the storage holds them (search/priors.py): a
+family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
+that did not goes last. Each coverage trial records its place and the reason (`order` in its user
+attributes).
 """
 
 from __future__ import annotations
@@ -72,14 +75,31 @@ def _prepare_rank(backend: str) -> int:
     return PREPARE_COST.index(backend) if backend in PREPARE_COST else len(PREPARE_COST)
 
 
-def order_by_payoff(plans: list[dict[str, Any]], isa: dict[str, bool], task: str) -> list[tuple[dict[str, Any], str]]:
-    """The coverage plans, highest expected payoff first, each with why it is where it is. Stable: plans
+def prior_payoff(speedup: float, study: str) -> Payoff:
+    """A family measured before on this machine (search/priors.py): ahead of every ISA tier when it beat
+    its study's baseline, the faster the earlier; behind them all when it did not."""
+    if speedup >= 1.0:
+        return Payoff(-1, f"prior: {speedup:.2f}x its baseline in study {study} on this machine")
+    return Payoff(4, f"prior: {speedup:.2f}x its baseline in study {study} on this machine, slower than fp32 eager")
+
+
+def order_by_payoff(
+    plans: list[dict[str, Any]],
+    isa: dict[str, bool],
+    task: str,
+    family_speedups: dict[tuple[str, str], tuple[float, str]] | None = None,
+) -> list[tuple[dict[str, Any], str]]:
+    """The coverage plans, highest expected payoff first, each with why it is where it is: families
+    measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
     of the same tier and backend keep the space's order."""
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
-        payoff = expected_payoff(backend, params[f"{backend}.precision"], isa, task)
-        ranked.append((payoff.tier, _prepare_rank(backend), index, params, payoff.reason))
+        precision = params[f"{backend}.precision"]
+        known = (family_speedups or {}).get((backend, precision))
+        payoff = prior_payoff(*known) if known else expected_payoff(backend, precision, isa, task)
+        within = -known[0] if known else _prepare_rank(backend)  # faster before, or cheaper before
+        ranked.append((payoff.tier, within, index, params, payoff.reason))
     ranked.sort(key=lambda item: item[:3])
     return [
         (params, f"coverage {place + 1}/{len(ranked)}, tier {tier}: {reason}")

@@ -48,6 +48,7 @@ from autotune.search.fleet import (
     register_orchestrator,
 )
 from autotune.search.payoff import order_by_payoff
+from autotune.search.priors import read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
 from autotune.search.space import InfeasibleConfig, SearchSpace
 from autotune.search.spec import SearchSpec, identity_differences
@@ -418,8 +419,9 @@ class BudgetGuard:
 def _enqueue_first_trials(
     study: optuna.study.Study, space: SearchSpace, spec: SearchSpec, machine: MachineProbe, console: Console
 ) -> None:
-    """The eager fp32 baseline first, then one trial per backend x precision, highest expected payoff
-    on this machine first (search/payoff.py), each recording why it runs where it does."""
+    """The eager fp32 baseline first, then the winners of earlier studies on this machine
+    (search/priors.py), then one trial per backend x precision, highest expected payoff on this machine
+    first (search/payoff.py), each recording why it runs where it does."""
     baseline = space.baseline_params()
     if baseline is None:
         console.print(
@@ -429,9 +431,17 @@ def _enqueue_first_trials(
         study.enqueue_trial(
             baseline, user_attrs={"baseline": True, "order": "baseline: first, every speedup is relative to it"}
         )
+    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
+    storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
+    prior = read_prior(storages, study.study_name, hardware, space.task)
+    for params, why in prior.winners:
+        if params != baseline:
+            study.enqueue_trial(params, user_attrs={"prior": True, "order": why}, skip_if_exists=True)
+    if prior.winners:
+        console.print(f"{len(prior.winners)} winner(s) of earlier studies on this machine tried first", markup=False)
     if spec.cover_backends:
         plans = [params for params in space.coverage_params() if params != baseline]
-        for params, why in order_by_payoff(plans, machine.isa, space.task):
+        for params, why in order_by_payoff(plans, machine.isa, space.task, prior.family_speedups):
             study.enqueue_trial(params, user_attrs={"coverage": True, "order": why})
     study.set_user_attr("seeded", True)
 

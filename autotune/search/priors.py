@@ -1,0 +1,90 @@
+"""What studies already run on this machine say about a new one: a prior for the first trials.
+
+Studies in the same storage, or under the same studies folder, whose hardware fingerprint is this
+machine's and whose task is the same are read (never changed): each one's best clean trial becomes an
+early trial of the new study (Optuna's `enqueue_trial`; a parameter the new space does not offer is
+sampled instead, which is how Optuna adapts an enqueued trial), and each backend x precision family's
+best speedup over its study's baseline orders the coverage round ahead of the ISA rule
+(search/payoff.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.results.selection import baseline_trial, clean_trials, metrics_of
+
+MAX_SIBLING_STORAGES = 20  # opening a storage costs ~0.1 s: the most recent studies say the most
+MAX_PRIOR_WINNERS = 3  # the most recent matching studies' winners; older ones add little and cost trials
+
+
+@dataclass
+class Prior:
+    """Winners to try early (params and why) and each family's best known speedup with its source."""
+
+    winners: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    family_speedups: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
+
+
+def sibling_storages(studies_root: Path, own: Path) -> list[str]:
+    """The SQLite files of the other studies under the same studies folder (the default layout gives
+    each study its own `studies/<name>/study.db`), most recently changed first."""
+    files = [p for p in studies_root.glob("*/study.db") if p.resolve() != own.resolve()]
+    newest = sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)[:MAX_SIBLING_STORAGES]
+    return [f"sqlite:///{p.resolve()}" for p in newest]
+
+
+def same_machine_studies(
+    storages: list[Any], study_name: str, hardware: dict[str, Any], task: str
+) -> list[tuple[Any, str]]:
+    """(storage, name) of the other studies run on identical hardware for the same task, newest first;
+    a storage that cannot be read (another Optuna's schema, a file being written) is skipped."""
+    found = []
+    for storage in storages:
+        try:
+            summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+        except Exception:
+            continue
+        for summary in reversed(summaries):
+            attrs = summary.user_attrs
+            if summary.study_name == study_name or (attrs.get("fingerprint") or {}).get("hardware") != hardware:
+                continue
+            if (attrs.get("spec") or {}).get("task", "classify") != task:
+                continue
+            found.append((storage, summary.study_name))
+    return found
+
+
+def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], task: str) -> Prior:
+    """The prior from the studies `same_machine_studies` finds (an unreadable one is skipped)."""
+    prior = Prior()
+    if not hardware:
+        return prior
+    for storage, name in same_machine_studies(storages, study_name, hardware, task):
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+            clean = clean_trials(study)
+        except Exception:  # a study of another autotune version or a broken one: not a reason to stop
+            continue
+        if not clean:
+            continue
+        base = baseline_trial(study)
+        base_value = metrics_of(base).throughput_sps if base is not None else None
+        maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        if len(prior.winners) < MAX_PRIOR_WINNERS and clean[0].params:
+            best = clean[0]
+            speedup = f", {metrics_of(best).throughput_sps / base_value:.2f}x its baseline" if base_value else ""
+            prior.winners.append((dict(best.params), f"prior: the winner of study {name} on this machine{speedup}"))
+        if not (base_value and maximize):
+            continue
+        for trial in clean:
+            config = trial.user_attrs.get("config") or {}
+            family = (str(config.get("backend")), str(config.get("precision")))
+            speedup_value = metrics_of(trial).throughput_sps / base_value
+            if speedup_value > prior.family_speedups.get(family, (0.0, ""))[0]:
+                prior.family_speedups[family] = (speedup_value, name)
+    return prior
