@@ -356,3 +356,16 @@ def test_text_generation_covers_the_fewest_weight_bytes_first():
     )
     assert order[0] == "woq_int4" and set(order[1:4]) == {"woq_int8", "da8w8", "smoothquant_int8"}
     assert order[-1] == "bf16"  # emulated on an AVX2-only CPU
+
+
+def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred():
+    from autotune.records.metrics import TrialBudget
+    from autotune.search.budget import deferral
+
+    compiled = TrialBudget(total_s=100.0, starting_s=5.0, loading_s=70.0, warmup_s=5.0, measuring_s=20.0)
+    quick = TrialBudget(total_s=20.0, starting_s=2.0, loading_s=1.0, measuring_s=17.0)
+    assert deferral("inductor", [], 60.0) is None  # nothing known yet: measured
+    assert deferral("inductor", [(3, quick)], 60.0) is None
+    reason = deferral("inductor", [(3, quick), (5, compiled)], 240.0)
+    assert reason == "deferred: inductor took 75s to start, prepare and load in trial 5, more than 25% of the 240s left"
+    assert deferral("inductor", [(5, compiled)], 400.0) is None  # 75 s is under a quarter of 400 s

@@ -1,12 +1,19 @@
 """Where a trial's time goes: the orchestrator stamps the barriers a trial reaches (ready, screened)
 and splits its wall time into preparing, loading and compiling, warm-up, screening and measuring
-(records.metrics.TrialBudget, stored on the trial as `budget`; results.budget sums a study's)."""
+(records.metrics.TrialBudget, stored on the trial as `budget`; results.budget sums a study's).
+
+What that costs decides too: a coverage trial whose backend already took more than a set share of the
+budget left just to prepare and load (an export, a quantization, inductor's compile) is deferred:
+skipped, with the reason, so the rest of the round is measured first.
+"""
 
 from __future__ import annotations
 
 import time
 
 from autotune.records.metrics import TrialBudget, TrialMetrics
+
+DEFER_SHARE = 0.25  # a backend whose preparation alone took more than this share of the time left waits
 
 
 class StageClock:
@@ -43,3 +50,23 @@ class StageClock:
             screening_s=screening,
             measuring_s=measuring,
         )
+
+
+def deferral(backend: str, earlier: list[tuple[int, TrialBudget]], remaining_s: float) -> str | None:
+    """Why a coverage trial of `backend` should wait, or None: `earlier` are (trial number, budget) of
+    this study's trials of the same backend; their costliest start (processes, artifact, loading and
+    compiling, drift) is the estimate."""
+    if not earlier:
+        return None
+
+    def cost(budget: TrialBudget) -> float:  # before the timed windows, warm-up (a setting) left out
+        return budget.starting_s + budget.preparing_s + budget.loading_s
+
+    number, costliest = max(earlier, key=lambda item: cost(item[1]))
+    seconds = cost(costliest)
+    if seconds <= DEFER_SHARE * remaining_s:
+        return None
+    return (
+        f"deferred: {backend} took {seconds:.0f}s to start, prepare and load in trial {number}, more than "
+        f"{DEFER_SHARE:.0%} of the {remaining_s:.0f}s left"
+    )

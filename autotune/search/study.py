@@ -32,14 +32,14 @@ from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
-from autotune.records.metrics import Screening, TrialMetrics
+from autotune.records.metrics import Screening, TrialBudget, TrialMetrics
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
 from autotune.results.progress import LiveStatus, ProgressPrinter
 from autotune.results.selection import baseline_trial, drift_of, metrics_of
 from autotune.runner.launch import InstanceLaunch
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
-from autotune.search.budget import StageClock
+from autotune.search.budget import StageClock, deferral
 from autotune.search.finalists import run_finalists
 from autotune.search.fleet import (
     AbandonedTrialsCheck,
@@ -124,6 +124,7 @@ class Objective:
         if "order" not in trial.user_attrs:  # why it runs now: enqueued trials say so themselves
             trial.set_user_attr("order", f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
         config = self._suggest(trial)
+        self._defer_costly_coverage(trial, config)
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
         self._known_fallback(trial, config, trial_dir, timeout)
@@ -143,6 +144,22 @@ class Objective:
         if self.spec.ttft_slo_ms is not None or self.spec.tpot_slo_ms is not None:
             self._check_token_slos(trial, metrics)
         return value
+
+    def _defer_costly_coverage(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
+        """A coverage trial of a backend whose preparation already took too much of the time left is
+        pruned unlaunched, saying so (search/budget.py); the sampler may still come back to it."""
+        if not trial.user_attrs.get("coverage"):
+            return
+        earlier = [
+            (t.number, TrialBudget.from_json(t.user_attrs["budget"]))
+            for t in trial.study.get_trials(deepcopy=False)
+            if "budget" in t.user_attrs and (t.user_attrs.get("config") or {}).get("backend") == config.backend
+        ]
+        reason = deferral(config.backend, earlier, self.deadline - time.monotonic())
+        if reason:
+            trial.set_user_attr("prune_reason", reason)
+            trial.set_user_attr("deferred", True)
+            raise optuna.TrialPruned(reason)
 
     def _suggest(self, trial: optuna.trial.Trial) -> TrialConfig:
         """The sampler's config, recorded on the trial; one that cannot run is pruned unlaunched."""
