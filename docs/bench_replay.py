@@ -1,0 +1,167 @@
+"""Search strategies replayed against a study already measured: sampler choices in seconds, not hours.
+
+Every COMPLETE (and every pruned or failed) trial of a recorded study is a row of a table: its
+parameters, its value (samples/s or tokens/s), its noise (the throughput interval's relative
+half-width) and what it cost (its wall time, `budget.total_s`, or start to completion). A strategy is
+replayed as a real Optuna study over the same parameters, with the recorded study's distributions:
+each configuration it asks for is answered from the table (the recorded row with the most equal
+parameters, ties to the first recorded), its value drawn with the recorded noise (normal, the interval
+as 1.96 sigma), and the replay's clock advanced by the row's cost. The table's best clean value is the
+target; each replay reports its best-so-far curve and when it first reached 95% of the target.
+
+Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
+recorded machine, then TPE multivariate), `coverage-in-space-order` (the same without the payoff
+order), `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler).
+
+    .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rich.console import Console
+from rich.table import Table
+
+from autotune.search.payoff import order_by_payoff
+from autotune.search.spec import default_storage
+
+
+@dataclass(frozen=True)
+class Row:
+    params: dict[str, Any]
+    value: float | None  # None: pruned or failed (it cost time, it gave nothing)
+    noise_rel: float
+    cost_s: float
+    coverage: bool
+    baseline: bool
+
+
+def read_table(study: optuna.study.Study) -> list[Row]:
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        if not trial.params or trial.datetime_start is None or trial.datetime_complete is None:
+            continue
+        budget = trial.user_attrs.get("budget") or {}
+        cost = budget.get("total_s") or (trial.datetime_complete - trial.datetime_start).total_seconds()
+        complete = trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True)
+        measurement = trial.user_attrs.get("measurement") or {}
+        rows.append(
+            Row(
+                dict(trial.params),
+                trial.values[0] if complete and trial.values else None,
+                float(measurement.get("throughput_ci_rel") or 0.02),
+                float(cost),
+                bool(trial.user_attrs.get("coverage")),
+                bool(trial.user_attrs.get("baseline")),
+            )
+        )
+    return rows
+
+
+def answer(rows: list[Row], params: dict[str, Any]) -> Row:
+    """The recorded row closest to what was asked: the most parameters equal."""
+    return max(rows, key=lambda row: sum(row.params.get(k) == v for k, v in params.items()))
+
+
+def replay(
+    strategy: str, recorded: optuna.study.Study, rows: list[Row], budget_s: float, isa: dict[str, bool], seed: int
+) -> list[tuple[float, float]]:
+    """One replay: (seconds, best value so far) after each trial, until the budget is spent."""
+    noise = random.Random(seed)
+    distributions: dict[str, Any] = {}
+    for trial in recorded.get_trials(deepcopy=False):
+        distributions.update(trial.distributions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = (
+            optuna.samplers.RandomSampler(seed=seed)
+            if strategy == "random"
+            else optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed)
+        )
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+    if strategy in ("default", "coverage-in-space-order"):
+        first = [r.params for r in rows if r.baseline][:1]
+        coverage = [r.params for r in rows if r.coverage]
+        if strategy == "default":
+            task = (recorded.user_attrs.get("spec") or {}).get("task", "classify")
+            coverage = [params for params, _ in order_by_payoff(coverage, isa, task)]
+        for params in first + coverage:
+            study.enqueue_trial(params)
+    clock, best, curve = 0.0, 0.0, []
+    while clock < budget_s:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trial = study.ask(distributions)
+        row = answer(rows, trial.params)
+        clock += row.cost_s
+        if row.value is None:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            value = row.value * (1 + noise.gauss(0, row.noise_rel / 1.96))
+            study.tell(trial, value)
+            best = max(best, value)
+        curve.append((clock, best))
+    return curve
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--studies-dir", default="studies")
+    parser.add_argument("--storage", help="default: the study's own SQLite file under --studies-dir")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--budget-min", type=float, default=20.0)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = args.storage or default_storage(args.studies_dir, args.study)
+    recorded = optuna.load_study(study_name=args.study, storage=storage)
+    rows = read_table(recorded)
+    target = max((r.value for r in rows if r.value is not None), default=None)
+    if target is None:
+        parser.error(f"study {args.study} has no clean completed trial to replay against")
+    isa = ((recorded.user_attrs.get("fingerprint") or {}).get("hardware") or {}).get("isa") or {}
+    budget_s = args.budget_min * 60
+    console = Console(width=150)
+    console.print(
+        f"study {args.study}: {len(rows)} recorded trials, best {target:.2f}, "
+        f"{sum(r.cost_s for r in rows) / 60:.1f} min measured; {args.runs} replays of {args.budget_min:g} min each",
+        markup=False,
+    )
+    table = Table(title="time to reach 95% of the recorded best (replays with the recorded noise)")
+    for column in ("strategy", "reached 95%", "median min to 95%", "p90 min", "best at 25% of budget", "at 100%"):
+        table.add_column(column)
+    for strategy in ("default", "coverage-in-space-order", "tpe", "random"):
+        reached, quarter, end = [], [], []
+        for seed in range(args.runs):
+            curve = replay(strategy, recorded, rows, budget_s, isa, seed)
+            hit = next((t for t, b in curve if b >= 0.95 * target), None)
+            if hit is not None:
+                reached.append(hit / 60)
+            quarter.append(max((b for t, b in curve if t <= budget_s / 4), default=0.0) / target)
+            end.append(curve[-1][1] / target if curve else 0.0)
+        reached_sorted = sorted(reached)
+        table.add_row(
+            strategy,
+            f"{len(reached)}/{args.runs}",
+            f"{statistics.median(reached):.1f}" if reached else "-",
+            f"{reached_sorted[int(0.9 * (len(reached_sorted) - 1))]:.1f}" if reached else "-",
+            f"{statistics.median(quarter):.0%}",
+            f"{statistics.median(end):.0%}",
+        )
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
