@@ -170,14 +170,31 @@ def _refuse_nested_search() -> None:
 
 
 # ---- the settings ------------------------------------------------------------------------------------------
-def measure_settings(window_s: float, min_iterations: int = 5, cap_s: float = 0.0) -> MeasureSettings:
-    """The measurement window from the user's --measure-seconds: capped at 4x (at least +10 s)."""
+def measure_window(value: Duration) -> tuple[float, float | None]:
+    """--measure-seconds MIN or MIN-MAX ("5s", "0.3s-2s"): the window's minimum and, when given, the
+    longest it may grow to while its interval is wider than the target."""
+    text = str(value)
+    low, sep, high = text.partition("-") if not isinstance(value, (int, float)) else (text, "", "")
+    window = seconds(low if sep else value)
+    if not sep:
+        return window, None
+    cap = seconds(high)
+    if cap < window:
+        raise UserError(f"--measure-seconds {text}: the longest window must not be shorter than the shortest")
+    return window, cap
+
+
+def measure_settings(
+    window_s: float, min_iterations: int = 5, cap_s: float = 0.0, max_s: float | None = None
+) -> MeasureSettings:
+    """The measurement window from the user's --measure-seconds: at most 4x its minimum (at least +10 s),
+    or the maximum the user gave."""
     from autotune.measure.stopwatch import MeasureSettings
 
     return MeasureSettings(
         window_min_s=window_s,
         window_min_iters=min_iterations,
-        window_max_s=max(window_s * 4, window_s + 10, cap_s),
+        window_max_s=max_s if max_s is not None else max(window_s * 4, window_s + 10, cap_s),
         warmup_min_s=min(1.0, window_s),
         screen_s=min(1.0, window_s / 2),
     )
@@ -404,7 +421,7 @@ def search_spec(
     reference = model_reference(model)
     budget_s = seconds(budget)
     study = validate_study_name(study or Path(reference.rpartition(":")[2]).stem or "model")
-    window = seconds(measure_seconds)
+    window, window_cap = measure_window(measure_seconds)
     criterion = _drift_criterion(drift_metric, max_drift)
     workload = _generation_workload(
         reference, task, prompt_tokens, new_tokens, _optional_path(data), _optional_path(weights), input_shape
@@ -449,7 +466,7 @@ def search_spec(
         studies_root=str(Path(studies_dir).resolve()),
         calibration_samples=calibration_samples,
         cover_backends=cover_backends,
-        measure=measure_settings(window, min_iterations=100 if many_calls else 5),
+        measure=measure_settings(window, min_iterations=100 if many_calls else 5, max_s=window_cap),
         finalists=0 if pareto else finalists,
         finalist_repeats=finalist_repeats,
         finalist_share=finalist_share,

@@ -443,7 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument(
         "--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)"
     )
-    search.add_argument("--measure-seconds", default="5s", help="minimum measurement window per trial (default 5s)")
+    search.add_argument(
+        "--measure-seconds",
+        default="5s",
+        metavar="MIN[-MAX]",
+        help="measurement window per trial: at least MIN (default 5s), growing while its interval is wider than "
+        "the target up to MAX (default 4x MIN, at least MIN+10s)",
+    )
     search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")
     search.add_argument(
         "--calibration-samples",

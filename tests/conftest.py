@@ -13,7 +13,7 @@ import yaml
 
 TESTS = Path(__file__).resolve().parent
 TINY = TESTS / "tiny_models.py"
-FAST = ["--measure-seconds", "0.3", "--eval-samples", "8", "--finalists", "0"]
+FAST = ["--measure-seconds", "0.3s-2s", "--eval-samples", "8", "--finalists", "0"]
 
 
 def require(available: bool, what: str) -> None:

@@ -234,6 +234,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
             "cannot open storage postgresql://tuner:***@",
         ),
         (["search", "--model", "resnet18", "--budget", "soon"], "cannot read duration 'soon'"),
+        (["search", "--model", "resnet18", "--measure-seconds", "2s-1s"], "the longest window must not be shorter"),
         (["search", "--model", "resnet18", "--input-shape", "3xax4"], "cannot read input shape"),
         (["search", "--model", "resnet18", "--study", "../escape"], "study name '../escape' is not allowed"),
         (["search", "--model", "resnet18", "--space", "missing.yaml"], "does not exist"),

@@ -51,7 +51,7 @@ def test_a_text_encoder_completes_a_study_on_token_data(workdir):
         "12m",
         "--no-speed-pruning",
         "--measure-seconds",
-        "0.3",
+        "0.3s-2s",
         "--finalists",
         "0",
         cwd=workdir,
