@@ -240,9 +240,12 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from autotune.common.durations import parse_duration
     from autotune.common.files import read_json
 
-    if (read_json(path).get("job") or {}).get("generation") and (args.independent != "0" or args.vs_benchmark_app):
+    generation = bool((read_json(path).get("job") or {}).get("generation"))
+    asked = args.independent not in (None, "0") or args.vs_benchmark_app
+    if generation and asked:
         raise UserError("--independent and --vs-benchmark-app time one forward pass: not a text generation winner")
-    independent = parse_duration(args.independent) if args.independent != "0" else 0.0
+    chosen = args.independent if args.independent is not None else ("0" if generation else "20s")
+    independent = parse_duration(chosen) if chosen != "0" else 0.0
     versus = parse_duration(args.vs_benchmark_app) if args.vs_benchmark_app else 0.0
     compare_with_baseline(path, args.repeats, console, independent, versus)
     return 0
@@ -525,9 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--repeats", type=int, default=3, help="runs of each config (default 3)")
     compare.add_argument(
         "--independent",
-        default="20s",
+        default=None,
         help="also time the winner with an independent stopwatch for this long per run: benchmark_app "
-        "for an OpenVINO winner, a plain loop otherwise (default 20s; 0: skip)",
+        "for an OpenVINO winner, a plain loop otherwise (default 20s, none for text generation; 0: skip)",
     )
     compare.add_argument(
         "--vs-benchmark-app",
