@@ -10,7 +10,9 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   last (tier 3) where it is emulated; other fp32 backends are tier 2 (the baseline already
   measures fp32).
 - **Text generation** (decode is memory-bound: every token reads all weights): int4 weights are
-  tier 0, int8 weights tier 1, bf16 tier 1 where native and 3 otherwise, fp32 tier 2.
+  tier 0 on a CPU with AVX-512 and tier 2 without it (on an AVX2-only EPYC a 100M-parameter decoder's
+  int4 trial took 7 minutes to reach its timed window, against 29 s for fp32), int8 weights tier 1,
+  bf16 tier 1 where native and 3 otherwise, fp32 tier 2.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest).
 
@@ -54,8 +56,10 @@ def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: st
     kind = _kind(precision)
     have = [flag for flag in INT8_DOT if isa.get(flag)]
     if task == "generate":
-        if kind == "int4":
+        if kind == "int4" and isa.get("avx512f"):
             return Payoff(0, "int4 weights: decoding reads the fewest bytes per token")
+        if kind == "int4":
+            return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
         if kind == "int8":
             return Payoff(1, "int8 weights: decoding reads half the bytes of bf16 per token")
     elif kind == "int8":
