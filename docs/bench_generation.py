@@ -177,7 +177,16 @@ def main() -> int:
                 console.print(f"{name}: FAILED {exc.cause}", markup=False)
                 continue
             results[name].append(metrics)
-            console.print(f"repeat {repeat + 1} {name}: {metrics.throughput_sps:.2f} tokens/s{metrics.noisy_note()}")
+            generation = metrics.generation
+            timing = (
+                f", TTFT p50 {generation.ttft_ms.p50:.0f} ms, TPOT p50 {generation.tpot_ms.p50:.1f} ms"
+                if generation and generation.ttft_ms.p50 and generation.tpot_ms.p50
+                else ""
+            )
+            console.print(
+                f"repeat {repeat + 1} {name}: {metrics.throughput_sps:.2f} tokens/s{timing}{metrics.noisy_note()}",
+                markup=False,
+            )
     table = Table(title=f"generation, medians of {args.repeats} interleaved run(s) (clean and noisy alike, flagged)")
     columns = ("config", "tokens/s", "vs fp32", "TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms", "peak RSS MiB")
     extra = ("weights MiB", "quantize s", "first call s", "logits rel. L2", "greedy agree", "noisy runs")
