@@ -451,13 +451,15 @@ def _enqueue_first_trials(
     hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
     prior = read_prior(storages, study.study_name, hardware, space.task)
+    enqueued = [baseline]
     for params, why in prior.winners:
-        if params != baseline:
+        if params not in enqueued:
             study.enqueue_trial(params, user_attrs={"prior": True, "order": why}, skip_if_exists=True)
+            enqueued.append(params)
     if prior.winners:
         console.print(f"{len(prior.winners)} winner(s) of earlier studies on this machine tried first", markup=False)
-    if spec.cover_backends:
-        plans = [params for params in space.coverage_params() if params != baseline]
+    if spec.cover_backends:  # a coverage plan already enqueued as a prior winner is not measured twice
+        plans = [params for params in space.coverage_params() if params not in enqueued]
         for params, why in order_by_payoff(plans, machine.isa, space.task, prior.family_speedups):
             study.enqueue_trial(params, user_attrs={"coverage": True, "order": why})
     study.set_user_attr("seeded", True)
