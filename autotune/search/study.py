@@ -458,11 +458,19 @@ def _enqueue_first_trials(
             enqueued.append(params)
     if prior.winners:
         console.print(f"{len(prior.winners)} winner(s) of earlier studies on this machine tried first", markup=False)
-    if spec.cover_backends:  # a coverage plan already enqueued as a prior winner is not measured twice
-        plans = [params for params in space.coverage_params() if params not in enqueued]
+    # a prior winner covers its backend x precision: the coverage round does not measure that family again
+    covered = {_family(params) for params in enqueued[1:]}
+    if spec.cover_backends:
+        plans = [p for p in space.coverage_params() if p != baseline and _family(p) not in covered]
         for params, why in order_by_payoff(plans, machine.isa, space.task, prior.family_speedups):
             study.enqueue_trial(params, user_attrs={"coverage": True, "order": why})
     study.set_user_attr("seeded", True)
+
+
+def _family(params: dict[str, Any]) -> tuple[Any, Any]:
+    """A configuration's backend x precision, from its Optuna parameters."""
+    backend = params.get("backend")
+    return backend, params.get(f"{backend}.precision")
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
