@@ -459,7 +459,7 @@ def _enqueue_first_trials(
     if prior.winners:
         console.print(f"{len(prior.winners)} winner(s) of earlier studies on this machine tried first", markup=False)
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
-    covered = {_family(params) for params in enqueued[1:]}
+    covered = {_family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
         plans = [p for p in space.coverage_params() if p != baseline and _family(p) not in covered]
         for params, why in order_by_payoff(plans, machine.isa, space.task, prior.family_speedups):
