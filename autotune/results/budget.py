@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import optuna
 
+from autotune.common.durations import format_duration
 from autotune.records.metrics import TrialBudget
 
 STAGES = (
@@ -48,10 +49,5 @@ def budget_line(study: optuna.study.Study) -> str | None:
     total = sum(seconds for _, seconds in rows)
     if not rows or total <= 0:
         return None
-    parts = ", ".join(f"{name} {_duration(s)} ({s / total:.0%})" for name, s in rows if s >= 0.5)
-    return f"where the time went ({_duration(total)}): {parts}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
+    parts = ", ".join(f"{name} {format_duration(s)} ({s / total:.0%})" for name, s in rows if s >= 0.5)
+    return f"where the time went ({format_duration(total)}): {parts}"

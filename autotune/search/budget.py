@@ -26,9 +26,9 @@ class StageClock:
     def reached(self, stage: str) -> None:
         self.stages.setdefault(stage, time.monotonic())
 
-    def spent(self, metrics: TrialMetrics | None, now: float | None = None) -> TrialBudget:
-        """The trial's time until `now`, split as far as what is known allows (see TrialBudget)."""
-        end = time.monotonic() if now is None else now
+    def spent(self, metrics: TrialMetrics | None) -> TrialBudget:
+        """The trial's time until now, split as far as what is known allows (see TrialBudget)."""
+        end = time.monotonic()
         ready, screened = self.stages.get("ready"), self.stages.get("screened")
         before_timing = (ready if ready is not None else end) - self.start
         screening = screened - ready if ready is not None and screened is not None else 0.0

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends.precision import CLAIMED_BUCKET
+
 INT8_DOT = ("avx512_vnni", "amx_int8")  # as the machine probe reads them from /proc/cpuinfo
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
 # Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
@@ -43,12 +45,8 @@ class Payoff:
 
 
 def _kind(precision: str) -> str:
-    """A precision's family: int4, int8, bf16 or fp32 (da8w8 / da8w4: int8 activations, int8 / int4 weights)."""
-    if "int4" in precision or precision == "da8w4":
-        return "int4"
-    if "int8" in precision or precision == "da8w8":
-        return "int8"
-    return "bf16" if precision == "bf16" else "fp32"
+    """A precision's family (int4, int8, bf16; fp32 for the rest), as the precision check counts it."""
+    return CLAIMED_BUCKET.get(precision, "fp32")
 
 
 def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: str = "classify") -> Payoff:
