@@ -317,3 +317,13 @@ def test_speed_pruner_stops_a_clearly_slower_config_after_screening(workdir):
     )
     assert "throughput_sps" not in trial.user_attrs  # the full measurement never ran
     assert (workdir / "studies" / "s" / "trials" / "00001" / "screen-0.npy").exists()
+
+
+def test_measure_seconds_takes_a_longest_window_too():
+    """--measure-seconds MIN-MAX: the window's cap is the user's MAX; MIN alone keeps 4x (at least +10 s)."""
+    from autotune.api import measure_settings, measure_window
+
+    assert measure_window("0.3s-2s") == (0.3, 2.0)
+    assert measure_window("5s") == (5.0, None)
+    assert measure_settings(*measure_window("0.3s-2s")[:1], max_s=2.0).window_max_s == 2.0
+    assert measure_settings(5.0).window_max_s == 20.0 and measure_settings(0.3).window_max_s == 10.3
