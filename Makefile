@@ -14,6 +14,10 @@ IPEX_STAMP := $(IPEX_VENV)/.setup-done
 APT_PACKAGES      := libgoogle-perftools4 libjemalloc2 numactl
 TEST_APT_PACKAGES := chromium postgresql mariadb-server
 
+# The two runtimes hold about 14 GB of wheels (torch with its CUDA libraries, twice): pip keeps no second copy in
+# its cache, so setup fits on a disk with less room.
+export PIP_NO_CACHE_DIR := 1
+
 MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
