@@ -376,6 +376,7 @@ def search_spec(
     storage: str | None = None,
     space: PathArg | None = None,
     objective: str = "throughput",
+    scenario: str | None = None,
     data: PathArg | None = None,
     calibration_data: PathArg | None = None,
     eval_samples: int = 32,
@@ -445,8 +446,9 @@ def search_spec(
         drift_data, calibration = _resolve_drift_data(
             source, _optional_path(data), _optional_path(calibration_data), eval_samples, calibration_samples, console
         )
+    objective = _scenario_objective(scenario, objective)
     pareto = objective == "pareto"
-    many_calls = slo_ms is not None or pareto or ttft_slo_ms is not None
+    many_calls = (slo_ms is not None and objective == "throughput") or pareto or ttft_slo_ms is not None
     return SearchSpec(
         study=study,
         model=source,
@@ -483,6 +485,23 @@ def search_spec(
     )
 
 
+def _scenario_objective(scenario: str | None, objective: str) -> str:
+    """--scenario offline|server|single-stream as the objective it measures; --objective alone keeps
+    working, and the two must not disagree."""
+    from autotune.search.spec import SCENARIOS
+
+    if scenario is None:
+        return objective
+    if scenario not in SCENARIOS:
+        raise UserError(f"--scenario {scenario!r} is not known; choose {', '.join(SCENARIOS)}")
+    wanted = SCENARIOS[scenario]
+    if objective not in ("throughput", wanted):
+        raise UserError(
+            f"--scenario {scenario} measures {wanted}, but --objective {objective} was given: drop one of them"
+        )
+    return wanted
+
+
 def default_console() -> Console:
     from rich.console import Console
 
@@ -499,6 +518,7 @@ def search(
     storage: str | None = None,
     space: PathArg | None = None,
     objective: str = "throughput",
+    scenario: str | None = None,
     data: PathArg | None = None,
     calibration_data: PathArg | None = None,
     eval_samples: int = 32,
@@ -560,6 +580,7 @@ def search(
         storage=storage,
         space=space,
         objective=objective,
+        scenario=scenario,
         data=data,
         calibration_data=calibration_data,
         eval_samples=eval_samples,

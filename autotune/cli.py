@@ -66,6 +66,7 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
         "storage": args.storage,
         "space": args.space,
         "objective": args.objective,
+        "scenario": args.scenario,
         "data": args.data,
         "calibration_data": args.calibration_data,
         "eval_samples": args.eval_samples,
@@ -109,7 +110,14 @@ def search_summary(result: Result) -> str:
     speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline ({how})" if best.speedup_vs_baseline else ""
     revalidated = best.objective.revalidated_median
     unit = "tokens/s" if (best.metrics or {}).get("generation") else "samples/s"
-    if revalidated:  # the re-validated number first; the search's single measurement labelled as such
+    server = (best.metrics or {}).get("server")
+    if server:  # the server scenario: a sustained request rate at the bound, and the batching that did it
+        bound = (
+            f"p99 <= {server['slo_ms']:g} ms, max_batch {server['max_batch']}, max_wait {server['max_wait_ms']:g} ms"
+        )
+        rate = revalidated or server["sustained_rps"]
+        number = f"{rate:.1f} requests/s sustained at {bound}{' (re-measured)' if revalidated else ''}"
+    elif revalidated:  # the re-validated number first; the search's single measurement labelled as such
         number = f"{revalidated:.1f} {unit} re-measured (its search measurement: {best.throughput_sps:.1f})"
     else:
         number = f"{best.throughput_sps:.1f} {unit} from one search measurement"
@@ -391,11 +399,20 @@ def build_parser() -> argparse.ArgumentParser:
         "down together (a multi-objective study; best.json lists the Pareto front)",
     )
     search.add_argument(
+        "--scenario",
+        choices=("offline", "server", "single-stream"),
+        help="what is measured (MLPerf Inference's names): offline, full batches back to back (samples/s, the "
+        "default, as --objective throughput); server, the highest Poisson request rate whose p99 latency from "
+        "arrival to answer stays within --slo-ms, with dynamic batching searched (max_batch, max_wait_ms); "
+        "single-stream, one request at a time (median latency, as --objective latency)",
+    )
+    search.add_argument(
         "--slo-ms",
         type=float,
         metavar="MS",
         help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
-        "(slower configs are measured, then pruned; every measurement takes at least 100 calls)",
+        "(slower configs are measured, then pruned; every measurement takes at least 100 calls); with "
+        "--scenario server, the bound on each request's p99 latency, queueing included",
     )
     generation = search.add_argument_group(
         "text generation (a factory returning a causal language model, e.g. a transformers *ForCausalLM)"

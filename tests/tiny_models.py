@@ -209,3 +209,23 @@ def sentence_encoder_with_example() -> tuple[nn.Module, dict[str, torch.Tensor]]
         "input_ids": torch.randint(0, 1000, (2, 32)),
         "attention_mask": torch.ones(2, 32, dtype=torch.long),
     }
+
+
+SERVICE_S = 0.002
+
+
+class ServiceTimed(nn.Module):
+    """A call that costs SERVICE_S of sleep, whatever the batch, and almost nothing else: a server whose
+    service time is known, so queueing theory gives the rate it sustains at a p99 bound."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(SERVICE_S)
+        return self.head(x)
+
+
+def service_timed() -> nn.Module:
+    return ServiceTimed()

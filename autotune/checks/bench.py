@@ -49,6 +49,17 @@ class BenchRun:
 
     @classmethod
     def of_metrics(cls, metrics: TrialMetrics) -> BenchRun:
+        if metrics.server is not None:  # the server scenario: the sustained rate, and the latency there
+            at = metrics.server.at_sustained
+            return cls(
+                metrics.server.sustained_rps,
+                at.latency_ms.p50 if at else None,
+                at.latency_ms.p99 if at else None,
+                metrics.drift,
+                metrics.valid,
+                metrics.noise_flags,
+                "requests/s",
+            )
         generation = metrics.generation
         latency = generation.tpot_ms if generation else metrics.latency_ms
         return cls(
@@ -115,11 +126,14 @@ def results_table(title: str, runs: dict[str, list[BenchRun]], ratios_to: list[s
     ratio of each row's median to some rows'. Runs flagged noisy are counted, not averaged in."""
     medians = {name: median_throughput(ms) for name, ms in runs.items()}
     generation = any(r.unit == "tokens/s" for ms in runs.values() for r in ms)
+    unit = next((r.unit for ms in runs.values() for r in ms), "samples/s")
     latency = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
+    if unit == "requests/s":
+        latency = ("p50 ms at that rate", "p99 ms at that rate")
     table = Table(title=title)
     for column in (
         "config",
-        "median tokens/s" if generation else "median samples/s",
+        "median requests/s sustained" if unit == "requests/s" else f"median {unit}",
         "min",
         "max",
         "clean runs",

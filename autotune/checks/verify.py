@@ -17,6 +17,7 @@ from rich.console import Console
 from autotune.checks.through_load import LoadRun, pinning_differences, run_through_load, summary, window_of
 from autotune.common.errors import TrialFailed, UserError
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
+from autotune.measure.serving import RELATIVE_TOLERANCE
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
 from autotune.results.best_json import context_from_best, read_best
@@ -29,8 +30,22 @@ EXIT_NO_VERDICT = 3  # every run was disturbed: nothing to judge
 
 
 def recorded_throughput(best: dict[str, Any]) -> float:
-    """What best.json promises: the finalists' interleaved median when there was a round, else the trial's."""
-    return best["objective"].get("revalidated_median") or best["metrics"]["throughput_sps"]
+    """What best.json promises: the finalists' interleaved median when there was a round, else the trial's
+    (the server scenario: the sustained request rate)."""
+    measured = best["server"]["sustained_rps"] if best.get("server") else best["metrics"]["throughput_sps"]
+    return best["objective"].get("revalidated_median") or measured
+
+
+def value_of(metrics: TrialMetrics) -> float:
+    """What verify compares: throughput, or for the server scenario the sustained request rate."""
+    return metrics.server.sustained_rps if metrics.server is not None else metrics.throughput_sps
+
+
+def noise_of(metrics: TrialMetrics) -> float:
+    """A run's relative uncertainty: its throughput interval, or the rate search's tolerance."""
+    if metrics.server is not None:
+        return RELATIVE_TOLERANCE
+    return metrics.measurement.throughput_ci_rel or 0.0
 
 
 def judge(recorded: float, runs: list[TrialMetrics], recorded_ci: float | None) -> tuple[str, float | None, float]:
@@ -39,8 +54,8 @@ def judge(recorded: float, runs: list[TrialMetrics], recorded_ci: float | None) 
     clean = [m for m in runs if m.valid]
     if not clean:
         return "no verdict", None, MIN_REGRESSION
-    here = statistics.median(m.throughput_sps for m in clean)
-    cis = [m.measurement.throughput_ci_rel or 0.0 for m in clean]
+    here = statistics.median(value_of(m) for m in clean)
+    cis = [noise_of(m) for m in clean]
     margin = max(MIN_REGRESSION, 2 * ((recorded_ci or 0.0) + max(cis)))
     if here < recorded * (1 - margin):
         return "REGRESSED", here, margin
@@ -53,8 +68,12 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
     """Re-measure the winner `repeats` times; with `through_load`, each protocol run is followed by a run
     through autotune.load() with the same window. Returns the exit code (see the EXIT_ constants)."""
     best = read_best(best_path)
-    if best.get("objective", {}).get("name") not in (None, "throughput"):
-        raise UserError(f"{best_path} was tuned for {best['objective']['name']}; verify compares throughput")
+    if best.get("objective", {}).get("name") not in (None, "throughput", "server"):
+        raise UserError(
+            f"{best_path} was tuned for {best['objective']['name']}; verify compares throughput or a sustained rate"
+        )
+    if through_load and best.get("server"):
+        raise UserError("--through-load times closed-loop calls; a server-scenario winner is verified without it")
     if through_load and not (best.get("launch") or {}).get("pin_prefixes"):
         raise UserError(f"{best_path} names no launch (pin_prefixes): export it again with 'autotune export'")
     ctx = context_from_best(best)
@@ -73,16 +92,20 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
             runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S)[0])
         except TrialFailed as exc:
             raise UserError(f"the tuned config does not run here: {exc.cause}") from None
-        console.print(
-            f"run {i + 1}/{repeats}: {runs[-1].throughput_sps:.2f} {runs[-1].unit}{runs[-1].noisy_note()}", markup=False
-        )
+        unit = "requests/s sustained" if runs[-1].server else runs[-1].unit
+        console.print(f"run {i + 1}/{repeats}: {value_of(runs[-1]):.2f} {unit}{runs[-1].noisy_note()}", markup=False)
         if through_load:
             loads.append(_through_load(best, best_path, ctx.measure.warmup_min_s, runs[-1], i))
             console.print(f"run {i + 1}/{repeats} through autotune.load(): {loads[-1].describe()}", markup=False)
             for line in pinning_differences(runs[-1], loads[-1]):
                 console.print(f"  pinned differently: {line}", markup=False)
     recorded = recorded_throughput(best)
-    verdict, here, margin = judge(recorded, runs, (best["metrics"].get("measurement") or {}).get("throughput_ci_rel"))
+    recorded_ci = (
+        RELATIVE_TOLERANCE
+        if best.get("server")
+        else (best["metrics"].get("measurement") or {}).get("throughput_ci_rel")
+    )
+    verdict, here, margin = judge(recorded, runs, recorded_ci)
     clean = sum(1 for m in runs if m.valid)
     if here is None:
         console.print(f"no verdict: all {repeats} runs were flagged noisy; rerun on a quieter machine", markup=False)
@@ -90,8 +113,9 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
             console.print(summary(loads, runs), markup=False)
         return EXIT_NO_VERDICT
     change = here / recorded - 1
+    unit = "requests/s sustained" if runs[0].server else runs[0].unit
     console.print(
-        f"{verdict}: {here:.2f} {runs[0].unit} here (median of the {clean} clean runs of {repeats}) vs {recorded:.2f} "
+        f"{verdict}: {here:.2f} {unit} here (median of the {clean} clean runs of {repeats}) vs {recorded:.2f} "
         f"recorded ({change:+.1%}; differences within ±{margin:.0%} are noise)"
         + (" — the hardware or software differs (above)" if differences and verdict != "matches" else ""),
         markup=False,

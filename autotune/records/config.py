@@ -45,6 +45,9 @@ class TrialConfig:
     kmp_affinity: str | None = None
     kmp_blocktime: int | None = None
     thp: bool = False
+    # The server scenario's batching policy: a batch is sent when full (batch_size) or when its oldest request
+    # has waited this long (None: the closed-loop scenarios, which run full batches back to back).
+    max_wait_ms: float | None = None
 
     # ---- identity -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -71,6 +74,8 @@ class TrialConfig:
             extras.append(f"iomp(affinity={self.kmp_affinity},blocktime={self.kmp_blocktime})")
         if self.thp:
             extras.append("thp")
+        if self.max_wait_ms is not None:
+            extras.append(f"wait={self.max_wait_ms:g}ms")
         return (
             f"{self.backend}/{self.precision} bs={self.batch_size} {self.instances}x{self.threads_per_instance}thr "
             f"{self.allocator}{' ' + opts if opts else ''}{' ' + ' '.join(extras) if extras else ''}"

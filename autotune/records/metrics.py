@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.records import Record, RecordError
 from autotune.measure.drift import Drift
+from autotune.measure.serving import RELATIVE_TOLERANCE, ServerMetrics
 from autotune.measure.stopwatch import LatencySummary
 
 
@@ -35,6 +36,7 @@ class InstanceResult(Record):
         "drift": Drift,
         "screening": InstanceScreen,
         "executed_precision": ExecutedPrecision,
+        "server": ServerMetrics,
     }
 
     pid: int
@@ -64,6 +66,7 @@ class InstanceResult(Record):
     backend_details: dict[str, Any] | None = None
     executed_precision: ExecutedPrecision | None = None  # instance 0 only: what really ran, against the claim
     tokens_path: str | None = None  # generation: each timed call's token stamps, one row per call
+    server: ServerMetrics | None = None  # the server scenario: the rate search (the same on every instance)
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ class TrialMetrics(Record):
         "drift": Drift,
         "executed_precision": ExecutedPrecision,
         "generation": GenerationMetrics,
+        "server": ServerMetrics,
     }
 
     throughput_sps: float
@@ -210,6 +214,9 @@ class TrialMetrics(Record):
     # None in trials stored before it was checked.
     executed_precision: ExecutedPrecision | None = None
     generation: GenerationMetrics | None = None  # language models: TTFT, TPOT, tokens/s
+    # The server scenario: the highest request rate sustained at the p99 bound, and the rate search's probes
+    # (throughput_sps is then the closed-loop window that bounded it from above).
+    server: ServerMetrics | None = None
 
     @classmethod
     def from_trial_attrs(cls, attrs: dict[str, Any], trial_number: int | None = None) -> TrialMetrics:
@@ -254,10 +261,12 @@ class FinalistRun(Record):
 
     @classmethod
     def of(cls, value: float, metrics: TrialMetrics) -> FinalistRun:
+        # A sustained rate is known to the rate search's tolerance, not to the closed-loop window's interval.
+        ci_rel = RELATIVE_TOLERANCE if metrics.server else metrics.measurement.throughput_ci_rel
         return cls(
             value=value,
             valid=metrics.valid,
-            ci_rel=metrics.measurement.throughput_ci_rel,
+            ci_rel=ci_rel,
             noise_flags=metrics.noise_flags,
             drift=metrics.drift,
             calls=metrics.measurement.calls,

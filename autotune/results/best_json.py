@@ -50,6 +50,7 @@ METRIC_KEYS = (
     "screening",
     "valid",
     "generation",
+    "server",
 )
 
 
@@ -161,6 +162,8 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
             "revalidated_median": _revalidated(record, best.number),
         },
         "selection": why,
+        "scenario": {"latency": "single-stream", "server": "server"}.get(spec.get("objective") or "", "offline"),
+        **({"server": server_summary(metrics["server"])} if metrics.get("server") else {}),
         **({"pareto_front": pareto_front(study)} if len(study.directions) > 1 else {}),
         "finalists": _finalist_view(record, best.number),
         "model": study.user_attrs.get("model_for_trials", spec.get("model")),
@@ -191,7 +194,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
             "throughput_sps": base_sps,
             "latency_ms": metrics_of(baseline).latency_ms.to_json(),
         },
-        **_speedup(record, best, base_sps, spec.get("objective")),
+        **_speedup(record, best, base_sps, spec.get("objective"), baseline.value if baseline else None),
         "fingerprint": study.user_attrs.get("fingerprint"),
     }
 
@@ -234,9 +237,15 @@ def _revalidated(record: dict[str, Any] | None, trial: int) -> float | None:
 
 
 def _speedup(
-    record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_sps: float | None, objective: str | None
+    record: dict[str, Any] | None,
+    best: optuna.trial.FrozenTrial,
+    base_sps: float | None,
+    objective: str | None,
+    base_value: float | None = None,
 ) -> dict[str, Any]:
     """Throughput over the baseline's: from the interleaved finalist runs when both were re-measured."""
+    if objective == "server":  # the sustained request rates, the winner's over the baseline's
+        return _server_speedup(record, best, base_value)
     if record and objective == "throughput":
         medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
         base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
@@ -249,6 +258,56 @@ def _speedup(
     return {
         "speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
         "speedup_source": "one search measurement each (winner and baseline trials)",
+    }
+
+
+def _server_speedup(
+    record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_value: float | None
+) -> dict[str, Any]:
+    """The server scenario's speedup: sustained rate over the baseline's, from the interleaved finalist
+    runs when both were re-measured, else from their search trials."""
+    if record:
+        medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
+        base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
+        if base and medians.get(best.number):
+            return {
+                "speedup_vs_baseline": medians[best.number] / base,
+                "speedup_source": "sustained rates, medians of the interleaved finalist runs (re-measured alike)",
+            }
+    return {
+        "speedup_vs_baseline": best.value / base_value if base_value and best.value else None,
+        "speedup_source": "sustained rates, one search measurement each (winner and baseline trials)",
+    }
+
+
+def server_summary(server: dict[str, Any]) -> dict[str, Any]:
+    """best.json's `server`: the sustained rate at the bound, the batching policy a server should use,
+    and the rate search's probes (each: offered and achieved rate, p50/p90/p99, queue at start and end)."""
+    return {
+        "sustained_rps": server["sustained_rps"],
+        "slo_ms": server["slo_ms"],
+        "max_batch": server["max_batch"],
+        "max_wait_ms": server["max_wait_ms"],
+        "upper_bound_rps": server["upper_bound_rps"],
+        "batching": server["batching"],
+        "routing": server["routing"],
+        "rule": server["rule"],
+        "probes": [
+            {
+                "rate_rps": p["rate_rps"],
+                "achieved_rps": p["achieved_rps"],
+                "p50_ms": p["latency_ms"]["p50"],
+                "p90_ms": p["latency_ms"]["p90"],
+                "p99_ms": p["latency_ms"]["p99"],
+                "p99_ci_ms": p["p99_ci_ms"],
+                "requests": p["requests"],
+                "queue_start": p["queue_start"],
+                "queue_end": p["queue_end"],
+                "sustained": p["sustained"],
+                "why": p["why"],
+            }
+            for p in server["probes"]
+        ],
     }
 
 
@@ -378,4 +437,5 @@ def context_from_best(best: dict[str, Any]) -> TrialContext:
         Path(job["workdir"]),
         job["calibration_samples"],
         runtimes=runtimes_with(best.get("runtime")),
+        server={k: v for k, v in job["server"].items() if k != "first_rates"} if job.get("server") else None,
     )

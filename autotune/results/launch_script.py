@@ -3,7 +3,8 @@
 The script clears the variables autotune manages, sets exactly the winner's environment, and starts one
 process per instance pinned to its cores (numactl or taskset, as tuned), all at once, then waits. Each
 process learns its place from AUTOTUNE_INSTANCE / AUTOTUNE_INSTANCES and finds the tuned config through
-AUTOTUNE_BEST (what `autotune.load()` reads). Without a command it re-measures the winner itself.
+AUTOTUNE_BEST (what `autotune.load()` reads); a server-scenario winner's batching policy comes as
+AUTOTUNE_MAX_BATCH and AUTOTUNE_MAX_WAIT_MS. Without a command it re-measures the winner itself.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
         *(f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())),
         f"export AUTOTUNE_BEST={shlex.quote(str(best_path.resolve()))}",
         f"export AUTOTUNE_INSTANCES={len(pin_prefixes)}",
+        *server_variables(best.get("server")),
         f"PYTHON={shlex.quote(python)}",
         "pids=()",
         "trap 'kill \"${pids[@]}\" 2>/dev/null' INT TERM",
@@ -56,3 +58,17 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
         lines.append("pids+=($!)")
     lines += ["status=0", 'for pid in "${pids[@]}"; do wait "$pid" || status=$?; done', 'exit "$status"', ""]
     return "\n".join(lines)
+
+
+def server_variables(server: dict[str, Any] | None) -> list[str]:
+    """The server scenario's batching policy, as variables the user's server reads: send a batch when
+    AUTOTUNE_MAX_BATCH requests wait or the oldest has waited AUTOTUNE_MAX_WAIT_MS (none otherwise)."""
+    if not server:
+        return []
+    return [
+        f"# server scenario: {server['sustained_rps']:.1f} requests/s sustained at p99 <= {server['slo_ms']:g} ms "
+        "with this batching policy",
+        f"export AUTOTUNE_MAX_BATCH={server['max_batch']}",
+        f"export AUTOTUNE_MAX_WAIT_MS={server['max_wait_ms']:g}",
+        f"export AUTOTUNE_SLO_MS={server['slo_ms']:g}",
+    ]

@@ -18,8 +18,9 @@ from autotune.results.best_json import choose_winner
 from autotune.results.selection import (
     baseline_trial,
     clean_trials,
-    maximizes,
+    is_server,
     metrics_of,
+    primary_unit,
     primary_value,
     throughput_unit,
 )
@@ -32,12 +33,15 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str, Any]]:
     """The best clean trials in the study's direction, with the numbers a user compares them by."""
     baseline = baseline_trial(study)
-    base_sps = metrics_of(baseline).throughput_sps if baseline else None
+    server = is_server(study)
+    base_sps = (baseline.value if server else metrics_of(baseline).throughput_sps) if baseline else None
     rows = []
     for rank, trial in enumerate(clean_trials(study)[:top], start=1):
         attrs = trial.user_attrs
         metrics = metrics_of(trial)
         sps = metrics.throughput_sps
+        at_rate = metrics.server.at_sustained if metrics.server else None
+        compared = metrics.server.sustained_rps if metrics.server else sps
         rows.append(
             {
                 "rank": rank,
@@ -51,7 +55,10 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str,
                 "tpot_p99_ms": metrics.generation.tpot_ms.p99 if metrics.generation else None,
                 "perplexity_increase": metrics.drift.perplexity_increase if metrics.drift else None,
                 "drift": metrics.drift.relative_l2 if metrics.drift else None,
-                "speedup": sps / base_sps if sps and base_sps else None,
+                "speedup": compared / base_sps if compared and base_sps else None,
+                "sustained_rps": metrics.server.sustained_rps if metrics.server else None,
+                "server_p99_ms": at_rate.latency_ms.p99 if at_rate else None,
+                "max_wait_ms": metrics.server.max_wait_ms if metrics.server else None,
                 "runtime": (metrics.runtime or {}).get("name", "main"),
                 "baseline": bool(attrs.get("baseline")),
             }
@@ -63,18 +70,24 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
     table = Table(title=f"study {study.study_name}: best {top} clean configurations, one search measurement each")
     rows = rows if rows is not None else leaderboard_rows(study, top)
     generation = throughput_unit(study) == "tokens/s"
-    latency = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
-    columns = ("#", "trial", "config", throughput_unit(study), *latency, "drift (rel. L2)")
+    server = is_server(study)
+    latency: tuple[str, ...] = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
+    if server:  # the sustained rate first; the closed-loop throughput and one call's latency beside it
+        bound = (study.user_attrs.get("spec") or {}).get("slo_ms")
+        latency = (f"requests/s at p99<={bound:g}ms", "p99 ms there", "wait ms", "closed-loop samples/s")
+    columns = ("#", "trial", "config", *(() if server else (throughput_unit(study),)), *latency, "drift (rel. L2)")
     for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
     for row in rows:
-        keys = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
+        keys: tuple[str, ...] = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
+        if server:
+            keys = ("sustained_rps", "server_p99_ms", "max_wait_ms", "throughput_sps")
         ppl = row.get("perplexity_increase")
         table.add_row(
             str(row["rank"]),
             f"{row['trial']}{' (baseline)' if row['baseline'] else ''}",
             row["config"],
-            _fmt(row["throughput_sps"]),
+            *(() if server else (_fmt(row["throughput_sps"]),)),
             *(_fmt(row.get(key)) for key in keys),
             "-" if row["drift"] is None else f"{row['drift']:.2e}",
             *((("-" if ppl is None else f"{ppl:+.2%}"),) if generation else ()),
@@ -104,6 +117,8 @@ def outcome_groups(study: optuna.study.Study) -> dict[str, Counter]:
                 if reason.startswith("drift")
                 else "clearly slower at screening"
                 if reason.startswith("screening")
+                else "server: no rate sustained at the bound"
+                if reason.startswith("server:")
                 else cause_group(reason)
             )
             groups["PRUNED"][kind] += 1
@@ -131,7 +146,7 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
         best, record, why = choose_winner(study)
     except UserError:
         return []
-    unit = throughput_unit(study) if maximizes(study) else "ms"
+    unit = primary_unit(study)
     name = f"trial {best.number} {best.user_attrs.get('config_summary', '')}".rstrip()
     candidate = next((c for c in (record or {}).get("candidates", []) if c["trial"] == best.number), None)
     if candidate is None or candidate["summary"]["median"] is None:

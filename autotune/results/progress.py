@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from autotune.common.durations import format_duration
-from autotune.results.selection import clean_trials, metrics_of, throughput_unit
+from autotune.results.selection import clean_trials, metrics_of, primary_unit
 
 
 def _ms(value: float | None) -> str:
@@ -30,8 +30,15 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
             return ""
         ci = metrics.measurement.throughput_ci_rel
         rate = f"{metrics.throughput_sps:8.1f} {metrics.unit}{f' ±{ci:.1%}' if ci is not None else ''}"
-        generation = metrics.generation
-        if generation is not None:
+        generation, server = metrics.generation, metrics.server
+        if server is not None:  # the sustained rate first, the closed-loop bound it was searched under after
+            at = server.at_sustained
+            text = (
+                f"{server.sustained_rps:8.1f} requests/s at p99 {_ms(at.latency_ms.p99 if at else None)} "
+                f"(<= {server.slo_ms:g} ms, {len(server.probes)} probes; closed loop {metrics.throughput_sps:.1f} "
+                f"{metrics.unit})  drift {drift.relative_l2:.2e}"
+            )
+        elif generation is not None:
             ttft, tpot = generation.ttft_ms.p50, generation.tpot_ms.p50
             ppl = drift.perplexity_increase
             text = (
@@ -61,7 +68,8 @@ def best_so_far(
     clean = clean_trials(study)
     if not clean:
         return None, None, None
-    sps = metrics_of(clean[0]).throughput_sps
+    server = metrics_of(clean[0]).server
+    sps = server.sustained_rps if server is not None else metrics_of(clean[0]).throughput_sps
     baseline = baseline_sps() if sps else None
     return clean[0], sps, sps / baseline if sps and baseline else None
 
@@ -84,7 +92,7 @@ class ProgressPrinter:
         best = ""
         best_trial, sps, speedup = best_so_far(study, self.baseline_sps)
         if best_trial is not None and sps:
-            unit = "tok/s" if throughput_unit(study) == "tokens/s" else "sps"
+            unit = {"tokens/s": "tok/s", "requests/s": "req/s"}.get(primary_unit(study), "sps")
             best = f" | best #{best_trial.number} {sps:.1f} {unit}" + (f" = {speedup:.2f}x baseline" if speedup else "")
         self.console.print(
             f"{line}{best} | {format_duration(used)}/{format_duration(self.budget_s)}",
@@ -116,7 +124,7 @@ class LiveStatus:
         if best is not None:
             times = f" = {speedup:.2f}x the baseline" if speedup else ""
             summary = best.user_attrs.get("config_summary", "")
-            self.best = f"best so far: trial {best.number} {summary}: {sps or 0:.1f} {throughput_unit(study)}{times}"
+            self.best = f"best so far: trial {best.number} {summary}: {sps or 0:.1f} {primary_unit(study)}{times}"
 
     def lines(self) -> list[str]:
         used = time.monotonic() - self.started

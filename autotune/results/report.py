@@ -21,8 +21,10 @@ from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study
 from autotune.results.selection import (
     baseline_trial,
     clean_trials,
+    is_server,
     maximizes,
     metrics_of,
+    primary_unit,
     primary_value,
     throughput_unit,
 )
@@ -182,7 +184,35 @@ def best_so_far_chart(study: optuna.study.Study) -> str | None:
     ax.step(times, best, where="post", color="#47a")
     ax.plot(times, best, "o", color="#47a", markersize=3)
     ax.set_xlabel("minutes since the study's first trial started")
-    ax.set_ylabel("best clean " + (throughput_unit(study) if maximize else "ms per call") + " so far")
+    ax.set_ylabel("best clean " + (primary_unit(study) if maximize else "ms per call") + " so far")
+    return _svg(fig)
+
+
+def server_chart(study: optuna.study.Study, top: int = 3) -> str | None:
+    """The server scenario: p99 request latency against the offered rate, one curve per top
+    configuration (the finalists' candidates), with the bound: where each one's queue gives way."""
+    if not is_server(study):
+        return None
+    curves = []
+    for trial in clean_trials(study)[:top]:
+        server = metrics_of(trial).server
+        if server is None:
+            continue
+        probes = sorted((p for p in server.probes if p.latency_ms.p99 is not None), key=lambda p: p.rate_rps)
+        if probes:
+            curves.append((trial.number, "", probes, server.slo_ms))
+    if not curves:
+        return None
+    fig, ax = _figure()
+    for number, _, probes, _ in curves:
+        line = ax.plot([p.rate_rps for p in probes], [p.latency_ms.p99 for p in probes], "o-", label=f"#{number}")[0]
+        over = [p for p in probes if p.overloaded]
+        ax.plot([p.rate_rps for p in over], [p.latency_ms.p99 for p in over], "x", color=line.get_color(), ms=9)
+    ax.axhline(curves[0][3], color="#c33", linestyle="--", label=f"bound {curves[0][3]:g} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate (requests/s, Poisson; x: the queue grew)")
+    ax.set_ylabel("p99 latency, arrival to answer (ms)")
+    ax.legend(fontsize=8)
     return _svg(fig)
 
 
@@ -203,6 +233,8 @@ def build_report(study: optuna.study.Study) -> str:
         ("Drift against speed", drift_chart(study)),
         ("Best so far against time", best_so_far_chart(study)),
     ]
+    if is_server(study):
+        charts.insert(0, ("p99 latency against offered request rate (server scenario)", server_chart(study)))
     figures = "".join(
         f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
     )
@@ -213,14 +245,18 @@ def build_report(study: optuna.study.Study) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     generation = throughput_unit(study) == "tokens/s"
+    server = is_server(study)
     latency_keys = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
+    if server:
+        latency_keys = ("sustained_rps", "server_p99_ms", "max_wait_ms")
     leader_rows = [
         [
             r["rank"],
             r["trial"],
             r["config"],
+            *((fmt(r[key]) for key in latency_keys) if server else ()),
             fmt(r["throughput_sps"]),
-            *(fmt(r[key]) for key in latency_keys),
+            *(() if server else (fmt(r[key]) for key in latency_keys)),
             "-" if r["drift"] is None else f"{r['drift']:.2e}",
             "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
         ]
@@ -237,8 +273,9 @@ def build_report(study: optuna.study.Study) -> str:
         "#",
         "trial",
         "config",
-        f"{throughput_unit(study)} (one search measurement)",
-        *(("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")),
+        *(("requests/s sustained", "p99 ms at that rate", "max_wait ms") if server else ()),
+        f"{throughput_unit(study)} ({'closed loop, ' if server else ''}one search measurement)",
+        *(() if server else ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")),
         "drift (rel. L2)",
         "vs baseline",
     ]

@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 
 from autotune.measure.drift import Drift
+from autotune.measure.serving import RELATIVE_TOLERANCE
 from autotune.records.metrics import FinalistRun, TrialMetrics
 
 
@@ -35,7 +36,10 @@ def drift_of(trial: optuna.trial.FrozenTrial) -> Drift | None:
 
 
 def relative_noise(trial: optuna.trial.FrozenTrial) -> float:
-    """Relative half-width of a completed trial's throughput (or median latency) confidence interval."""
+    """Relative half-width of a completed trial's throughput (or median latency) confidence interval; for
+    the server scenario, the rate search's tolerance."""
+    if trial.user_attrs.get("server"):
+        return RELATIVE_TOLERANCE
     measurement = trial.user_attrs.get("measurement") or {}
     value = measurement.get("throughput_ci_rel")
     return float(value) if value is not None and math.isfinite(value) else 0.0
@@ -59,6 +63,18 @@ def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial
 def throughput_unit(study: optuna.study.Study) -> str:
     """tokens/s for a generation study (generated tokens), samples/s otherwise."""
     return "tokens/s" if (study.user_attrs.get("spec") or {}).get("task") == "generate" else "samples/s"
+
+
+def is_server(study: optuna.study.Study) -> bool:
+    """A study of the server scenario: its value is a sustained request rate at a p99 bound."""
+    return (study.user_attrs.get("spec") or {}).get("objective") == "server"
+
+
+def primary_unit(study: optuna.study.Study) -> str:
+    """What the study's value counts: requests/s sustained (server), tokens/s or samples/s, or ms."""
+    if is_server(study):
+        return "requests/s"
+    return throughput_unit(study) if maximizes(study) else "ms"
 
 
 def maximizes(study: optuna.study.Study) -> bool:

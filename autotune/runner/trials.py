@@ -88,6 +88,7 @@ class TrialContext:
     runtimes: dict[str, Runtime] | None = None  # None: discovered when first needed (main and .venv-ipex)
     memory_limit_mib: float | None = None  # all processes of a trial together (artifact builds too)
     cache_size_mib: float | None = None  # the artifact cache's cap: least recently used evicted past it
+    server: dict[str, Any] | None = None  # the server scenario: {"slo_ms", "seed"} (None: closed loop)
 
     def runtime(self, name: str) -> Runtime:
         """The runtime a config names; one the context does not know is a failed trial, not a crash."""
@@ -221,6 +222,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
         ),
         screening=screening_of(results, settings.ci_confidence),
         generation=generation_of(results, stamps, window, settings),
+        server=results[0].server,
     )
 
 
@@ -283,6 +285,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         "calibration_samples": ctx.calibration_samples,
         "calibration": ctx.reference.calibration,
         **({"generation": ctx.reference.generation} if ctx.reference.generation else {}),
+        **({"server": ctx.server} if ctx.server else {}),
     }
 
 
@@ -376,8 +379,11 @@ def run_config(
     on_stage: OnStage | None = None,
     screen: bool = False,
     known_drift: Drift | None = None,
+    server_rates: list[float] | None = None,
 ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
+    `server_rates`: in the server scenario, the rates its rate search offers first (a finalist's: the
+    winner's rate and +-10%).
 
     A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
     `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).
@@ -399,6 +405,8 @@ def run_config(
             break  # keep the attempts made; the last one stays flagged
         first = attempt == 0
         job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
+        if server_rates and "server" in job:
+            job["server"] = {**job["server"], "first_rates": server_rates}
         attempt_dir = trial_dir if first else trial_dir / f"retry-{attempt}"
         metrics, launches = measure_attempt(config, ctx, attempt_dir, job, remaining, on_stage if first else None)
         attempts.append(metrics)

@@ -88,6 +88,10 @@ def run_finalists(
                 "baseline": True,
             }
         )
+    # The server scenario: every entry is probed first at the leading trial's rate and +-10%, so their
+    # latency-against-rate curves meet at the same rates; the rate search then narrows in between.
+    lead = picked[0].value or 0.0
+    server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
     typical = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
     # Drift depends on numerics only: the search already measured it for every entry.
     known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
@@ -101,7 +105,12 @@ def run_finalists(
         run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
         try:
             metrics, _, _ = run_config(
-                TrialConfig.from_dict(entry["config"]), ctx, run_dir, timeout_s, known_drift=known_drift[entry["trial"]]
+                TrialConfig.from_dict(entry["config"]),
+                ctx,
+                run_dir,
+                timeout_s,
+                known_drift=known_drift[entry["trial"]],
+                server_rates=server_rates,
             )
         except TrialFailed as exc:
             entry["runs"].append(FinalistRun(failed=exc.cause).to_json())
@@ -116,6 +125,7 @@ def run_finalists(
         "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
         "order": "round-robin over the candidates and the baseline, fresh processes per run",
+        **({"server_rates": server_rates} if server_rates else {}),
         "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
     }
     decide(record, maximize)

@@ -32,6 +32,7 @@ TOP_LEVEL_KEYS = (
     "thp",
     "backends",
     "baseline",
+    "max_wait_ms",
 )
 ALLOCATORS = ("glibc", "tcmalloc", "jemalloc")
 OPENMP = ("gnu", "intel")
@@ -39,6 +40,8 @@ OPENMP = ("gnu", "intel")
 DEFAULT_KMP_AFFINITY = "granularity=fine,compact,1,0"
 DEFAULT_KMP_BLOCKTIME = 1
 BASELINE_KEYS = ("batch_size", "sequences")
+# The server scenario's dynamic batching: how long the oldest queued request may wait for a fuller batch.
+MAX_WAITS_MS = (0, 1, 2, 5, 10, 20)
 
 
 def load_space_file(path: str | Path) -> dict[str, Any]:
@@ -122,6 +125,9 @@ class SearchSpace:
     thread_pool: ThreadPoolDims = ThreadPoolDims(["gnu"], [DEFAULT_KMP_AFFINITY], [DEFAULT_KMP_BLOCKTIME], [False])
     runtime_openmp: dict[str, list[str]] = field(default_factory=dict)  # runtime -> OpenMP libraries it has
     task: str = "classify"  # "generate": language-model backends, batch_size = concurrent sequences
+    # The server scenario's batching dimension (ms the oldest queued request may wait for a fuller batch);
+    # None in the closed-loop scenarios, where it does not exist.
+    max_waits: list[float] | None = None
 
     @property
     def specs(self) -> dict[str, BackendSpec]:
@@ -135,9 +141,11 @@ class SearchSpace:
         runtimes: dict[str, Runtime],
         task: str = "classify",
         unavailable: dict[str, str] | None = None,
+        server: bool = False,
     ) -> SearchSpace:
         """Validate the YAML content and narrow it to what this machine and its runtimes can run.
-        `unavailable`: precisions this machine's libraries cannot run (generation), each with its reason."""
+        `unavailable`: precisions this machine's libraries cannot run (generation), each with its reason.
+        `server`: the server scenario, whose batching adds max_wait_ms (the other scenarios ignore it)."""
         unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
         if unknown:
             raise UserError(f"search space: unknown key {unknown[0]!r}; allowed keys are {', '.join(TOP_LEVEL_KEYS)}")
@@ -149,6 +157,17 @@ class SearchSpace:
         batch_sizes = _choices(batch_key, data.get(batch_key, data.get("batch_size", [1, 8, 32])), int)
         if any(b <= 0 for b in batch_sizes):
             raise UserError(f"search space: {batch_key} values must be positive")
+
+        raw_waits = data.get("max_wait_ms", list(MAX_WAITS_MS))
+        raw_waits = raw_waits if isinstance(raw_waits, list) else [raw_waits]
+        if not raw_waits or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in raw_waits):
+            raise UserError(f"search space: max_wait_ms must be a list of milliseconds, got {raw_waits!r}")
+        max_waits = list(dict.fromkeys(float(w) for w in raw_waits))
+        if any(w < 0 for w in max_waits):
+            raise UserError(
+                f"search space: max_wait_ms values are milliseconds a request may wait for a fuller batch, 0 or more; "
+                f"got {max_waits}"
+            )
 
         allocators = _choices("allocator", data.get("allocator", list(ALLOCATORS)), str)
         for name in allocators:
@@ -217,6 +236,7 @@ class SearchSpace:
             thread_pool,
             {name: sorted(r.openmp) for name, r in runtimes.items()},
             task,
+            max_waits if server else None,
         )
 
     @staticmethod
@@ -305,6 +325,8 @@ class SearchSpace:
             threads = trial.suggest_int("threads_per_instance", 1, max_threads)
         else:
             threads = trial.suggest_categorical("threads_per_instance", self.threads)
+        if self.max_waits is not None:
+            pool["max_wait_ms"] = trial.suggest_categorical("max_wait_ms", self.max_waits)
         config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen, runtime, **pool)
         if config.total_cores > self.cores:
             raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
@@ -351,12 +373,17 @@ class SearchSpace:
                         params[f"{backend}.runtime"] = runtime
                     if self.specs[backend].torch_threads:
                         params.update(self._plain_thread_pool())
+                    params.update(self._first_wait())
                     plans.append(params)
         return plans
 
     @property
     def _batch_param(self) -> str:
         return "sequences" if self.task == "generate" else "batch_size"
+
+    def _first_wait(self) -> dict[str, Any]:
+        """The server scenario's baseline and coverage batching: the space's first max_wait_ms."""
+        return {"max_wait_ms": self.max_waits[0]} if self.max_waits is not None else {}
 
     def _plain_thread_pool(self) -> dict[str, Any]:
         """GNU OpenMP and no huge pages when the space allows them (what an untuned process runs with)."""
@@ -386,6 +413,7 @@ class SearchSpace:
             "instances": 1,
             "threads_per_instance": self.cores,
             **self._plain_thread_pool(),
+            **self._first_wait(),
         }
         if len(self.runtimes.get("eager", [])) > 1:
             params["eager.runtime"] = "main"

@@ -17,7 +17,10 @@ from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
 
-OBJECTIVES = ("throughput", "latency", "pareto")
+OBJECTIVES = ("throughput", "latency", "pareto", "server")
+# MLPerf Inference's scenarios, as objectives: closed-loop throughput, one request at a time, and the
+# highest Poisson arrival rate whose p99 latency stays within --slo-ms.
+SCENARIOS = {"offline": "throughput", "single-stream": "latency", "server": "server"}
 Direction = Literal["minimize", "maximize"]
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Changing these would compare apples with oranges inside one study.
@@ -134,17 +137,27 @@ class SearchSpec:
             )
         if not 0 <= self.finalist_share < 1:
             raise UserError(f"--finalist-share is a fraction of the budget in [0, 1), got {self.finalist_share}")
-        if self.slo_ms is not None and (self.objective != "throughput" or self.slo_ms <= 0):
+        if self.objective == "server" and self.slo_ms is None:
             raise UserError(
-                "--slo-ms must be a positive bound on p99 latency and goes with --objective throughput, got "
-                f"{self.slo_ms}"
+                "--scenario server searches the highest request rate at a p99 latency bound: give it with --slo-ms, "
+                "e.g. --slo-ms 50"
+            )
+        if self.slo_ms is not None and (self.objective not in ("throughput", "server") or self.slo_ms <= 0):
+            raise UserError(
+                "--slo-ms must be a positive bound on p99 latency and goes with the offline or server scenario "
+                f"(--objective throughput), got {self.slo_ms}"
+            )
+        if self.objective == "server" and self.task == "generate":
+            raise UserError(
+                "--scenario server times requests of one forward pass; for a language model bound --ttft-slo-ms "
+                "or --tpot-slo-ms"
             )
         if self.objective == "pareto" and (self.speed_pruning or self.finalists or self.measure.window_min_iters < 100):
             raise UserError(
                 "--objective pareto measures p99 (100 calls per measurement) and has no single value to prune or "
                 "re-measure finalists by: use it with --no-speed-pruning --finalists 0"
             )
-        if self.slo_ms is not None and self.measure.window_min_iters < 100:
+        if self.slo_ms is not None and self.objective == "throughput" and self.measure.window_min_iters < 100:
             raise UserError("--slo-ms needs at least 100 calls per measurement for a p99")
         if self.task not in TASKS:
             raise UserError(f"--task {self.task!r} is not known; choose {' or '.join(TASKS)}")
@@ -187,8 +200,14 @@ class SearchSpec:
             "throughput": ["maximize"],
             "latency": ["minimize"],
             "pareto": ["maximize", "minimize"],
+            "server": ["maximize"],
         }
         return directions[self.objective]
+
+    @property
+    def scenario(self) -> str:
+        """The MLPerf scenario the objective measures (a Pareto study is closed loop: offline)."""
+        return {"latency": "single-stream", "server": "server"}.get(self.objective, "offline")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

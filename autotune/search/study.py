@@ -55,6 +55,7 @@ from autotune.search.spec import SearchSpec, identity_differences
 from autotune.search.storage import open_storage
 
 MIN_TRIAL_S = 10.0
+SERVER_SEED = 20_241  # the Poisson arrivals' seed: every trial of a study is offered the same streams
 
 
 @dataclass
@@ -65,8 +66,12 @@ class SearchOutcome:
 
 
 def baseline_throughput(study: optuna.study.Study) -> float | None:
+    """The baseline's throughput, or in the server scenario its sustained request rate."""
     trial = baseline_trial(study)
-    return metrics_of(trial).throughput_sps if trial else None
+    if trial is None:
+        return None
+    server = metrics_of(trial).server
+    return server.sustained_rps if server is not None else metrics_of(trial).throughput_sps
 
 
 def open_study(
@@ -95,6 +100,7 @@ def open_study(
                     "throughput": [spec.unit],
                     "latency": [f"p50 {latency}"],
                     "pareto": [spec.unit, f"p99 {latency}"],
+                    "server": [f"requests/s at p99 <= {spec.slo_ms:g} ms"],
                 }[spec.objective]
             )
     stored = study.user_attrs.get("spec")
@@ -139,7 +145,9 @@ class Objective:
             self._record_failure(trial, trial_dir, timeout, exc)
             raise
         self._record(trial, config, trial_dir, metrics, launches, template)
-        if self.spec.slo_ms is not None:
+        if self.spec.objective == "server":
+            self._check_sustained(trial, metrics)
+        elif self.spec.slo_ms is not None:
             self._check_slo(trial, metrics)
         if self.spec.ttft_slo_ms is not None or self.spec.tpot_slo_ms is not None:
             self._check_token_slos(trial, metrics)
@@ -272,13 +280,16 @@ class Objective:
     def _judge_screening(self, trial: optuna.trial.Trial, screening: Screening) -> None:
         """At the screened barrier: the speed pruner compares the screening with the best clean trial."""
         trial.set_user_attr("screening", screening.to_json())
-        value = screening.throughput_sps if self.spec.objective == "throughput" else screening.p50_ms
+        # The server scenario's screening is closed loop: its throughput bounds the sustainable rate from above.
+        value = screening.throughput_sps if self.spec.objective in ("throughput", "server") else screening.p50_ms
         trial.report(value, step=0)
         if not trial.should_prune():
             return
         speed = getattr(trial.study.pruner, "wrapped", None)
         verdict = speed.verdict(trial.study, value, screening.ci_rel) if isinstance(speed, SpeedPruner) else None
-        unit = "samples/s" if self.spec.objective == "throughput" else "ms"
+        unit = {"throughput": "samples/s", "server": "samples/s (closed loop; best: requests/s sustained)"}.get(
+            self.spec.objective, "ms"
+        )
         reason = (
             f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
             f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin "
@@ -335,6 +346,18 @@ class Objective:
             )
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
+
+    def _check_sustained(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
+        """The server scenario: a configuration that sustained no rate at the bound (even 1/64 of its
+        closed-loop throughput) is measured, recorded and pruned, so it never wins."""
+        server = metrics.server
+        assert server is not None
+        if server.sustained_rps > 0:
+            return
+        last = server.probes[-1].why if server.probes else "no probe ran"
+        reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms (lowest probe: {last})"
+        trial.set_user_attr("prune_reason", reason)
+        raise optuna.TrialPruned(reason)
 
     def _check_token_slos(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
         """--ttft-slo-ms / --tpot-slo-ms: over a p99 bound is measured, recorded and pruned, as --slo-ms."""
@@ -400,6 +423,10 @@ def objective_value(objective: str, metrics: TrialMetrics) -> float | tuple[floa
     A language model's latency is its time per output token (TPOT), and throughput generated tokens/s."""
     if objective == "throughput":
         return metrics.throughput_sps
+    if objective == "server":
+        if metrics.server is None:
+            raise TrialFailed("the server scenario's rate search did not run")
+        return metrics.server.sustained_rps
     latency = metrics.generation.tpot_ms if metrics.generation else metrics.latency_ms
     if objective == "pareto":
         p99 = latency.p99
@@ -518,6 +545,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         runtimes=runtimes,
         memory_limit_mib=spec.memory_limit_mib,
         cache_size_mib=spec.cache_size_mib,
+        server={"slo_ms": spec.slo_ms, "seed": SERVER_SEED} if spec.objective == "server" else None,
     )
     interrupted = _optimize(spec, study, Objective(spec, space, ctx, search_deadline), started, deadline, console)
     best_path = None
@@ -533,7 +561,7 @@ def _search_space(
 ) -> SearchSpace:
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
     unavailable = generation_precisions_unavailable(runtimes["main"]) if spec.task == "generate" else None
-    space = SearchSpace.from_dict(spec.space, machine, runtimes, spec.task, unavailable)
+    space = SearchSpace.from_dict(spec.space, machine, runtimes, spec.task, unavailable, spec.objective == "server")
     for note in space.notes:
         say(f"note: {note}")
     for backend, names in space.runtimes.items():

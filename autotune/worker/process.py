@@ -38,6 +38,7 @@ from autotune.records.config import TrialConfig
 from autotune.records.metrics import InstanceResult, InstanceScreen
 from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
+from autotune.worker.serve import Peers, run_rate_search
 
 EXIT_CHECK_FAILED = 3
 EXIT_PRECISION_FALLBACK = 4
@@ -313,7 +314,24 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     cpus = sorted(os.sched_getaffinity(0))
     agree = StopTogether(barrier, instance, int(job["instances"])) if barrier else (lambda satisfied: satisfied)
     before = process_snapshot(cpus)
-    stamps = timed_window(model.step, settings, agree_to_stop=agree)
+    server = None
+    if job.get("server"):  # the server scenario: a short closed-loop window bounds the rate search from above
+        stamps = timed_window(model.step, settings.screening())
+        peers = Peers(barrier, instance, int(job["instances"]), timeout_s or 600.0)
+        server_job = {**job["server"], "max_wait_ms": config.max_wait_ms or 0.0}
+        own_upper = instance_throughput(stamps, samples_per_call)
+        server = run_rate_search(
+            model.step,
+            server_job,
+            own_upper,
+            samples_per_call,
+            peers,
+            settings.window_min_s,
+            settings.window_max_s,
+            settings.ci_confidence,
+        )
+    else:
+        stamps = timed_window(model.step, settings, agree_to_stop=agree)
     signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
     np.save(job["stamps_path"], stamps)
     tokens = None
@@ -350,6 +368,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         startup_to_ready_s=time.monotonic() - t_start,
         backend_details=model.runner.details,
         tokens_path=tokens,
+        server=server,
     )
 
 

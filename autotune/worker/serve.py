@@ -1,0 +1,134 @@
+"""The server scenario inside a trial's processes: the rate search over real-time Poisson arrivals.
+
+Every instance runs its own arrival stream at rate / instances and its own queue. Between probes the
+instances exchange what they served through files in the trial's barrier folder, so each computes the
+same verdict from the same data and offers the same next rate: no orchestrator round trip per probe,
+and the probes of all instances start together. Without a barrier (a winner replayed from best.json,
+one instance at a time) an instance decides alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotune.measure.serving import (
+    RateSearch,
+    ServedRequests,
+    ServerMetrics,
+    ServerProbe,
+    judge_probe,
+    poisson_arrivals,
+    probe_seconds,
+    serve,
+)
+
+PEER_POLL_S = 0.001
+
+
+class Peers:
+    """The instances of one trial, exchanging small payloads through the barrier folder."""
+
+    def __init__(self, folder: Path | None, instance: int, instances: int, timeout_s: float) -> None:
+        self.folder, self.instance, self.instances, self.timeout_s = folder, instance, instances, timeout_s
+
+    def exchange_json(self, name: str, payload: Any) -> list[Any]:
+        """Everyone's payload for `name`, in instance order (only ours without a folder)."""
+        if self.folder is None:
+            return [payload]
+        path = self.folder / f"peer-{name}-{self.instance}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(payload))
+        os.replace(path.with_suffix(".tmp"), path)
+        return [json.loads(p.read_text()) for p in self._wait(name, ".json")]
+
+    def exchange_served(self, name: str, served: ServedRequests) -> list[ServedRequests]:
+        """Everyone's requests of one probe, in instance order."""
+        if self.folder is None:
+            return [served]
+        path = self.folder / f"peer-{name}-{self.instance}.npz"
+        with open(path.with_suffix(".tmp"), "wb") as out:
+            np.savez(
+                out,
+                arrivals=served.arrivals,
+                completions=served.completions,
+                batch_fill=served.batch_fill,
+                queue_at_send=served.queue_at_send,
+                send_times=served.send_times,
+                window=np.array([served.start, served.duration_s]),
+            )
+        os.replace(path.with_suffix(".tmp"), path)
+        result = []
+        for p in self._wait(name, ".npz"):
+            with np.load(p) as data:
+                result.append(
+                    ServedRequests(
+                        data["arrivals"],
+                        data["completions"],
+                        data["batch_fill"],
+                        data["queue_at_send"],
+                        data["send_times"],
+                        float(data["window"][0]),
+                        float(data["window"][1]),
+                    )
+                )
+        return result
+
+    def _wait(self, name: str, suffix: str) -> list[Path]:
+        assert self.folder is not None
+        paths = [self.folder / f"peer-{name}-{i}{suffix}" for i in range(self.instances)]
+        deadline = time.monotonic() + self.timeout_s
+        while not all(p.exists() for p in paths):
+            if (self.folder / "abort").exists():
+                sys.exit(0)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the other instances did not reach the server probe {name!r}")
+            time.sleep(PEER_POLL_S)
+        return paths
+
+
+def run_rate_search(
+    step: Any,
+    server: dict[str, Any],
+    own_offline_rps: float,
+    max_batch: int,
+    peers: Peers,
+    probe_min_s: float,
+    probe_max_s: float,
+    confidence: float = 0.95,
+) -> ServerMetrics:
+    """The highest total rate whose p99 request latency stays within `server['slo_ms']`, by bisection
+    below the instances' closed-loop throughput together."""
+    slo_ms = float(server["slo_ms"])
+    max_wait_s = float(server["max_wait_ms"]) / 1e3
+    seed = int(server.get("seed", 0))
+    upper = float(sum(peers.exchange_json("upper", own_offline_rps)))
+    search = RateSearch(upper, server.get("first_rates"))
+    drain_s = max(1.0, 4 * slo_ms / 1e3)
+    probes: list[ServerProbe] = []
+    while (rate := search.next_rate()) is not None:
+        number = len(probes)
+        duration = probe_seconds(rate, probe_min_s, probe_max_s)
+        offsets = poisson_arrivals(rate / peers.instances, duration, seed + 7919 * number + peers.instance)
+        if len(offsets) == 0:
+            offsets = np.array([0.0])
+        peers.exchange_json(f"go{number}", True)  # the probes of all instances start together
+        served = serve(step, offsets, max_batch, max_wait_s, drain_s)
+        probe = judge_probe(peers.exchange_served(f"probe{number}", served), rate, slo_ms, max_batch, confidence)
+        probes.append(probe)
+        search.record(rate, probe.sustained)
+    return ServerMetrics(
+        sustained_rps=search.sustained_rps,
+        slo_ms=slo_ms,
+        max_batch=max_batch,
+        max_wait_ms=float(server["max_wait_ms"]),
+        upper_bound_rps=upper,
+        probes=probes,
+        instances=peers.instances,
+        seed=seed,
+    )

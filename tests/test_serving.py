@@ -1,0 +1,265 @@
+"""The server scenario: Poisson arrivals, a queue batched by a policy, the highest rate sustained at a
+p99 bound. Checked against queueing theory on a server whose service time is known (a sleep), in a real
+search, and on simulated clocks for the rules (overload, the batching policy, the bisection)."""
+
+import json
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from conftest import TINY, run_autotune, tiny, write_space
+
+from autotune.measure.serving import (
+    PROBE_REQUESTS,
+    RateSearch,
+    judge_probe,
+    poisson_arrivals,
+    probe_seconds,
+    serve,
+)
+
+
+# ---- queueing theory: M/D/1 (Poisson arrivals, one server, a constant service time) --------------------------
+def md1_wait_cdf(t: float, rate: float, service: float) -> float:
+    """P(waiting time <= t) in an M/D/1 queue (Crommelin's formula, in high precision: its terms alternate)."""
+    with mpmath.workdps(80):
+        lam, s, t = mpmath.mpf(rate), mpmath.mpf(service), mpmath.mpf(t)
+        total, k = mpmath.mpf(0), 0
+        while k * s <= t:
+            x = lam * (k * s - t)
+            total += x**k / mpmath.factorial(k) * mpmath.exp(-x)
+            k += 1
+        return float((1 - lam * s) * total)
+
+
+def md1_p99_sojourn(rate: float, service: float) -> float:
+    """The 99th percentile of waiting plus service time."""
+    low, high = 0.0, service
+    while md1_wait_cdf(high, rate, service) < 0.99:
+        high *= 2
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if md1_wait_cdf(mid, rate, service) < 0.99 else (low, mid)
+    return high + service
+
+
+def md1_sustainable_rate(bound_s: float, service: float) -> float:
+    """The highest Poisson rate whose p99 sojourn time stays within the bound."""
+    low, high = 0.0, 1.0 / service
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if md1_p99_sojourn(mid, service) <= bound_s else (low, mid)
+    return low
+
+
+def test_md1_formula_agrees_with_a_simulated_queue():
+    """The theory the next tests lean on, checked by Lindley's recursion over a million requests."""
+    rng = np.random.default_rng(0)
+    service, rate = 0.002, 250.0
+    gaps = rng.exponential(1 / rate, 1_000_000)
+    waits = np.empty_like(gaps)
+    wait = 0.0
+    for i, gap in enumerate(gaps):  # W_{n+1} = max(0, W_n + S - A_{n+1})
+        waits[i] = wait
+        wait = max(0.0, wait + service - gap)
+    simulated = float(np.percentile(waits + service, 99))
+    assert md1_p99_sojourn(rate, service) == pytest.approx(simulated, rel=0.03)
+
+
+# ---- the rules, on a simulated clock (each call advances it by the service time) --------------------------
+class SimulatedClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, moment: float) -> None:
+        self.now = max(self.now, moment)
+
+
+def simulated_probe(rate, service, max_batch=1, max_wait_s=0.0, bound_ms=1e4, seed=0, requests=PROBE_REQUESTS):
+    clock = SimulatedClock()
+
+    def step():
+        clock.now += service
+
+    offsets = poisson_arrivals(rate, requests / rate, seed)
+    served = serve(step, offsets, max_batch, max_wait_s, drain_s=1.0, clock=clock, wait=clock.wait, start=0.0)
+    return judge_probe([served], rate, bound_ms, max_batch), served
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_rate_above_capacity_is_never_sustained_however_loose_the_bound(seed):
+    """20% past what the server can do, with a bound of 10 s that the p99 meets: the queue grew, so
+    it is overload, not a sustained rate."""
+    service = 0.002
+    probe, _ = simulated_probe(1.2 / service, service, seed=seed)
+    assert probe.overloaded and not probe.sustained, probe
+    assert probe.latency_ms.p99 is not None and probe.latency_ms.p99 < 1e4  # the p99 alone would have passed
+
+
+def test_a_stable_queue_is_not_called_overload():
+    """90% load, loose bound: the queue fluctuates but does not grow; sustained in (nearly) every seed."""
+    service = 0.002
+    verdicts = [simulated_probe(0.9 / service, service, seed=seed)[0] for seed in range(20)]
+    assert sum(v.sustained for v in verdicts) >= 18, [v.why for v in verdicts if not v.sustained]
+
+
+def test_the_batching_policy_waits_for_a_fuller_batch_then_sends_it():
+    """max_batch 8, max_wait 5 ms, a call of 1 ms at a low rate: a request waits for company up to 5 ms
+    (a batch leaves when full or when its oldest has waited that long); with no wait it leaves at once."""
+    service, rate = 0.001, 400.0
+    waited, served_waiting = simulated_probe(rate, service, max_batch=8, max_wait_s=0.005)
+    eager, _ = simulated_probe(rate, service, max_batch=8, max_wait_s=0.0)
+    assert waited.mean_batch_fill > 2.0 > eager.mean_batch_fill
+    assert np.all(served_waiting.batch_fill <= 8)
+    latencies = served_waiting.latencies_s
+    assert latencies.max() <= 0.005 + 2 * service + 1e-9  # waited at most max_wait, then its call (and one before)
+    assert waited.latency_ms.p50 > eager.latency_ms.p50 + 1.0  # waiting costs latency at low load
+
+
+def test_the_bisection_stops_within_its_tolerance_and_never_above_the_rates_it_saw_fail():
+    search = RateSearch(1000.0)
+    capacity = 640.0  # a server that sustains exactly up to here
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, rate <= capacity)
+    assert capacity / 1.05 <= search.sustained_rps <= capacity
+    assert search.probes <= 8
+
+
+def test_probes_last_long_enough_for_the_p99_within_the_window():
+    assert probe_seconds(1000.0, 1.0, 5.0) == 1.0
+    assert probe_seconds(100.0, 1.0, 5.0) == 5.0  # capped: 500 requests
+    assert probe_seconds(400.0, 1.0, 5.0) == pytest.approx(PROBE_REQUESTS / 400.0)
+
+
+# ---- real processes ------------------------------------------------------------------------------------------
+def server_search(workdir, model, shape, bound_ms, space, *extra, study="srv", budget="4m"):
+    return run_autotune(
+        "search",
+        "--model",
+        model,
+        "--input-shape",
+        shape,
+        "--study",
+        study,
+        "--space",
+        str(space),
+        "--budget",
+        budget,
+        "--scenario",
+        "server",
+        "--slo-ms",
+        str(bound_ms),
+        "--eval-samples",
+        "8",
+        *extra,
+        cwd=workdir,
+        timeout=600,
+    )
+
+
+def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
+    """One instance, batch 1, no wait: an M/D/1 queue whose service time is the sleep each call makes
+    (measured by the trial's closed-loop window). Its highest rate with p99 <= 10 ms, found by the
+    rate search in real time, is within 10% of the M/D/1 formula's; no rate past the server's capacity
+    was reported sustained."""
+    space = write_space(workdir / "space.yaml", batch_size=[1], max_wait_ms=[0], threads_per_instance=[1])
+    result = server_search(
+        workdir,
+        f"{TINY}:service_timed",
+        "4",
+        10,
+        space,
+        "--trials",
+        "1",
+        "--finalists",
+        "0",
+        "--no-speed-pruning",
+        "--measure-seconds",
+        "1s-5s",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = json.loads((workdir / "studies" / "srv" / "best.json").read_text())
+    service_s = best["metrics"]["latency_ms"]["mean"] / 1e3  # sleep, wake-up and the loop: what a call costs
+    expected = md1_sustainable_rate(0.010, service_s)
+    server = best["server"]
+    assert server["sustained_rps"] == pytest.approx(expected, rel=0.10), (server, service_s, expected)
+    capacity = 1.0 / service_s
+    assert all(p["rate_rps"] <= capacity for p in server["probes"] if p["sustained"]), server["probes"]
+    assert len(server["probes"]) >= 3 and all(p["requests"] >= 100 for p in server["probes"])
+
+
+def test_a_small_model_completes_a_server_study_and_everything_around_it_carries_the_scenario(workdir):
+    """tiny_cnn, batch and wait searched, a finalist round probed at the leader's rate and +-10%:
+    best.json names the scenario and the policy, show and the report speak in sustained requests/s, and
+    the launch script exports the batching policy for the user's server."""
+    space = write_space(workdir / "space.yaml", batch_size=[1, 4], max_wait_ms=[0, 2], threads_per_instance=[1])
+    result = server_search(
+        workdir,
+        tiny(),
+        "3x16x16",
+        25,
+        space,
+        "--trials",
+        "3",
+        "--finalists",
+        "1",
+        "--finalist-repeats",
+        "1",
+        "--measure-seconds",
+        "0.3s-1s",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "requests/s sustained at p99 <= 25 ms" in result.stdout
+    best = json.loads((workdir / "studies" / "srv" / "best.json").read_text())
+    assert best["scenario"] == "server" and best["objective"]["name"] == "server"
+    server = best["server"]
+    assert server["slo_ms"] == 25 and server["max_batch"] == best["config"]["batch_size"]
+    assert server["max_wait_ms"] == best["config"]["max_wait_ms"] and server["sustained_rps"] > 0
+    probe = next(p for p in server["probes"] if p["sustained"] and p["rate_rps"] == server["sustained_rps"])
+    assert probe["p99_ms"] <= 25 and probe["requests"] >= 100
+    finalists = best["finalists"]  # re-measured by a rate search of its own, starting at the leader's rate
+    assert finalists and finalists["candidates"][0]["values"][0] > 0, finalists
+
+    show = run_autotune("show", "--study", "srv", cwd=workdir)
+    assert show.returncode == 0 and "requests/s at p99<=25ms" in show.stdout, show.stdout
+    report = run_autotune("report", "--study", "srv", cwd=workdir)
+    assert report.returncode == 0, report.stderr
+    page = (workdir / "studies" / "srv" / "report.html").read_text()
+    assert "p99 latency against offered request rate" in page and "requests/s sustained" in page
+    export = run_autotune("export", "--study", "srv", "--format", "sh", cwd=workdir)
+    assert export.returncode == 0, export.stderr
+    script = next((workdir / "studies" / "srv").glob("*.sh")).read_text()
+    assert f"export AUTOTUNE_MAX_BATCH={server['max_batch']}" in script
+    assert f"export AUTOTUNE_MAX_WAIT_MS={server['max_wait_ms']:g}" in script
+    assert math.isfinite(server["upper_bound_rps"]) and server["upper_bound_rps"] > 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--scenario", "server"], "--scenario server searches the highest request rate at a p99 latency bound"),
+        (["--scenario", "server", "--slo-ms", "0"], "--slo-ms must be a positive bound"),
+        (["--scenario", "server", "--slo-ms", "-5"], "--slo-ms must be a positive bound"),
+        (["--scenario", "server", "--slo-ms", "50", "--objective", "latency"], "drop one of them"),
+        (["--scenario", "busy"], "invalid choice: 'busy'"),
+    ],
+)
+def test_bad_server_input_is_one_line_and_exit_2(workdir, args, message):
+    result = run_autotune("search", "--model", "resnet18", *args, cwd=workdir, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_negative_wait_in_the_space_is_one_line_and_exit_2(workdir):
+    (workdir / "s.yaml").write_text("max_wait_ms: [0, -1]\n")
+    result = run_autotune(
+        "search", "--model", "resnet18", "--space", "s.yaml", "--scenario", "server", "--slo-ms", "50", cwd=workdir
+    )
+    assert result.returncode == 2, result.stderr
+    assert "max_wait_ms values are milliseconds" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
