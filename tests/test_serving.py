@@ -14,6 +14,7 @@ from autotune.measure.serving import (
     PROBE_REQUESTS,
     RateSearch,
     judge_probe,
+    lowest_rate,
     poisson_arrivals,
     probe_seconds,
     serve,
@@ -133,6 +134,17 @@ def test_probes_last_long_enough_for_the_p99_within_the_window():
     assert probe_seconds(1000.0, 1.0, 5.0) == 1.0
     assert probe_seconds(100.0, 1.0, 5.0) == 5.0  # capped: 500 requests
     assert probe_seconds(400.0, 1.0, 5.0) == pytest.approx(PROBE_REQUESTS / 400.0)
+    assert probe_seconds(10.0, 1.0, 5.0) == pytest.approx(12.0)  # past the window: 100 requests for a p99
+
+
+def test_a_server_that_sustains_nothing_stops_before_probes_grow_longer_than_three_windows():
+    search = RateSearch(100.0, lowest_rps=lowest_rate(20.0))
+    offered = []
+    while (rate := search.next_rate()) is not None:
+        offered.append(rate)
+        search.record(rate, False)
+    assert search.sustained_rps == 0 and min(offered) >= lowest_rate(20.0) == pytest.approx(2.0)
+    assert max(probe_seconds(rate, 5.0, 20.0) for rate in offered) <= 60.0
 
 
 # ---- real processes ------------------------------------------------------------------------------------------
@@ -263,3 +275,27 @@ def test_a_negative_wait_in_the_space_is_one_line_and_exit_2(workdir):
     assert result.returncode == 2, result.stderr
     assert "max_wait_ms values are milliseconds" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_openvino_throughput_mode_is_fed_the_same_arrivals_and_judged_by_the_same_rules(workdir):
+    """The benchmark's point of comparison (docs/bench_server.py): an IR in OpenVINO's throughput mode,
+    one request per arrival; its rate search ends at a sustained rate with its probes recorded."""
+    import subprocess
+    import sys
+
+    import openvino as ov
+    import torch
+    from tiny_models import TinyCNN
+
+    torch.manual_seed(0)
+    xml = workdir / "model.xml"
+    ov.save_model(ov.convert_model(TinyCNN().eval(), example_input=torch.randn(1, 3, 16, 16)), str(xml))
+    command = [sys.executable, "-m", "autotune.checks.openvino_server", str(xml), "1,3,16,16", "--slo-ms", "20"]
+    done = subprocess.run([*command, "--min-s", "0.3", "--max-s", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["sustained_rps"] > 0 and result["probes"], result
+    assert result["sustained_rps"] <= 1.1 * result["upper_bound_rps"]
+    kept = [p for p in result["probes"] if p["sustained"]]
+    assert kept and all(p["latency_ms"]["p99"] <= 20 and not p["overloaded"] for p in kept)
+    assert result["openvino"]["requests"] >= 1

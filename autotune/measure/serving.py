@@ -252,13 +252,21 @@ def judge_probe(
 
 class RateSearch:
     """Bisection over the offered rate below the closed-loop throughput `upper_rps` (which bounds the
-    sustainable rate from above): the first probe at 90% of it (or at the rates given first, e.g. a
-    winner's rate and +-10% for the finalists), then halfway between the highest sustained and the
-    lowest unsustained rate, until they are within RELATIVE_TOLERANCE, MAX_PROBES are spent, or even
-    1/64 of the upper bound is not sustained."""
+    sustainable rate from above; UPPER_HEADROOM allows for its short window): the first probe at 90% of
+    it (or at the rates given first, e.g. a winner's rate and +-10% for the finalists), then halfway
+    between the highest sustained and the lowest unsustained rate, until they are within
+    RELATIVE_TOLERANCE, MAX_PROBES are spent, or the next rate would be below `lowest_rps` (and 1/64 of
+    the upper bound) with none sustained."""
 
-    def __init__(self, upper_rps: float, first_rates: list[float] | None = None, max_probes: int = MAX_PROBES):
+    def __init__(
+        self,
+        upper_rps: float,
+        first_rates: list[float] | None = None,
+        max_probes: int = MAX_PROBES,
+        lowest_rps: float = 0.0,
+    ):
         self.upper = upper_rps
+        self.lowest = max(lowest_rps, upper_rps * LOWEST_SHARE)  # below this the search gives up
         self.low = 0.0  # highest sustained so far
         # lowest unsustained so far; until one is found, the closed-loop bound with room for its own noise
         # (a short window): a rate past the true capacity is caught as overload.
@@ -273,11 +281,11 @@ class RateSearch:
             return None
         while self.queued:
             rate = self.queued.pop(0)
-            if self.low < rate < self.high:
+            if max(self.low, self.lowest) <= rate < self.high:
                 return rate
         if self.low > 0 and self.high <= self.low * (1 + RELATIVE_TOLERANCE):
             return None
-        if self.low == 0 and self.high < self.upper * LOWEST_SHARE:
+        if self.low == 0 and self.high / 2 < self.lowest:
             return None
         return (self.low + self.high) / 2 if self.low > 0 else self.high / 2
 
@@ -295,8 +303,15 @@ class RateSearch:
 
 def probe_seconds(rate_rps: float, min_s: float, max_s: float) -> float:
     """A probe lasts its minimum, longer while that holds fewer than PROBE_REQUESTS arrivals (the p99's
-    precision), at most `max_s` (fewer than MIN_REQUESTS then leave the p99 unknown: not sustained)."""
-    return min(max(min_s, PROBE_REQUESTS / rate_rps), max_s) if rate_rps > 0 else min_s
+    precision), up to `max_s`, and past it while that holds fewer than MIN_REQUESTS (a p99 at all)."""
+    if rate_rps <= 0:
+        return min_s
+    return min(max(min_s, PROBE_REQUESTS / rate_rps), max(max_s, 1.2 * MIN_REQUESTS / rate_rps))
+
+
+def lowest_rate(max_s: float) -> float:
+    """The lowest rate worth a probe: one that collects MIN_REQUESTS within three of the longest windows."""
+    return 1.2 * MIN_REQUESTS / (3 * max_s)
 
 
 @dataclass(frozen=True)
@@ -314,6 +329,7 @@ class ServerMetrics(Record):
     probes: list[ServerProbe]
     instances: int
     seed: int
+    verdict: str = ""  # why the search ended where it did, in words
     batching: str = BATCHING
     routing: str = ROUTING
     rule: str = (

@@ -219,6 +219,8 @@ class SearchSpace:
             raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
         usual = 1 if task == "generate" else 8
         baseline_bs = baseline.get(batch_key, usual if usual in batch_sizes else batch_sizes[0])
+        if server:  # a first server answers one request per call: the smallest batch, whatever `baseline` says
+            baseline_bs = min(batch_sizes)
         if baseline_bs not in batch_sizes:
             raise UserError(
                 f"search space: baseline {batch_key} {baseline_bs!r} must be one of {batch_key} {batch_sizes}"

@@ -354,8 +354,7 @@ class Objective:
         assert server is not None
         if server.sustained_rps > 0:
             return
-        last = server.probes[-1].why if server.probes else "no probe ran"
-        reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms (lowest probe: {last})"
+        reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms: {server.verdict or 'no probe ran'}"
         trial.set_user_attr("prune_reason", reason)
         raise optuna.TrialPruned(reason)
 

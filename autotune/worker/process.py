@@ -320,10 +320,12 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         peers = Peers(barrier, instance, int(job["instances"]), timeout_s or 600.0)
         server_job = {**job["server"], "max_wait_ms": config.max_wait_ms or 0.0}
         own_upper = instance_throughput(stamps, samples_per_call)
+        call_ms = float(np.median(stamps[:, 1] - stamps[:, 0])) * 1e3
         server = run_rate_search(
             model.step,
             server_job,
             own_upper,
+            call_ms,
             samples_per_call,
             peers,
             settings.window_min_s,

@@ -24,6 +24,7 @@ from autotune.measure.serving import (
     ServerMetrics,
     ServerProbe,
     judge_probe,
+    lowest_rate,
     poisson_arrivals,
     probe_seconds,
     serve,
@@ -96,6 +97,7 @@ def run_rate_search(
     step: Any,
     server: dict[str, Any],
     own_offline_rps: float,
+    own_call_ms: float,
     max_batch: int,
     peers: Peers,
     probe_min_s: float,
@@ -107,10 +109,24 @@ def run_rate_search(
     slo_ms = float(server["slo_ms"])
     max_wait_s = float(server["max_wait_ms"]) / 1e3
     seed = int(server.get("seed", 0))
-    upper = float(sum(peers.exchange_json("upper", own_offline_rps)))
-    search = RateSearch(upper, server.get("first_rates"))
+    closed_loop = peers.exchange_json("upper", {"rps": own_offline_rps, "call_ms": own_call_ms})
+    upper = float(sum(c["rps"] for c in closed_loop))
+    fastest_call_ms = min(c["call_ms"] for c in closed_loop)
+    search = RateSearch(upper, server.get("first_rates"), lowest_rps=lowest_rate(probe_max_s))
     drain_s = max(1.0, 4 * slo_ms / 1e3)
     probes: list[ServerProbe] = []
+    if fastest_call_ms > slo_ms:  # no request can be answered within the bound, at any rate
+        return ServerMetrics(
+            sustained_rps=0.0,
+            slo_ms=slo_ms,
+            max_batch=max_batch,
+            max_wait_ms=float(server["max_wait_ms"]),
+            upper_bound_rps=upper,
+            probes=[],
+            instances=peers.instances,
+            seed=seed,
+            verdict=f"one call takes {fastest_call_ms:.1f} ms (closed-loop median), over the bound: no rate probed",
+        )
     while (rate := search.next_rate()) is not None:
         number = len(probes)
         duration = probe_seconds(rate, probe_min_s, probe_max_s)
@@ -131,4 +147,17 @@ def run_rate_search(
         probes=probes,
         instances=peers.instances,
         seed=seed,
+        verdict=search_verdict(search, probes),
+    )
+
+
+def search_verdict(search: RateSearch, probes: list[ServerProbe]) -> str:
+    """Why the rate search ended where it did."""
+    if search.sustained_rps > 0:
+        return f"highest sustained rate {search.sustained_rps:.1f} requests/s after {len(probes)} probes"
+    if not probes:
+        return "no rate probed"
+    return (
+        f"no rate down to {min(p.rate_rps for p in probes):.2f} requests/s was sustained "
+        f"(lowest probe: {probes[-1].why}); lower rates would need probes longer than three windows"
     )
