@@ -248,11 +248,17 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from autotune.common.durations import parse_duration
     from autotune.common.files import read_json
 
-    generation = bool((read_json(path).get("job") or {}).get("generation"))
+    job = read_json(path).get("job") or {}
+    generation, server = bool(job.get("generation")), bool(job.get("server"))
     asked = args.independent not in (None, "0") or args.vs_benchmark_app
     if generation and asked:
         raise UserError("--independent and --vs-benchmark-app time one forward pass: not a text generation winner")
-    chosen = args.independent if args.independent is not None else ("0" if generation else "20s")
+    if server and asked:
+        raise UserError(
+            "--independent and --vs-benchmark-app time closed-loop calls: not a sustained rate; for OpenVINO's "
+            "throughput mode under the same arrivals see docs/bench_server.py"
+        )
+    chosen = args.independent if args.independent is not None else ("0" if generation or server else "20s")
     independent = parse_duration(chosen) if chosen != "0" else 0.0
     versus = parse_duration(args.vs_benchmark_app) if args.vs_benchmark_app else 0.0
     compare_with_baseline(path, args.repeats, console, independent, versus)

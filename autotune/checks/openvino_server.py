@@ -70,14 +70,20 @@ def closed_loop_rps(queue: Any, sample: np.ndarray, seconds: float) -> float:
 def serve_poisson(queue: Any, sample: np.ndarray, offsets: np.ndarray) -> ServedRequests:
     """Submit one request per arrival at its moment; completions stamped in the callback."""
     completions = np.full(len(offsets), np.nan)
-    queue.set_callback(lambda request, index: completions.__setitem__(index, time.monotonic()))
+    answered = [0]
+
+    def done(request: Any, index: int) -> None:
+        completions[index] = time.monotonic()
+        answered[0] += 1
+
+    queue.set_callback(done)
     start = time.monotonic()
     arrivals = start + offsets
     sends, backlog = [], []
     for index, moment in enumerate(arrivals):
         wait_until(moment)
         sends.append(time.monotonic())
-        backlog.append(index - int(np.count_nonzero(~np.isnan(completions[:index]))))
+        backlog.append(index - answered[0])
         queue.start_async({0: sample}, index)  # blocks while every infer request is busy
     queue.wait_all()
     return ServedRequests(
@@ -100,7 +106,8 @@ def rate_search(xml: str, shape: list[int], slo_ms: float, min_s: float, max_s: 
     probes: list[ServerProbe] = []
     while (rate := search.next_rate()) is not None:
         offsets = poisson_arrivals(rate, probe_seconds(rate, min_s, max_s), SEED + 7919 * len(probes))
-        probe = judge_probe([serve_poisson(queue, sample, offsets)], rate, slo_ms, 1)
+        # as many requests in flight as infer requests: the queue may hold that many before it grows
+        probe = judge_probe([serve_poisson(queue, sample, offsets)], rate, slo_ms, details["requests"])
         probes.append(probe)
         search.record(rate, probe.sustained)
     metrics = ServerMetrics(

@@ -89,7 +89,8 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
     loads: list[LoadRun] = []
     for i in range(repeats):
         try:
-            runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S)[0])
+            # the server scenario: each run on arrival streams of its own, not the search's
+            runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S, server_round=i + 1)[0])
         except TrialFailed as exc:
             raise UserError(f"the tuned config does not run here: {exc.cause}") from None
         unit = "requests/s sustained" if runs[-1].server else runs[-1].unit

@@ -133,9 +133,9 @@ def serve(
         if queued == 0:
             wait(arrivals[head])
             continue
-        oldest_waited = now - arrivals[head]
-        if queued < max_batch and oldest_waited < max_wait_s and arrived < total:
-            wait(min(arrivals[head] + max_wait_s, arrivals[arrived]))
+        deadline = arrivals[head] + max_wait_s  # the oldest may wait until then (compared as sent: no rounding)
+        if queued < max_batch and now < deadline and arrived < total:
+            wait(min(deadline, arrivals[arrived]))
             continue
         take = min(queued, max_batch)
         sends.append(now)
@@ -158,17 +158,17 @@ def serve(
 
 def quantile_ci(values: np.ndarray, quantile: float, confidence: float = 0.95) -> list[float] | None:
     """A distribution-free confidence interval of a quantile (order statistics, normal approximation of
-    the binomial); None when there are too few values for its upper end (p99 at 95%: about 370)."""
+    the binomial); None when there are too few values for its upper end (p99 at 95%: fewer than 381)."""
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = len(x)
     if n == 0:
         return None
     z = 1.959963984540054 if abs(confidence - 0.95) < 1e-9 else _normal_quantile(1 - (1 - confidence) / 2)
     spread = z * math.sqrt(n * quantile * (1 - quantile))
-    low, high = math.floor(n * quantile - spread), math.ceil(n * quantile + spread)
-    if low < 0 or high > n - 1:
+    low, high = math.floor(n * quantile - spread), math.ceil(n * quantile + spread)  # 1-based ranks
+    if low < 1 or high > n:
         return None
-    return [float(x[low]), float(x[high])]
+    return [float(x[low - 1]), float(x[high - 1])]
 
 
 def _normal_quantile(p: float) -> float:
@@ -200,6 +200,13 @@ class ServerProbe(Record):
     noise_flags: list[str] = field(default_factory=list)
 
 
+def growth_allowed(requests: int, max_batch: int) -> float:
+    """How far an instance's queue may end above its early level before it counts as overload: two full
+    batches or GROWTH_SHARE of its requests, whichever is larger, but never more than a tenth of them
+    (many instances with large batches would otherwise switch the check off)."""
+    return max(min(2 * max_batch, 0.1 * requests), GROWTH_SHARE * requests)
+
+
 def judge_probe(
     served: list[ServedRequests], rate_rps: float, slo_ms: float, max_batch: int, confidence: float = 0.95
 ) -> ServerProbe:
@@ -212,9 +219,7 @@ def judge_probe(
     in_time = sum(int(np.count_nonzero(s.completions <= s.start + s.duration_s)) for s in served)
     ends = [s.backlog_at(s.start + s.duration_s) for s in served]
     starts = [s.backlog_early() for s in served]
-    grew = [
-        end - early > max(2 * max_batch, GROWTH_SHARE * len(s.arrivals)) for s, end, early in zip(served, ends, starts)
-    ]
+    grew = [end - early > growth_allowed(len(s.arrivals), max_batch) for s, end, early in zip(served, ends, starts)]
     unanswered = requests - answered
     overloaded = any(grew) or unanswered > 0
     summary = latency_summary(latencies, confidence)
@@ -323,13 +328,16 @@ class ServerMetrics(Record):
 
     sustained_rps: float
     slo_ms: float
-    max_batch: int
+    max_batch: int  # the configuration's batch size: what a server built on it should batch to
     max_wait_ms: float
     upper_bound_rps: float  # the closed-loop throughput the rate search started below
     probes: list[ServerProbe]
     instances: int
     seed: int
     verdict: str = ""  # why the search ended where it did, in words
+    # Requests one call takes: max_batch, or max_batch x streams for a multi-stream OpenVINO configuration,
+    # whose call keeps one batch per stream in flight.
+    requests_per_call: int | None = None
     batching: str = BATCHING
     routing: str = ROUTING
     rule: str = (

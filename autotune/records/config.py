@@ -53,6 +53,8 @@ class TrialConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["options"] = dict(sorted(self.options.items()))
+        if data["max_wait_ms"] is None:  # closed loop: stored as before the server scenario existed
+            del data["max_wait_ms"]
         return data
 
     @classmethod

@@ -119,13 +119,17 @@ def importance_chart(study: optuna.study.Study) -> str | None:
 
 
 def speedup_chart(study: optuna.study.Study) -> str | None:
+    """Each backend x precision's best over the baseline, by the study's own value (a server study's
+    sustained rate, not its closed-loop throughput)."""
     baseline = baseline_trial(study)
-    base = metrics_of(baseline).throughput_sps if baseline else None
+    server = is_server(study)
+    base = (baseline.value if server else metrics_of(baseline).throughput_sps) if baseline else None
     best: dict[str, float] = {}
     for trial in clean_trials(study):
         config = trial.user_attrs.get("config") or {}
         key = f"{config.get('backend')} {config.get('precision')}"
-        best[key] = max(best.get(key, 0.0), metrics_of(trial).throughput_sps)
+        value = (trial.value or 0.0) if server else metrics_of(trial).throughput_sps
+        best[key] = max(best.get(key, 0.0), value)
     if not best:
         return None
     names = sorted(best, key=lambda name: best[name])
@@ -136,9 +140,7 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
         ax.annotate(
             f"{value:.2f}{'x' if base else ''}", (value, y), textcoords="offset points", xytext=(3, -3), fontsize=8
         )
-    ax.set_xlabel(
-        "best speedup over the eager fp32 baseline" if base else f"best throughput ({throughput_unit(study)})"
-    )
+    ax.set_xlabel("best speedup over the eager fp32 baseline" if base else f"best {primary_unit(study)}")
     return _svg(fig)
 
 
@@ -226,14 +228,18 @@ def build_report(study: optuna.study.Study) -> str:
     spec = study.user_attrs.get("spec", {})
     model = (spec.get("model") or {}).get("name", "?")
     hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
+    server = is_server(study)
     charts = [
-        ("Throughput against p99 latency (TPOT for text generation): the Pareto front", pareto_chart(study)),
+        (
+            "Throughput against p99 latency (TPOT for text generation): the Pareto front",
+            None if server else pareto_chart(study),  # closed-loop figures: the server chart replaces it
+        ),
         ("Parameter importances", importance_chart(study)),
         ("Speedup by backend and precision", speedup_chart(study)),
         ("Drift against speed", drift_chart(study)),
         ("Best so far against time", best_so_far_chart(study)),
     ]
-    if is_server(study):
+    if server:
         charts.insert(0, ("p99 latency against offered request rate (server scenario)", server_chart(study)))
     figures = "".join(
         f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
@@ -245,7 +251,6 @@ def build_report(study: optuna.study.Study) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     generation = throughput_unit(study) == "tokens/s"
-    server = is_server(study)
     latency_keys = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
     if server:
         latency_keys = ("sustained_rps", "server_p99_ms", "max_wait_ms")

@@ -113,6 +113,7 @@ def complexity(config: dict[str, Any]) -> tuple:
         config["instances"],
         config["allocator"] != "glibc",
         config["batch_size"],
+        config.get("max_wait_ms") or 0.0,  # the server scenario: no wait is the simpler policy
     )
 
 
@@ -153,7 +154,8 @@ def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int
 
     def gap(i: int) -> float:
         other = candidates[i]["summary"]["median"]
-        return abs(top["median"] - other) / min(top["median"], other)
+        smaller = min(top["median"], other)
+        return abs(top["median"] - other) / smaller if smaller > 0 else math.inf
 
     def noise(i: int) -> float:
         return max(top["noise_rel"], candidates[i]["summary"]["noise_rel"])

@@ -380,10 +380,11 @@ def run_config(
     screen: bool = False,
     known_drift: Drift | None = None,
     server_rates: list[float] | None = None,
+    server_round: int = 0,
 ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
     `server_rates`: in the server scenario, the rates its rate search offers first (a finalist's: the
-    winner's rate and +-10%).
+    winner's rate and +-10%); `server_round` draws other arrival streams (a finalist round's, a verify run's).
 
     A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
     `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).
@@ -405,8 +406,9 @@ def run_config(
             break  # keep the attempts made; the last one stays flagged
         first = attempt == 0
         job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
-        if server_rates and "server" in job:
-            job["server"] = {**job["server"], "first_rates": server_rates}
+        if "server" in job and (server_rates or server_round):
+            seed = job["server"]["seed"] + 104_729 * server_round
+            job["server"] = {**job["server"], "first_rates": server_rates or [], "seed": seed}
         attempt_dir = trial_dir if first else trial_dir / f"retry-{attempt}"
         metrics, launches = measure_attempt(config, ctx, attempt_dir, job, remaining, on_stage if first else None)
         attempts.append(metrics)

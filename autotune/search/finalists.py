@@ -111,12 +111,18 @@ def run_finalists(
                 timeout_s,
                 known_drift=known_drift[entry["trial"]],
                 server_rates=server_rates,
+                server_round=round_index + 1,  # fresh arrivals each round, the same for every candidate in it
             )
         except TrialFailed as exc:
             entry["runs"].append(FinalistRun(failed=exc.cause).to_json())
             log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
             continue
         value = objective_value(metrics)
+        if metrics.server is not None and value <= 0:  # no rate sustained this time: a failed run, not a value
+            cause = f"no rate sustained: {metrics.server.verdict}"
+            entry["runs"].append(FinalistRun(failed=cause).to_json())
+            log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {cause}")
+            continue
         entry["runs"].append(FinalistRun.of(value, metrics).to_json())
         log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{metrics.noisy_note()}")
     record: dict[str, Any] = {

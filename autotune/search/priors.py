@@ -53,7 +53,7 @@ def same_machine_studies(
             attrs = summary.user_attrs
             if summary.study_name == study_name or (attrs.get("fingerprint") or {}).get("hardware") != hardware:
                 continue
-            if (attrs.get("spec") or {}).get("task", "classify") != task:
+            if prior_kind(attrs.get("spec") or {}) != task:
                 continue
             found.append((storage, summary.study_name))
     return found
@@ -88,3 +88,10 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
             if speedup_value > prior.family_speedups.get(family, (0.0, ""))[0]:
                 prior.family_speedups[family] = (speedup_value, name)
     return prior
+
+
+def prior_kind(spec: dict[str, Any]) -> str:
+    """Which studies inform each other: the same task, and a server study only another (its winners are
+    chosen by sustained rate at a bound, not by closed-loop throughput)."""
+    task = spec.get("task", "classify")
+    return f"{task}:server" if spec.get("objective") == "server" else task

@@ -327,8 +327,8 @@ class SearchSpace:
             threads = trial.suggest_int("threads_per_instance", 1, max_threads)
         else:
             threads = trial.suggest_categorical("threads_per_instance", self.threads)
-        if self.max_waits is not None:
-            pool["max_wait_ms"] = trial.suggest_categorical("max_wait_ms", self.max_waits)
+        if self.max_waits is not None:  # with batches of one there is nothing to wait for
+            pool["max_wait_ms"] = trial.suggest_categorical("max_wait_ms", self.max_waits) if batch_size > 1 else 0.0
         config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen, runtime, **pool)
         if config.total_cores > self.cores:
             raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
@@ -375,7 +375,7 @@ class SearchSpace:
                         params[f"{backend}.runtime"] = runtime
                     if self.specs[backend].torch_threads:
                         params.update(self._plain_thread_pool())
-                    params.update(self._first_wait())
+                    params.update(self._first_wait(batch))
                     plans.append(params)
         return plans
 
@@ -383,9 +383,10 @@ class SearchSpace:
     def _batch_param(self) -> str:
         return "sequences" if self.task == "generate" else "batch_size"
 
-    def _first_wait(self) -> dict[str, Any]:
-        """The server scenario's baseline and coverage batching: the space's first max_wait_ms."""
-        return {"max_wait_ms": self.max_waits[0]} if self.max_waits is not None else {}
+    def _first_wait(self, batch: int) -> dict[str, Any]:
+        """The server scenario's baseline and coverage batching: the space's first max_wait_ms (none to
+        choose with batches of one)."""
+        return {"max_wait_ms": self.max_waits[0]} if self.max_waits is not None and batch > 1 else {}
 
     def _plain_thread_pool(self) -> dict[str, Any]:
         """GNU OpenMP and no huge pages when the space allows them (what an untuned process runs with)."""
@@ -415,7 +416,7 @@ class SearchSpace:
             "instances": 1,
             "threads_per_instance": self.cores,
             **self._plain_thread_pool(),
-            **self._first_wait(),
+            **self._first_wait(self.baseline_batch_size),
         }
         if len(self.runtimes.get("eager", [])) > 1:
             params["eager.runtime"] = "main"

@@ -48,7 +48,7 @@ from autotune.search.fleet import (
     register_orchestrator,
 )
 from autotune.search.payoff import order_by_payoff
-from autotune.search.priors import read_prior, sibling_storages
+from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
 from autotune.search.space import InfeasibleConfig, SearchSpace
 from autotune.search.spec import SearchSpec, identity_differences
@@ -100,7 +100,7 @@ def open_study(
                     "throughput": [spec.unit],
                     "latency": [f"p50 {latency}"],
                     "pareto": [spec.unit, f"p99 {latency}"],
-                    "server": [f"requests/s at p99 <= {spec.slo_ms:g} ms"],
+                    "server": [f"requests/s at p99 <= {spec.slo_ms or 0:g} ms"],
                 }[spec.objective]
             )
     stored = study.user_attrs.get("spec")
@@ -476,7 +476,7 @@ def _enqueue_first_trials(
         )
     hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
-    prior = read_prior(storages, study.study_name, hardware, space.task)
+    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
     enqueued = [baseline]
     for params, why in prior.winners:
         if params not in enqueued:

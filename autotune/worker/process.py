@@ -326,10 +326,12 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
             server_job,
             own_upper,
             call_ms,
+            config.batch_size,
             samples_per_call,
             peers,
             settings.window_min_s,
             settings.window_max_s,
+            t_start + (timeout_s or 600.0) * 0.95,  # the trial's own timeout, less a margin to report
             settings.ci_confidence,
         )
     else:

@@ -3,8 +3,8 @@
 Every instance runs its own arrival stream at rate / instances and its own queue. Between probes the
 instances exchange what they served through files in the trial's barrier folder, so each computes the
 same verdict from the same data and offers the same next rate: no orchestrator round trip per probe,
-and the probes of all instances start together. Without a barrier (a winner replayed from best.json,
-one instance at a time) an instance decides alone.
+and the probes of all instances start together. Without a barrier (a winner replayed from best.json by
+the launch script) each instance searches alone, over its own closed-loop rate: its figure is its own.
 """
 
 from __future__ import annotations
@@ -80,6 +80,13 @@ class Peers:
                 )
         return result
 
+    def forget(self, name: str) -> None:
+        """Remove this instance's payload of an exchange every instance has read (a probe's requests
+        would otherwise pile up in the trial folder)."""
+        if self.folder is not None:
+            for suffix in (".json", ".npz"):
+                (self.folder / f"peer-{name}-{self.instance}{suffix}").unlink(missing_ok=True)
+
     def _wait(self, name: str, suffix: str) -> list[Path]:
         assert self.folder is not None
         paths = [self.folder / f"peer-{name}-{i}{suffix}" for i in range(self.instances)]
@@ -99,9 +106,11 @@ def run_rate_search(
     own_offline_rps: float,
     own_call_ms: float,
     max_batch: int,
+    requests_per_call: int,
     peers: Peers,
     probe_min_s: float,
     probe_max_s: float,
+    deadline: float,
     confidence: float = 0.95,
 ) -> ServerMetrics:
     """The highest total rate whose p99 request latency stays within `server['slo_ms']`, by bisection
@@ -110,6 +119,9 @@ def run_rate_search(
     max_wait_s = float(server["max_wait_ms"]) / 1e3
     seed = int(server.get("seed", 0))
     closed_loop = peers.exchange_json("upper", {"rps": own_offline_rps, "call_ms": own_call_ms})
+    # The instances that run together: all of them in a trial, only this one when replayed without a
+    # barrier (then it is offered its own share of nothing else: rate and bound are its own).
+    together = len(closed_loop)
     upper = float(sum(c["rps"] for c in closed_loop))
     fastest_call_ms = min(c["call_ms"] for c in closed_loop)
     search = RateSearch(upper, server.get("first_rates"), lowest_rps=lowest_rate(probe_max_s))
@@ -123,19 +135,27 @@ def run_rate_search(
             max_wait_ms=float(server["max_wait_ms"]),
             upper_bound_rps=upper,
             probes=[],
-            instances=peers.instances,
+            instances=together,
             seed=seed,
+            requests_per_call=requests_per_call,
             verdict=f"one call takes {fastest_call_ms:.1f} ms (closed-loop median), over the bound: no rate probed",
         )
+    out_of_time = False
     while (rate := search.next_rate()) is not None:
         number = len(probes)
         duration = probe_seconds(rate, probe_min_s, probe_max_s)
-        offsets = poisson_arrivals(rate / peers.instances, duration, seed + 7919 * number + peers.instance)
+        # Every instance sees the same clock and plan, so all stop at the same probe.
+        if peers.exchange_json(f"go{number}", time.monotonic() + duration + drain_s < deadline).count(False):
+            out_of_time = True
+            break
+        peers.forget(f"probe{number - 1}")  # every instance has read it: it passed this barrier
+        offsets = poisson_arrivals(rate / together, duration, seed + 7919 * number + peers.instance)
         if len(offsets) == 0:
             offsets = np.array([0.0])
-        peers.exchange_json(f"go{number}", True)  # the probes of all instances start together
-        served = serve(step, offsets, max_batch, max_wait_s, drain_s)
-        probe = judge_probe(peers.exchange_served(f"probe{number}", served), rate, slo_ms, max_batch, confidence)
+        served = serve(step, offsets, requests_per_call, max_wait_s, drain_s)
+        probe = judge_probe(
+            peers.exchange_served(f"probe{number}", served), rate, slo_ms, requests_per_call, confidence
+        )
         probes.append(probe)
         search.record(rate, probe.sustained)
     return ServerMetrics(
@@ -145,9 +165,11 @@ def run_rate_search(
         max_wait_ms=float(server["max_wait_ms"]),
         upper_bound_rps=upper,
         probes=probes,
-        instances=peers.instances,
+        instances=together,
         seed=seed,
-        verdict=search_verdict(search, probes),
+        verdict=search_verdict(search, probes)
+        + ("; stopped early: the trial's time would have run out" if out_of_time else ""),
+        requests_per_call=requests_per_call,
     )
 
 
