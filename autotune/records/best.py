@@ -132,7 +132,7 @@ class BestJson(OpenRecord):
         "launch": Launch,
         "baseline": Baseline,
     }
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source")
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server")
 
     schema: str
     created: str | None = None  # UTC time of writing (ISO 8601)
@@ -140,6 +140,8 @@ class BestJson(OpenRecord):
     study: StudyInfo
     objective: ObjectiveInfo
     selection: str  # why this trial won (or why there is no winner)
+    scenario: str | None = None  # offline, single-stream or server (None in files written before it existed)
+    server: dict[str, Any] | None = None  # the server scenario: sustained rate, bound, batching policy, probes
     pareto_front: list[dict[str, Any]] | None = None  # pareto studies: every non-dominated clean trial
     finalists: dict[str, Any] | None = None  # the finalist round, when one decided
     model: dict[str, Any]  # how trials built the model (kind, name, input shape, weights)
