@@ -193,9 +193,9 @@ def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
             "config": baseline.user_attrs.get("config"),
             "throughput_sps": base_sps,
             "latency_ms": metrics_of(baseline).latency_ms.to_json(),
-            **({"sustained_rps": baseline.value} if metrics_of(baseline).server else {}),
+            **({"sustained_rps": baseline.values[0]} if metrics_of(baseline).server else {}),
         },
-        **_speedup(record, best, base_sps, spec.get("objective"), baseline.value if baseline else None),
+        **_speedup(record, best, base_sps, spec.get("objective"), baseline.values[0] if baseline else None),
         "fingerprint": study.user_attrs.get("fingerprint"),
     }
 
