@@ -247,14 +247,12 @@ def _speedup(
     """Throughput over the baseline's: from the interleaved finalist runs when both were re-measured."""
     if objective == "server":  # the sustained request rates, the winner's over the baseline's
         return _server_speedup(record, best, base_value)
-    if record and objective == "throughput":
-        medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
-        base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
-        if base and medians.get(best.number):
-            return {
-                "speedup_vs_baseline": medians[best.number] / base,
-                "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)",
-            }
+    alike = _finalist_speedup(record, best) if objective == "throughput" else None
+    if alike is not None:
+        return {
+            "speedup_vs_baseline": alike,
+            "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)",
+        }
     sps = metrics_of(best).throughput_sps
     return {
         "speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
@@ -262,19 +260,26 @@ def _speedup(
     }
 
 
+def _finalist_speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial) -> float | None:
+    """The winner's finalist median over the baseline's, when the round re-measured both."""
+    if not record:
+        return None
+    medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
+    base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
+    return medians[best.number] / base if base and medians.get(best.number) else None
+
+
 def _server_speedup(
     record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_value: float | None
 ) -> dict[str, Any]:
     """The server scenario's speedup: sustained rate over the baseline's, from the interleaved finalist
     runs when both were re-measured, else from their search trials."""
-    if record:
-        medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
-        base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
-        if base and medians.get(best.number):
-            return {
-                "speedup_vs_baseline": medians[best.number] / base,
-                "speedup_source": "sustained rates, medians of the interleaved finalist runs (re-measured alike)",
-            }
+    alike = _finalist_speedup(record, best)
+    if alike is not None:
+        return {
+            "speedup_vs_baseline": alike,
+            "speedup_source": "sustained rates, medians of the interleaved finalist runs (re-measured alike)",
+        }
     return {
         "speedup_vs_baseline": best.value / base_value if base_value and best.value else None,
         "speedup_source": "sustained rates, one search measurement each (winner and baseline trials)",
