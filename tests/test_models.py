@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 import torchvision
-from conftest import FAST, TINY, load_study, run_autotune, states, write_space
+from conftest import FAST, TINY, assert_trials_ran, load_study, run_autotune, states, write_space
 
 from autotune.common.errors import UserError
 from autotune.model.sources import HUB_CACHE, RANDOM_INIT, WEIGHTS_FILE, build_model, resolve_model
@@ -110,7 +110,7 @@ def test_a_model_file_completes_a_short_study(workdir, file):
         cwd=workdir,
         timeout=400,
     )
-    assert result.returncode == 0, result.stderr
+    assert_trials_ran(result)
     assert "weights inside the model file" in result.stdout
     study = load_study(workdir, "tiny")
     assert states(study) == ["COMPLETE"] * 3, [t.user_attrs.get("fail_cause") for t in study.trials]
