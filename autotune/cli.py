@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="relative_l2",
         choices=METRICS,
         help="what --max-drift bounds: "
-        + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items())
+        + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items()).replace("%", "%%")
         + " (default relative_l2)",
     )
     search.add_argument(
@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TRIAL_MEMORY,
         metavar="SIZE",
         help=f"a trial whose processes together hold more memory is killed and failed: 8G, 800M, or a share "
-        f"of this machine's memory (default {DEFAULT_TRIAL_MEMORY})",
+        f"of this machine's memory (default {DEFAULT_TRIAL_MEMORY.replace('%', '%%')})",
     )
     search.add_argument(
         "--cache-size",

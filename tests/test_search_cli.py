@@ -327,3 +327,19 @@ def test_measure_seconds_takes_a_longest_window_too():
     assert measure_window("5s") == (5.0, None)
     assert measure_settings(*measure_window("0.3s-2s")[:1], max_s=2.0).window_max_s == 2.0
     assert measure_settings(5.0).window_max_s == 20.0 and measure_settings(0.3).window_max_s == 10.3
+
+
+def test_every_command_prints_its_help(capsys):
+    """A help text is formatted by argparse (% is its escape): one unescaped % broke `search --help`."""
+    import argparse
+
+    from autotune.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert "search" in commands
+    for name in commands:
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args([name, "--help"])
+        assert exited.value.code == 0, name
+        assert f"usage: autotune {name}" in capsys.readouterr().out.replace("\n", " ")
