@@ -365,8 +365,19 @@ def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred()
 
     compiled = TrialBudget(total_s=100.0, starting_s=5.0, loading_s=70.0, warmup_s=5.0, measuring_s=20.0)
     quick = TrialBudget(total_s=20.0, starting_s=2.0, loading_s=1.0, measuring_s=17.0)
-    assert deferral("inductor", [], 60.0) is None  # nothing known yet: measured
-    assert deferral("inductor", [(3, quick)], 60.0) is None
-    reason = deferral("inductor", [(3, quick), (5, compiled)], 240.0)
+    assert deferral("inductor", "fp32", [], 60.0) is None  # nothing known yet: measured
+    assert deferral("inductor", "fp32", [(3, "fp32", quick)], 60.0) is None
+    reason = deferral("inductor", "fp32", [(3, "fp32", quick), (5, "fp32", compiled)], 240.0)
     assert reason == "deferred: inductor took 75s to start, prepare and load in trial 5, more than 25% of the 240s left"
-    assert deferral("inductor", [(5, compiled)], 400.0) is None  # 75 s is under a quarter of 400 s
+    assert deferral("inductor", "fp32", [(5, "fp32", compiled)], 400.0) is None  # 75 s is under a quarter of 400 s
+    # An int8 quantization's preparation (vit_b_16 into an OpenVINO IR: most of 146 s, pruned on drift)
+    # does not defer the same backend's fp32 coverage trial; it does defer another int8 one.
+    quantized = TrialBudget(total_s=146.0, starting_s=30.0, preparing_s=110.0, loading_s=6.0)
+    assert deferral("openvino", "fp32", [(2, "int8", quantized)], 333.0) is None
+    assert deferral("openvino", "int8", [(2, "int8", quantized)], 333.0) == (
+        "deferred: openvino took 146s to start, prepare and load in trial 2, more than 25% of the 333s left"
+    )
+    assert deferral("openvino", "fp32", [(2, "int8", quantized)], 100.0) == (
+        "deferred: openvino took 36s to start and load (its int8 preparation left out) in trial 2, "
+        "more than 25% of the 100s left"
+    )

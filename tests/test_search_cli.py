@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -109,6 +110,29 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert set(rows) == {"baseline", "winner", "winner, independent"} and rows["baseline"][-1] == "1.00x"
     ours, independent = float(rows["winner"][0]), float(rows["winner, independent"][0])
     assert 0.5 < independent / ours < 2.0  # two stopwatches, same config: the same order of magnitude
+
+    # The search's own benchmarks read the study: its best so far against the clock, and replays.
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    clock = subprocess.run(
+        [sys.executable, str(docs / "bench_budget.py"), "--study", "s", "--reference", "s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=workdir,
+    )
+    assert clock.returncode == 0, clock.stderr
+    numbers = [line.split("│")[3].strip() for line in clock.stdout.splitlines() if line.startswith("│")]
+    assert [int(n) for n in numbers if n] == [t.number for t in study.trials]  # each finished trial, in order
+    assert "reference s (" in clock.stdout and "s reached 95% of it at" in clock.stdout
+    replayed = subprocess.run(
+        [sys.executable, str(docs / "bench_replay.py"), "--study", "s", "--runs", "3", "--budget-min", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=workdir,
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert all(f"│ {strategy} " in replayed.stdout for strategy in ("default", "random", "tpe"))
 
 
 def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):

@@ -104,6 +104,11 @@ def test_int8_calibrated_on_garbage_is_pruned(digits):
         assert trial.user_attrs["prune_reason"].startswith("drift: accuracy drop")
         assert trial.user_attrs["drift"]["accuracy"] < 0.5  # really destroyed, not a borderline call
         assert "throughput_sps" not in trial.user_attrs  # pruned before timing
+        budget = trial.user_attrs["budget"]  # where its time went, though it was never timed
+        assert sum(v for k, v in budget.items() if k != "total_s") == pytest.approx(budget["total_s"], rel=1e-6)
+    # A quantized artifact is prepared in its own process before the drift check: that time is
+    # preparing, not starting (`show` and the deferral of slow backends read it).
+    assert any(t.user_attrs["budget"]["preparing_s"] > 0.5 for t in int8)
     assert study.trials[0].state.name == "COMPLETE"  # fp32 eager is untouched by calibration
 
 

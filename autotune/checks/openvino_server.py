@@ -26,6 +26,7 @@ from autotune.measure.serving import (
     ServerMetrics,
     ServerProbe,
     judge_probe,
+    lowest_rate,
     poisson_arrivals,
     probe_seconds,
     wait_until,
@@ -102,7 +103,7 @@ def rate_search(xml: str, shape: list[int], slo_ms: float, min_s: float, max_s: 
     sample = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     closed_loop_rps(queue, sample, 1.0)  # warm-up
     upper = closed_loop_rps(queue, sample, CLOSED_LOOP_S)
-    search = RateSearch(upper)
+    search = RateSearch(upper, lowest_rps=lowest_rate(max_s))  # the floor the trials use
     probes: list[ServerProbe] = []
     while (rate := search.next_rate()) is not None:
         offsets = poisson_arrivals(rate, probe_seconds(rate, min_s, max_s), SEED + 7919 * len(probes))

@@ -395,6 +395,8 @@ def run_config(
     trial_dir.mkdir(parents=True)
     started = time.monotonic()
     artifact = ensure_artifact(config, ctx, trial_dir, timeout_s)
+    if on_stage is not None:
+        on_stage("prepared", [])  # the artifact exists: what came before was its preparation
     template = job_template(config, ctx, artifact)
     attempts: list[TrialMetrics] = []
     launches: list[InstanceLaunch] = []

@@ -17,7 +17,7 @@ DEFER_SHARE = 0.25  # a backend whose preparation alone took more than this shar
 
 
 class StageClock:
-    """The monotonic times a trial started and reached each barrier."""
+    """The monotonic times a trial started, had its artifact (`prepared`) and reached each barrier."""
 
     def __init__(self) -> None:
         self.start = time.monotonic()
@@ -34,6 +34,9 @@ class StageClock:
         screening = screened - ready if ready is not None and screened is not None else 0.0
         measuring = end - (screened if screened is not None else ready) if ready is not None else 0.0
         preparing = loading = warmup = 0.0
+        prepared = self.stages.get("prepared")
+        if metrics is None and prepared is not None:  # pruned or failed: the artifact's time is known
+            preparing = min(prepared, ready if ready is not None else end) - self.start
         if metrics is not None:
             preparing = metrics.prepare_s
             loading = (metrics.load_s or 0.0) + (metrics.first_call_s or 0.0)
@@ -52,21 +55,27 @@ class StageClock:
         )
 
 
-def deferral(backend: str, earlier: list[tuple[int, TrialBudget]], remaining_s: float) -> str | None:
-    """Why a coverage trial of `backend` should wait, or None: `earlier` are (trial number, budget) of
-    this study's trials of the same backend; their costliest start (processes, artifact, loading and
-    compiling, drift) is the estimate."""
+def deferral(
+    backend: str, precision: str, earlier: list[tuple[int, str, TrialBudget]], remaining_s: float
+) -> str | None:
+    """Why a coverage trial of `backend` at `precision` should wait, or None: `earlier` are (trial number,
+    precision, budget) of this study's trials of the same backend; their costliest start (processes,
+    artifact, loading and compiling, drift) is the estimate. An artifact is built for its precision (an
+    int8 quantization says nothing of what an fp32 export costs), so another precision's preparation
+    is left out."""
     if not earlier:
         return None
 
-    def cost(budget: TrialBudget) -> float:  # before the timed windows, warm-up (a setting) left out
-        return budget.starting_s + budget.preparing_s + budget.loading_s
+    def cost(item: tuple[int, str, TrialBudget]) -> float:  # before the timed windows, warm-up (a setting) left out
+        _, other, budget = item
+        return budget.starting_s + budget.loading_s + (budget.preparing_s if other == precision else 0.0)
 
-    number, costliest = max(earlier, key=lambda item: cost(item[1]))
-    seconds = cost(costliest)
+    number, other, costliest = max(earlier, key=cost)
+    seconds = cost((number, other, costliest))
     if seconds <= DEFER_SHARE * remaining_s:
         return None
+    what = "start, prepare and load" if other == precision else f"start and load (its {other} preparation left out)"
     return (
-        f"deferred: {backend} took {seconds:.0f}s to start, prepare and load in trial {number}, more than "
+        f"deferred: {backend} took {seconds:.0f}s to {what} in trial {number}, more than "
         f"{DEFER_SHARE:.0%} of the {remaining_s:.0f}s left"
     )

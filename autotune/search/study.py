@@ -159,11 +159,11 @@ class Objective:
         if not trial.user_attrs.get("coverage"):
             return
         earlier = [
-            (t.number, TrialBudget.from_json(t.user_attrs["budget"]))
+            (t.number, t.user_attrs["config"].get("precision", ""), TrialBudget.from_json(t.user_attrs["budget"]))
             for t in trial.study.get_trials(deepcopy=False)
             if "budget" in t.user_attrs and (t.user_attrs.get("config") or {}).get("backend") == config.backend
         ]
-        reason = deferral(config.backend, earlier, self.deadline - time.monotonic())
+        reason = deferral(config.backend, config.precision, earlier, self.deadline - time.monotonic())
         if reason:
             trial.set_user_attr("prune_reason", reason)
             trial.set_user_attr("deferred", True)
