@@ -59,6 +59,8 @@ def main() -> int:
     if not starts:
         parser.error(f"study {args.study} has not started a trial")
     started = datetime.datetime.fromisoformat(args.started) if args.started else min(starts)
+    if started.tzinfo is not None:  # Optuna stores local times without a zone
+        started = started.astimezone().replace(tzinfo=None)
     budget_s = float((short.user_attrs.get("spec") or {}).get("budget_s") or 0.0)
     clean = {t.number for t in clean_trials(short)}
 
