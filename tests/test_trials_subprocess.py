@@ -152,8 +152,9 @@ def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):
         pass
 
     def on_stage(stage, payloads):
-        seen.extend(payloads)
-        raise Stop
+        if stage == "ready":  # after "prepared" (the artifact, none for eager)
+            seen.extend(payloads)
+            raise Stop
 
     with pytest.raises(Stop):
         run(TrialConfig("eager", "bf16", 2), reference, tmp_path, on_stage=on_stage)
@@ -170,8 +171,8 @@ def test_screening_reaches_the_hook_before_the_full_window(reference, tmp_path):
         screen=True,
         on_stage=lambda stage, payloads: stages.append((stage, payloads)),
     )
-    assert [s for s, _ in stages] == ["ready", "screened"]
-    screening = stages[1][1][0]
+    assert [s for s, _ in stages] == ["prepared", "ready", "screened"]  # the artifact, then the barriers
+    screening = stages[2][1][0]
     assert screening["throughput_sps"] > 0 and screening["latency_ms"]["samples"] >= 3
     assert metrics.screening.throughput_sps == pytest.approx(screening["throughput_sps"])
     assert metrics.measurement.calls >= 3 and metrics.instances[0].noise["cpu_s"] > 0

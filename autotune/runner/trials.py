@@ -383,6 +383,8 @@ def run_config(
     server_round: int = 0,
 ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
+    `on_stage(stage, payloads)` hears "prepared" (the artifact is built; no payloads), then each barrier
+    of the first attempt ("ready" with drift, "screened"); raising in it stops the trial.
     `server_rates`: in the server scenario, the rates its rate search offers first (a finalist's: the
     winner's rate and +-10%); `server_round` draws other arrival streams (a finalist round's, a verify run's).
 
