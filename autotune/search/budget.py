@@ -70,8 +70,9 @@ def deferral(
         _, other, budget = item
         return budget.starting_s + budget.loading_s + (budget.preparing_s if other == precision else 0.0)
 
-    number, other, costliest = max(earlier, key=cost)
-    seconds = cost((number, other, costliest))
+    costliest = max(earlier, key=cost)
+    number, other, _ = costliest
+    seconds = cost(costliest)
     if seconds <= DEFER_SHARE * remaining_s:
         return None
     what = "start, prepare and load" if other == precision else f"start and load (its {other} preparation left out)"
