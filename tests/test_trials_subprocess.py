@@ -123,8 +123,8 @@ def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
     assert "Fatal Python error: Aborted" in info.value.stderr_tail and "forward" in info.value.stderr_tail
 
 
-def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):
-    with pytest.raises(TrialFailed, match="timed out after 6s while preparing"):
+def test_hanging_trial_is_killed_at_its_timeout_with_its_python_stacks(reference, tmp_path):
+    with pytest.raises(TrialFailed, match="timed out after 6s while preparing") as info:
         run(
             TrialConfig("eager", "fp32", 4),
             reference,
@@ -132,6 +132,8 @@ def test_hanging_trial_is_killed_at_its_timeout(reference, tmp_path):
             timeout=6,
             model=source("hanging").with_weights(reference.model.weights_path),
         )
+    # what it was doing when its time ran out: the model's forward, in its sleep loop
+    assert "tiny_models.py" in info.value.stderr_tail and "in forward" in info.value.stderr_tail, info.value.stderr_tail
     assert leftover_processes(str(tmp_path / "trial")) == []
 
 

@@ -24,6 +24,8 @@ from autotune.common.files import read_json, tail
 
 POLL_S = 0.02
 MEMORY_POLL_S = 0.25  # reading the trial's memory is cheap, but not free on a 2-core machine
+STACK_DUMP_WAIT_S = 3.0  # how long a timed-out instance gets to write its stacks before it is killed
+STACKS_CHARS = 6000  # a timeout's stderr tail: room for a few threads' stacks
 PR_SET_PDEATHSIG = 1
 
 
@@ -101,6 +103,28 @@ def kill_process_tree(proc: subprocess.Popen) -> None:
         pass
 
 
+def dump_python_stacks(procs: list[subprocess.Popen], wait_s: float = STACK_DUMP_WAIT_S) -> int:
+    """Ask every instance still running to print its threads' Python stacks, and say which to read.
+
+    A timeout otherwise tells where a trial was (its stage), not what it was doing. The worker enables
+    faulthandler, whose SIGABRT handler writes every thread's Python stack to stderr without the GIL, so
+    a process stuck in native code holding it still answers. Returns the first instance that was still
+    running (the one whose stderr holds a dump), or 0."""
+    running = [i for i, proc in enumerate(procs) if proc.poll() is None]
+    for i in running:
+        try:
+            os.kill(procs[i].pid, signal.SIGABRT)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + wait_s
+    for i in running:
+        try:
+            procs[i].wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    return running[0] if running else 0
+
+
 def tree_rss_mib(procs: list[subprocess.Popen]) -> float:
     """Resident memory of the processes and all their descendants, in MiB."""
     total = 0
@@ -174,7 +198,10 @@ def run_instances(
             if all(proc.poll() == 0 for proc in procs):
                 break
             if time.monotonic() > deadline:
-                raise TrialFailed(f"timed out after {timeout_s:.0f}s while {stage}", tail(instances[0].stderr_path))
+                stuck = dump_python_stacks(procs)
+                raise TrialFailed(
+                    f"timed out after {timeout_s:.0f}s while {stage}", tail(instances[stuck].stderr_path, STACKS_CHARS)
+                )
             if memory_limit_mib is not None and time.monotonic() >= next_memory_check:
                 next_memory_check = time.monotonic() + MEMORY_POLL_S
                 used = tree_rss_mib(procs)
