@@ -343,6 +343,54 @@ def test_speed_pruner_stops_a_clearly_slower_config_after_screening(workdir):
     assert (workdir / "studies" / "s" / "trials" / "00001" / "screen-0.npy").exists()
 
 
+def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_speed_gate(workdir):
+    """64 evaluation samples at batch 4, one second a call in channels_last: a 16 s drift evaluation,
+    hundreds of times slower than the baseline. The gate stops it after about 10 s, before drift is judged
+    or anything is timed (without the gate it ran to its end and screening pruned it)."""
+    from autotune.search.pruners import GATE_AFTER_S
+
+    space = write_space(
+        workdir / "space.yaml",
+        batch_size=[4],
+        backends={"eager": {"precision": ["fp32"], "memory_format": ["contiguous", "channels_last"]}},
+    )
+    model = tiny("crawls_in_channels_last")
+    samples = ("--eval-samples", "64")
+    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0  # the baseline
+    study = load_study(workdir, "s")
+    slow = {k: v for k, v in study.trials[0].params.items() if "memory_format" not in k}
+    study.enqueue_trial({**slow, "eager.memory_format": "channels_last"})
+    result = search(workdir, "--trials", "1", *samples, model=model, space=space)
+    assert result.returncode == 0, result.stderr
+    trial = load_study(workdir, "s").trials[1]
+    assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
+    assert trial.user_attrs["config"]["options"]["memory_format"] == "channels_last"
+    assert "too slow to be worth its drift evaluation" in trial.user_attrs["prune_reason"]
+    too_slow = trial.user_attrs["too_slow"]
+    assert GATE_AFTER_S <= too_slow["seconds"] < GATE_AFTER_S + 3 and too_slow["samples"] < 64, too_slow
+    assert too_slow["samples_per_s"] < too_slow["gate"]["min_samples_per_s"]
+    assert "drift" not in trial.user_attrs and "screening" not in trial.user_attrs  # nothing past the gate ran
+    assert trial.user_attrs["speed_gate"] == too_slow["gate"]  # the gate the search set is the one that tripped
+
+
+def test_the_speed_gate_waits_its_time_then_judges_the_pace():
+    """Pure: nothing before after_s, however slow; after it, below the floor trips and above does not."""
+    from autotune.measure.speed_gate import GateTripped, GateWatch, SpeedGate
+
+    now = [0.0]
+    gate = SpeedGate(min_samples_per_s=10.0, after_s=5.0, basis="test")
+    watch = GateWatch(gate, clock=lambda: now[0])
+    now[0] = 4.9
+    watch(1)  # 0.2 samples/s, but too early to judge
+    now[0] = 6.0
+    watch(61)  # 10.2 samples/s: keeps going
+    now[0] = 8.0
+    with pytest.raises(GateTripped) as tripped:
+        watch(70)  # 8.75 samples/s
+    assert tripped.value.verdict.samples == 70 and tripped.value.verdict.samples_per_s == pytest.approx(8.75)
+    assert "below the gate's 10" in tripped.value.verdict.reason()
+
+
 def test_measure_seconds_takes_a_longest_window_too():
     """--measure-seconds MIN-MAX: the window's cap is the user's MAX; MIN alone keeps 4x (at least +10 s)."""
     from autotune.api import measure_settings, measure_window

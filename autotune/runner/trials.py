@@ -25,6 +25,7 @@ from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
+from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import (
     MeasureSettings,
     common_window_throughput,
@@ -381,12 +382,15 @@ def run_config(
     known_drift: Drift | None = None,
     server_rates: list[float] | None = None,
     server_round: int = 0,
+    speed_gate: SpeedGate | None = None,
 ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
     `on_stage(stage, payloads)` hears "prepared" (the artifact is built; no payloads), then each barrier
     of the first attempt ("ready" with drift, "screened"); raising in it stops the trial.
     `server_rates`: in the server scenario, the rates its rate search offers first (a finalist's: the
     winner's rate and +-10%); `server_round` draws other arrival streams (a finalist round's, a verify run's).
+    `speed_gate`: the pace the first attempt's drift evaluation must keep (measure/speed_gate.py); a trial
+    that falls below it reaches the ready barrier with `too_slow` instead of drift.
 
     A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
     `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).
@@ -410,6 +414,8 @@ def run_config(
             break  # keep the attempts made; the last one stays flagged
         first = attempt == 0
         job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
+        if speed_gate is not None and job["measure_drift"]:
+            job["speed_gate"] = speed_gate.to_json()
         if "server" in job and (server_rates or server_round):
             seed = job["server"]["seed"] + 104_729 * server_round
             job["server"] = {**job["server"], "first_rates": server_rates or [], "seed": seed}

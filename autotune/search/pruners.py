@@ -8,6 +8,7 @@ import optuna
 from optuna.pruners import BasePruner
 
 from autotune.measure.drift import DriftCriterion
+from autotune.measure.speed_gate import SpeedGate
 from autotune.results.selection import clean_trials, drift_of, maximizes, primary_value, relative_noise
 
 
@@ -30,6 +31,12 @@ class DriftPruner(BasePruner):
         if self.drift_exceeded(trial):
             return True
         return self.wrapped.prune(study, trial) if self.wrapped is not None else False
+
+
+# The drift evaluation's speed gate (measure/speed_gate.py): its floor's share of the widest screening bar,
+# and how long an evaluation runs before its pace is judged (its first calls may still carry one-time costs).
+GATE_SHARE = 0.5
+GATE_AFTER_S = 10.0
 
 
 class SpeedPruner(BasePruner):
@@ -67,6 +74,28 @@ class SpeedPruner(BasePruner):
         margin = self.margin(screening_ci_rel, relative_noise(best))
         worse = value < best_value * (1 - margin) if maximize else value > best_value * (1 + margin)
         return {"value": value, "best_trial": best.number, "best_value": best_value, "margin": margin, "prune": worse}
+
+    def drift_gate(self, study: optuna.study.Study, batch_size: int, instances: int) -> SpeedGate | None:
+        """The pace a trial's drift evaluation must keep: half the widest bar screening could set (the bar
+        of a screening too short for an interval), per instance. Slower than that, screening would prune it
+        with room to spare, so the evaluation stops after GATE_AFTER_S instead of running to its end."""
+        clean = clean_trials(study)
+        if not clean:
+            return None
+        best = clean[0]
+        best_value = primary_value(best)
+        widest = self.margin(None, relative_noise(best))
+        if maximizes(study):  # samples/s of the whole trial (the server scenario: its closed-loop screening)
+            bar = best_value * (1 - widest)
+            floor = bar * GATE_SHARE / instances
+            basis = f"half of {bar:.3g} samples/s, the widest screening bar against #{best.number}'s {best_value:.3g}"
+        else:  # ms per call of one instance
+            bar = best_value * (1 + widest)
+            floor = batch_size * 1e3 / (bar / GATE_SHARE)
+            basis = f"calls over twice {bar:.3g} ms, the widest screening bar against #{best.number}'s {best_value:.3g}"
+        if floor <= 0:
+            return None
+        return SpeedGate(min_samples_per_s=floor, after_s=GATE_AFTER_S, basis=basis)
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
         screening = trial.user_attrs.get("screening") or {}

@@ -31,6 +31,7 @@ from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
+from autotune.measure.speed_gate import GateVerdict, SpeedGate
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.metrics import Screening, TrialBudget, TrialMetrics
 from autotune.results.best_json import closest_candidate, export_best
@@ -135,7 +136,8 @@ class Objective:
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
         self._known_fallback(trial, config, trial_dir, timeout)
         known_drift = self._reused_drift(trial, config)
-        metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift)
+        gate = self._speed_gate(trial, config) if known_drift is None else None
+        metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift, gate)
         if metrics.drift is None:  # never reached the ready barrier's check: not kept, whatever its speed
             self._record_failure(trial, trial_dir, timeout, TrialFailed("its drift from FP32 was not measured"))
             raise TrialFailed("its drift from FP32 was not measured")
@@ -211,6 +213,22 @@ class Objective:
                 raise optuna.TrialPruned(reason)
         return known
 
+    def _speed_gate(self, trial: optuna.trial.Trial, config: TrialConfig) -> SpeedGate | None:
+        """The pace this trial's drift evaluation must keep (none for the baseline, which is never pruned,
+        a generation study, whose drift is judged on generated text, or without speed pruning)."""
+        speed = getattr(trial.study.pruner, "wrapped", None)
+        if (
+            not isinstance(speed, SpeedPruner)
+            or self.spec.task == "generate"
+            or trial.user_attrs.get("baseline")
+            or len(trial.study.directions) > 1
+        ):
+            return None
+        gate = speed.drift_gate(trial.study, config.batch_size, config.instances)
+        if gate is not None:
+            trial.set_user_attr("speed_gate", gate.to_json())
+        return gate
+
     def _measure(
         self,
         trial: optuna.trial.Trial,
@@ -218,6 +236,7 @@ class Objective:
         trial_dir: Path,
         timeout: float,
         known_drift: Drift | None,
+        gate: SpeedGate | None = None,
     ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
         """Run the config; the barriers ask the pruners (drift, then screening) before the timed window.
         A failure is recorded with its cause and the trial's log."""
@@ -227,6 +246,7 @@ class Objective:
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
             clock.reached(stage)
             if stage == "ready":
+                self._stop_too_slow(trial, payloads[0].get("too_slow"))
                 self._judge_drift(trial, payloads[0].get("drift"))
             elif stage == "screened":
                 self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
@@ -241,6 +261,7 @@ class Objective:
                 on_stage=on_stage,
                 screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
                 known_drift=known_drift,
+                speed_gate=gate,
             )
             return metrics, launches, template
         except TrialFailed as exc:
@@ -265,6 +286,15 @@ class Objective:
         trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
         trial.set_user_attr("trial_dir", str(trial_dir))
         attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
+
+    def _stop_too_slow(self, trial: optuna.trial.Trial, payload: dict[str, Any] | None) -> None:
+        """At the ready barrier: instance 0's drift evaluation fell below the speed gate's pace."""
+        if payload is None:
+            return
+        verdict = GateVerdict.from_json(payload)
+        trial.set_user_attr("too_slow", verdict.to_json())
+        trial.set_user_attr("prune_reason", verdict.reason())
+        raise optuna.TrialPruned(verdict.reason())
 
     def _judge_drift(self, trial: optuna.trial.Trial, payload: dict[str, Any] | None) -> None:
         """At the ready barrier: the drift instance 0 measured (None when reused: judged before launch)."""

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from autotune.common.files import read_json, write_json_atomic
 from autotune.common.records import Record
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
+from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.model.dataset import DataSource, evaluation_and_calibration
 from autotune.model.inputs import as_batch, batch_len, fixed_batches, synthetic, take
@@ -45,11 +47,14 @@ EXIT_PRECISION_FALLBACK = 4
 CALIBRATION_BATCH = 8
 
 
-def run_in_batches(runner, inputs, batch_size: int) -> np.ndarray:
-    """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change."""
-    outputs = [
-        to_numpy(primary_output(runner(runner.convert_input(batch)))) for batch in fixed_batches(inputs, batch_size)
-    ]
+def run_in_batches(runner, inputs, batch_size: int, after_batch: Callable[[int], None] | None = None) -> np.ndarray:
+    """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change.
+    `after_batch` hears the samples done after each batch (the speed gate; it may raise to stop)."""
+    outputs = []
+    for batch in fixed_batches(inputs, batch_size):
+        outputs.append(to_numpy(primary_output(runner(runner.convert_input(batch)))))
+        if after_batch is not None:
+            after_batch(len(outputs) * batch_size)
     return np.concatenate(outputs)[: batch_len(inputs)]
 
 
@@ -238,12 +243,14 @@ def load_model(job: dict[str, Any], config: TrialConfig, instance: int) -> Loade
     return LoadedModel(runner, native, load_s, time.monotonic() - t0, openmp)
 
 
-def measure_drift(reference_path: str, runner: Any, batch_size: int) -> Drift:
-    """The candidate's outputs on the evaluation set against the FP32 reference, before any timing."""
+def measure_drift(reference_path: str, runner: Any, batch_size: int, gate: SpeedGate | None = None) -> Drift:
+    """The candidate's outputs on the evaluation set against the FP32 reference, before any timing.
+    With a speed gate, raises GateTripped when the evaluation's pace falls below its floor."""
     import torch
 
     reference = torch.load(reference_path, weights_only=True)
-    outputs = run_in_batches(runner, as_batch(reference["inputs"]), batch_size)
+    watch = GateWatch(gate) if gate is not None else None
+    outputs = run_in_batches(runner, as_batch(reference["inputs"]), batch_size, watch)
     labels = reference.get("labels")
     return compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
 
@@ -292,19 +299,27 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     precision = probe_precision(job, config, model) if instance == 0 else None
     generation = job.get("generation")
     drift = None
+    too_slow: GateVerdict | None = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
         if generation:
             from autotune.worker.generate import measure_generation_drift
 
             drift = measure_generation_drift(job["reference_path"], model.runner)
         else:
-            drift = measure_drift(job["reference_path"], model.runner, config.batch_size)
+            gate = SpeedGate.from_json(job["speed_gate"]) if job.get("speed_gate") else None
+            try:
+                drift = measure_drift(job["reference_path"], model.runner, config.batch_size, gate)
+            except GateTripped as exc:  # straight to the barrier: the orchestrator prunes there
+                too_slow = exc.verdict
+    barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
+    timeout_s = job.get("barrier_timeout_s", 0.0)
+    if too_slow is not None and barrier:
+        ready = {"pid": os.getpid(), "drift": None, "too_slow": too_slow.to_json()}
+        wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
     warmup = warm_up(model.step, settings)
     # What throughput counts: samples, or for a language model the tokens one call generates.
     samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
-    barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
-    timeout_s = job.get("barrier_timeout_s", 0.0)
-    if barrier:
+    if barrier and too_slow is None:
         ready = {"pid": os.getpid(), "drift": drift.to_json() if drift else None}
         wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
     screening = None
