@@ -13,6 +13,8 @@ import optuna
 import pytest
 from conftest import FAST, load_study, run_autotune, states, tiny, write_space
 
+from autotune.records.config import TrialConfig
+
 
 def search(workdir, *extra, model=None, space=None, study="s", budget="3m"):
     space = space or write_space(workdir / "space.yaml")
@@ -133,6 +135,39 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     )
     assert replayed.returncode == 0, replayed.stderr
     assert all(f"│ {strategy} " in replayed.stdout for strategy in ("default", "random", "tpe"))
+    # Two searches' answers compared by re-measuring their winners side by side, with the baseline.
+    winners = subprocess.run(
+        [
+            sys.executable,
+            str(docs / "bench_winners.py"),
+            "--best",
+            "s=studies/s/best.json",
+            "--baseline",
+            "--rounds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=workdir,
+        env={**os.environ, "COLUMNS": "200"},  # one line a row
+    )
+    assert winners.returncode == 0, winners.stderr
+    rows = {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in line.split("│")[1:-1]] for line in winners.stdout.splitlines())
+        if cells and cells[0] in ("s", "baseline")
+    }
+    assert set(rows) == {"s", "baseline"} and rows["baseline"][-1] == "1.00x", winners.stdout
+    assert rows["s"][0] == TrialConfig.from_dict(best["config"]).summary() and winners.stdout.count("round 2: ") == 2
+    refused = subprocess.run(
+        [sys.executable, str(docs / "bench_winners.py"), "--best", "studies/s/best.json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=workdir,
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "LABEL=PATH" in refused.stderr
 
 
 def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):
