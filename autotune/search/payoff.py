@@ -6,13 +6,15 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
 
 - **Classifiers and encoders** (one forward pass, compute-bound): int8 is tier 0 where the CPU has
   int8 dot products (AVX512-VNNI or AMX-INT8), tier 1 otherwise (int8 still moves a quarter of
-  fp32's bytes); bf16 is tier 0 where the CPU computes it natively (AVX512-BF16 or AMX-BF16), and
-  last (tier 3) where it is emulated; other fp32 backends are tier 2 (the baseline already
-  measures fp32).
+  fp32's bytes); bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 2 beside the fp32 backends
+  where it has AVX512-BF16 alone (on a Xeon with AVX512-BF16 and VNNI but no AMX, resnet50's bf16 ran
+  at 0.63-1.0x eager fp32 on four backends while int8 ran at 7x: docs/BENCHMARKS.md), and last
+  (tier 3) where it is emulated; other fp32 backends are tier 2 (the baseline already measures fp32).
 - **Text generation** (decode is memory-bound: every token reads all weights): int4 weights are
   tier 0 on a CPU with AVX-512 and tier 2 without it (on an AVX2-only EPYC a 100M-parameter decoder's
   int4 trial took 7 minutes to reach its timed window, against 29 s for fp32), int8 weights tier 1,
-  bf16 tier 1 where native and 3 otherwise, fp32 tier 2.
+  bf16 tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise,
+  fp32 tier 2.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest).
 
@@ -31,6 +33,8 @@ from autotune.backends.precision import CLAIMED_BUCKET
 
 INT8_DOT = ("avx512_vnni", "amx_int8")  # as the machine probe reads them from /proc/cpuinfo
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
+# A classifier's compute-bound bf16 pays where the CPU has tiles for it; vector bf16 alone does not.
+TILES = {"bf16": "amx_bf16"}
 # Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
 # optimize/trace, and torch.compile's code generation.
 PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
@@ -66,9 +70,14 @@ def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: st
         return Payoff(1, "int8 second: no VNNI/AMX int8 dot products, but a quarter of fp32's memory traffic")
     if kind in NATIVE:
         native = [flag for flag in NATIVE[kind] if isa.get(flag)]
+        if native and task == "generate":
+            return Payoff(1, f"{kind} native on this CPU ({', '.join(native)})")
+        if native and isa.get(TILES[kind]):
+            return Payoff(0, f"{kind} native on this CPU ({', '.join(native)})")
         if native:
-            tier = 1 if task == "generate" else 0
-            return Payoff(tier, f"{kind} native on this CPU ({', '.join(native)})")
+            return Payoff(
+                2, f"{kind} beside fp32: {', '.join(native)} without {TILES[kind]} tiles computes it no faster here"
+            )
         return Payoff(3, f"{kind} last: no native {kind} instructions here ({' or '.join(NATIVE[kind])}), emulated")
     return Payoff(2, "fp32 after the reduced precisions: the baseline already measures fp32")
 
