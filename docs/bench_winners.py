@@ -1,11 +1,11 @@
-"""Several exported winners re-measured side by side, round-robin: which search found the faster answer.
+"""Several exported winners re-measured side by side, interleaved: which search found the faster answer.
 
 Searches run at different times on a shared machine are not comparable by their own numbers (the same
 baseline measured 2.5 and 4.5 samples/s an hour apart on one machine). This re-measures each best.json's
 winner (and, with `--baseline`, the eager fp32 baseline of the first one) in fresh processes by the
 search's own protocol (autotune.runner.trials.run_config, as `autotune verify` does), once per round, the
-order rotated each round so no configuration always runs first; runs flagged as noisy are left out of
-the medians. Ratios are of medians from this one run.
+runs interleaved (A, B, C, A, B, C, ... as `autotune compare` and `bench` do); runs flagged as noisy
+are left out of the medians. Ratios are of medians from this one run.
 
     .venv/bin/python docs/bench_winners.py --best r20=/tmp/b18/r20/studies/r20/best.json \
         --best r60=/tmp/b18/r60/studies/r60/best.json --baseline --rounds 5
@@ -14,91 +14,57 @@ the medians. Ratios are of medians from this one run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
-from rich.table import Table
 
-from autotune.checks.verify import TIMEOUT_S, value_of
-from autotune.common.errors import TrialFailed, UserError
+from autotune.checks.bench import config_measure, measure_side_by_side, print_results
+from autotune.common.errors import UserError
 from autotune.records.config import TrialConfig
 from autotune.results.best_json import context_from_best, read_best
-from autotune.runner.trials import TrialContext, run_config
+
+OBJECTIVES = (None, "throughput", "server")  # what a re-measurement compares (as `autotune verify`)
 
 
-@dataclass
-class Contender:
-    """One configuration to re-measure, with the context (reference, caches, settings) of its best.json."""
+def parse_bests(entries: list[str]) -> list[tuple[str, Path]]:
+    """LABEL=PATH pairs, labels unique and not the baseline's."""
+    bests: list[tuple[str, Path]] = []
+    for entry in entries:
+        label, sep, path = entry.partition("=")
+        if not sep or not label or not path:
+            raise UserError(f"--best {entry!r}: expected LABEL=PATH")
+        if label == "baseline" or label in (known for known, _ in bests):
+            raise UserError(f"--best {entry!r}: the label {label!r} is taken; give each winner its own")
+        bests.append((label, Path(path)))
+    return bests
 
-    label: str
-    config: TrialConfig
-    ctx: TrialContext
-    values: list[float] = field(default_factory=list)
-    noisy: int = 0
-    failed: str | None = None
 
-
-def contenders(bests: list[tuple[str, Path]], with_baseline: bool) -> list[Contender]:
-    out = []
-    for i, (label, path) in enumerate(bests):
-        best: dict[str, Any] = read_best(path)
+def side_by_side(bests: list[tuple[str, Path]], with_baseline: bool) -> tuple[dict[str, Any], dict[str, str], str]:
+    """The measurements to interleave (each winner in its own study's context), their settings, the model."""
+    measures: dict[str, Any] = {}
+    settings: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    for label, path in bests:
+        best = read_best(path)
+        objective = best.get("objective", {}).get("name")
+        if objective not in OBJECTIVES:
+            raise UserError(f"{path} was tuned for {objective}; this compares throughput or a sustained rate")
+        seen.add((best["model"]["name"], objective or "throughput"))
+        if len(seen) > 1:
+            raise UserError(f"{path} is another model or objective than the first: compare like with like")
         ctx = context_from_best(best)
-        out.append(Contender(label, TrialConfig.from_dict(best["config"]), ctx))
-        if with_baseline and i == 0:
+        config = TrialConfig.from_dict(best["config"])
+        measures[label], settings[label] = config_measure(config, ctx), config.summary()
+        if with_baseline and "baseline" not in measures:
             baseline = (best.get("baseline") or {}).get("config")
             if baseline is None:
                 raise UserError(f"{path} names no baseline configuration: run without --baseline")
-            out.append(Contender("baseline", TrialConfig.from_dict(baseline), ctx))
-    return out
-
-
-def measure_rounds(items: list[Contender], rounds: int, scratch: Path, console: Console) -> None:
-    for r in range(rounds):
-        shift = r % len(items)
-        for item in items[shift:] + items[:shift]:
-            if item.failed:
-                continue
-            try:
-                metrics = run_config(
-                    item.config, item.ctx, scratch / f"{item.label}-{r}", TIMEOUT_S, server_round=r + 1
-                )[0]
-            except TrialFailed as exc:
-                item.failed = exc.cause
-                console.print(f"round {r + 1}: {item.label} failed: {exc.cause}", markup=False)
-                continue
-            if metrics.valid:
-                item.values.append(value_of(metrics))
-            else:
-                item.noisy += 1
-            console.print(f"round {r + 1}: {item.label} {value_of(metrics):.2f}{metrics.noisy_note()}", markup=False)
-
-
-def report(items: list[Contender], rounds: int, console: Console) -> None:
-    reference = next((i for i in items if i.label == "baseline" and i.values), None)
-    table = Table(title=f"winners re-measured round-robin, {rounds} rounds (medians of the clean runs)")
-    for column in ("label", "configuration", "clean runs", "median", "min-max", "vs baseline"):
-        table.add_column(column)
-    for item in items:
-        if not item.values:
-            table.add_row(item.label, item.config.summary(), "0", item.failed or "all noisy", "", "")
-            continue
-        median = statistics.median(item.values)
-        ratio = f"{median / statistics.median(reference.values):.2f}x" if reference else ""
-        table.add_row(
-            item.label,
-            item.config.summary(),
-            f"{len(item.values)} ({item.noisy} noisy)",
-            f"{median:.2f}",
-            f"{min(item.values):.2f}-{max(item.values):.2f}",
-            ratio,
-        )
-    console.print(table)
+            config = TrialConfig.from_dict(baseline)
+            measures["baseline"], settings["baseline"] = config_measure(config, ctx), config.summary()
+    return measures, settings, next(iter(seen))[0]
 
 
 def main() -> int:
@@ -106,24 +72,19 @@ def main() -> int:
     parser.add_argument("--best", action="append", required=True, help="LABEL=PATH of a best.json (repeat)")
     parser.add_argument("--baseline", action="store_true", help="also the first best.json's eager fp32 baseline")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--work", default="studies/bench_winners", help="where the runs' files go")
     args = parser.parse_args()
     console = Console()
     try:
-        bests = []
-        for entry in args.best:
-            label, sep, path = entry.partition("=")
-            if not sep or not label or not path:
-                raise UserError(f"--best {entry!r}: expected LABEL=PATH")
-            bests.append((label, Path(path)))
         if args.rounds < 1:
             raise UserError(f"--rounds {args.rounds}: expected at least 1")
-        items = contenders(bests, args.baseline)
+        measures, settings, model = side_by_side(parse_bests(args.best), args.baseline)
     except UserError as exc:
         print(f"bench_winners: error: {exc}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="autotune-winners-") as scratch:
-        measure_rounds(items, args.rounds, Path(scratch), console)
-    report(items, args.rounds, console)
+    runs = measure_side_by_side(measures, args.rounds, Path(args.work), console)
+    title = f"{model}: winners re-measured, {args.rounds} interleaved rounds"
+    print_results(console, title, settings, runs, ["baseline"] if args.baseline else [])
     return 0
 
 

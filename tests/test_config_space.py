@@ -320,9 +320,8 @@ def test_ipex_with_intel_openmp_affinity_disabled_is_never_launched():
     [
         # A Xeon with AMX: int8 and bf16 computed natively, all four ahead of the fp32 backends.
         ({"avx512_vnni": True, "amx_int8": True, "amx_bf16": True}, ["int8", "int8", "bf16", "bf16"], "fp32"),
-        # A Xeon with AVX512-VNNI and AVX512-BF16 but no AMX: int8 first, bf16 among the fp32 backends
-        # (measured there: resnet50's bf16 at 0.63-1.0x eager fp32, int8 at 7x).
-        ({"avx512_vnni": True, "avx512_bf16": True}, ["int8", "int8"], "bf16"),
+        # AVX512-VNNI and AVX512-BF16 but no AMX: int8 first, then bf16, then the fp32 backends.
+        ({"avx512_vnni": True, "avx512_bf16": True}, ["int8", "int8", "bf16", "bf16"], "fp32"),
         # An AVX2-only EPYC: int8 still first (a quarter of the bytes), bf16 emulated and last.
         ({"avx2": True}, ["int8", "int8"], "bf16"),
     ],
@@ -348,6 +347,18 @@ def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first
     # Within a tier the cheaper preparation goes first: ONNX Runtime's int8 before OpenVINO's.
     int8 = [params["backend"] for params, _ in ordered if params[f"{params['backend']}.precision"] == "int8"]
     assert int8 == ["onnxruntime", "openvino"]
+
+
+def test_bf16_without_amx_tiles_comes_right_after_int8():
+    """AVX512-BF16 alone: bf16 after int8 (VNNI does twice its work per instruction), before fp32; with
+    AMX-BF16 tiles it is tier 0 beside int8; a language model's bf16 (bytes per token) is unchanged."""
+    from autotune.search.payoff import expected_payoff
+
+    vector = {"avx512_vnni": True, "avx512_bf16": True}
+    tiers = {p: expected_payoff("openvino", p, vector).tier for p in ("int8", "bf16", "fp32")}
+    assert tiers == {"int8": 0, "bf16": 1, "fp32": 2}
+    assert expected_payoff("openvino", "bf16", {**vector, "amx_bf16": True}).tier == 0
+    assert expected_payoff("eager", "bf16", vector, "generate").tier == 1
 
 
 def test_text_generation_covers_the_fewest_weight_bytes_first():

@@ -6,9 +6,9 @@ can take minutes, only for screening to prune it right after. The gate watches t
 pace: once `after_s` seconds have passed, an instance that evaluates fewer samples per second than the
 gate's floor stops, and the search prunes the trial before its drift is judged or anything is timed.
 
-The floor is set far below the speed pruner's widest bar (see search/study.py), so that a trial the
-gate stops is one screening would have pruned anyway; the pace of the first `after_s` seconds includes
-whatever one-time cost the first calls still carry, which the wait keeps from deciding alone.
+The floor is half the speed pruner's widest bar (search/pruners.py), so that a trial the gate stops is
+one screening would have pruned anyway. The pace is counted from the end of the evaluation's first
+batch, which may still carry a one-time cost (a kernel cache, a profiling run), over at least `after_s`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from autotune.common.records import Record
 class SpeedGate(Record):
     """The floor one instance's drift evaluation must keep, and what it was derived from."""
 
-    min_samples_per_s: float  # per instance: the trial's floor divided by its instances
+    min_samples_per_s: float  # of instance 0 (throughput: the trial's floor over its instances)
     after_s: float  # how long the evaluation runs before the pace is judged
     basis: str  # the comparison behind the floor, for the prune reason
 
@@ -43,8 +43,8 @@ class GateVerdict(Record):
 
     def reason(self) -> str:
         return (
-            f"too slow to be worth its drift evaluation: {self.samples_per_s:.3g} samples/s per instance over its "
-            f"first {self.seconds:.1f} s ({self.samples} samples), below the gate's "
+            f"too slow to be worth its drift evaluation: {self.samples_per_s:.3g} samples/s in instance 0 over "
+            f"{self.seconds:.1f} s after its first batch ({self.samples} samples), below the gate's "
             f"{self.gate.min_samples_per_s:.3g} ({self.gate.basis}): pruned before anything was timed"
         )
 
@@ -58,18 +58,22 @@ class GateTripped(Exception):
 
 
 class GateWatch:
-    """Called after each evaluated batch with the samples done so far; raises GateTripped once the
-    evaluation has run `after_s` and its pace is below the floor."""
+    """Called after each evaluated batch with the samples done so far; raises GateTripped once `after_s`
+    have passed since the first batch ended and the pace since then is below the floor."""
 
     def __init__(self, gate: SpeedGate, clock: Callable[[], float] = time.monotonic) -> None:
         self.gate = gate
         self.clock = clock
-        self.started = clock()
+        self.first: tuple[float, int] | None = None  # when the first batch ended, and its samples
 
     def __call__(self, samples_done: int) -> None:
-        seconds = self.clock() - self.started
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, samples_done)
+            return
+        seconds, samples = now - self.first[0], samples_done - self.first[1]
         if seconds < self.gate.after_s:
             return
-        pace = samples_done / seconds if seconds > 0 else float("inf")
+        pace = samples / seconds
         if pace < self.gate.min_samples_per_s:
-            raise GateTripped(GateVerdict(samples_done, seconds, pace, self.gate))
+            raise GateTripped(GateVerdict(samples, seconds, pace, self.gate))

@@ -126,8 +126,10 @@ class TrialBudget(Record):
     """Where one trial's wall time went, in seconds on the orchestrator's clock: from the trial's start
     to the ready barrier (the artifact built, processes started and loaded, the first call, which
     compiles for torch.compile backends, drift and warm-up), the screening window, and the full window
-    (noisy repeats included). The part before the barrier is split only for a trial that completed
-    (its metrics say how long preparing, loading and warm-up took); otherwise it is all `starting_s`."""
+    (noisy repeats included). The part before the barrier is split by what the workers said: a trial
+    that completed by its metrics, one pruned at or after the ready barrier by what its instances
+    reported there (loading and warm-up) and the artifact's build; one that failed before it is
+    `starting_s` beyond its preparation."""
 
     total_s: float
     starting_s: float = 0.0  # process starts, drift, barrier waits (all of before-timing when not split)

@@ -10,6 +10,7 @@ skipped, with the reason, so the rest of the round is measured first.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from autotune.records.metrics import TrialBudget, TrialMetrics
 
@@ -22,9 +23,15 @@ class StageClock:
     def __init__(self) -> None:
         self.start = time.monotonic()
         self.stages: dict[str, float] = {}
+        self.before_ready: tuple[float, float] | None = None  # (loading, warm-up) the workers said at "ready"
 
-    def reached(self, stage: str) -> None:
+    def reached(self, stage: str, payloads: list[dict[str, Any]] | None = None) -> None:
+        """`payloads`: the instances' barrier payloads; at "ready" they say what loading and warm-up took,
+        which is all a trial pruned there leaves to split its time by."""
         self.stages.setdefault(stage, time.monotonic())
+        if stage == "ready" and payloads and all("load_s" in p for p in payloads):
+            loading = max(p["load_s"] + p["first_call_s"] for p in payloads)
+            self.before_ready = (loading, max(p.get("warmup_s") or 0.0 for p in payloads))
 
     def spent(self, metrics: TrialMetrics | None) -> TrialBudget:
         """The trial's time until now, split as far as what is known allows (see TrialBudget)."""
@@ -37,13 +44,15 @@ class StageClock:
         prepared = self.stages.get("prepared")
         if metrics is None and prepared is not None:  # pruned or failed: the artifact's time is known
             preparing = min(prepared, ready if ready is not None else end) - self.start
+        if metrics is None and self.before_ready is not None:  # pruned at or after the ready barrier
+            loading, warmup = self.before_ready
         if metrics is not None:
             preparing = metrics.prepare_s
             loading = (metrics.load_s or 0.0) + (metrics.first_call_s or 0.0)
             warmup = max((share.warmup_s or 0.0 for share in metrics.instances), default=0.0)
-            # never more than the time before the barrier (a reused artifact costs nothing here)
-            scale = min(1.0, before_timing / (preparing + loading + warmup)) if preparing + loading + warmup else 1.0
-            preparing, loading, warmup = preparing * scale, loading * scale, warmup * scale
+        # never more than the time before the barrier (a reused artifact costs nothing here)
+        scale = min(1.0, before_timing / (preparing + loading + warmup)) if preparing + loading + warmup else 1.0
+        preparing, loading, warmup = preparing * scale, loading * scale, warmup * scale
         return TrialBudget(
             total_s=end - self.start,
             starting_s=max(0.0, before_timing - preparing - loading - warmup),

@@ -244,9 +244,9 @@ class Objective:
         clock = StageClock()
 
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
-            clock.reached(stage)
+            clock.reached(stage, payloads)
             if stage == "ready":
-                self._stop_too_slow(trial, payloads[0].get("too_slow"))
+                self._stop_too_slow(trial, config, payloads[0].get("too_slow"))
                 self._judge_drift(trial, payloads[0].get("drift"))
             elif stage == "screened":
                 self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
@@ -287,12 +287,17 @@ class Objective:
         trial.set_user_attr("trial_dir", str(trial_dir))
         attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
 
-    def _stop_too_slow(self, trial: optuna.trial.Trial, payload: dict[str, Any] | None) -> None:
-        """At the ready barrier: instance 0's drift evaluation fell below the speed gate's pace."""
+    def _stop_too_slow(self, trial: optuna.trial.Trial, config: TrialConfig, payload: dict[str, Any] | None) -> None:
+        """At the ready barrier: instance 0's drift evaluation fell below the speed gate's pace. Its pace is
+        reported as the trial's first-rung value (as screening's would be), so the sampler learns from it."""
         if payload is None:
             return
         verdict = GateVerdict.from_json(payload)
         trial.set_user_attr("too_slow", verdict.to_json())
+        if self.spec.objective in ("throughput", "server"):
+            trial.report(verdict.samples_per_s * config.instances, step=0)
+        elif verdict.samples_per_s > 0:  # latency: ms per call
+            trial.report(config.batch_size * 1e3 / verdict.samples_per_s, step=0)
         trial.set_user_attr("prune_reason", verdict.reason())
         raise optuna.TrialPruned(verdict.reason())
 

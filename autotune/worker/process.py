@@ -49,12 +49,14 @@ CALIBRATION_BATCH = 8
 
 def run_in_batches(runner, inputs, batch_size: int, after_batch: Callable[[int], None] | None = None) -> np.ndarray:
     """Outputs for every input, in fixed-size batches (the last one padded) so shapes never change.
-    `after_batch` hears the samples done after each batch (the speed gate; it may raise to stop)."""
+    `after_batch` hears the samples computed after each batch, as throughput counts them (the speed gate;
+    it may raise to stop)."""
     outputs = []
+    samples_per_call = batch_size * getattr(runner, "batches_per_call", 1)  # multi-stream OpenVINO: one per stream
     for batch in fixed_batches(inputs, batch_size):
         outputs.append(to_numpy(primary_output(runner(runner.convert_input(batch)))))
         if after_batch is not None:
-            after_batch(len(outputs) * batch_size)
+            after_batch(len(outputs) * samples_per_call)
     return np.concatenate(outputs)[: batch_len(inputs)]
 
 
@@ -313,14 +315,19 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
                 too_slow = exc.verdict
     barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
     timeout_s = job.get("barrier_timeout_s", 0.0)
-    if too_slow is not None and barrier:
-        ready = {"pid": os.getpid(), "drift": None, "too_slow": too_slow.to_json()}
-        wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
+    # What reaching the barrier cost, so a trial pruned there still says where its time went.
+    loaded = {"load_s": model.load_s, "first_call_s": model.first_call_s}
+    if too_slow is not None:
+        if barrier:
+            ready = {"pid": os.getpid(), "drift": None, "too_slow": too_slow.to_json(), **loaded, "warmup_s": 0.0}
+            wait_at_barrier(barrier, "ready", instance, ready, timeout_s)  # the orchestrator aborts: exits here
+        raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
     warmup = warm_up(model.step, settings)
     # What throughput counts: samples, or for a language model the tokens one call generates.
     samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
-    if barrier and too_slow is None:
-        ready = {"pid": os.getpid(), "drift": drift.to_json() if drift else None}
+    if barrier:
+        drift_json = drift.to_json() if drift else None
+        ready = {"pid": os.getpid(), "drift": drift_json, **loaded, "warmup_s": warmup["warmup_s"]}
         wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
     screening = None
     if barrier and job.get("screen") and settings.screen_s > 0:
