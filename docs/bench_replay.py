@@ -6,7 +6,8 @@ half-width) and what it cost (its wall time, `budget.total_s`, or start to compl
 replayed as a real Optuna study over the same parameters, with the recorded study's distributions:
 each configuration it asks for is answered from the table (the recorded row with the most equal
 parameters, ties to the first recorded), its value drawn with the recorded noise (normal, the interval
-as 1.96 sigma), and the replay's clock advanced by the row's cost. The table's best clean value is the
+as 1.96 sigma), and the replay's clock advanced by the row's cost. A configuration measured several
+times is one row, worth the median of its values (merge_repeats). The table's best value is the
 target; each replay reports its best-so-far curve and when it first reached 95% of the target.
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
@@ -19,6 +20,7 @@ order), `tpe` (TPE from the start, no coverage round) and `random` (RandomSample
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -67,6 +69,35 @@ def read_table(study: optuna.study.Study) -> list[Row]:
             )
         )
     return rows
+
+
+def merge_repeats(rows: list[Row]) -> list[Row]:
+    """One row per configuration: a configuration the study measured several times is worth the median of
+    its clean values (and costs the median of its costs), so the target is what the best configuration
+    is worth, not the luckiest of its draws; replays add the noise back. First appearance keeps its place."""
+    groups: dict[tuple[Any, ...], list[Row]] = {}
+    for row in rows:
+        groups.setdefault(tuple(sorted(row.params.items())), []).append(row)
+    merged = []
+    for group in groups.values():
+        clean = [r for r in group if r.value is not None]
+        merged.append(
+            Row(
+                group[0].params,
+                statistics.median(r.value for r in clean if r.value is not None) if clean else None,
+                statistics.median(r.noise_rel for r in clean) if clean else group[0].noise_rel,
+                statistics.median(r.cost_s for r in group),
+                any(r.coverage for r in group),
+                any(r.baseline for r in group),
+            )
+        )
+    return merged
+
+
+def nearest_rank(values: list[float], share: float) -> float:
+    """The value at `share` of the sorted values by the nearest-rank rule (the largest for a share of 1)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
 def answer(rows: list[Row], params: dict[str, Any]) -> Row:
@@ -126,7 +157,7 @@ def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = args.storage or default_storage(args.studies_dir, args.study)
     recorded = optuna.load_study(study_name=args.study, storage=storage)
-    rows = read_table(recorded)
+    rows = merge_repeats(read_table(recorded))
     target = max((r.value for r in rows if r.value is not None), default=None)
     if target is None:
         parser.error(f"study {args.study} has no clean completed trial to replay against")
@@ -150,12 +181,11 @@ def main() -> int:
                 reached.append(hit / 60)
             quarter.append(max((b for t, b in curve if t <= budget_s / 4), default=0.0) / target)
             end.append(curve[-1][1] / target if curve else 0.0)
-        reached_sorted = sorted(reached)
         table.add_row(
             strategy,
             f"{len(reached)}/{args.runs}",
             f"{statistics.median(reached):.1f}" if reached else "-",
-            f"{reached_sorted[int(0.9 * (len(reached_sorted) - 1))]:.1f}" if reached else "-",
+            f"{nearest_rank(reached, 0.9):.1f}" if reached else "-",
             f"{statistics.median(quarter):.0%}",
             f"{statistics.median(end):.0%}",
         )

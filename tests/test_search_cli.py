@@ -125,7 +125,23 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert clock.returncode == 0, clock.stderr
     numbers = [line.split("│")[3].strip() for line in clock.stdout.splitlines() if line.startswith("│")]
     assert [int(n) for n in numbers if n] == [t.number for t in study.trials]  # each finished trial, in order
-    assert "reference s (" in clock.stdout and "s reached 95% of it at" in clock.stdout
+    assert "reference s (" in clock.stdout and "s reached 95% of " in clock.stdout
+    assert "best re-measured" not in clock.stdout  # no finalist round (--finalists 0): one target
+    # A reference with a finalist round is also judged against its fastest finalist's median (here one that
+    # no trial reaches, so the second verdict must differ from the first).
+    fastest = max(t.values[0] for t in study.trials if t.values)
+    candidate = {"trial": 0, "candidate": True, "summary": {"median": fastest * 10, "runs": 3}}
+    load_study(workdir, "s").set_user_attr("finalists", {"candidates": [candidate]})
+    clock = subprocess.run(
+        [sys.executable, str(docs / "bench_budget.py"), "--study", "s", "--reference", "s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=workdir,
+    )
+    assert clock.returncode == 0, clock.stderr
+    assert f"best re-measured: #0, median {fastest * 10:.2f} of 3" in clock.stdout
+    assert "s reached 95% of " in clock.stdout and f"s never reached 95% of {fastest * 10:.2f}" in clock.stdout
     replayed = subprocess.run(
         [sys.executable, str(docs / "bench_replay.py"), "--study", "s", "--runs", "3", "--budget-min", "1"],
         capture_output=True,
@@ -433,6 +449,30 @@ def test_the_speed_gate_waits_its_time_then_judges_the_pace():
         watch(8 + 70)  # 8.75 samples/s
     assert tripped.value.verdict.samples == 70 and tripped.value.verdict.samples_per_s == pytest.approx(8.75)
     assert "below the gate's 10" in tripped.value.verdict.reason()
+
+
+def test_the_replay_values_a_configuration_by_the_median_of_its_measurements():
+    """A configuration measured 100 and 140 is worth 120, so the target is not the luckiest draw; the p90 of
+    two times is the larger (nearest rank), not the smaller."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
+    spec = importlib.util.spec_from_file_location("bench_replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    sys.modules["bench_replay"] = replay  # its dataclasses look their module up
+    spec.loader.exec_module(replay)
+    a, b = {"backend": "openvino", "batch_size": 16}, {"backend": "openvino", "batch_size": 32}
+    rows = [
+        replay.Row(a, 100.0, 0.01, 10.0, True, False),
+        replay.Row(b, 115.0, 0.02, 20.0, False, False),
+        replay.Row(a, 140.0, 0.03, 30.0, False, False),
+        replay.Row(a, None, 0.5, 5.0, False, False),  # pruned once: costs, counts for no value
+    ]
+    merged = replay.merge_repeats(rows)
+    assert [r.params for r in merged] == [a, b]
+    assert merged[0].value == 120.0 and merged[0].noise_rel == 0.02 and merged[0].cost_s == 10.0
+    assert merged[0].coverage and max(r.value for r in merged) == 120.0  # the target: not 140
+    assert replay.nearest_rank([16.2, 1.2], 0.9) == 16.2 and replay.nearest_rank([3.0], 0.9) == 3.0
 
 
 def test_measure_seconds_takes_a_longest_window_too():
