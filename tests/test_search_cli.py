@@ -115,13 +115,12 @@ def test_search_completes_trials_and_exports_best_json(workdir):
 
     # The search's own benchmarks read the study: its best so far against the clock, and replays.
     docs = Path(__file__).resolve().parent.parent / "docs"
-    clock = subprocess.run(
-        [sys.executable, str(docs / "bench_budget.py"), "--study", "s", "--reference", "s"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=workdir,
-    )
+
+    def budget_curve() -> subprocess.CompletedProcess:
+        command = [sys.executable, str(docs / "bench_budget.py"), "--study", "s", "--reference", "s"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=workdir)
+
+    clock = budget_curve()
     assert clock.returncode == 0, clock.stderr
     numbers = [line.split("│")[3].strip() for line in clock.stdout.splitlines() if line.startswith("│")]
     assert [int(n) for n in numbers if n] == [t.number for t in study.trials]  # each finished trial, in order
@@ -132,13 +131,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     fastest = max(t.values[0] for t in study.trials if t.values)
     candidate = {"trial": 0, "candidate": True, "summary": {"median": fastest * 10, "runs": 3}}
     load_study(workdir, "s").set_user_attr("finalists", {"candidates": [candidate]})
-    clock = subprocess.run(
-        [sys.executable, str(docs / "bench_budget.py"), "--study", "s", "--reference", "s"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=workdir,
-    )
+    clock = budget_curve()
     assert clock.returncode == 0, clock.stderr
     assert f"best re-measured: #0, median {fastest * 10:.2f} of 3" in clock.stdout
     assert "s reached 95% of " in clock.stdout and f"s never reached 95% of {fastest * 10:.2f}" in clock.stdout

@@ -39,6 +39,12 @@ GATE_SHARE = 0.5
 GATE_AFTER_S = 10.0
 
 
+def best_clean(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+    """The bar's trial: the best COMPLETE trial no noise check flagged, if any."""
+    clean = clean_trials(study)
+    return clean[0] if clean else None
+
+
 class SpeedPruner(BasePruner):
     """Prune a trial whose screening measurement (intermediate value at step 0) is clearly worse than
     the best clean trial so far: worse by more than `min_margin`, or by more than `noise_factor` times
@@ -63,26 +69,21 @@ class SpeedPruner(BasePruner):
         self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None, baseline: bool = False
     ) -> dict[str, Any] | None:
         """The comparison behind the decision (None when there is nothing to compare yet)."""
-        if value is None or baseline:
+        best = None if value is None or baseline else best_clean(study)
+        if value is None or best is None:
             return None
-        maximize = maximizes(study)
-        clean = clean_trials(study)
-        if not clean:
-            return None
-        best = clean[0]
         best_value = primary_value(best)
         margin = self.margin(screening_ci_rel, relative_noise(best))
-        worse = value < best_value * (1 - margin) if maximize else value > best_value * (1 + margin)
+        worse = value < best_value * (1 - margin) if maximizes(study) else value > best_value * (1 + margin)
         return {"value": value, "best_trial": best.number, "best_value": best_value, "margin": margin, "prune": worse}
 
     def drift_gate(self, study: optuna.study.Study, batch_size: int, instances: int) -> SpeedGate | None:
         """The pace a trial's drift evaluation must keep: half the widest bar screening could set (the bar
         of a screening too short for an interval), per instance. Slower than that, screening would prune it
         with room to spare, so the evaluation stops after GATE_AFTER_S instead of running to its end."""
-        clean = clean_trials(study)
-        if not clean:
+        best = best_clean(study)
+        if best is None:
             return None
-        best = clean[0]
         best_value = primary_value(best)
         widest = self.margin(None, relative_noise(best))
         if maximizes(study):  # samples/s of the whole trial (the server scenario: its closed-loop screening)
