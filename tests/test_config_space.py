@@ -373,6 +373,25 @@ def test_text_generation_covers_the_fewest_weight_bytes_first():
     assert set(avx2[:3]) == {"woq_int8", "da8w8", "smoothquant_int8"} and avx2[-1] == "bf16"
 
 
+def test_the_finalists_reserve_is_sized_from_what_completed_trials_cost():
+    """At most --finalist-share of the budget; after three completed trials, (finalists + baseline) x
+    repeats runs at their median cost without preparation, times the margin; none without finalists."""
+    from autotune.records.metrics import TrialBudget
+    from autotune.search.budget import RESERVE_MARGIN, FinalistReserve
+
+    study = optuna.create_study(direction="maximize")
+    reserve = FinalistReserve(study, deadline=5000.0, budget_s=3600.0, share=0.2, finalists=3, repeats=3)
+    assert reserve.reserve_s() == 720.0 and reserve.search_deadline() == 5000.0 - 720.0  # nothing measured yet
+    for total, preparing in ((12.0, 0.0), (40.0, 30.0), (9.0, 0.0)):  # costs 12, 10, 9: median 10
+        trial = study.ask()
+        trial.set_user_attr("budget", TrialBudget(total_s=total, preparing_s=preparing).to_json())
+        study.tell(trial, 1.0)
+    assert reserve.reserve_s() == pytest.approx(RESERVE_MARGIN * 4 * 3 * 10.0)  # 180 s, not 720
+    costly = FinalistReserve(study, deadline=5000.0, budget_s=600.0, share=0.2, finalists=3, repeats=3)
+    assert costly.reserve_s() == 120.0  # the share caps it
+    assert FinalistReserve(study, 5000.0, 3600.0, 0.2, finalists=0, repeats=3).reserve_s() == 0.0
+
+
 def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred():
     from autotune.records.metrics import TrialBudget
     from autotune.search.budget import deferral

@@ -40,7 +40,7 @@ from autotune.results.progress import LiveStatus, ProgressPrinter
 from autotune.results.selection import baseline_trial, drift_of, metrics_of
 from autotune.runner.launch import InstanceLaunch
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
-from autotune.search.budget import StageClock, deferral
+from autotune.search.budget import FinalistReserve, StageClock, deferral
 from autotune.search.finalists import run_finalists
 from autotune.search.fleet import (
     AbandonedTrialsCheck,
@@ -122,9 +122,16 @@ def open_study(
 class Objective:
     """Optuna objective: suggest a config, measure it in fresh processes, record everything."""
 
-    def __init__(self, spec: SearchSpec, space: SearchSpace, ctx: TrialContext, deadline: float) -> None:
-        self.spec, self.space, self.ctx, self.deadline = spec, space, ctx, deadline
+    def __init__(
+        self, spec: SearchSpec, space: SearchSpace, ctx: TrialContext, search_deadline: Callable[[], float]
+    ) -> None:
+        self.spec, self.space, self.ctx, self.search_deadline = spec, space, ctx, search_deadline
         self.status: LiveStatus | None = None  # the live panel, told which trial runs
+
+    @property
+    def deadline(self) -> float:
+        """When the search's share of the budget ends (it moves as trials say what a finalist run costs)."""
+        return self.search_deadline()
 
     def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
         trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
@@ -482,7 +489,7 @@ def primary_objective_value(objective: str, metrics: TrialMetrics) -> float:
 class BudgetGuard:
     """Optuna callback: stop before a trial would start with too little budget left to finish."""
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, deadline: Callable[[], float]) -> None:
         self.deadline = deadline
         self.durations: list[float] = []
 
@@ -490,7 +497,7 @@ class BudgetGuard:
         if trial.datetime_start and trial.datetime_complete:
             self.durations.append((trial.datetime_complete - trial.datetime_start).total_seconds())
         typical = statistics.median(self.durations[-5:]) if self.durations else MIN_TRIAL_S
-        if self.deadline - time.monotonic() < max(MIN_TRIAL_S, typical):
+        if self.deadline() - time.monotonic() < max(MIN_TRIAL_S, typical):
             study.stop()
 
 
@@ -550,8 +557,6 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
 
     started = time.monotonic()
     deadline = started + spec.budget_s
-    reserve = spec.finalist_share * spec.budget_s if spec.finalists > 0 else 0.0
-    search_deadline = deadline - reserve  # the finalists' share of the budget is kept for the end
     machine = probe_machine()
     if machine.pinning == "none":
         say(UNPINNED_WARNING)
@@ -581,7 +586,13 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         cache_size_mib=spec.cache_size_mib,
         server={"slo_ms": spec.slo_ms, "seed": SERVER_SEED} if spec.objective == "server" else None,
     )
-    interrupted = _optimize(spec, study, Objective(spec, space, ctx, search_deadline), started, deadline, console)
+    # The finalists' reserve is kept for the end, sized from what trials cost once some have completed.
+    reserve = FinalistReserve(
+        study, deadline, spec.budget_s, spec.finalist_share, spec.finalists, spec.finalist_repeats
+    )
+    interrupted = _optimize(
+        spec, study, Objective(spec, space, ctx, reserve.search_deadline), started, deadline, console
+    )
     best_path = None
     complete = any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     if complete or closest_candidate(study):
@@ -673,9 +684,10 @@ def _optimize(
             study.optimize(
                 objective,
                 n_trials=spec.trials,
-                timeout=max(0.0, objective.deadline - time.monotonic() - MIN_TRIAL_S),
+                # the budget's end at the latest; BudgetGuard stops at the search's (moving) share of it
+                timeout=max(0.0, deadline - time.monotonic() - MIN_TRIAL_S),
                 catch=(TrialFailed,),
-                callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(objective.deadline)],
+                callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(objective.search_deadline)],
                 gc_after_trial=False,
             )
             if spec.finalists > 0:
