@@ -270,6 +270,9 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # a command in a terminal hears Ctrl-C even when the suite was started in the background, where a
+        # shell ignores SIGINT for its children (and Python then never raises KeyboardInterrupt)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     trial_dir = workdir / "studies" / "s" / "trials" / "00000"
     deadline = time.monotonic() + 60
