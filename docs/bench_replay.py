@@ -11,8 +11,9 @@ times is one row, worth the median of its values (merge_repeats). The table's be
 target; each replay reports its best-so-far curve and when it first reached 95% of the target.
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
-recorded machine, then TPE multivariate), `coverage-in-space-order` (the same without the payoff
-order), `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler).
+recorded machine, the layout round of the replay's own leader, then TPE multivariate),
+`default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
+`tpe` (TPE from the start, no coverage round) and `random` (RandomSampler).
 
     .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]
 """
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
+from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
+from autotune.search.layouts import layout_variants
 from autotune.search.payoff import order_by_payoff
 from autotune.search.spec import default_storage
 
@@ -121,14 +124,15 @@ def replay(
             else optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed)
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
-    if strategy in ("default", "coverage-in-space-order"):
+    if strategy in ("default", "default-without-layout-round", "coverage-in-space-order"):
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
-        if strategy == "default":
+        if strategy != "coverage-in-space-order":
             task = (recorded.user_attrs.get("spec") or {}).get("task", "classify")
             coverage = [params for params, _ in order_by_payoff(coverage, isa, task)]
         for params in first + coverage:
             study.enqueue_trial(params)
+    layouts_due = strategy == "default" and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     clock, best, curve = 0.0, 0.0, []
     while clock < budget_s:
         with warnings.catch_warnings():
@@ -143,7 +147,29 @@ def replay(
             study.tell(trial, value)
             best = max(best, value)
         curve.append((clock, best))
+        if layouts_due and best > 0 and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+            layouts_due = False  # as the search's callback: once, when the enqueued rounds are through
+            for params in layout_variants(study.best_trial.params, *instance_dims(distributions, recorded)):
+                study.enqueue_trial(params)
     return curve
+
+
+def recorded_objective(recorded: optuna.study.Study) -> str:
+    return str((recorded.user_attrs.get("spec") or {}).get("objective", "throughput"))
+
+
+def instance_dims(
+    distributions: dict[str, Any], recorded: optuna.study.Study
+) -> tuple[list[int], list[int] | None, int]:
+    """The recorded space's instance counts, its thread counts (None: any that fit) and the machine's cores."""
+    instances = distributions.get("instances")
+    threads = distributions.get("threads_per_instance")
+    hardware = (recorded.user_attrs.get("fingerprint") or {}).get("hardware") or {}
+    return (
+        list(getattr(instances, "choices", None) or [1]),
+        list(threads.choices) if isinstance(threads, optuna.distributions.CategoricalDistribution) else None,
+        int(hardware.get("physical_cores") or 1),
+    )
 
 
 def main() -> int:
@@ -172,7 +198,7 @@ def main() -> int:
     table = Table(title="time to reach 95% of the recorded best (replays with the recorded noise)")
     for column in ("strategy", "reached 95%", "median min to 95%", "p90 min", "best at 25% of budget", "at 100%"):
         table.add_column(column)
-    for strategy in ("default", "coverage-in-space-order", "tpe", "random"):
+    for strategy in ("default", "default-without-layout-round", "coverage-in-space-order", "tpe", "random"):
         reached, quarter, end = [], [], []
         for seed in range(args.runs):
             curve = replay(strategy, recorded, rows, budget_s, isa, seed)

@@ -414,3 +414,58 @@ def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred()
         "deferred: openvino took 36s to start and load (its int8 preparation left out) in trial 2, "
         "more than 25% of the 100s left"
     )
+
+
+def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instance_split():
+    """The layout round (search/layouts.py) on a real Optuna study and the space of an 8-core machine:
+    nothing while enqueued trials wait; then the best clean trial (not a faster noisy one) with 2, 4 and 8
+    instances, each with the most threads that fit, everything else as it was; once per study; and not
+    for the latency objective or a space with one instance count."""
+    from autotune.search.layouts import ROUND_ATTR, LayoutRound, layout_variants
+
+    space = SearchSpace.from_dict(
+        {"batch_size": [8], "instances": [1, 2, 4, 8], "backends": {"eager": {"precision": ["fp32"]}}},
+        fake_machine(cores=8),
+        RUNTIMES,
+    )
+    study = optuna.create_study(direction="maximize")
+    layouts = LayoutRound(space.instances, space.threads, space.cores, "throughput")
+    plans = space.coverage_params()
+    for params, value, valid in ((plans[0], 100.0, True), ({**plans[0], "batch_size": 8}, 150.0, False)):
+        study.enqueue_trial(params)
+        trial = study.ask()
+        space.suggest(trial)
+        trial.set_user_attr("valid", valid)
+        trial.set_user_attr("config_summary", f"eager fp32 #{trial.number}")
+        study.enqueue_trial({**params, "threads_per_instance": 7})  # one more waits: the round is not due
+        layouts(study, study.tell(trial, value))
+        assert ROUND_ATTR not in study.user_attrs
+        study.tell(study.ask(), state=optuna.trial.TrialState.PRUNED)  # the waiting one runs
+    layouts(study, study.trials[-1])
+    assert study.user_attrs[ROUND_ATTR] == 0  # the clean leader, not the noisy trial that measured faster
+    asked = [study.ask() for _ in range(3)]  # the three enqueued variants, as the space runs them
+    configs = [space.suggest(trial) for trial in asked]
+    assert [(c.instances, c.threads_per_instance) for c in configs] == [(2, 4), (4, 2), (8, 1)]
+    for trial in asked:
+        assert {k: v for k, v in trial.params.items() if k not in ("instances", "threads_per_instance")} == {
+            k: v for k, v in plans[0].items() if k not in ("instances", "threads_per_instance")
+        }
+        assert trial.user_attrs["layout"] and trial.user_attrs["order"].startswith("layout round: the leader #0")
+    for trial in asked:
+        layouts(study, study.tell(trial, 90.0))
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # once per study
+    assert study.user_attrs[ROUND_ATTR] == 0
+
+    assert layout_variants({"instances": 2, "threads_per_instance": 1}, [1, 2, 4], [3, 1], 4) == [
+        {"instances": 1, "threads_per_instance": 3},  # the most listed threads that fit
+        {"instances": 4, "threads_per_instance": 1},
+    ]
+    assert layout_variants({"instances": 1}, [1, 2], [3], 4) == []  # 3 threads do not fit twice in 4 cores
+    latency = optuna.create_study(direction="minimize")
+    latency.add_trial(study.trials[0])
+    LayoutRound(space.instances, space.threads, space.cores, "latency")(latency, latency.trials[0])
+    assert ROUND_ATTR not in latency.user_attrs and not latency.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    single = optuna.create_study(direction="maximize")
+    single.add_trial(study.trials[0])
+    LayoutRound([1], None, 8, "throughput")(single, single.trials[0])
+    assert ROUND_ATTR not in single.user_attrs

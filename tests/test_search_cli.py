@@ -11,7 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FAST, load_study, run_autotune, states, tiny, write_space
+from conftest import FAST, assert_trials_ran, load_study, require, run_autotune, states, tiny, write_space
 
 from autotune.records.config import TrialConfig
 
@@ -220,6 +220,31 @@ def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(
     assert later.trials[0].user_attrs["baseline"] and later.trials[0].params["batch_size"] == 2
     assert later.trials[1].params == won and later.trials[1].user_attrs["prior"] is True
     assert later.trials[1].user_attrs["order"].startswith("prior: the winner of study earlier on this machine")
+
+
+def test_after_the_coverage_round_the_leader_runs_as_one_instance_per_core(workdir):
+    """The layout round in a real search: with one backend there is no coverage round, so the baseline
+    (one instance on both cores) is the leader, and the next trial is the same configuration split into
+    one-thread instances, saying why; before, the sampler took it from there."""
+    from autotune.machine.probe import probe_machine
+
+    cores = probe_machine().physical_cores
+    require(cores >= 2, "two physical cores")
+    space = write_space(workdir / "space.yaml", instances=[1, cores])
+    result = search(workdir, "--trials", "2", "--no-speed-pruning", space=space)
+    assert_trials_ran(result)
+    first, second = load_study(workdir, "s").trials
+    assert first.user_attrs["baseline"] and first.params["instances"] == 1
+    assert second.user_attrs["order"].startswith(f"layout round: the leader #0 (eager/fp32 bs=2 1x{cores}thr"), (
+        second.user_attrs
+    )
+    assert (
+        second.user_attrs["config"]["instances"] == cores and second.user_attrs["config"]["threads_per_instance"] == 1
+    )
+    assert {k: v for k, v in second.params.items() if k not in ("instances", "threads_per_instance")} == {
+        k: v for k, v in first.params.items() if k not in ("instances", "threads_per_instance")
+    }
+    assert second.state == optuna.trial.TrialState.COMPLETE, second.user_attrs.get("fail_cause")
 
 
 def test_crashing_trials_never_kill_the_study(workdir):

@@ -20,7 +20,13 @@ from autotune.common.errors import UserError
 from autotune.machine.probe import format_cpu_ranges
 
 MAX_RETRIES = 2  # a configuration whose orchestrator died twice in a row is not tried a third time
-KEPT_ON_RETRY = ("baseline", "coverage", "prior", "order")  # why the trial was enqueued: the retry plays the same role
+KEPT_ON_RETRY = (
+    "baseline",
+    "coverage",
+    "prior",
+    "layout",
+    "order",
+)  # why the trial was enqueued: the retry plays the same role
 WORKER_KEY = "worker:"
 
 

@@ -48,6 +48,7 @@ from autotune.search.fleet import (
     orchestrator_record,
     register_orchestrator,
 )
+from autotune.search.layouts import LayoutRound
 from autotune.search.payoff import order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
@@ -670,6 +671,7 @@ def _optimize(
     def say(line: str) -> None:
         console.print(line, markup=False)
 
+    space = objective.space
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
     objective.status = status
@@ -687,7 +689,13 @@ def _optimize(
                 # the budget's end at the latest; BudgetGuard stops at the search's (moving) share of it
                 timeout=max(0.0, deadline - time.monotonic() - MIN_TRIAL_S),
                 catch=(TrialFailed,),
-                callbacks=[printer, status, AbandonedTrialsCheck(say), BudgetGuard(objective.search_deadline)],
+                callbacks=[
+                    printer,
+                    status,
+                    AbandonedTrialsCheck(say),
+                    LayoutRound(space.instances, space.threads, space.cores, spec.objective),
+                    BudgetGuard(objective.search_deadline),
+                ],
                 gc_after_trial=False,
             )
             if spec.finalists > 0:
