@@ -418,29 +418,34 @@ def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred()
 
 def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instance_split():
     """The layout round (search/layouts.py) on a real Optuna study and the space of an 8-core machine:
-    nothing while enqueued trials wait; then the best clean trial (not a faster noisy one) with 2, 4 and 8
-    instances, each with the most threads that fit, everything else as it was; once per study; and not
-    for the latency objective or a space with one instance count."""
+    nothing while enqueued trials wait or run; then the best clean trial (not a faster noisy one) with 2, 4
+    and 8 instances, each with the most threads that fit, everything else as it was; once per study, even
+    when a new leader appears; and not for the latency objective or a space with one instance count."""
     from autotune.search.layouts import ROUND_ATTR, LayoutRound, layout_variants
 
     space = SearchSpace.from_dict(
-        {"batch_size": [8], "instances": [1, 2, 4, 8], "backends": {"eager": {"precision": ["fp32"]}}},
+        {"batch_size": [8, 16], "instances": [1, 2, 4, 8], "backends": {"eager": {"precision": ["fp32"]}}},
         fake_machine(cores=8),
         RUNTIMES,
     )
+    waiting = (optuna.trial.TrialState.WAITING,)
     study = optuna.create_study(direction="maximize")
-    layouts = LayoutRound(space.instances, space.threads, space.cores, "throughput")
+    layouts = LayoutRound(space, "throughput")
     plans = space.coverage_params()
-    for params, value, valid in ((plans[0], 100.0, True), ({**plans[0], "batch_size": 8}, 150.0, False)):
-        study.enqueue_trial(params)
+    for value, valid in ((100.0, True), (150.0, False)):
+        study.enqueue_trial(plans[0], user_attrs={"coverage": True})
         trial = study.ask()
         space.suggest(trial)
         trial.set_user_attr("valid", valid)
         trial.set_user_attr("config_summary", f"eager fp32 #{trial.number}")
-        study.enqueue_trial({**params, "threads_per_instance": 7})  # one more waits: the round is not due
+        study.enqueue_trial({**plans[0], "threads_per_instance": 7})  # one more waits: the round is not due
         layouts(study, study.tell(trial, value))
         assert ROUND_ATTR not in study.user_attrs
-        study.tell(study.ask(), state=optuna.trial.TrialState.PRUNED)  # the waiting one runs
+        elsewhere = study.ask()  # it runs in another worker of a fleet, as a coverage trial
+        elsewhere.set_user_attr("coverage", True)
+        layouts(study)
+        assert ROUND_ATTR not in study.user_attrs
+        study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
     layouts(study, study.trials[-1])
     assert study.user_attrs[ROUND_ATTR] == 0  # the clean leader, not the noisy trial that measured faster
     asked = [study.ask() for _ in range(3)]  # the three enqueued variants, as the space runs them
@@ -451,21 +456,22 @@ def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instan
             k: v for k, v in plans[0].items() if k not in ("instances", "threads_per_instance")
         }
         assert trial.user_attrs["layout"] and trial.user_attrs["order"].startswith("layout round: the leader #0")
-    for trial in asked:
-        layouts(study, study.tell(trial, 90.0))
-    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # once per study
-    assert study.user_attrs[ROUND_ATTR] == 0
+        study.tell(trial, 90.0)
+    study.enqueue_trial({**plans[0], "batch_size": 16})
+    layouts(study, study.tell(study.ask(), 200.0))  # a new clean leader, of a layout never measured with it
+    assert not study.get_trials(states=waiting) and study.user_attrs[ROUND_ATTR] == 0  # once per study
 
     assert layout_variants({"instances": 2, "threads_per_instance": 1}, [1, 2, 4], [3, 1], 4) == [
         {"instances": 1, "threads_per_instance": 3},  # the most listed threads that fit
         {"instances": 4, "threads_per_instance": 1},
     ]
     assert layout_variants({"instances": 1}, [1, 2], [3], 4) == []  # 3 threads do not fit twice in 4 cores
-    latency = optuna.create_study(direction="minimize")
-    latency.add_trial(study.trials[0])
-    LayoutRound(space.instances, space.threads, space.cores, "latency")(latency, latency.trials[0])
-    assert ROUND_ATTR not in latency.user_attrs and not latency.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    single = optuna.create_study(direction="maximize")
-    single.add_trial(study.trials[0])
-    LayoutRound([1], None, 8, "throughput")(single, single.trials[0])
-    assert ROUND_ATTR not in single.user_attrs
+    noisy_only = optuna.create_study(direction="maximize")
+    noisy_only.add_trial(study.trials[2])  # flagged noisy: on a loaded machine the best guess is still a guess
+    LayoutRound(space, "throughput")(noisy_only, noisy_only.trials[0])
+    assert noisy_only.user_attrs[ROUND_ATTR] == 0 and len(noisy_only.get_trials(states=waiting)) == 3
+    for objective, instances in (("latency", [1, 2, 4, 8]), ("throughput", [1])):
+        other = optuna.create_study(direction="minimize" if objective == "latency" else "maximize")
+        other.add_trial(study.trials[0])
+        LayoutRound(replace(space, instances=instances), objective)(other, other.trials[0])
+        assert ROUND_ATTR not in other.user_attrs and not other.get_trials(states=waiting)

@@ -222,10 +222,10 @@ def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(
     assert later.trials[1].user_attrs["order"].startswith("prior: the winner of study earlier on this machine")
 
 
-def test_after_the_coverage_round_the_leader_runs_as_one_instance_per_core(workdir):
-    """The layout round in a real search: with one backend there is no coverage round, so the baseline
-    (one instance on both cores) is the leader, and the next trial is the same configuration split into
-    one-thread instances, saying why; before, the sampler took it from there."""
+def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(workdir):
+    """The layout round in a real search: with one backend there is no coverage round, so once the
+    baseline (one instance on all cores) ran it is the leader, and the next trial is the same
+    configuration split into one-thread instances, saying why; before, the sampler took it from there."""
     from autotune.machine.probe import probe_machine
 
     cores = probe_machine().physical_cores
@@ -494,6 +494,45 @@ def test_the_replay_values_a_configuration_by_the_median_of_its_measurements():
     assert merged[0].value == 120.0 and merged[0].noise_rel == 0.02 and merged[0].cost_s == 10.0
     assert merged[0].coverage and max(r.value for r in merged) == 120.0  # the target: not 140
     assert replay.nearest_rank([16.2, 1.2], 0.9) == 16.2 and replay.nearest_rank([3.0], 0.9) == 3.0
+
+
+def test_the_replay_runs_the_layout_round_on_what_the_recorded_study_measured():
+    """The default replay runs the leader's layout variant right after the enqueued rounds; a variant the
+    recorded study measured is answered by that measurement, one it never measured is pruned at the
+    leader's cost (the closest recorded row, here batch 16 at 900, would credit the round with a guess)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
+    spec = importlib.util.spec_from_file_location("bench_replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    sys.modules["bench_replay"] = replay
+    spec.loader.exec_module(replay)
+    distributions = {
+        "backend": optuna.distributions.CategoricalDistribution(["eager"]),
+        "batch_size": optuna.distributions.CategoricalDistribution([8, 16]),
+        "instances": optuna.distributions.CategoricalDistribution([1, 2]),
+        "threads_per_instance": optuna.distributions.IntDistribution(1, 2),
+    }
+    base = {"backend": "eager", "batch_size": 8, "instances": 1, "threads_per_instance": 2}
+    split = {**base, "instances": 2, "threads_per_instance": 1}
+    for measured, expected in ((True, 180.0), (False, 100.0)):
+        recorded = optuna.create_study(direction="maximize")
+        recorded.set_user_attr("spec", {"objective": "throughput"})
+        recorded.set_user_attr("fingerprint", {"hardware": {"physical_cores": 2}})
+        other = {**split, "batch_size": 16, "threads_per_instance": 1}
+        for params, value, attrs in ((base, 100.0, {"baseline": True}), (split if measured else other, 180.0, {})):
+            attrs = {**attrs, "budget": {"total_s": 10.0}, "measurement": {"throughput_ci_rel": 0.0}}
+            recorded.add_trial(
+                optuna.trial.create_trial(params=params, distributions=distributions, value=value, user_attrs=attrs)
+            )
+        rows = replay.merge_repeats(replay.read_table(recorded))
+        tally = replay.LayoutTally()
+        curve = replay.replay("default", recorded, rows, 20.0, {}, 0, tally)
+        # the baseline, then its split, nothing else within the budget (the recorded noise: 2%)
+        assert [best for _, best in curve] == pytest.approx([100.0, expected], rel=0.1)
+        assert (tally.exact, tally.unrecorded) == ((1, 0) if measured else (0, 1))
+        without = replay.replay("default-without-layout-round", recorded, rows, 20.0, {}, 0, replay.LayoutTally())
+        assert without[0][1] == pytest.approx(100.0, rel=0.1) and len(without) == 2
 
 
 def test_measure_seconds_takes_a_longest_window_too():

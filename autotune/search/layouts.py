@@ -19,56 +19,61 @@ from typing import Any
 
 import optuna
 
-from autotune.results.selection import clean_trials
+from autotune.search.pruners import best_clean
+from autotune.search.space import SearchSpace, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
-OBJECTIVES = ("throughput", "server")
+OBJECTIVES = ("throughput", "server")  # both maximized
+ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
 
 
 def layout_variants(
     params: dict[str, Any], instances: list[int], threads: list[int] | None, cores: int
 ) -> list[dict[str, Any]]:
     """`params` with each other instance count of the space, each instance with the most threads that fit
-    beside its siblings (`threads` None: any count up to cores / instances); a count with no thread
-    count that fits is left out. The fewest instances first."""
+    beside its siblings (space.most_threads); a count with no thread count that fits is left out. The
+    fewest instances first."""
     variants = []
     for count in sorted(instances):
-        if count == params.get("instances"):
-            continue
-        limit = cores // count
-        fitting = [t for t in (threads or [limit]) if 1 <= t <= limit]
-        if fitting:
-            variants.append({**params, "instances": count, "threads_per_instance": max(fitting)})
+        fitting = most_threads(count, threads, cores)
+        if count != params.get("instances") and fitting is not None:
+            variants.append({**params, "instances": count, "threads_per_instance": fitting})
     return variants
 
 
-def best_complete(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
-    """The best completed trial, flagged noisy or not: on a loaded machine every measurement may be, and
-    a noisy leader is still the best guess of where to look (it never wins on that measurement)."""
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    return max(complete, key=lambda t: t.values[0], default=None)
+def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+    """The best clean trial; when no measurement was clean (a loaded machine may flag them all), the best
+    noisy one, still the best guess of where to look (it never wins on that measurement)."""
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        return None
+    return best_clean(study) or study.best_trial
 
 
 class LayoutRound:
-    """Optuna callback: when no enqueued trial is left to run (baseline, prior winners, coverage round),
-    enqueue the layout variants of the best clean trial (the best noisy one when none is clean) once,
-    each saying why it runs then (`order`)."""
+    """Optuna callback (and called once before a run resumes): when the enqueued rounds are through (the
+    baseline, prior winners and the coverage round: none waiting, and none running in another worker of
+    a fleet), enqueue the leader's layout variants once per study, each saying why it runs then."""
 
-    def __init__(self, instances: list[int], threads: list[int] | None, cores: int, objective: str) -> None:
-        self.instances, self.threads, self.cores = instances, threads, cores
-        self.active = objective in OBJECTIVES and len(instances) > 1
+    def __init__(self, space: SearchSpace, objective: str) -> None:
+        self.space = space
+        self.active = objective in OBJECTIVES and len(space.instances) > 1
 
-    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if not self.active or ROUND_ATTR in study.user_attrs:
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
+        if not self.active or ROUND_ATTR in study.user_attrs or self._enqueued_rounds_pending(study):
             return
-        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-            return  # the enqueued rounds before it are not through yet
-        leader = next(iter(clean_trials(study)), None) or best_complete(study)
-        if leader is None:
+        best = leader(study)
+        if best is None:
             return
-        study.set_user_attr(ROUND_ATTR, leader.number)  # first: a second worker of a fleet does not enqueue again
-        summary = leader.user_attrs.get("config_summary", "")
-        for params in layout_variants(dict(leader.params), self.instances, self.threads, self.cores):
+        study.set_user_attr(ROUND_ATTR, best.number)  # first: another worker of a fleet does not enqueue again
+        summary = best.user_attrs.get("config_summary", "")
+        for params in layout_variants(dict(best.params), self.space.instances, self.space.threads, self.space.cores):
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
-            why = f"layout round: the leader #{leader.number} ({summary}) as {layout}"
+            why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
             study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
+
+    @staticmethod
+    def _enqueued_rounds_pending(study: optuna.study.Study) -> bool:
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return True
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        return any(t.user_attrs.get(key) for t in running for key in ENQUEUED_ROUNDS)

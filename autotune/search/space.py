@@ -71,6 +71,14 @@ def _auto_instances(cores: int) -> list[int]:
     return counts + ([cores] if counts[-1] != cores else [])
 
 
+def most_threads(instances: int, threads: list[int] | None, cores: int) -> int | None:
+    """The most threads per instance that fit `instances` instances side by side on `cores` physical cores
+    (`threads` None: any count; a list: its values only), or None when none fits."""
+    limit = cores // instances
+    fitting = [t for t in (threads or [limit]) if 1 <= t <= limit]
+    return max(fitting) if fitting else None
+
+
 class InfeasibleConfig(Exception):
     """A sampled combination the machine cannot run (explicit thread lists only): never launched."""
 
@@ -346,11 +354,9 @@ class SearchSpace:
         threads that fit, first value of each backend option), so every backend is measured once before
         the sampler concentrates."""
         batch = self.baseline_batch_size
-        limit = self.cores // self.instances[0]
-        fitting = [t for t in (self.threads or [limit]) if t <= limit]
-        if not fitting:
+        threads = most_threads(self.instances[0], self.threads, self.cores)
+        if threads is None:
             return []
-        threads = max(fitting)
         plans = []
         for backend, dims in self.backends.items():
             routes = self.runtimes.get(backend, ["main"])

@@ -671,7 +671,8 @@ def _optimize(
     def say(line: str) -> None:
         console.print(line, markup=False)
 
-    space = objective.space
+    layouts = LayoutRound(objective.space, spec.objective)
+    layouts(study)  # a run resumed after the last enqueued trial was interrupted (no callback ran for it)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
     objective.status = status
@@ -693,7 +694,7 @@ def _optimize(
                     printer,
                     status,
                     AbandonedTrialsCheck(say),
-                    LayoutRound(space.instances, space.threads, space.cores, spec.objective),
+                    layouts,
                     BudgetGuard(objective.search_deadline),
                 ],
                 gc_after_trial=False,
