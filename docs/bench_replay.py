@@ -11,7 +11,8 @@ times is one row, worth the median of its values (merge_repeats). The table's be
 target; each replay reports its best-so-far curve and when it first reached 95% of the target.
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
-recorded machine, the layout round of the replay's own leader, then TPE multivariate),
+recorded machine, the layout round of the replay's own leader, the families expected to lose, then TPE
+multivariate),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler). A layout variant the
 recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
@@ -147,15 +148,18 @@ def replay(
             else optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed)
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
+    layouts_due = strategy == "default" and recorded_objective(recorded) in LAYOUT_OBJECTIVES
+    late: list[dict[str, Any]] = []
     if strategy in ("default", "default-without-layout-round", "coverage-in-space-order"):
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
         if strategy != "coverage-in-space-order":
             task = (recorded.user_attrs.get("spec") or {}).get("task", "classify")
-            coverage = [params for params, _ in order_by_payoff(coverage, isa, task)]
+            ordered = order_by_payoff(coverage, isa, task)
+            coverage = [plan.params for plan in ordered if not (layouts_due and plan.expected_to_lose)]
+            late = [plan.params for plan in ordered if plan.params not in coverage]
         for params in first + coverage:
             study.enqueue_trial(params)
-    layouts_due = strategy == "default" and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     clock, best, curve = 0.0, 0.0, []
     while clock < budget_s:
         with warnings.catch_warnings():
@@ -181,6 +185,8 @@ def replay(
             cost = answer(rows, leader.params).cost_s
             for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
                 study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
+            for params in late:  # the families expected to lose, after the round as in the search
+                study.enqueue_trial(params)
     return curve
 
 

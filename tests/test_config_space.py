@@ -339,13 +339,13 @@ def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first
     }
     plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
     ordered = order_by_payoff(plans, isa, "classify")
-    precisions = [params[f"{params['backend']}.precision"] for params, _ in ordered]
-    tiers = [int(why.split("tier ")[1].split(":")[0]) for _, why in ordered]
-    assert tiers == sorted(tiers)
+    precisions = [plan.params[f"{plan.params['backend']}.precision"] for plan in ordered]
+    tiers = [int(plan.order.split("tier ")[1].split(":")[0]) for plan in ordered]
+    assert tiers == sorted(tiers) == [plan.tier for plan in ordered]
     assert sorted(precisions[: len(first)]) == sorted(first) and first.count("int8") == precisions.count("int8")
-    assert precisions[-1] == last and f"{len(plans)}/{len(plans)}" in ordered[-1][1]
+    assert precisions[-1] == last and f"{len(plans)}/{len(plans)}" in ordered[-1].order
     # Within a tier the cheaper preparation goes first: ONNX Runtime's int8 before OpenVINO's.
-    int8 = [params["backend"] for params, _ in ordered if params[f"{params['backend']}.precision"] == "int8"]
+    int8 = [plan.params["backend"] for plan in ordered if plan.params[f"{plan.params['backend']}.precision"] == "int8"]
     assert int8 == ["onnxruntime", "openvino"]
 
 
@@ -475,3 +475,49 @@ def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instan
         other.add_trial(study.trials[0])
         LayoutRound(replace(space, instances=instances), objective)(other, other.trials[0])
         assert ROUND_ATTR not in other.user_attrs and not other.get_trials(states=waiting)
+
+
+def test_families_expected_to_lose_are_measured_after_the_layout_round():
+    """The late coverage (emulated bf16 here, tier 3) kept on the study runs right after the leader's
+    layout variants, saying so; with nothing completed to lead a round it runs at once, and the round
+    follows once something completed."""
+    from autotune.search.layouts import LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
+    from autotune.search.payoff import order_by_payoff
+
+    space = SearchSpace.from_dict(
+        {"batch_size": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
+        fake_machine(cores=8),
+        RUNTIMES,
+    )
+    fp32, bf16 = order_by_payoff(space.coverage_params(), {"avx2": True}, "classify")
+    assert (fp32.expected_to_lose, bf16.expected_to_lose) == (False, True) and bf16.tier == 3
+    late = [{"params": bf16.params, "order": bf16.order}]
+
+    def run(study, value):
+        trial = study.ask()
+        space.suggest(trial)
+        return study.tell(trial, value)
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(LATE_COVERAGE_ATTR, late)
+    study.enqueue_trial(fp32.params, user_attrs={"coverage": True})
+    layouts = LayoutRound(space, "throughput")
+    layouts(study)  # the coverage round is not through: nothing moves
+    assert study.user_attrs[LATE_COVERAGE_ATTR] == late
+    layouts(study, run(study, 100.0))
+    queued = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs.get("layout", False) for t in queued] == [True, False]  # the split, then bf16
+    assert (
+        queued[1].user_attrs["coverage"] and queued[1].user_attrs["order"] == f"{bf16.order} (after the layout round)"
+    )
+    assert study.user_attrs[LATE_COVERAGE_ATTR] == [] and study.user_attrs[ROUND_ATTR] == 0
+    config = space.suggest(study.ask())
+    assert config.instances == 2
+
+    nothing_led = optuna.create_study(direction="maximize")
+    nothing_led.set_user_attr(LATE_COVERAGE_ATTR, late)
+    layouts(nothing_led)  # no completed trial: the late coverage at once, no round yet
+    (queued_now,) = nothing_led.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert queued_now.user_attrs["coverage"] and ROUND_ATTR not in nothing_led.user_attrs
+    layouts(nothing_led, run(nothing_led, 10.0))
+    assert nothing_led.user_attrs[ROUND_ATTR] == 0  # the bf16 trial leads: its split is queued

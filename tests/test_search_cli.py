@@ -223,28 +223,37 @@ def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(
 
 
 def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(workdir):
-    """The layout round in a real search: with one backend there is no coverage round, so once the
-    baseline (one instance on all cores) ran it is the leader, and the next trial is the same
-    configuration split into one-thread instances, saying why; before, the sampler took it from there."""
+    """The layout round in a real search: the baseline (one instance on all cores) leads, the next trial is
+    the same configuration split into one-thread instances, saying why (before, the sampler took it from
+    there), and eager bf16's coverage trial runs after the round where bf16 is emulated (tier 3, expected
+    to lose), before it where the CPU has bf16 instructions."""
     from autotune.machine.probe import probe_machine
+    from autotune.search.payoff import LATE_TIER, expected_payoff
 
-    cores = probe_machine().physical_cores
+    machine = probe_machine()
+    cores = machine.physical_cores
     require(cores >= 2, "two physical cores")
-    space = write_space(workdir / "space.yaml", instances=[1, cores])
-    result = search(workdir, "--trials", "2", "--no-speed-pruning", space=space)
+    space = write_space(
+        workdir / "space.yaml",
+        instances=[1, cores],
+        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
+    )
+    result = search(workdir, "--trials", "3", "--no-speed-pruning", space=space)
     assert_trials_ran(result)
-    first, second = load_study(workdir, "s").trials
-    assert first.user_attrs["baseline"] and first.params["instances"] == 1
-    assert second.user_attrs["order"].startswith(f"layout round: the leader #0 (eager/fp32 bs=2 1x{cores}thr"), (
-        second.user_attrs
-    )
-    assert (
-        second.user_attrs["config"]["instances"] == cores and second.user_attrs["config"]["threads_per_instance"] == 1
-    )
-    assert {k: v for k, v in second.params.items() if k not in ("instances", "threads_per_instance")} == {
-        k: v for k, v in first.params.items() if k not in ("instances", "threads_per_instance")
+    trials = load_study(workdir, "s").trials
+    assert trials[0].user_attrs["baseline"] and trials[0].params["instances"] == 1
+    bf16_is_late = expected_payoff("eager", "bf16", machine.isa).tier >= LATE_TIER
+    split, bf16 = (trials[1], trials[2]) if bf16_is_late else (trials[2], trials[1])
+    assert bf16.params["eager.precision"] == "bf16" and bf16.user_attrs["coverage"]
+    assert bf16.user_attrs["order"].endswith("(after the layout round)") == bf16_is_late, bf16.user_attrs["order"]
+    assert split.user_attrs["order"].startswith("layout round: the leader #"), split.user_attrs["order"]
+    leader = trials[int(split.user_attrs["order"].split("#")[1].split(" ")[0])]
+    assert leader.number < split.number and leader.state == optuna.trial.TrialState.COMPLETE
+    assert split.user_attrs["config"]["instances"] == cores and split.user_attrs["config"]["threads_per_instance"] == 1
+    assert {k: v for k, v in split.params.items() if k not in ("instances", "threads_per_instance")} == {
+        k: v for k, v in leader.params.items() if k not in ("instances", "threads_per_instance")
     }
-    assert second.state == optuna.trial.TrialState.COMPLETE, second.user_attrs.get("fail_cause")
+    assert split.state == optuna.trial.TrialState.COMPLETE, split.user_attrs.get("fail_cause")
 
 
 def test_crashing_trials_never_kill_the_study(workdir):

@@ -10,7 +10,9 @@ best clean configuration (the best noisy one when no measurement was clean) is e
 each other instance count, each with the most threads that fit beside its siblings, everything else
 as it is: a cheap trial (its artifact is cached, and the speed pruner stops a clearly slower layout
 after screening). Once per study, for the objectives that sum work over instances (throughput, and
-the server scenario's sustained rate); a call's latency only grows when its cores are split.
+the server scenario's sustained rate); a call's latency only grows when its cores are split. The
+coverage trials of families expected to lose (search/payoff.py) are kept on the study until the round
+is enqueued, and run after it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autotune.search.space import SearchSpace, most_threads
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
 OBJECTIVES = ("throughput", "server")  # both maximized
 ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
+LATE_COVERAGE_ATTR = "late_coverage"  # on the study: [{"params", "order"}] to enqueue after the round
 
 
 def layout_variants(
@@ -56,20 +59,32 @@ class LayoutRound:
 
     def __init__(self, space: SearchSpace, objective: str) -> None:
         self.space = space
-        self.active = objective in OBJECTIVES and len(space.instances) > 1
+        self.active = self.applies(space, objective)
+
+    @staticmethod
+    def applies(space: SearchSpace, objective: str) -> bool:
+        """Whether a study of this space and objective has a layout round (and so keeps its late coverage)."""
+        return objective in OBJECTIVES and len(space.instances) > 1
 
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
         if not self.active or ROUND_ATTR in study.user_attrs or self._enqueued_rounds_pending(study):
             return
         best = leader(study)
-        if best is None:
-            return
-        study.set_user_attr(ROUND_ATTR, best.number)  # first: another worker of a fleet does not enqueue again
-        summary = best.user_attrs.get("config_summary", "")
-        for params in layout_variants(dict(best.params), self.space.instances, self.space.threads, self.space.cores):
-            layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
-            why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
-            study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
+        if best is not None:
+            study.set_user_attr(ROUND_ATTR, best.number)  # first: another worker of a fleet does not enqueue again
+            summary = best.user_attrs.get("config_summary", "")
+            space = self.space
+            for params in layout_variants(dict(best.params), space.instances, space.threads, space.cores):
+                layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
+                why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
+                study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
+        # The late coverage runs after the round, or at once when nothing completed to lead it (the round is
+        # then tried again once those trials ran).
+        late = study.user_attrs.get(LATE_COVERAGE_ATTR) or []
+        study.set_user_attr(LATE_COVERAGE_ATTR, [])
+        for plan in late:
+            order = f"{plan['order']} (after the layout round)"
+            study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
 
     @staticmethod
     def _enqueued_rounds_pending(study: optuna.study.Study) -> bool:

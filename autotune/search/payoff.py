@@ -22,7 +22,10 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
 Studies already run on this machine come first when the storage holds them (search/priors.py): a
 family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
 that did not goes last. Each coverage trial records its place and the reason (`order` in its user
-attributes).
+attributes). Where the layout round runs (search/layouts.py), the families expected to lose (tier 3
+and 4) wait until after it: on an AVX2-only EPYC the four emulated bf16 trials of mobilenet_v3_large
+took 2.3 minutes (three pruned at screening, OpenVINO's fell back to f32) before the leader's
+two-instance split could run.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ TILES = {"bf16": "amx_bf16"}
 # Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
 # optimize/trace, and torch.compile's code generation.
 PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
+LATE_TIER = 3  # emulated precisions (3) and families slower than fp32 eager in an earlier study (4)
 
 
 @dataclass(frozen=True)
@@ -93,12 +97,27 @@ def prior_payoff(speedup: float, study: str) -> Payoff:
     return Payoff(4, f"prior: {speedup:.2f}x its baseline in study {study} on this machine, slower than fp32 eager")
 
 
+@dataclass(frozen=True)
+class CoveragePlan:
+    """One coverage trial: its parameters, its tier and why it runs where it does (its `order`)."""
+
+    params: dict[str, Any]
+    tier: int
+    order: str
+
+    @property
+    def expected_to_lose(self) -> bool:
+        """Emulated precision, or slower than fp32 eager in an earlier study here: measured after the layout
+        round (search/layouts.py), which refines a likely winner instead."""
+        return self.tier >= LATE_TIER
+
+
 def order_by_payoff(
     plans: list[dict[str, Any]],
     isa: dict[str, bool],
     task: str,
     family_speedups: dict[tuple[str, str], tuple[float, str]] | None = None,
-) -> list[tuple[dict[str, Any], str]]:
+) -> list[CoveragePlan]:
     """The coverage plans, highest expected payoff first, each with why it is where it is: families
     measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
     of the same tier and backend keep the space's order."""
@@ -112,6 +131,6 @@ def order_by_payoff(
         ranked.append((payoff.tier, within, index, params, payoff.reason))
     ranked.sort(key=lambda item: item[:3])
     return [
-        (params, f"coverage {place + 1}/{len(ranked)}, tier {tier}: {reason}")
+        CoveragePlan(params, tier, f"coverage {place + 1}/{len(ranked)}, tier {tier}: {reason}")
         for place, (tier, _, _, params, reason) in enumerate(ranked)
     ]
