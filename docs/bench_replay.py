@@ -179,14 +179,16 @@ def replay(
             study.tell(trial, value)
             best = max(best, value)
         curve.append((clock, best))
-        if layouts_due and best > 0 and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
-            layouts_due = False  # as the search's callback: once, when the enqueued rounds are through
-            leader = study.best_trial
-            cost = answer(rows, leader.params).cost_s
-            for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
-                study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
-            for params in late:  # the families expected to lose, after the round as in the search
+        if (layouts_due or late) and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+            if layouts_due and best > 0:  # as the search's callback: once, when the enqueued rounds are through
+                layouts_due = False
+                leader = study.best_trial
+                cost = answer(rows, leader.params).cost_s
+                for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
+                    study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
+            for params in late:  # the families expected to lose, after the round (at once if nothing leads)
                 study.enqueue_trial(params)
+            late = []
     return curve
 
 

@@ -518,6 +518,21 @@ def test_families_expected_to_lose_are_measured_after_the_layout_round():
     nothing_led.set_user_attr(LATE_COVERAGE_ATTR, late)
     layouts(nothing_led)  # no completed trial: the late coverage at once, no round yet
     (queued_now,) = nothing_led.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert queued_now.user_attrs["coverage"] and ROUND_ATTR not in nothing_led.user_attrs
+    assert queued_now.user_attrs["order"].endswith("(no completed trial to lead a layout round)")
+    assert ROUND_ATTR not in nothing_led.user_attrs
     layouts(nothing_led, run(nothing_led, 10.0))
     assert nothing_led.user_attrs[ROUND_ATTR] == 0  # the bf16 trial leads: its split is queued
+
+    # A run that died after the round was marked and before its late coverage was enqueued: the next call
+    # releases it; so does a process with no round of its own (a fleet worker with one instance count).
+    for study_objective, round_marked, after in (
+        ("throughput", True, "(after the layout round)"),
+        ("latency", False, "(after the enqueued rounds; no layout round in this process)"),
+    ):
+        died = optuna.create_study(direction="maximize")
+        died.set_user_attr(LATE_COVERAGE_ATTR, late)
+        if round_marked:
+            died.set_user_attr(ROUND_ATTR, 0)
+        LayoutRound(space, study_objective)(died)
+        (released,) = died.get_trials(states=(optuna.trial.TrialState.WAITING,))
+        assert released.user_attrs["order"].endswith(after) and died.user_attrs[LATE_COVERAGE_ATTR] == []

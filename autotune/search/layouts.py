@@ -55,7 +55,8 @@ def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 class LayoutRound:
     """Optuna callback (and called once before a run resumes): when the enqueued rounds are through (the
     baseline, prior winners and the coverage round: none waiting, and none running in another worker of
-    a fleet), enqueue the leader's layout variants once per study, each saying why it runs then."""
+    a fleet), enqueue the leader's layout variants once per study, each saying why it runs then, and
+    after them the late coverage kept on the study (which a process without a round releases too)."""
 
     def __init__(self, space: SearchSpace, objective: str) -> None:
         self.space = space
@@ -67,24 +68,39 @@ class LayoutRound:
         return objective in OBJECTIVES and len(space.instances) > 1
 
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
-        if not self.active or ROUND_ATTR in study.user_attrs or self._enqueued_rounds_pending(study):
+        round_due = self.active and ROUND_ATTR not in study.user_attrs
+        if not (round_due or study.user_attrs.get(LATE_COVERAGE_ATTR)) or self._enqueued_rounds_pending(study):
             return
+        if round_due:
+            self._enqueue_variants(study)
+        if ROUND_ATTR in study.user_attrs:
+            after = "after the layout round"
+        elif self.active:  # nothing completed to lead it: the round is tried again once these ran
+            after = "no completed trial to lead a layout round"
+        else:
+            after = "after the enqueued rounds; no layout round in this process"
+        self._release_late_coverage(study, after)
+
+    def _enqueue_variants(self, study: optuna.study.Study) -> None:
         best = leader(study)
-        if best is not None:
-            study.set_user_attr(ROUND_ATTR, best.number)  # first: another worker of a fleet does not enqueue again
-            summary = best.user_attrs.get("config_summary", "")
-            space = self.space
-            for params in layout_variants(dict(best.params), space.instances, space.threads, space.cores):
-                layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
-                why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
-                study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
-        # The late coverage runs after the round, or at once when nothing completed to lead it (the round is
-        # then tried again once those trials ran).
-        late = study.user_attrs.get(LATE_COVERAGE_ATTR) or []
-        study.set_user_attr(LATE_COVERAGE_ATTR, [])
-        for plan in late:
-            order = f"{plan['order']} (after the layout round)"
+        if best is None:
+            return
+        space = self.space
+        summary = best.user_attrs.get("config_summary", "")
+        for params in layout_variants(dict(best.params), space.instances, space.threads, space.cores):
+            layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
+            why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
+            study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
+        study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before it enqueues them again
+
+    @staticmethod
+    def _release_late_coverage(study: optuna.study.Study, after: str) -> None:
+        """Enqueue the late coverage, then clear it (a run that dies between the two enqueues it again;
+        skip_if_exists keeps a plan from running twice)."""
+        for plan in study.user_attrs.get(LATE_COVERAGE_ATTR) or []:
+            order = f"{plan['order']} ({after})"
             study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
+        study.set_user_attr(LATE_COVERAGE_ATTR, [])
 
     @staticmethod
     def _enqueued_rounds_pending(study: optuna.study.Study) -> bool:
