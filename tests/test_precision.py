@@ -270,10 +270,11 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
     again = run_autotune("search", *args, "--trials", "1", "--calibration-samples", "8", *FAST, cwd=workdir)
     assert "Traceback" not in again.stderr, again.stderr
     repeated = load_study(workdir, "s").trials[-1]
-    assert repeated.state.name == "FAIL" and repeated.number == 2
-    assert repeated.user_attrs["fail_cause"] == f"{cause} (as trial 1 with the same numerics found): not launched"
+    # Pruned, not failed, so the sampler learns from it (TPE ignores FAIL trials and proposes them again).
+    assert repeated.state.name == "PRUNED" and repeated.number == 2 and not repeated.intermediate_values
+    assert repeated.user_attrs["prune_reason"] == f"{cause} (as trial 1 with the same numerics found): not launched"
     assert repeated.user_attrs["executed_precision"] == unfused.user_attrs["executed_precision"]
-    assert not Path(repeated.user_attrs["trial_dir"]).exists()  # nothing was started for it
+    assert not (workdir / "studies" / "s" / "trials" / "00002").exists()  # nothing was started for it
 
 
 @pytest.mark.parametrize("precision", ["woq_int8", "da8w8", "smoothquant_int8", "bf16"])
