@@ -73,6 +73,21 @@ def test_clearly_slower_screening_is_pruned_a_close_one_is_not():
     assert screened(study, 5.0, ci_rel=None) is True  # but 8x slower is
 
 
+def test_a_noisy_bar_widens_the_gap_that_prunes_but_never_closes_it():
+    """A best clean trial whose interval is ±19% (a sub-millisecond model on a shared machine) and a
+    screening too short for an interval: the noise widens the gap as factors, 3 x 1.38 = 4.14x. Added into
+    one relative margin (2 x (0.33 + 0.19) = 104%) it asked for more than the whole bar, so a config 55
+    times slower completed; the drift evaluation's speed gate had no floor either."""
+    from autotune.search.pruners import GATE_SHARE
+
+    study = study_with(completed(4000.0, ci_rel=0.19))
+    assert screened(study, 73.0, ci_rel=None) is True  # 55x slower
+    assert screened(study, 900.0, ci_rel=None) is True and screened(study, 1000.0, ci_rel=None) is False
+    assert screened(study, 2500.0, ci_rel=0.02) is True and screened(study, 3000.0, ci_rel=0.02) is False
+    gate = SpeedPruner().drift_gate(study, batch_size=4, instances=2)
+    assert gate is not None and gate.min_samples_per_s == pytest.approx(4000.0 / (3 * 1.38) * GATE_SHARE / 2)
+
+
 def test_noisy_best_does_not_set_the_bar_and_the_baseline_is_never_pruned():
     study = study_with(completed(10.0), completed(100.0, valid=False))
     assert screened(study, 9.0) is False  # the 100 was flagged noisy; 9 vs the clean 10 is within the margin

@@ -47,8 +47,12 @@ def best_clean(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 
 class SpeedPruner(BasePruner):
     """Prune a trial whose screening measurement (intermediate value at step 0) is clearly worse than
-    the best clean trial so far: worse by more than `min_margin`, or by more than `noise_factor` times
-    the two measurements' combined relative confidence half-widths, whichever is larger.
+    the best clean trial so far: worse by more than `min_margin`, and worse by more than the two
+    measurements' noise allows, each widened by `noise_factor` times its relative confidence half-width
+    as a factor (the screening's upper end, value x (1 + k x its half-width), below the best's lower end,
+    best / (1 + k x its half-width)). As factors, a noisy bar only widens the gap that prunes: added into
+    one relative margin, a bar whose interval was ±19% and a screening too short for one (±33%) asked
+    for a shortfall of more than 100%, so a configuration 60 times slower than the best completed.
 
     The screening value is what the study reports before the full window: samples/s when maximizing,
     median ms per call when minimizing. The eager baseline is never pruned (speedups need it).
@@ -58,24 +62,34 @@ class SpeedPruner(BasePruner):
         self.min_margin = min_margin
         self.noise_factor = noise_factor
         self.screening_step = screening_step
-        self.unknown_noise = 0.33
+        # Too few screening calls for a confidence interval (slow configs): a 3x gap before the best's noise.
+        self.unknown_noise = 1.0
 
-    def margin(self, screening_ci_rel: float | None, best_ci_rel: float) -> float:
-        # Too few screening calls for a confidence interval (slow configs): only a 3x gap counts.
-        noise = (screening_ci_rel if screening_ci_rel is not None else self.unknown_noise) + best_ci_rel
-        return max(self.min_margin, self.noise_factor * noise)
+    def gap(self, screening_ci_rel: float | None, best_ci_rel: float) -> float:
+        """The factor by which a screening must fall short of the best to be pruned (at least 1 / (1 -
+        min_margin)): the two measurements' widened intervals, multiplied."""
+        screening = screening_ci_rel if screening_ci_rel is not None else self.unknown_noise
+        noise = (1 + self.noise_factor * screening) * (1 + self.noise_factor * best_ci_rel)
+        return max(1 / (1 - self.min_margin), noise)
 
     def verdict(
         self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None, baseline: bool = False
     ) -> dict[str, Any] | None:
-        """The comparison behind the decision (None when there is nothing to compare yet)."""
+        """The comparison behind the decision (None when there is nothing to compare yet); `margin` is the
+        relative shortfall that prunes (1 - 1/gap)."""
         best = None if value is None or baseline else best_clean(study)
         if value is None or best is None:
             return None
         best_value = primary_value(best)
-        margin = self.margin(screening_ci_rel, relative_noise(best))
-        worse = value < best_value * (1 - margin) if maximizes(study) else value > best_value * (1 + margin)
-        return {"value": value, "best_trial": best.number, "best_value": best_value, "margin": margin, "prune": worse}
+        gap = self.gap(screening_ci_rel, relative_noise(best))
+        worse = value * gap < best_value if maximizes(study) else value > best_value * gap
+        return {
+            "value": value,
+            "best_trial": best.number,
+            "best_value": best_value,
+            "margin": 1 - 1 / gap,
+            "prune": worse,
+        }
 
     def drift_gate(self, study: optuna.study.Study, batch_size: int, instances: int) -> SpeedGate | None:
         """The pace a trial's drift evaluation must keep: half the widest bar screening could set (the bar
@@ -85,13 +99,13 @@ class SpeedPruner(BasePruner):
         if best is None:
             return None
         best_value = primary_value(best)
-        widest = self.margin(None, relative_noise(best))
+        widest = self.gap(None, relative_noise(best))
         if maximizes(study):  # samples/s of the whole trial (the server scenario: its closed-loop screening)
-            bar = best_value * (1 - widest)
+            bar = best_value / widest
             floor = bar * GATE_SHARE / instances
             basis = f"half of {bar:.3g} samples/s, the widest screening bar against #{best.number}'s {best_value:.3g}"
         else:  # ms per call of one instance
-            bar = best_value * (1 + widest)
+            bar = best_value * widest
             floor = batch_size * 1e3 / (bar / GATE_SHARE)
             basis = f"calls over twice {bar:.3g} ms, the widest screening bar against #{best.number}'s {best_value:.3g}"
         if floor <= 0:
