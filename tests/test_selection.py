@@ -192,6 +192,68 @@ def test_a_finalist_with_one_clean_run_of_three_cannot_win():
     assert decided["candidates"][0]["summary"]["eligible"] is False
 
 
+def test_a_config_that_won_every_interleaved_round_beyond_the_paired_noise_is_not_a_tie():
+    """The finalist runs of a 20-minute mobilenet_v3_large search on a shared AVX2 EPYC (study m20b):
+    the first round ran slow for everyone (the baseline too: 50.3 against 76.3 and 67.8), so each
+    candidate's own spread (12-14%) hid an 8% gap; two one-thread instances won every round (by 17.5%,
+    2.2% and 8.1%), and side by side they were 8-10% faster than the simpler one-instance config."""
+    from autotune.results.selection import decide
+
+    def run(value: float, ci_rel: float) -> dict:
+        return {"value": value, "valid": True, "ci_rel": ci_rel, "noise_flags": []}
+
+    two_by_one = OPENVINO | {"backend": "onnxruntime", "precision": "fp32", "allocator": "glibc"}
+    one_by_two = two_by_one | {"instances": 1}
+    record = {
+        "repeats": 3,
+        "candidates": [
+            {
+                "trial": 55,
+                "config": two_by_one,
+                "candidate": True,
+                "runs": [run(v, 0.02) for v in (230.8, 270.2, 265.5)],
+            },
+            {
+                "trial": 5,
+                "config": one_by_two,
+                "candidate": True,
+                "runs": [run(v, 0.02) for v in (196.5, 264.3, 245.7)],
+            },
+            {
+                "trial": 0,
+                "config": EAGER,
+                "candidate": False,
+                "baseline": True,
+                "runs": [run(v, 0.05) for v in (50.3, 76.3, 67.8)],
+            },
+        ],
+    }
+    decided = decide(record, maximize=True)
+    assert decided["winner_trial"] == 55, decided["selection"]
+    assert "each of 3 interleaved rounds" in decided["selection"]
+    assert decided["candidates"][1]["summary"]["rounds"] == [196.5, 264.3, 245.7]
+
+    # The same medians, but the simpler config won one round: a tie, and the simpler config wins it.
+    record["candidates"][1]["runs"] = [run(v, 0.02) for v in (196.5, 272.0, 245.7)]
+    assert decide(record, maximize=True)["winner_trial"] == 5
+    # Won every round, but by gains that spread wider than their median: still a tie.
+    record["candidates"][1]["runs"] = [run(v, 0.02) for v in (150.0, 268.0, 245.7)]
+    assert decide(record, maximize=True)["winner_trial"] == 5
+
+
+def test_paired_rounds_skip_a_round_either_side_lost_and_follow_the_direction():
+    from autotune.results.selection import paired_ratios, paired_win
+
+    fast = summarize_runs([10.0, 11.0, 10.5], [0.01], rounds=[10.0, None, 11.0, 10.5])
+    slow = summarize_runs([12.0, 11.0, 12.0], [0.01], rounds=[12.0, 12.5, None, 12.0])  # latency, ms
+    assert paired_ratios(fast, slow, maximize=False) == [1.2, 12.0 / 10.5]  # two shared rounds only
+    assert paired_win(fast, slow, maximize=False) is None  # fewer than three rounds prove nothing
+    fast["rounds"].append(10.0)
+    slow["rounds"].append(11.5)
+    gain, noise = paired_win(fast, slow, maximize=False) or (0.0, 0.0)
+    assert gain > noise > 0.0
+
+
 def test_ipex_has_its_place_in_the_simplicity_order():
     ipex = {**INDUCTOR, "backend": "ipex"}
     assert complexity(INDUCTOR) < complexity(ipex) < complexity({**INDUCTOR, "backend": "onnxruntime"})

@@ -117,10 +117,14 @@ def complexity(config: dict[str, Any]) -> tuple:
     )
 
 
-def summarize_runs(values: list[float], ci_rels: list[float]) -> dict[str, Any]:
-    """Median, range and relative noise of one candidate's repeated measurements."""
+def summarize_runs(
+    values: list[float], ci_rels: list[float], rounds: list[float | None] | None = None
+) -> dict[str, Any]:
+    """Median, range and relative noise of one candidate's repeated measurements; `rounds` keeps each
+    interleaved round's clean value (None where that run failed or was flagged) for paired comparison."""
+    paired = {"rounds": rounds} if rounds is not None else {}
     if not values:
-        return {"median": None, "min": None, "max": None, "spread_rel": None, "noise_rel": None, "runs": 0}
+        return {"median": None, "min": None, "max": None, "spread_rel": None, "noise_rel": None, "runs": 0, **paired}
     median = statistics.median(values)
     spread = (max(values) - min(values)) / 2 / median if median else None
     noise = max([spread or 0.0, statistics.median(ci_rels) if ci_rels else 0.0, MIN_TIE_NOISE])
@@ -131,7 +135,31 @@ def summarize_runs(values: list[float], ci_rels: list[float]) -> dict[str, Any]:
         "spread_rel": spread,
         "noise_rel": noise,
         "runs": len(values),
+        **paired,
     }
+
+
+MIN_PAIRED_ROUNDS = 3
+
+
+def paired_ratios(best: dict[str, Any], other: dict[str, Any], maximize: bool) -> list[float]:
+    """How much better the best did than the other in each interleaved round both measured cleanly.
+
+    The finalist round runs A B C A B C ...: a shared machine that slows down for a round slows every
+    candidate in it, which widens each candidate's own spread but cancels in the per-round ratio."""
+    pairs = zip(best.get("rounds") or [], other.get("rounds") or [])
+    return [(a / b if maximize else b / a) for a, b in pairs if a is not None and b is not None and a > 0 and b > 0]
+
+
+def paired_win(best: dict[str, Any], other: dict[str, Any], maximize: bool) -> tuple[float, float] | None:
+    """(median gain, its noise) when the best beat the other in every one of 3+ shared rounds by a median
+    gain beyond the ratios' own half-range (and 1%); None otherwise."""
+    ratios = paired_ratios(best, other, maximize)
+    if len(ratios) < MIN_PAIRED_ROUNDS or min(ratios) <= 1.0:
+        return None
+    median = statistics.median(ratios)
+    noise = max((max(ratios) - min(ratios)) / 2 / median, MIN_TIE_NOISE)
+    return (median - 1.0, noise) if median - 1.0 > noise else None
 
 
 def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int, str]:
@@ -140,7 +168,9 @@ def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int
     Each candidate has `config` and `summary` (from summarize_runs). Only a candidate whose runs were
     mostly clean may win (`eligible`): one lucky clean run among noisy ones proves nothing. Candidates
     whose median is within the noise of the best median tie with it, unless (3+ runs each) every run of
-    the best beat every run of theirs; among the tied the simplest config wins.
+    the best beat every run of theirs, or (3+ rounds both measured cleanly) the best won every round and
+    its median per-round gain exceeds the per-round ratios' half-range; among the tied the simplest
+    config wins.
     """
     measured = [
         i for i, c in enumerate(candidates) if c["summary"]["median"] is not None and c["summary"].get("eligible", True)
@@ -167,9 +197,25 @@ def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int
             return False
         return top["min"] > other["max"] if maximize else top["max"] < other["min"]
 
-    tied = [ordered[0], *(i for i in ordered[1:] if gap(i) <= noise(i) and not separated(i))]
+    def paired(i: int) -> tuple[float, float] | None:
+        return paired_win(top, candidates[i]["summary"], maximize)
+
+    tied = [ordered[0], *(i for i in ordered[1:] if gap(i) <= noise(i) and not separated(i) and not paired(i))]
     runner_up = ordered[1]
     if len(tied) == 1:
+        if gap(runner_up) <= noise(runner_up) and separated(runner_up):
+            return ordered[0], (
+                f"beats the runner-up by {gap(runner_up):.1%}: every run of it beat every run of the runner-up "
+                f"(noise {noise(runner_up):.1%})"
+            )
+        if gap(runner_up) <= noise(runner_up):
+            gain, paired_noise = paired(runner_up) or (0.0, 0.0)
+            rounds = len(paired_ratios(top, candidates[runner_up]["summary"], maximize))
+            return ordered[0], (
+                f"beats the runner-up in each of {rounds} interleaved rounds, by a median {gain:.1%} per round, "
+                f"more than the rounds' paired noise ({paired_noise:.1%}; the medians' gap {gap(runner_up):.1%} "
+                f"is within the unpaired noise {noise(runner_up):.1%})"
+            )
         return ordered[0], (
             f"beats the runner-up by {gap(runner_up):.1%}, more than the noise ({noise(runner_up):.1%})"
         )
@@ -192,8 +238,9 @@ def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
         runs = [FinalistRun.from_json(r) for r in entry["runs"]]
         clean = [r.value for r in runs if r.valid and r.value is not None]
         cis = [r.ci_rel for r in runs if r.valid and r.value is not None and r.ci_rel is not None]
+        rounds = [r.value if r.valid else None for r in runs]  # run k of every entry is round k
         entry["summary"] = {
-            **summarize_runs(clean, cis),
+            **summarize_runs(clean, cis, rounds),
             "of_runs": len(runs),
             "eligible": len(clean) > len(runs) / 2,  # a majority clean: 2 of 3
         }
