@@ -137,6 +137,20 @@ def test_hanging_trial_is_killed_at_its_timeout_with_its_python_stacks(reference
     assert leftover_processes(str(tmp_path / "trial")) == []
 
 
+def test_a_worker_whose_model_never_finishes_being_destroyed_still_delivers_its_result(reference, tmp_path):
+    """Nothing a worker built is destroyed before its process ends (worker/teardown.py): a model whose
+    destructor blocks forever measures like any other, and no process is left behind."""
+    metrics, _ = run(
+        TrialConfig("eager", "fp32", 2, "glibc", 1, 1),
+        reference,
+        tmp_path,
+        timeout=30,
+        model=source("blocks_at_teardown").with_weights(reference.model.weights_path),
+    )
+    assert metrics.measurement.calls >= QUICK.window_min_iters and metrics.throughput_sps > 0
+    assert leftover_processes(str(tmp_path / "trial")) == []
+
+
 def test_two_instances_run_pinned_to_disjoint_cores(reference, tmp_path):
     require(MACHINE.physical_cores >= 2, "two physical cores")
     metrics, _ = run(TrialConfig("eager", "fp32", 2, "glibc", 2, 1), reference, tmp_path)

@@ -244,3 +244,18 @@ class ServiceTimed(nn.Module):
 
 def service_timed() -> nn.Module:
     return ServiceTimed()
+
+
+class BlocksAtTeardown:
+    """Stands in for a native handle whose destructor never returns (OpenVINO's async infer queue
+    did so once at the end of a finalist run); blocks only inside a worker process."""
+
+    def __del__(self) -> None:
+        if "autotune.worker" in sys.orig_argv:
+            time.sleep(3600)
+
+
+def blocks_at_teardown() -> nn.Module:
+    model = TinyCNN()
+    model.handle = BlocksAtTeardown()
+    return model

@@ -21,6 +21,7 @@ from autotune.model.generation import GenerationWorkload, prompts
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
 from autotune.model.sources import ModelSource, build_model
 from autotune.records.config import TrialConfig
+from autotune.worker.teardown import keep_until_exit
 
 EVAL_SEQUENCES = 4
 EVAL_LENGTH = 128  # teacher-forced positions per evaluation sequence (fewer when the prompt is shorter)
@@ -51,7 +52,7 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
     source = ModelSource.from_dict(job["model"])
     workload = GenerationWorkload.from_json(job["generation"])
     t0 = time.monotonic()
-    model = build_model(source)
+    model = keep_until_exit(build_model(source))
     if job.get("weights_out"):
         save(model.state_dict(), job["weights_out"])
     ids = evaluation_ids(workload)
@@ -113,7 +114,7 @@ def build_generation_runner(job: dict[str, Any], config: TrialConfig) -> Generat
     source = ModelSource.from_dict(job["model"])
     workload = GenerationWorkload.from_json(job["generation"])
     t0 = time.monotonic()
-    model = build_model(source)
+    model = build_model(source)  # not kept: a conversion may replace it, and the runner holds what it uses
     build_s = time.monotonic() - t0
     # Quantized once by the prepare step: only loaded here (quantized here if it was evicted since).
     artifact = cached_artifact(job["artifact_dir"]) if job.get("artifact_dir") else None
@@ -134,7 +135,7 @@ def run_generation_prepare(job: dict[str, Any]) -> dict[str, Any]:
     config = TrialConfig.from_dict(job["config"])
     workload = GenerationWorkload.from_json(job["generation"])
     t0 = time.monotonic()
-    model = build_model(ModelSource.from_dict(job["model"]))
+    model = keep_until_exit(build_model(ModelSource.from_dict(job["model"])))
     calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" else None
     out_dir = Path(job["artifact_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,7 @@ from autotune.records.metrics import InstanceResult, InstanceScreen
 from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
 from autotune.worker.serve import Peers, run_rate_search
+from autotune.worker.teardown import keep_until_exit
 
 EXIT_CHECK_FAILED = 3
 EXIT_PRECISION_FALLBACK = 4
@@ -111,7 +112,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         return run_generation_reference(job, save_atomic)
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
-    model = build_model(source)
+    model = keep_until_exit(build_model(source))
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
         DataSource.from_dict(job.get("data")),
@@ -173,7 +174,7 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     # The artifact must depend only on its identity: a fixed batch unless the artifact is batch-specialised.
     batch = config.batch_size if "batch_size" in module.artifact_identity(config) else CALIBRATION_BATCH
     t0 = time.monotonic()
-    model = build_model(source)
+    model = keep_until_exit(build_model(source))
     example = synthetic(source.specs, batch, TIMING_SEED)
     import torch
 
@@ -206,7 +207,7 @@ def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, 
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):
         return module.load(example, config, Path(job["artifact_dir"]))
-    return module.prepare(build_model(source), example, config, Path(job["workdir"]))
+    return module.prepare(keep_until_exit(build_model(source)), example, config, Path(job["workdir"]))
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ def load_model(job: dict[str, Any], config: TrialConfig, instance: int) -> Loade
     load_s = time.monotonic() - t0
     t0 = time.monotonic()
     runner(native)
-    return LoadedModel(runner, native, load_s, time.monotonic() - t0, openmp)
+    return keep_until_exit(LoadedModel(runner, native, load_s, time.monotonic() - t0, openmp))
 
 
 def measure_drift(reference_path: str, runner: Any, batch_size: int, gate: SpeedGate | None = None) -> Drift:
