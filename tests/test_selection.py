@@ -254,6 +254,14 @@ def test_paired_rounds_skip_a_round_either_side_lost_and_follow_the_direction():
     assert gain > noise > 0.0
 
 
+def test_a_finalist_run_may_take_a_few_times_its_trial_but_not_the_rest_of_the_budget():
+    from autotune.search.finalists import finalist_timeout
+
+    assert 40.0 * 2 < finalist_timeout(40.0, 600.0) <= 150.0  # a slow round passes, a hang ends early
+    assert finalist_timeout(400.0, 600.0) == 600.0  # never beyond the trial timeout
+    assert finalist_timeout(5.0, 600.0) >= 30.0  # a short trial still gets time to start
+
+
 def test_ipex_has_its_place_in_the_simplicity_order():
     ipex = {**INDUCTOR, "backend": "ipex"}
     assert complexity(INDUCTOR) < complexity(ipex) < complexity({**INDUCTOR, "backend": "onnxruntime"})

@@ -108,7 +108,7 @@ def run_finalists(
                 TrialConfig.from_dict(entry["config"]),
                 ctx,
                 run_dir,
-                timeout_s,
+                finalist_timeout(typical[entry["trial"]], timeout_s),
                 known_drift=known_drift[entry["trial"]],
                 server_rates=server_rates,
                 server_round=round_index + 1,  # fresh arrivals each round, the same for every candidate in it
@@ -137,6 +137,14 @@ def run_finalists(
     decide(record, maximize)
     study.set_user_attr("finalists", record)
     return record
+
+
+def finalist_timeout(typical_s: float, trial_timeout_s: float) -> float:
+    """How long one re-measurement may take: three times what its trial took in the search (without
+    the artifact's preparation, which the round reuses) and half a minute for a slow start, never more
+    than the trial timeout. A run that hangs then costs minutes, not the rest of the budget (an
+    efficientnet_b0 finalist whose trial took 40 s hung for 10 minutes under the 600-second timeout)."""
+    return min(trial_timeout_s, 3.0 * typical_s + 30.0)
 
 
 def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
