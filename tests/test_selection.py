@@ -254,6 +254,19 @@ def test_paired_rounds_skip_a_round_either_side_lost_and_follow_the_direction():
     assert gain > noise > 0.0
 
 
+def test_each_finalist_round_starts_one_entry_later_and_run_k_is_round_k():
+    """The paired comparison reads run k of every entry as round k; a fixed order would hand one entry
+    the same place (say, right after the baseline) in every round and call that effect a win."""
+    from autotune.search.finalists import interleaved_schedule
+
+    schedule = interleaved_schedule(["A", "B", "C"], 3)
+    assert [entry for _, entry in schedule] == list("ABCBCACAB")
+    for entry in "ABC":
+        rounds = [r for r, e in schedule if e == entry]
+        assert rounds == [0, 1, 2]  # one run per round, in round order
+        assert len({[e for r2, e in schedule if r2 == r].index(entry) for r in rounds}) == 3  # three places
+
+
 def test_a_finalist_run_may_take_a_few_times_its_trial_but_not_the_rest_of_the_budget():
     from autotune.search.finalists import finalist_timeout
 

@@ -145,7 +145,7 @@ MIN_PAIRED_ROUNDS = 3
 def paired_ratios(best: dict[str, Any], other: dict[str, Any], maximize: bool) -> list[float]:
     """How much better the best did than the other in each interleaved round both measured cleanly.
 
-    The finalist round runs A B C A B C ...: a shared machine that slows down for a round slows every
+    The finalist round runs A B C, B C A, C A B: a shared machine that slows down for a round slows every
     candidate in it, which widens each candidate's own spread but cancels in the per-round ratio."""
     pairs = zip(best.get("rounds") or [], other.get("rounds") or [])
     return [(a / b if maximize else b / a) for a, b in pairs if a is not None and b is not None and a > 0 and b > 0]

@@ -1,7 +1,9 @@
 """The end of a search: the top few configs re-measured in fresh processes, interleaved, several times.
 
 One lucky measurement must not pick the winner. Candidates (and the eager baseline, for an interleaved
-speedup) run round-robin A B C A B C ... so a slow drift of a shared machine hits all alike. The winner
+speedup) run in rounds, each round every entry once, so a slow drift of a shared machine hits all alike;
+each round starts one entry later (A B C, B C A, C A B), so no entry always runs in the same place
+(after the baseline, first after a pause), which would bias the paired per-round comparison. The winner
 must beat the runner-up by more than the noise; otherwise the simpler config wins the tie.
 """
 
@@ -11,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 
@@ -21,6 +23,8 @@ from autotune.records.config import TrialConfig
 from autotune.records.metrics import FinalistRun, TrialMetrics
 from autotune.results.selection import clean_trials, decide, maximizes, noisy_contenders, primary_value
 from autotune.runner.trials import TrialContext, run_config
+
+T = TypeVar("T")
 
 
 def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
@@ -60,7 +64,7 @@ def run_finalists(
     baseline: optuna.trial.FrozenTrial | None,
     log: Callable[[str], None],
 ) -> dict[str, Any] | None:
-    """Re-measure the top candidates (and the baseline) round-robin; store and return the record."""
+    """Re-measure the top candidates (and the baseline) in interleaved rounds; store and return the record."""
     maximize = maximizes(study)
     picked = pick_candidates(study, count)
     if not picked:
@@ -93,12 +97,16 @@ def run_finalists(
     lead = picked[0].value or 0.0
     server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
     typical = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
+    # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
+    timeouts = {
+        e["trial"]: timeout_s if ctx.server else finalist_timeout(_trial_seconds(study, e["trial"], True), timeout_s)
+        for e in entries
+    }
     # Drift depends on numerics only: the search already measured it for every entry.
     known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
     started = time.monotonic()
     log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
-    schedule = [(round_index, entry) for round_index in range(repeats) for entry in entries]  # A B C A B C ...
-    for round_index, entry in schedule:
+    for round_index, entry in interleaved_schedule(entries, repeats):
         if deadline - time.monotonic() < typical[entry["trial"]]:
             log("finalists: budget reached; deciding on the runs made so far")
             break
@@ -108,7 +116,7 @@ def run_finalists(
                 TrialConfig.from_dict(entry["config"]),
                 ctx,
                 run_dir,
-                finalist_timeout(typical[entry["trial"]], timeout_s),
+                timeouts[entry["trial"]],
                 known_drift=known_drift[entry["trial"]],
                 server_rates=server_rates,
                 server_round=round_index + 1,  # fresh arrivals each round, the same for every candidate in it
@@ -130,7 +138,7 @@ def run_finalists(
         "seconds": time.monotonic() - started,
         "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
-        "order": "round-robin over the candidates and the baseline, fresh processes per run",
+        "order": "rounds over the candidates and the baseline, each starting one entry later, fresh processes per run",
         **({"server_rates": server_rates} if server_rates else {}),
         "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
     }
@@ -139,12 +147,23 @@ def run_finalists(
     return record
 
 
-def finalist_timeout(typical_s: float, trial_timeout_s: float) -> float:
-    """How long one re-measurement may take: three times what its trial took in the search (without
-    the artifact's preparation, which the round reuses) and half a minute for a slow start, never more
-    than the trial timeout. A run that hangs then costs minutes, not the rest of the budget (an
-    efficientnet_b0 finalist whose trial took 40 s hung for 10 minutes under the 600-second timeout)."""
-    return min(trial_timeout_s, 3.0 * typical_s + 30.0)
+def interleaved_schedule(entries: list[T], repeats: int) -> list[tuple[int, T]]:
+    """(round, entry) in running order: every entry once per round, each round starting one entry later
+    (A B C, B C A, C A B), so run k of every entry is in round k and no entry keeps one place."""
+    return [
+        (round_index, entries[(round_index + place) % len(entries)])
+        for round_index in range(repeats)
+        for place in range(len(entries))
+    ]
+
+
+def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
+    """How long one re-measurement may take: three times what its trial took in the search (with its
+    artifact's preparation: a cache that evicted the artifact, or another host's, builds it again) and
+    half a minute for a slow start, never more than the trial timeout. A run that hangs then costs
+    minutes, not the rest of the budget (an efficientnet_b0 finalist whose trial took 40 s hung for 10
+    minutes under the 600-second timeout)."""
+    return min(trial_timeout_s, 3.0 * trial_s + 30.0)
 
 
 def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
@@ -152,12 +171,10 @@ def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
     return None if not drift else Drift.from_json(drift).reused_by_another(number)
 
 
-def _trial_seconds(study: optuna.study.Study, number: int) -> float:
+def _trial_seconds(study: optuna.study.Study, number: int, with_preparation: bool = False) -> float:
+    """How long the trial took in the search; without its artifact's preparation unless asked."""
     trial = study.trials[number]
     if trial.datetime_start and trial.datetime_complete:
-        return max(
-            5.0,
-            (trial.datetime_complete - trial.datetime_start).total_seconds()
-            - (trial.user_attrs.get("prepare_s") or 0.0),
-        )
+        prepare_s = 0.0 if with_preparation else (trial.user_attrs.get("prepare_s") or 0.0)
+        return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - prepare_s)
     return 30.0

@@ -19,6 +19,7 @@ from autotune.model.seeds import TIMING_SEED
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
 from autotune.worker.process import build_runner
+from autotune.worker.teardown import exit_now, keep_until_exit
 
 WARMUP_S = 3.0
 
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
     instance = int(job.get("instance", 0))
     source = ModelSource.from_dict(job["model"])
     example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
-    runner = build_runner(job, config, source, example)
+    runner = keep_until_exit(build_runner(job, config, source, example))
     x = runner.convert_input(example)
     end = time.perf_counter() + WARMUP_S
     while time.perf_counter() < end:
@@ -49,4 +50,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))

@@ -207,7 +207,8 @@ def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, 
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):
         return module.load(example, config, Path(job["artifact_dir"]))
-    return module.prepare(keep_until_exit(build_model(source)), example, config, Path(job["workdir"]))
+    # The model itself is not kept: a backend may convert a copy (IPEX), and the runner holds what it uses.
+    return module.prepare(build_model(source), example, config, Path(job["workdir"]))
 
 
 @dataclass(frozen=True)

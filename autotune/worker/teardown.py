@@ -12,6 +12,7 @@ so nothing a worker started outlives it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from typing import Any, NoReturn, TypeVar
@@ -34,6 +35,10 @@ def exit_now(code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # what native libraries printed through C stdio
+    except (OSError, AttributeError):
+        pass
     os._exit(code)
 
 
