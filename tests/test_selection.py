@@ -257,7 +257,7 @@ def test_paired_rounds_skip_a_round_either_side_lost_and_follow_the_direction():
 def test_each_finalist_round_starts_one_entry_later_and_run_k_is_round_k():
     """The paired comparison reads run k of every entry as round k; a fixed order would hand one entry
     the same place (say, right after the baseline) in every round and call that effect a win."""
-    from autotune.search.finalists import interleaved_schedule
+    from autotune.results.selection import interleaved_schedule
 
     schedule = interleaved_schedule(["A", "B", "C"], 3)
     assert [entry for _, entry in schedule] == list("ABCBCACAB")

@@ -24,6 +24,7 @@ from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
 from autotune.results.best_json import context_from_best, read_best
+from autotune.results.selection import interleaved_schedule
 from autotune.runner.trials import TrialContext, compute_reference, run_config
 
 TIMEOUT_S = 1800.0
@@ -86,18 +87,17 @@ def measure_side_by_side(
 ) -> dict[str, list[BenchRun]]:
     """Run every measurement `repeats` times, interleaved; one that fails is reported, not fatal."""
     runs: dict[str, list[BenchRun]] = {name: [] for name in measures}
-    for repeat in range(repeats):
-        for name, measure in measures.items():
-            try:
-                run = measure(work / f"{repeat}-{name.replace(' ', '_')}")
-            except TrialFailed as exc:
-                console.print(f"repeat {repeat + 1}/{repeats} {name:<28} FAILED: {exc.cause}", markup=False)
-                continue
-            runs[name].append(run)
-            noisy = "" if run.valid else "  (noisy: " + "; ".join(run.noise_flags) + ")"
-            console.print(
-                f"repeat {repeat + 1}/{repeats} {name:<28} {run.throughput_sps:9.2f} {run.unit}{noisy}", markup=False
-            )
+    for repeat, name in interleaved_schedule(list(measures), repeats):  # each round starts one later
+        try:
+            run = measures[name](work / f"{repeat}-{name.replace(' ', '_')}")
+        except TrialFailed as exc:
+            console.print(f"repeat {repeat + 1}/{repeats} {name:<28} FAILED: {exc.cause}", markup=False)
+            continue
+        runs[name].append(run)
+        noisy = "" if run.valid else "  (noisy: " + "; ".join(run.noise_flags) + ")"
+        console.print(
+            f"repeat {repeat + 1}/{repeats} {name:<28} {run.throughput_sps:9.2f} {run.unit}{noisy}", markup=False
+        )
     return runs
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 
@@ -140,6 +140,18 @@ def summarize_runs(
 
 
 MIN_PAIRED_ROUNDS = 3
+
+T = TypeVar("T")
+
+
+def interleaved_schedule(entries: list[T], repeats: int) -> list[tuple[int, T]]:
+    """(round, entry) in running order: every entry once per round, each round starting one entry later
+    (A B C, B C A, C A B), so run k of every entry is in round k and no entry keeps one place."""
+    return [
+        (round_index, entries[(round_index + place) % len(entries)])
+        for round_index in range(repeats)
+        for place in range(len(entries))
+    ]
 
 
 def paired_ratios(best: dict[str, Any], other: dict[str, Any], maximize: bool) -> list[float]:

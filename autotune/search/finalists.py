@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import optuna
 
@@ -21,10 +21,15 @@ from autotune.common.errors import TrialFailed
 from autotune.measure.drift import Drift
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import FinalistRun, TrialMetrics
-from autotune.results.selection import clean_trials, decide, maximizes, noisy_contenders, primary_value
+from autotune.results.selection import (
+    clean_trials,
+    decide,
+    interleaved_schedule,
+    maximizes,
+    noisy_contenders,
+    primary_value,
+)
 from autotune.runner.trials import TrialContext, run_config
-
-T = TypeVar("T")
 
 
 def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
@@ -145,16 +150,6 @@ def run_finalists(
     decide(record, maximize)
     study.set_user_attr("finalists", record)
     return record
-
-
-def interleaved_schedule(entries: list[T], repeats: int) -> list[tuple[int, T]]:
-    """(round, entry) in running order: every entry once per round, each round starting one entry later
-    (A B C, B C A, C A B), so run k of every entry is in round k and no entry keeps one place."""
-    return [
-        (round_index, entries[(round_index + place) % len(entries)])
-        for round_index in range(repeats)
-        for place in range(len(entries))
-    ]
 
 
 def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
