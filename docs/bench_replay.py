@@ -198,15 +198,22 @@ def recorded_objective(recorded: optuna.study.Study) -> str:
 
 def instance_dims(
     distributions: dict[str, Any], recorded: optuna.study.Study
-) -> tuple[list[int], list[int] | None, int]:
-    """The recorded space's instance counts, its thread counts (None: any that fit) and the machine's cores."""
+) -> tuple[list[int], list[int] | None, int, list[int] | None, str]:
+    """The recorded space's instance counts, its thread counts (None: any that fit), the machine's cores,
+    and its batch sizes with their parameter's name (what layout_variants takes)."""
     instances = distributions.get("instances")
     threads = distributions.get("threads_per_instance")
     hardware = (recorded.user_attrs.get("fingerprint") or {}).get("hardware") or {}
+    batch_key = "sequences" if "sequences" in distributions else "batch_size"
+    batches = distributions.get(batch_key)
     return (
         list(getattr(instances, "choices", None) or [1]),
         list(threads.choices) if isinstance(threads, optuna.distributions.CategoricalDistribution) else None,
         int(hardware.get("physical_cores") or 1),
+        [b for b in batches.choices if isinstance(b, int)]
+        if isinstance(batches, optuna.distributions.CategoricalDistribution)
+        else None,
+        batch_key,
     )
 
 

@@ -466,6 +466,15 @@ def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instan
         {"instances": 4, "threads_per_instance": 1},
     ]
     assert layout_variants({"instances": 1}, [1, 2], [3], 4) == []  # 3 threads do not fit twice in 4 cores
+    two_cores = {"instances": 1, "threads_per_instance": 2, "batch_size": 8, "backend": "onnxruntime"}
+    assert layout_variants(two_cores, [1, 2], None, 2, [1, 2, 4, 8, 16]) == [
+        {**two_cores, "instances": 2, "threads_per_instance": 1, "batch_size": 4},  # 8 in flight, as the leader
+        {**two_cores, "instances": 2, "threads_per_instance": 1},
+    ]
+    split = {**two_cores, "instances": 2, "threads_per_instance": 1, "batch_size": 4}
+    assert [v["batch_size"] for v in layout_variants(split, [1, 2], None, 2, [4, 8])] == [8, 4]
+    assert [v["batch_size"] for v in layout_variants({**two_cores, "batch_size": 1}, [1, 2], None, 2, [1, 8])] == [1]
+    assert [v["batch_size"] for v in layout_variants(two_cores, [1, 2], None, 2, [8, 16])] == [8]  # 4 not listed
     noisy_only = optuna.create_study(direction="maximize")
     noisy_only.add_trial(study.trials[2])  # flagged noisy: on a loaded machine the best guess is still a guess
     LayoutRound(space, "throughput")(noisy_only, noisy_only.trials[0])

@@ -365,7 +365,7 @@ class SearchSpace:
                     params: dict[str, Any] = {
                         "backend": backend,
                         f"{backend}.precision": precision,
-                        self._batch_param: batch,
+                        self.batch_param: batch,
                         "allocator": self.allocators[0],
                         "instances": self.instances[0],
                         "threads_per_instance": threads,
@@ -386,7 +386,8 @@ class SearchSpace:
         return plans
 
     @property
-    def _batch_param(self) -> str:
+    def batch_param(self) -> str:
+        """The name of the batch parameter: concurrent sequences for generation, batch_size otherwise."""
         return "sequences" if self.task == "generate" else "batch_size"
 
     def _first_wait(self, batch: int) -> dict[str, Any]:
@@ -417,7 +418,7 @@ class SearchSpace:
         params: dict[str, Any] = {
             "backend": "eager",
             "eager.precision": "fp32",
-            self._batch_param: self.baseline_batch_size,
+            self.batch_param: self.baseline_batch_size,
             "allocator": "glibc",
             "instances": 1,
             "threads_per_instance": self.cores,
