@@ -242,7 +242,11 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
         batch_size=[BATCH],
         backends={
             "eager": {"precision": ["fp32"], "memory_format": ["contiguous"]},
-            "onnxruntime": {"precision": ["int8"], "graph_optimization": ["basic"]},
+            "onnxruntime": {
+                "precision": ["int8"],
+                "graph_optimization": ["basic"],
+                "execution_mode": ["sequential", "parallel"],
+            },
         },
     )
     args = ["--model", tiny(), "--input-shape", "3x16x16", "--study", "s", "--space", str(space)]
@@ -266,7 +270,10 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
     grouped = "precision fallback: int8 asked, N of N compute layers ran in int8 (ONNX Runtime optimized graph: N f32)"
     assert "FAIL" in flat and grouped in flat, shown.stdout  # numbers grouped, names (int8, f32) kept
 
-    load_study(workdir, "s").enqueue_trial(unfused.params)  # the same numerics again: known to fall back
+    # The same numerics in the other execution mode, an option that only schedules the work: known to fall back.
+    mode = unfused.params["onnxruntime.execution_mode"]
+    other_mode = "parallel" if mode == "sequential" else "sequential"
+    load_study(workdir, "s").enqueue_trial({**unfused.params, "onnxruntime.execution_mode": other_mode})
     again = run_autotune("search", *args, "--trials", "1", "--calibration-samples", "8", *FAST, cwd=workdir)
     assert "Traceback" not in again.stderr, again.stderr
     repeated = load_study(workdir, "s").trials[-1]

@@ -30,6 +30,9 @@ class BackendSpec:
     # Runs on PyTorch's OpenMP thread pool: the OpenMP runtime and PyTorch's huge-page setting matter.
     # ONNX Runtime and OpenVINO keep their own thread pools (and allocators' huge pages), so not there.
     torch_threads: bool = False
+    # Options that only schedule the work (streams, requests in flight, inter-op threads), never which
+    # kernels or precisions run: a precision fallback found once holds for every value of them.
+    scheduling_options: tuple[str, ...] = ()
 
     def applies(self, option: str, precision: str) -> bool:
         return precision in self.option_precisions.get(option, self.precisions)

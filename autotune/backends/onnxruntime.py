@@ -23,6 +23,7 @@ SPEC = BackendSpec(
     },
     requires=("onnxruntime", "onnx", "onnxscript"),
     uses_artifact=True,
+    scheduling_options=("execution_mode", "inter_op_threads"),
 )
 
 MODEL_FILE = "model.onnx"

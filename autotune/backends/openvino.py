@@ -21,6 +21,7 @@ SPEC = BackendSpec(
     requires=("openvino", "nncf"),
     option_precisions={"int8_float": ("int8",)},
     uses_artifact=True,
+    scheduling_options=("hint", "streams"),
 )
 
 MODEL_FILE = "model.xml"

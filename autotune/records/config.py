@@ -61,10 +61,11 @@ class TrialConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         return cls(**{**data, "options": dict(data.get("options", {}))})
 
-    def numerics_key(self) -> str:
+    def numerics_key(self, without: tuple[str, ...] = ()) -> str:
         """What changes the outputs: backend, precision, backend options and the runtime (another torch
-        may compute differently), not threads, allocator or OpenMP."""
-        key = {"backend": self.backend, "precision": self.precision, "options": self.to_dict()["options"]}
+        may compute differently), not threads, allocator or OpenMP; nor the options named in `without`."""
+        options = {k: v for k, v in self.to_dict()["options"].items() if k not in without}
+        key = {"backend": self.backend, "precision": self.precision, "options": options}
         if self.runtime != "main":
             key["runtime"] = self.runtime
         return json.dumps(key, sort_keys=True)

@@ -101,11 +101,12 @@ def run_finalists(
     # latency-against-rate curves meet at the same rates; the rate search then narrows in between.
     lead = picked[0].value or 0.0
     server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
-    typical = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
+    seconds = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
+    typical = {number: measuring for number, (measuring, _) in seconds.items()}
     # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
     timeouts = {
-        e["trial"]: timeout_s if ctx.server else finalist_timeout(_trial_seconds(study, e["trial"], True), timeout_s)
-        for e in entries
+        number: timeout_s if ctx.server else finalist_timeout(measuring + preparing, timeout_s)
+        for number, (measuring, preparing) in seconds.items()
     }
     # Drift depends on numerics only: the search already measured it for every entry.
     known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
@@ -166,10 +167,11 @@ def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
     return None if not drift else Drift.from_json(drift).reused_by_another(number)
 
 
-def _trial_seconds(study: optuna.study.Study, number: int, with_preparation: bool = False) -> float:
-    """How long the trial took in the search; without its artifact's preparation unless asked."""
+def _trial_seconds(study: optuna.study.Study, number: int) -> tuple[float, float]:
+    """How long the trial took in the search: the seconds without its artifact's preparation (what a
+    finalist run with a cached artifact takes), and the preparation's."""
     trial = study.trials[number]
     if trial.datetime_start and trial.datetime_complete:
-        prepare_s = 0.0 if with_preparation else (trial.user_attrs.get("prepare_s") or 0.0)
-        return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - prepare_s)
-    return 30.0
+        prepare_s = trial.user_attrs.get("prepare_s") or 0.0
+        return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - prepare_s), prepare_s
+    return 30.0, 0.0

@@ -191,6 +191,7 @@ class Objective:
         if self.status is not None:
             self.status.running = f"trial {trial.number}: {config.summary()}"
         trial.set_user_attr("numerics_key", config.numerics_key())
+        trial.set_user_attr("fallback_key", self._fallback_key(config))
         trial.set_user_attr("host", socket.gethostname())
         if self.spec.mixed_hardware:
             trial.set_user_attr("mixed_hardware", self.spec.mixed_hardware)
@@ -201,13 +202,19 @@ class Objective:
         that cause, unlaunched. Pruned, not failed: TPE learns nothing from a FAIL and proposes the same
         region again and again (a 60-minute mobilenet_v3_large search on an AVX2 EPYC sampled 520 OpenVINO
         bf16 configurations after its first fell back), while a pruned trial without a value ranks worst."""
-        found = same_numerics_fallback(trial.study, config.numerics_key(), socket.gethostname())
+        found = known_fallback(trial.study, self._fallback_key(config), socket.gethostname())
         if found is not None:
             number, precision = found
             reason = f"{precision.cause} (as trial {number} with the same numerics found): not launched"
             trial.set_user_attr("executed_precision", precision.to_json())
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
+
+    def _fallback_key(self, config: TrialConfig) -> str:
+        """The numerics without the options that only schedule the work: OpenVINO bf16 on a CPU without
+        bf16 falls back to f32 whatever its hint and streams (an efficientnet_b0 search launched each of
+        its combinations once, to fail 4-8 s later)."""
+        return config.numerics_key(without=self.space.specs[config.backend].scheduling_options)
 
     def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
         """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
@@ -432,16 +439,15 @@ class Objective:
             raise optuna.TrialPruned(reason)
 
 
-def same_numerics_fallback(
-    study: optuna.study.Study, numerics_key: str, host: str
-) -> tuple[int, ExecutedPrecision] | None:
-    """What the backend executes depends on numerics (backend, precision, options, runtime) and the
-    machine (a fleet may mix CPUs with and without bf16), not on batch, threads or instances: the
-    first earlier trial of the same numerics on this host that found a precision fallback, with its
-    record, or None."""
+def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> tuple[int, ExecutedPrecision] | None:
+    """What the backend executes depends on numerics (backend, precision, the options that choose
+    kernels, runtime) and the machine (a fleet may mix CPUs with and without bf16), not on batch,
+    threads, instances or the options that only schedule the work: the first earlier trial with the
+    same `fallback_key` on this host that found a precision fallback, with its record, or None."""
     for earlier in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         stored = earlier.user_attrs.get("executed_precision")
-        same = earlier.user_attrs.get("numerics_key") == numerics_key and earlier.user_attrs.get("host") == host
+        key = earlier.user_attrs.get("fallback_key", earlier.user_attrs.get("numerics_key"))  # older trials
+        same = key == fallback_key and earlier.user_attrs.get("host") == host
         if same and stored:
             precision = ExecutedPrecision.from_json(stored)
             if precision.fallback:
