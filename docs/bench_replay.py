@@ -11,8 +11,9 @@ times is one row, worth the median of its values (merge_repeats). The table's be
 target; each replay reports its best-so-far curve and when it first reached 95% of the target.
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
-recorded machine, the layout round of the replay's own leader, the families expected to lose, then TPE
-multivariate),
+recorded machine released a trial at a time, the layout round of the replay's own leader as soon as a
+trial other than the baseline leads, the families expected to lose last, then TPE multivariate),
+`layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler). A layout variant the
 recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
@@ -148,9 +149,17 @@ def replay(
             else optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed)
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
-    layouts_due = strategy == "default" and recorded_objective(recorded) in LAYOUT_OBJECTIVES
+    early = strategy == "default"  # the round as soon as a coverage family leads, ahead of the rest
+    layouts_due = strategy in ("default", "layout-round-after-coverage")
+    layouts_due = layouts_due and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     late: list[dict[str, Any]] = []
-    if strategy in ("default", "default-without-layout-round", "coverage-in-space-order"):
+    held: list[dict[str, Any]] = []  # early: coverage released one at a time, as the search's callback does
+    if strategy in (
+        "default",
+        "layout-round-after-coverage",
+        "default-without-layout-round",
+        "coverage-in-space-order",
+    ):
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
         if strategy != "coverage-in-space-order":
@@ -158,6 +167,8 @@ def replay(
             ordered = order_by_payoff(coverage, isa, task)
             coverage = [plan.params for plan in ordered if not (layouts_due and plan.expected_to_lose)]
             late = [plan.params for plan in ordered if plan.params not in coverage]
+        if early and layouts_due:
+            held, coverage = coverage, []
         for params in first + coverage:
             study.enqueue_trial(params)
     clock, best, curve = 0.0, 0.0, []
@@ -179,6 +190,17 @@ def replay(
             study.tell(trial, value)
             best = max(best, value)
         curve.append((clock, best))
+        if held and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+            leads = best > 0 and study.best_trial.number != 0  # trial 0 is the baseline
+            if layouts_due and leads:  # as the search's callback: once a coverage family leads
+                layouts_due = False
+                leader = study.best_trial
+                cost = answer(rows, leader.params).cost_s
+                for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
+                    study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
+            else:
+                study.enqueue_trial(held.pop(0))
+            continue
         if (layouts_due or late) and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
             if layouts_due and best > 0:  # as the search's callback: once, when the enqueued rounds are through
                 layouts_due = False
@@ -244,7 +266,8 @@ def main() -> int:
     for column in ("strategy", "reached 95%", "median min to 95%", "p90 min", "best at 25% of budget", "at 100%"):
         table.add_column(column)
     tally = LayoutTally()
-    for strategy in ("default", "default-without-layout-round", "coverage-in-space-order", "tpe", "random"):
+    strategies = ("default", "layout-round-after-coverage", "default-without-layout-round", "coverage-in-space-order")
+    for strategy in (*strategies, "tpe", "random"):
         reached, quarter, end = [], [], []
         for seed in range(args.runs):
             curve = replay(strategy, recorded, rows, budget_s, isa, seed, tally)

@@ -416,11 +416,12 @@ def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred()
     )
 
 
-def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instance_split():
+def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_split():
     """The layout round (search/layouts.py) on a real Optuna study and the space of an 8-core machine:
-    nothing while enqueued trials wait or run; then the best clean trial (not a faster noisy one) with 2, 4
-    and 8 instances, each with the most threads that fit, everything else as it was; once per study, even
-    when a new leader appears; and not for the latency objective or a space with one instance count."""
+    nothing while a trial waits; then, as soon as a trial other than the baseline leads, the best clean
+    trial (not a faster noisy one) with 2, 4 and 8 instances, each with the most threads that fit,
+    everything else as it was, even while a coverage trial runs in another worker; once per study,
+    even when a new leader appears; and not for the latency objective or a space with one instance count."""
     from autotune.search.layouts import ROUND_ATTR, LayoutRound, layout_variants
 
     space = SearchSpace.from_dict(
@@ -443,11 +444,11 @@ def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instan
         assert ROUND_ATTR not in study.user_attrs
         elsewhere = study.ask()  # it runs in another worker of a fleet, as a coverage trial
         elsewhere.set_user_attr("coverage", True)
-        layouts(study)
-        assert ROUND_ATTR not in study.user_attrs
-        study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
-    layouts(study, study.trials[-1])
+        if valid:
+            study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
+    layouts(study)  # a coverage trial still runs elsewhere: #0 leads, the round does not wait for it
     assert study.user_attrs[ROUND_ATTR] == 0  # the clean leader, not the noisy trial that measured faster
+    study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
     asked = [study.ask() for _ in range(3)]  # the three enqueued variants, as the space runs them
     configs = [space.suggest(trial) for trial in asked]
     assert [(c.instances, c.threads_per_instance) for c in configs] == [(2, 4), (4, 2), (8, 1)]
@@ -486,21 +487,27 @@ def test_after_the_coverage_round_the_leader_is_measured_with_every_other_instan
         assert ROUND_ATTR not in other.user_attrs and not other.get_trials(states=waiting)
 
 
-def test_families_expected_to_lose_are_measured_after_the_layout_round():
-    """The late coverage (emulated bf16 here, tier 3) kept on the study runs right after the leader's
-    layout variants, saying so; with nothing completed to lead a round it runs at once, and the round
-    follows once something completed."""
-    from autotune.search.layouts import LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
+def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family_leads():
+    """The coverage queue kept on the study (search/layouts.py): released one trial at a time while the
+    baseline leads; the leader's layout variants as soon as a coverage family leads, ahead of the rest;
+    the families expected to lose (emulated bf16 here, tier 3) after the round, saying so. With only
+    those left and the baseline leading, the round runs for the baseline; with nothing completed to
+    lead a round they run at once; a study begun before the queue keeps its late plans."""
+    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LEGACY_LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
+    from autotune.results.leaderboard import study_summary
     from autotune.search.payoff import order_by_payoff
 
     space = SearchSpace.from_dict(
-        {"batch_size": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
+        {"batch_size": [8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
         fake_machine(cores=8),
         RUNTIMES,
     )
     fp32, bf16 = order_by_payoff(space.coverage_params(), {"avx2": True}, "classify")
     assert (fp32.expected_to_lose, bf16.expected_to_lose) == (False, True) and bf16.tier == 3
-    late = [{"params": bf16.params, "order": bf16.order}]
+    baseline = {**fp32.params, "batch_size": 8}
+    covered = {**fp32.params, "batch_size": 16}
+    late = {"params": bf16.params, "order": bf16.order, "late": True}
+    waiting = (optuna.trial.TrialState.WAITING,)
 
     def run(study, value):
         trial = study.ask()
@@ -508,40 +515,61 @@ def test_families_expected_to_lose_are_measured_after_the_layout_round():
         return study.tell(trial, value)
 
     study = optuna.create_study(direction="maximize")
-    study.set_user_attr(LATE_COVERAGE_ATTR, late)
-    study.enqueue_trial(fp32.params, user_attrs={"coverage": True})
+    study.enqueue_trial(baseline, user_attrs={"baseline": True})
+    study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": covered, "order": "coverage 1/2", "late": False}, late])
     layouts = LayoutRound(space, "throughput")
-    layouts(study)  # the coverage round is not through: nothing moves
-    assert study.user_attrs[LATE_COVERAGE_ATTR] == late
-    layouts(study, run(study, 100.0))
-    queued = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert [t.user_attrs.get("layout", False) for t in queued] == [True, False]  # the split, then bf16
-    assert (
-        queued[1].user_attrs["coverage"] and queued[1].user_attrs["order"] == f"{bf16.order} (after the layout round)"
-    )
-    assert study.user_attrs[LATE_COVERAGE_ATTR] == [] and study.user_attrs[ROUND_ATTR] == 0
-    config = space.suggest(study.ask())
-    assert config.instances == 2
+    layouts(study)  # the baseline waits: nothing moves
+    assert len(study.user_attrs[COVERAGE_QUEUE_ATTR]) == 2
+    layouts(study, run(study, 100.0))  # the baseline leads: the next coverage trial, no round
+    (released,) = study.get_trials(states=waiting)
+    assert released.system_attrs["fixed_params"] == covered
+    assert released.user_attrs == {"coverage": True, "order": "coverage 1/2"}
+    assert ROUND_ATTR not in study.user_attrs and study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    assert study_summary(study) == "2 trials: 1 COMPLETE, 1 WAITING; 1 coverage trial(s) not run yet"
+    layouts(study, run(study, 120.0))  # a coverage family leads: its split, ahead of bf16
+    splits = study.get_trials(states=waiting)
+    assert [
+        (t.system_attrs["fixed_params"]["instances"], t.system_attrs["fixed_params"]["batch_size"]) for t in splits
+    ] == [
+        (2, 8),
+        (2, 16),
+    ]
+    assert study.user_attrs[ROUND_ATTR] == 1 and study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    layouts(study, run(study, 90.0))
+    assert study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]  # the other split still waits
+    layouts(study, run(study, 90.0))
+    (after,) = study.get_trials(states=waiting)
+    assert after.user_attrs["coverage"] and after.user_attrs["order"] == f"{bf16.order} (after the layout round)"
+    assert study.user_attrs[COVERAGE_QUEUE_ATTR] == []
+
+    baseline_leads = optuna.create_study(direction="maximize")
+    baseline_leads.enqueue_trial(baseline, user_attrs={"baseline": True})
+    baseline_leads.set_user_attr(COVERAGE_QUEUE_ATTR, [late])
+    layouts(baseline_leads, run(baseline_leads, 100.0))  # only bf16 left: the baseline's split first
+    assert baseline_leads.user_attrs[ROUND_ATTR] == 0
+    assert [t.user_attrs.get("layout") for t in baseline_leads.get_trials(states=waiting)] == [True]
 
     nothing_led = optuna.create_study(direction="maximize")
-    nothing_led.set_user_attr(LATE_COVERAGE_ATTR, late)
+    nothing_led.set_user_attr(COVERAGE_QUEUE_ATTR, [late])
     layouts(nothing_led)  # no completed trial: the late coverage at once, no round yet
-    (queued_now,) = nothing_led.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    (queued_now,) = nothing_led.get_trials(states=waiting)
     assert queued_now.user_attrs["order"].endswith("(no completed trial to lead a layout round)")
     assert ROUND_ATTR not in nothing_led.user_attrs
     layouts(nothing_led, run(nothing_led, 10.0))
     assert nothing_led.user_attrs[ROUND_ATTR] == 0  # the bf16 trial leads: its split is queued
 
-    # A run that died after the round was marked and before its late coverage was enqueued: the next call
-    # releases it; so does a process with no round of its own (a fleet worker with one instance count).
-    for study_objective, round_marked, after in (
-        ("throughput", True, "(after the layout round)"),
-        ("latency", False, "(after the enqueued rounds; no layout round in this process)"),
+    # A run that died after the round was marked and before the late coverage was enqueued: the next call
+    # releases it; so does a process with no round of its own (a fleet worker with one instance count);
+    # a study begun before the queue existed holds its late plans under their old name.
+    for study_objective, round_marked, attr, after_text in (
+        ("throughput", True, COVERAGE_QUEUE_ATTR, "(after the layout round)"),
+        ("latency", False, COVERAGE_QUEUE_ATTR, "(after the enqueued rounds; no layout round in this process)"),
+        ("throughput", True, LEGACY_LATE_COVERAGE_ATTR, "(after the layout round)"),
     ):
         died = optuna.create_study(direction="maximize")
-        died.set_user_attr(LATE_COVERAGE_ATTR, late)
+        died.set_user_attr(attr, [late])
         if round_marked:
             died.set_user_attr(ROUND_ATTR, 0)
         LayoutRound(space, study_objective)(died)
-        (released,) = died.get_trials(states=(optuna.trial.TrialState.WAITING,))
-        assert released.user_attrs["order"].endswith(after) and died.user_attrs[LATE_COVERAGE_ATTR] == []
+        (released,) = died.get_trials(states=waiting)
+        assert released.user_attrs["order"].endswith(after_text) and died.user_attrs[COVERAGE_QUEUE_ATTR] == []

@@ -164,8 +164,15 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
     ]
 
 
+# On the study: the coverage trials the search holds back and releases one at a time (search/layouts.py).
+COVERAGE_QUEUE_ATTR = "coverage_queue"
+
+
 def study_summary(study: optuna.study.Study) -> str:
+    """The trials by state, and the coverage trials never released (the budget ran out before them)."""
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
-    return f"{len(study.trials)} trials: " + ", ".join(
+    summary = f"{len(study.trials)} trials: " + ", ".join(
         f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s]
     )
+    held = len(study.user_attrs.get(COVERAGE_QUEUE_ATTR) or [])
+    return summary + (f"; {held} coverage trial(s) not run yet" if held else "")

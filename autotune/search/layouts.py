@@ -5,14 +5,15 @@ How many instances share the cores is the dimension with the largest effect afte
 precision, and the coverage round measures every family with one instance on all cores only. Small
 models win with several one-thread instances (efficientnet_b0 on a 2-core EPYC: ONNX Runtime fp32,
 111.5 samples/s as one instance of two threads, 131.2 as two of one; a 20-minute search's sampler
-did not get there, a 60-minute one found it after 23 minutes). So right after the coverage round the
-best clean configuration (the best noisy one when no measurement was clean) is enqueued again with
+did not get there, a 60-minute one found it after 23 minutes). So as soon as a coverage family other
+than the baseline leads (the coverage round waits on the study and is released one trial at a time),
+the best clean configuration (the best noisy one when no measurement was clean) is enqueued again with
 each other instance count, each with the most threads that fit beside its siblings, everything else
 as it is: a cheap trial (its artifact is cached, and the speed pruner stops a clearly slower layout
 after screening). Once per study, for the objectives that sum work over instances (throughput, and
 the server scenario's sustained rate); a call's latency only grows when its cores are split. The
-coverage trials of families expected to lose (search/payoff.py) are kept on the study until the round
-is enqueued, and run after it.
+coverage trials of families expected to lose (search/payoff.py) come last in the queue, so they run
+after the round.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from typing import Any
 
 import optuna
 
+from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR  # [{"params", "order", "late"}]
 from autotune.search.pruners import best_clean
 from autotune.search.space import SearchSpace, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
 OBJECTIVES = ("throughput", "server")  # both maximized
 ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
-LATE_COVERAGE_ATTR = "late_coverage"  # on the study: [{"params", "order"}] to enqueue after the round
+LEGACY_LATE_COVERAGE_ATTR = "late_coverage"  # studies begun before the queue: the late plans alone
 
 
 def layout_variants(
@@ -69,10 +71,13 @@ def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 
 
 class LayoutRound:
-    """Optuna callback (and called once before a run resumes): when the enqueued rounds are through (the
-    baseline, prior winners and the coverage round: none waiting, and none running in another worker of
-    a fleet), enqueue the leader's layout variants once per study, each saying why it runs then, and
-    after them the late coverage kept on the study (which a process without a round releases too)."""
+    """Optuna callback (and called once before a run resumes). Where a layout round runs, the coverage
+    round waits on the study (COVERAGE_QUEUE_ATTR) and is released one trial at a time, whenever nothing
+    is waiting: so the leader's layout variants run as soon as a family other than the baseline leads,
+    ahead of the coverage still to come (efficientnet_b0 on a 2-core EPYC: its winning split waited 3
+    minutes behind three fp32 families that could not win). Once per study; when nothing but the
+    families expected to lose is left and the baseline still leads, the round runs for the baseline
+    once the enqueued rounds are through (none waiting, none running in another worker of a fleet)."""
 
     def __init__(self, space: SearchSpace, objective: str) -> None:
         self.space = space
@@ -80,22 +85,30 @@ class LayoutRound:
 
     @staticmethod
     def applies(space: SearchSpace, objective: str) -> bool:
-        """Whether a study of this space and objective has a layout round (and so keeps its late coverage)."""
+        """Whether a study of this space and objective has a layout round (and so holds its coverage)."""
         return objective in OBJECTIVES and len(space.instances) > 1
 
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
+        queue = held_coverage(study)
         round_due = self.active and ROUND_ATTR not in study.user_attrs
-        if not (round_due or study.user_attrs.get(LATE_COVERAGE_ATTR)) or self._enqueued_rounds_pending(study):
+        if not (round_due or queue) or study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
-        if round_due:
+        if round_due and self._round_now(study, queue):
             self._enqueue_variants(study)
-        if ROUND_ATTR in study.user_attrs:
-            after = "after the layout round"
-        elif self.active:  # nothing completed to lead it: the round is tried again once these ran
-            after = "no completed trial to lead a layout round"
-        else:
-            after = "after the enqueued rounds; no layout round in this process"
-        self._release_late_coverage(study, after)
+            if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+                return
+        if queue:
+            self._release(study, queue)
+
+    def _round_now(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> bool:
+        """A family other than the baseline leads; or only the families expected to lose are left and
+        the enqueued rounds are through."""
+        best = leader(study)
+        if best is None:
+            return False
+        if not best.user_attrs.get("baseline"):
+            return True
+        return all(plan.get("late") for plan in queue) and not self._enqueued_rounds_running(study)
 
     def _enqueue_variants(self, study: optuna.study.Study) -> None:
         best = leader(study)
@@ -114,18 +127,31 @@ class LayoutRound:
             study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
         study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before it enqueues them again
 
-    @staticmethod
-    def _release_late_coverage(study: optuna.study.Study, after: str) -> None:
-        """Enqueue the late coverage, then clear it (a run that dies between the two enqueues it again;
-        skip_if_exists keeps a plan from running twice)."""
-        for plan in study.user_attrs.get(LATE_COVERAGE_ATTR) or []:
-            order = f"{plan['order']} ({after})"
-            study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
-        study.set_user_attr(LATE_COVERAGE_ATTR, [])
+    def _release(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> None:
+        """Enqueue the next coverage trial, then drop it from the queue (a run that dies between the two
+        enqueues it again; skip_if_exists keeps a plan from running twice). The families expected to lose
+        say where they ran against the round."""
+        plan, rest = queue[0], queue[1:]
+        order = plan["order"]
+        if plan.get("late"):
+            if ROUND_ATTR in study.user_attrs:
+                order += " (after the layout round)"
+            elif self.active:  # nothing completed to lead it: the round is tried again once these ran
+                order += " (no completed trial to lead a layout round)"
+            else:
+                order += " (after the enqueued rounds; no layout round in this process)"
+        study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
+        study.set_user_attr(COVERAGE_QUEUE_ATTR, rest)
 
     @staticmethod
-    def _enqueued_rounds_pending(study: optuna.study.Study) -> bool:
-        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-            return True
+    def _enqueued_rounds_running(study: optuna.study.Study) -> bool:
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         return any(t.user_attrs.get(key) for t in running for key in ENQUEUED_ROUNDS)
+
+
+def held_coverage(study: optuna.study.Study) -> list[dict[str, Any]]:
+    """The coverage trials still waiting on the study ({"params", "order", "late"}), next first; a study
+    begun before the queue existed keeps its coverage enqueued and only the late plans here."""
+    if COVERAGE_QUEUE_ATTR in study.user_attrs:
+        return list(study.user_attrs[COVERAGE_QUEUE_ATTR] or [])
+    return [{**plan, "late": True} for plan in study.user_attrs.get(LEGACY_LATE_COVERAGE_ATTR) or []]

@@ -48,7 +48,7 @@ from autotune.search.fleet import (
     orchestrator_record,
     register_orchestrator,
 )
-from autotune.search.layouts import LATE_COVERAGE_ATTR, LayoutRound
+from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
 from autotune.search.payoff import order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
@@ -515,7 +515,7 @@ def _enqueue_first_trials(
     """The eager fp32 baseline first, then the winners of earlier studies on this machine
     (search/priors.py), then one trial per backend x precision, highest expected payoff on this machine
     first (search/payoff.py), each recording why it runs where it does; where a layout round runs, the
-    families expected to lose are kept for after it (search/layouts.py)."""
+    coverage waits on the study, released a trial at a time (search/layouts.py)."""
     baseline = space.baseline_params()
     if baseline is None:
         console.print(
@@ -540,12 +540,16 @@ def _enqueue_first_trials(
     if spec.cover_backends:
         plans = [p for p in space.coverage_params() if p != baseline and _family(p) not in covered]
         ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups)
-        late = [plan for plan in ordered if plan.expected_to_lose and LayoutRound.applies(space, spec.objective)]
-        for plan in ordered:
-            if plan not in late:
+        if LayoutRound.applies(space, spec.objective):
+            # released one at a time, so the layout round can run as soon as a family leads; the families
+            # expected to lose last, after the round (search/layouts.py)
+            held = [plan for plan in ordered if not plan.expected_to_lose]
+            held += [plan for plan in ordered if plan.expected_to_lose]
+            queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in held]
+            study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+        else:
+            for plan in ordered:
                 study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
-        # the families expected to lose run after the layout round (search/layouts.py enqueues them)
-        study.set_user_attr(LATE_COVERAGE_ATTR, [{"params": plan.params, "order": plan.order} for plan in late])
     study.set_user_attr("seeded", True)
 
 
