@@ -491,10 +491,11 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
     """The coverage queue kept on the study (search/layouts.py): released one trial at a time while the
     baseline leads; the leader's layout variants as soon as a coverage family leads, ahead of the rest;
     the families expected to lose (emulated bf16 here, tier 3) after the round, saying so. With only
-    those left and the baseline leading, the round runs for the baseline; with nothing completed to
+    those left and the baseline leading, the round runs for the baseline once no enqueued trial runs
+    elsewhere (one may lead, and the late families wait for the round); with nothing completed to
     lead a round they run at once; a study begun before the queue keeps its late plans."""
-    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LEGACY_LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
     from autotune.results.leaderboard import study_summary
+    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LEGACY_LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
     from autotune.search.payoff import order_by_payoff
 
     space = SearchSpace.from_dict(
@@ -544,8 +545,14 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
 
     baseline_leads = optuna.create_study(direction="maximize")
     baseline_leads.enqueue_trial(baseline, user_attrs={"baseline": True})
+    baseline_leads.enqueue_trial(covered, user_attrs={"coverage": True})
     baseline_leads.set_user_attr(COVERAGE_QUEUE_ATTR, [late])
-    layouts(baseline_leads, run(baseline_leads, 100.0))  # only bf16 left: the baseline's split first
+    done = run(baseline_leads, 100.0)
+    elsewhere = baseline_leads.ask()  # the last coverage trial runs in another worker of a fleet: it may lead
+    layouts(baseline_leads, done)
+    assert ROUND_ATTR not in baseline_leads.user_attrs and baseline_leads.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    layouts(baseline_leads, baseline_leads.tell(elsewhere, state=optuna.trial.TrialState.PRUNED))
+    # only bf16 left, nothing running: the baseline's split first
     assert baseline_leads.user_attrs[ROUND_ATTR] == 0
     assert [t.user_attrs.get("layout") for t in baseline_leads.get_trials(states=waiting)] == [True]
 
@@ -567,7 +574,9 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
         ("throughput", True, LEGACY_LATE_COVERAGE_ATTR, "(after the layout round)"),
     ):
         died = optuna.create_study(direction="maximize")
-        died.set_user_attr(attr, [late])
+        died.set_user_attr(attr, [{**late, "params": covered}, late])  # the first already ran: skipped
+        died.enqueue_trial(covered)
+        died.tell(died.ask(), 1.0)
         if round_marked:
             died.set_user_attr(ROUND_ATTR, 0)
         LayoutRound(space, study_objective)(died)

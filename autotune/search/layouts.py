@@ -93,22 +93,30 @@ class LayoutRound:
         round_due = self.active and ROUND_ATTR not in study.user_attrs
         if not (round_due or queue) or study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
-        if round_due and self._round_now(study, queue):
-            self._enqueue_variants(study)
-            if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        if round_due:
+            when = self._round_when(study, queue)
+            if when == "later":  # enqueued rounds still run elsewhere and may lead: the late families wait
                 return
+            if when == "now":
+                self._enqueue_variants(study)
+                if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+                    return
         if queue:
             self._release(study, queue)
 
-    def _round_now(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> bool:
-        """A family other than the baseline leads; or only the families expected to lose are left and
-        the enqueued rounds are through."""
+    def _round_when(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> str:
+        """ "now" when a trial other than the baseline leads, or when only the families expected to lose
+        are left and the enqueued rounds are through; "later" when only those are left but an enqueued
+        round still runs in another worker (it may lead); "not yet" while coverage that may lead is held,
+        or nothing completed."""
         best = leader(study)
         if best is None:
-            return False
+            return "not yet"
         if not best.user_attrs.get("baseline"):
-            return True
-        return all(plan.get("late") for plan in queue) and not self._enqueued_rounds_running(study)
+            return "now"
+        if not all(plan.get("late") for plan in queue):
+            return "not yet"
+        return "later" if self._enqueued_rounds_running(study) else "now"
 
     def _enqueue_variants(self, study: optuna.study.Study) -> None:
         best = leader(study)
@@ -131,17 +139,19 @@ class LayoutRound:
         """Enqueue the next coverage trial, then drop it from the queue (a run that dies between the two
         enqueues it again; skip_if_exists keeps a plan from running twice). The families expected to lose
         say where they ran against the round."""
-        plan, rest = queue[0], queue[1:]
-        order = plan["order"]
-        if plan.get("late"):
-            if ROUND_ATTR in study.user_attrs:
-                order += " (after the layout round)"
-            elif self.active:  # nothing completed to lead it: the round is tried again once these ran
-                order += " (no completed trial to lead a layout round)"
-            else:
-                order += " (after the enqueued rounds; no layout round in this process)"
-        study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
-        study.set_user_attr(COVERAGE_QUEUE_ATTR, rest)
+        waiting = (optuna.trial.TrialState.WAITING,)
+        while queue and not study.get_trials(deepcopy=False, states=waiting):  # a plan already run is skipped
+            plan, queue = queue[0], queue[1:]
+            order = plan["order"]
+            if plan.get("late"):
+                if ROUND_ATTR in study.user_attrs:
+                    order += " (after the layout round)"
+                elif self.active:  # nothing completed to lead it: the round is tried again once these ran
+                    order += " (no completed trial to lead a layout round)"
+                else:
+                    order += " (after the enqueued rounds; no layout round in this process)"
+            study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
+            study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
 
     @staticmethod
     def _enqueued_rounds_running(study: optuna.study.Study) -> bool:
