@@ -194,24 +194,29 @@ def replay(
             leads = best > 0 and study.best_trial.number != 0  # trial 0 is the baseline
             if layouts_due and leads:  # as the search's callback: once a coverage family leads
                 layouts_due = False
-                leader = study.best_trial
-                cost = answer(rows, leader.params).cost_s
-                for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
-                    study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
+                enqueue_layout_round(study, rows, distributions, recorded)
             else:
                 study.enqueue_trial(held.pop(0))
             continue
         if (layouts_due or late) and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
             if layouts_due and best > 0:  # as the search's callback: once, when the enqueued rounds are through
                 layouts_due = False
-                leader = study.best_trial
-                cost = answer(rows, leader.params).cost_s
-                for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
-                    study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
+                enqueue_layout_round(study, rows, distributions, recorded)
             for params in late:  # the families expected to lose, after the round (at once if nothing leads)
                 study.enqueue_trial(params)
             late = []
     return curve
+
+
+def enqueue_layout_round(
+    study: optuna.study.Study, rows: list[Row], distributions: dict[str, Any], recorded: optuna.study.Study
+) -> None:
+    """The replay's leader with every other instance split (layout_variants), each charged its leader's
+    cost when the recorded study never measured it."""
+    leader = study.best_trial
+    cost = answer(rows, leader.params).cost_s
+    for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
+        study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
 
 
 def recorded_objective(recorded: optuna.study.Study) -> str:

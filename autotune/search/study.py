@@ -202,7 +202,7 @@ class Objective:
         that cause, unlaunched. Pruned, not failed: TPE learns nothing from a FAIL and proposes the same
         region again and again (a 60-minute mobilenet_v3_large search on an AVX2 EPYC sampled 520 OpenVINO
         bf16 configurations after its first fell back), while a pruned trial without a value ranks worst."""
-        found = known_fallback(trial.study, self._fallback_key(config), socket.gethostname())
+        found = known_fallback(trial.study, trial.user_attrs["fallback_key"], socket.gethostname())
         if found is not None:
             number, precision = found
             reason = f"{precision.cause} (as trial {number} with the same numerics found): not launched"
@@ -542,10 +542,8 @@ def _enqueue_first_trials(
         ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups)
         if LayoutRound.applies(space, spec.objective):
             # released one at a time, so the layout round can run as soon as a family leads; the families
-            # expected to lose last, after the round (search/layouts.py)
-            held = [plan for plan in ordered if not plan.expected_to_lose]
-            held += [plan for plan in ordered if plan.expected_to_lose]
-            queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in held]
+            # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
+            queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
             study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
         else:
             for plan in ordered:
