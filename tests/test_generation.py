@@ -181,6 +181,9 @@ def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timin
     broken_dir = workdir / "studies" / "outlier_llama" / "trials" / f"{broken.number:05d}"
     assert list(broken_dir.glob("job-*.json")), "the trial was launched"
     assert not list(broken_dir.glob("stamps-*.npy")), "a trial pruned on drift is never timed"
+    # ... nor warmed up: its drift, beyond the bound, sends it straight to the barrier that prunes it.
+    assert broken.user_attrs["budget"]["warmup_s"] == 0.0, broken.user_attrs["budget"]
+    assert kept.user_attrs["budget"]["warmup_s"] > 0.0, kept.user_attrs["budget"]
     assert kept.state.name == "COMPLETE" and kept.user_attrs["drift"]["perplexity_increase"] <= 0.05
     assert smoothed.state.name == "COMPLETE" and smoothed.user_attrs["drift"]["perplexity_increase"] <= 0.05
 

@@ -23,7 +23,7 @@ from autotune.common.errors import TrialFailed
 from autotune.common.files import read_json, write_json_atomic
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
-from autotune.measure.drift import Drift
+from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import (
@@ -383,6 +383,7 @@ def run_config(
     server_rates: list[float] | None = None,
     server_round: int = 0,
     speed_gate: SpeedGate | None = None,
+    drift_bound: DriftCriterion | None = None,
 ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
     `on_stage(stage, payloads)` hears "prepared" (the artifact is built; no payloads), then each barrier
@@ -391,6 +392,8 @@ def run_config(
     winner's rate and +-10%); `server_round` draws other arrival streams (a finalist round's, a verify run's).
     `speed_gate`: the pace the first attempt's drift evaluation must keep (measure/speed_gate.py); a trial
     that falls below it reaches the ready barrier with `too_slow` instead of drift.
+    `drift_bound`: the criterion the ready barrier prunes by; an instance whose drift is beyond it goes
+    there without warming up (and warms up after it, should the trial be kept after all).
 
     A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
     `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).
@@ -416,6 +419,8 @@ def run_config(
         job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
         if speed_gate is not None and job["measure_drift"]:
             job["speed_gate"] = speed_gate.to_json()
+        if drift_bound is not None and job["measure_drift"]:
+            job["drift_bound"] = drift_bound.to_dict()
         if "server" in job and (server_rates or server_round):
             seed = job["server"]["seed"] + 104_729 * server_round
             job["server"] = {**job["server"], "first_rates": server_rates or [], "seed": seed}

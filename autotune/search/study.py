@@ -278,6 +278,7 @@ class Objective:
                 screen=self.spec.speed_pruning and self.spec.measure.screen_s > 0,
                 known_drift=known_drift,
                 speed_gate=gate,
+                drift_bound=self.spec.criterion,
             )
             return metrics, launches, template
         except TrialFailed as exc:

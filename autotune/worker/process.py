@@ -28,7 +28,7 @@ import numpy as np
 from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.records import Record
-from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
+from autotune.measure.drift import Drift, DriftCriterion, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
@@ -63,6 +63,9 @@ def run_in_batches(runner, inputs, batch_size: int, after_batch: Callable[[int],
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+NO_WARMUP: dict[str, Any] = {"warmup_iters": 0, "warmup_s": 0.0, "warmup_steady": False}
 
 
 def wait_at_barrier(barrier_dir: Path, stage: str, instance: int, payload: dict[str, Any], timeout_s: float) -> None:
@@ -324,13 +327,19 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
             ready = {"pid": os.getpid(), "drift": None, "too_slow": too_slow.to_json(), **loaded, "warmup_s": 0.0}
             wait_at_barrier(barrier, "ready", instance, ready, timeout_s)  # the orchestrator aborts: exits here
         raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
-    warmup = warm_up(model.step, settings)
+    # Drift already beyond the bound: the orchestrator prunes at the ready barrier, so the warm-up (three
+    # calls at least: 106 s of a 256 s woq_int4 decoder trial pruned on drift) waits until it keeps the trial.
+    bound = job.get("drift_bound")
+    beyond = drift is not None and bound is not None and DriftCriterion(**bound).exceeded(drift)
+    warmup = NO_WARMUP if beyond else warm_up(model.step, settings)
     # What throughput counts: samples, or for a language model the tokens one call generates.
     samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
     if barrier:
         drift_json = drift.to_json() if drift else None
         ready = {"pid": os.getpid(), "drift": drift_json, **loaded, "warmup_s": warmup["warmup_s"]}
         wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
+    if beyond:  # kept after all (the baseline, or a pruner that judges otherwise)
+        warmup = warm_up(model.step, settings)
     screening = None
     if barrier and job.get("screen") and settings.screen_s > 0:
         screening = screen(model, settings, samples_per_call, job["stamps_path"])
