@@ -582,3 +582,74 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
         LayoutRound(space, study_objective)(died)
         (released,) = died.get_trials(states=waiting)
         assert released.user_attrs["order"].endswith(after_text) and died.user_attrs[COVERAGE_QUEUE_ATTR] == []
+
+
+def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_runs_after_the_others():
+    """Text generation loads one quantized artifact per precision and its options on every backend, so
+    once a trial is pruned on drift, the coverage trials that load the same weights (inductor's woq_int4
+    after eager's) are moved behind the rest of the round, saying why; other group sizes and precisions
+    keep their place, and a classifier's backends (each quantizing its own way) are never deferred."""
+    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
+
+    space = SearchSpace.from_dict(
+        {
+            "sequences": [1, 2],
+            "instances": [1, 2],
+            "backends": {
+                "eager": {"precision": ["fp32", "woq_int4", "woq_int8"], "group_size": [128, 32]},
+                "inductor": {"precision": ["woq_int4", "woq_int8"], "group_size": [128, 32]},
+            },
+        },
+        fake_machine(cores=8),
+        RUNTIMES,
+        task="generate",
+    )
+    plans = {(p["backend"], p[f"{p['backend']}.precision"]): p for p in space.coverage_params()}
+    other_group = {**plans["inductor", "woq_int4"], "inductor.group_size": 32}
+    queue = [
+        {"params": params, "order": f"coverage {n}", "late": False}
+        for n, params in enumerate((plans["inductor", "woq_int4"], other_group, plans["inductor", "woq_int8"]), 2)
+    ]
+    waiting = (optuna.trial.TrialState.WAITING,)
+
+    def pruned_on_drift(study, params):
+        study.enqueue_trial(params)
+        trial = study.ask()
+        trial.set_user_attr("config", space.suggest(trial).to_dict())
+        trial.set_user_attr("prune_reason", "drift: relative_l2 drop 0.409 > max 0.05")
+        return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+    layouts = LayoutRound(space, "throughput")
+    layouts(study, pruned_on_drift(study, plans["eager", "woq_int4"]))
+    (released,) = study.get_trials(states=waiting)
+    assert released.system_attrs["fixed_params"] == other_group  # group 32: other weights, not deferred
+    held = study.user_attrs[COVERAGE_QUEUE_ATTR]
+    assert [plan["params"] for plan in held] == [plans["inductor", "woq_int8"], plans["inductor", "woq_int4"]]
+    assert (
+        held[1]["late"]
+        and held[1]["order"] == "coverage 2 (deferred: trial 0 pruned the same quantized weights on drift)"
+    )
+
+    # A classifier's backends and options each convert their own way: a drifted bf16 channels-last trial
+    # leaves the contiguous one in its place.
+    classify = SearchSpace.from_dict(
+        {
+            "batch_size": [8],
+            "instances": [1, 2],
+            "backends": {"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous", "channels_last"]}},
+        },
+        fake_machine(cores=8),
+        RUNTIMES,
+    )
+    bf16 = next(p for p in classify.coverage_params() if p["eager.precision"] == "bf16")
+    other = optuna.create_study(direction="maximize")
+    other.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": bf16, "order": "coverage 2", "late": False}])
+    other.enqueue_trial({**bf16, "eager.memory_format": "channels_last"})
+    trial = other.ask()
+    trial.set_user_attr("config", classify.suggest(trial).to_dict())
+    trial.set_user_attr("prune_reason", "drift: relative_l2 drop 0.2 > max 0.05")
+    LayoutRound(classify, "throughput")(other, other.tell(trial, state=optuna.trial.TrialState.PRUNED))
+    (again,) = other.get_trials(states=waiting)
+    assert again.user_attrs["order"] == "coverage 2" and other.user_attrs[COVERAGE_QUEUE_ATTR] == []

@@ -22,9 +22,11 @@ from typing import Any
 
 import optuna
 
+from autotune.backends.generation import artifact_identity
+from autotune.records.config import TrialConfig
 from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR  # [{"params", "order", "late"}]
 from autotune.search.pruners import best_clean
-from autotune.search.space import SearchSpace, most_threads
+from autotune.search.space import InfeasibleConfig, SearchSpace, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
 OBJECTIVES = ("throughput", "server")  # both maximized
@@ -142,6 +144,12 @@ class LayoutRound:
         waiting = (optuna.trial.TrialState.WAITING,)
         while queue and not study.get_trials(deepcopy=False, states=waiting):  # a plan already run is skipped
             plan, queue = queue[0], queue[1:]
+            drifted = None if plan.get("late") else self._drifted_weights(study, plan["params"])
+            if drifted is not None:  # after the others, and it says why
+                deferred = f" (deferred: trial {drifted.number} pruned the same quantized weights on drift)"
+                queue.append({**plan, "late": True, "order": plan["order"] + deferred})
+                study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+                continue
             order = plan["order"]
             if plan.get("late"):
                 if ROUND_ATTR in study.user_attrs:
@@ -152,6 +160,24 @@ class LayoutRound:
                     order += " (after the enqueued rounds; no layout round in this process)"
             study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
             study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+
+    def _drifted_weights(self, study: optuna.study.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
+        """An earlier trial pruned on drift that loaded the weights this plan would load, or None. Text
+        generation only: every backend there loads one quantized artifact per precision and its options,
+        so the drift is the weights' (a 100M decoder's woq_int4 drifted 0.409 against a bound of 0.05 in
+        eager, after 4.3 minutes, and inductor's trial of the same weights was next in the round)."""
+        if self.space.task != "generate":
+            return None
+        try:
+            wanted = artifact_identity(self.space.suggest(optuna.trial.FixedTrial(params)))
+        except (InfeasibleConfig, ValueError):
+            return None
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
+            pruned_on_drift = str(trial.user_attrs.get("prune_reason", "")).startswith("drift:")
+            config = trial.user_attrs.get("config")
+            if pruned_on_drift and config and artifact_identity(TrialConfig.from_dict(config)) == wanted:
+                return trial
+        return None
 
     @staticmethod
     def _enqueued_rounds_running(study: optuna.study.Study) -> bool:
