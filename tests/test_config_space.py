@@ -653,3 +653,45 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     LayoutRound(classify, "throughput")(other, other.tell(trial, state=optuna.trial.TrialState.PRUNED))
     (again,) = other.get_trials(states=waiting)
     assert again.user_attrs["order"] == "coverage 2" and other.user_attrs[COVERAGE_QUEUE_ATTR] == []
+
+
+def test_text_generation_measures_the_leader_with_the_most_concurrent_sequences_first():
+    """The layout round of a generation study: the leader (one sequence) with the space's most sequences,
+    then that one's splits, then the leader's own split; a leader already at the most is only split."""
+    from autotune.search.layouts import ROUND_ATTR, LayoutRound, layout_variants
+
+    one = {"backend": "eager", "sequences": 1, "instances": 1, "threads_per_instance": 2}
+    got = layout_variants(one, [1, 2], None, 2, [1, 2, 4, 8], "sequences")
+    assert [(v["instances"], v["threads_per_instance"], v["sequences"]) for v in got] == [
+        (1, 2, 8),
+        (2, 1, 4),
+        (2, 1, 8),
+        (2, 1, 1),
+    ]
+    most = layout_variants({**one, "sequences": 8}, [1, 2], None, 2, [1, 2, 4, 8], "sequences")
+    assert [(v["instances"], v["sequences"]) for v in most] == [(2, 4), (2, 8)]
+    # a classifier's batch is left as it is: compute-bound, its batch is the sampler's to find
+    assert [v["batch_size"] for v in layout_variants({**one, "batch_size": 1}, [1, 2], None, 2, [1, 8])] == [1]
+
+    space = SearchSpace.from_dict(
+        {"sequences": [1, 2, 4, 8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
+        fake_machine(cores=2),
+        RUNTIMES,
+        task="generate",
+    )
+    baseline, bf16 = space.coverage_params()
+    study = optuna.create_study(direction="maximize")
+    for params, value, attrs in ((baseline, 45.0, {"baseline": True}), (bf16, 54.0, {"coverage": True})):
+        study.enqueue_trial(params, user_attrs=attrs)
+        trial = study.ask()
+        space.suggest(trial)
+        study.tell(trial, value)
+    LayoutRound(space, "throughput")(study, study.trials[-1])
+    assert study.user_attrs[ROUND_ATTR] == 1
+    orders = [t.user_attrs["order"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
+    assert [order.split(" as ")[1] for order in orders] == [
+        "1 instance(s) x 2 thread(s), sequences 8 (the most concurrent sequences)",
+        "2 instance(s) x 1 thread(s), sequences 4 (8 in flight)",
+        "2 instance(s) x 1 thread(s), sequences 8 (the most concurrent sequences)",
+        "2 instance(s) x 1 thread(s)",
+    ]
