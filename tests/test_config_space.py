@@ -627,10 +627,43 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     assert released.system_attrs["fixed_params"] == other_group  # group 32: other weights, not deferred
     held = study.user_attrs[COVERAGE_QUEUE_ATTR]
     assert [plan["params"] for plan in held] == [plans["inductor", "woq_int8"], plans["inductor", "woq_int4"]]
+    assert held[1]["deferred"] and not held[1].get("late")
     assert (
-        held[1]["late"]
-        and held[1]["order"] == "coverage 2 (deferred: trial 0 pruned the same quantized weights on drift)"
+        held[1]["order"] == "coverage 2 (after the other coverage: trial 0 pruned the same quantized weights on drift)"
     )
+
+    # Behind the other coverage, not behind the families expected to lose: those still wait for the round.
+    late = {"params": plans["eager", "fp32"], "order": "coverage 9", "late": True}
+    baseline_leads = optuna.create_study(direction="maximize")
+    baseline_leads.enqueue_trial(plans["eager", "fp32"], user_attrs={"baseline": True})
+    baseline_leads.tell(baseline_leads.ask(), 45.0)
+    baseline_leads.set_user_attr(COVERAGE_QUEUE_ATTR, [queue[0], late])
+    layouts(baseline_leads, pruned_on_drift(baseline_leads, plans["eager", "woq_int4"]))
+    (next_up,) = baseline_leads.get_trials(states=waiting)
+    assert next_up.system_attrs["fixed_params"] == plans["inductor", "woq_int4"], "deferred once, then released"
+    assert baseline_leads.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+
+    # fp32 and bf16 are each backend's own conversion: a drifted eager bf16 leaves inductor's in its place.
+    bf16_space = SearchSpace.from_dict(
+        {
+            "sequences": [1],
+            "instances": [1, 2],
+            "backends": {"eager": {"precision": ["bf16"]}, "inductor": {"precision": ["bf16"]}},
+        },
+        fake_machine(cores=8),
+        RUNTIMES,
+        task="generate",
+    )
+    eager_bf16, inductor_bf16 = bf16_space.coverage_params()
+    bf16_study = optuna.create_study(direction="maximize")
+    bf16_study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": inductor_bf16, "order": "coverage 2", "late": False}])
+    bf16_study.enqueue_trial(eager_bf16)
+    drifted = bf16_study.ask()
+    drifted.set_user_attr("config", bf16_space.suggest(drifted).to_dict())
+    drifted.set_user_attr("prune_reason", "drift: relative_l2 drop 0.2 > max 0.05")
+    LayoutRound(bf16_space, "throughput")(bf16_study, bf16_study.tell(drifted, state=optuna.trial.TrialState.PRUNED))
+    (kept,) = bf16_study.get_trials(states=waiting)
+    assert kept.user_attrs["order"] == "coverage 2" and bf16_study.user_attrs[COVERAGE_QUEUE_ATTR] == []
 
     # A classifier's backends and options each convert their own way: a drifted bf16 channels-last trial
     # leaves the contiguous one in its place.

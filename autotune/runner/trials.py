@@ -392,8 +392,8 @@ def run_config(
     winner's rate and +-10%); `server_round` draws other arrival streams (a finalist round's, a verify run's).
     `speed_gate`: the pace the first attempt's drift evaluation must keep (measure/speed_gate.py); a trial
     that falls below it reaches the ready barrier with `too_slow` instead of drift.
-    `drift_bound`: the criterion the ready barrier prunes by; an instance whose drift is beyond it goes
-    there without warming up (and warms up after it, should the trial be kept after all).
+    `drift_bound`: the criterion the ready barrier prunes by; the instance whose drift is beyond it goes
+    there without warming up.
 
     A measurement the noise checks flag is repeated (fresh processes again, no screening) up to
     `ctx.noisy_retries` times; if every attempt is flagged the result says so (`valid` false).

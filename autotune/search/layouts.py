@@ -24,7 +24,7 @@ from typing import Any
 
 import optuna
 
-from autotune.backends.generation import artifact_identity
+from autotune.backends.generation import QUANTIZED, artifact_identity
 from autotune.records.config import TrialConfig
 from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR  # [{"params", "order", "late"}]
 from autotune.search.pruners import best_clean
@@ -156,11 +156,12 @@ class LayoutRound:
         in_flight = best.params.get(key, 0) * best.params.get("instances", 0)
         for params in variants:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
-            if params.get(key) == max(space.batch_sizes) and space.task == "generate":
+            changed = params.get(key) != best.params.get(key)
+            if changed and params.get(key) == max(space.batch_sizes) and space.task == "generate":
                 layout += f", {key} {params[key]} (the most concurrent sequences)"
-            elif params.get(key) != best.params.get(key) and params[key] * params["instances"] == in_flight:
+            elif changed and params[key] * params["instances"] == in_flight:
                 layout += f", {key} {params[key]} (the same samples in flight)"
-            elif params.get(key) != best.params.get(key):
+            elif changed:
                 layout += f", {key} {params[key]} ({params[key] * params['instances']} in flight)"
             why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
             study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
@@ -173,10 +174,13 @@ class LayoutRound:
         waiting = (optuna.trial.TrialState.WAITING,)
         while queue and not study.get_trials(deepcopy=False, states=waiting):  # a plan already run is skipped
             plan, queue = queue[0], queue[1:]
-            drifted = None if plan.get("late") else self._drifted_weights(study, plan["params"])
-            if drifted is not None:  # after the others, and it says why
-                deferred = f" (deferred: trial {drifted.number} pruned the same quantized weights on drift)"
-                queue.append({**plan, "late": True, "order": plan["order"] + deferred})
+            skip = plan.get("late") or plan.get("deferred")
+            drifted = None if skip else self._drifted_weights(study, plan["params"])
+            if drifted is not None:  # after the other coverage that may lead (before the late families), once
+                why = f" (after the other coverage: trial {drifted.number} pruned the same quantized weights on drift)"
+                ahead = [held for held in queue if not held.get("late")]
+                behind = [held for held in queue if held.get("late")]
+                queue = [*ahead, {**plan, "deferred": True, "order": plan["order"] + why}, *behind]
                 study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
                 continue
             order = plan["order"]
@@ -199,13 +203,19 @@ class LayoutRound:
             return None
         try:
             wanted = artifact_identity(self.space.suggest(optuna.trial.FixedTrial(params)))
-        except (InfeasibleConfig, ValueError):
+        except (InfeasibleConfig, ValueError, KeyError):
+            return None
+        if wanted["precision"] not in QUANTIZED:  # fp32 and bf16 are each backend's own conversion
             return None
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
-            pruned_on_drift = str(trial.user_attrs.get("prune_reason", "")).startswith("drift:")
             config = trial.user_attrs.get("config")
-            if pruned_on_drift and config and artifact_identity(TrialConfig.from_dict(config)) == wanted:
-                return trial
+            if not (config and str(trial.user_attrs.get("prune_reason", "")).startswith("drift:")):
+                continue
+            try:
+                if artifact_identity(TrialConfig.from_dict(config)) == wanted:
+                    return trial
+            except (TypeError, KeyError):  # a record of another version: not comparable
+                continue
         return None
 
     @staticmethod

@@ -328,7 +328,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
             wait_at_barrier(barrier, "ready", instance, ready, timeout_s)  # the orchestrator aborts: exits here
         raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
     # Drift already beyond the bound: the orchestrator prunes at the ready barrier, so the warm-up (three
-    # calls at least: 106 s of a 256 s woq_int4 decoder trial pruned on drift) waits until it keeps the trial.
+    # calls at least: 106 s of a 256 s woq_int4 decoder trial pruned on drift) is not spent.
     bound = job.get("drift_bound")
     beyond = drift is not None and bound is not None and DriftCriterion(**bound).exceeded(drift)
     warmup = NO_WARMUP if beyond else warm_up(model.step, settings)
@@ -338,8 +338,8 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         drift_json = drift.to_json() if drift else None
         ready = {"pid": os.getpid(), "drift": drift_json, **loaded, "warmup_s": warmup["warmup_s"]}
         wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
-    if beyond:  # kept after all (the baseline, or a pruner that judges otherwise)
-        warmup = warm_up(model.step, settings)
+    if beyond:  # the pruner judges by the same criterion: a kept trial would time an instance never warmed up
+        raise RuntimeError("drift beyond the bound, but the trial was not stopped")
     screening = None
     if barrier and job.get("screen") and settings.screen_s > 0:
         screening = screen(model, settings, samples_per_call, job["stamps_path"])
