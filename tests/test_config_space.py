@@ -366,8 +366,18 @@ def test_text_generation_covers_the_fewest_weight_bytes_first():
 
     precisions = ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "smoothquant_int8"]
     avx512 = sorted(precisions, key=lambda p: expected_payoff("eager", p, {"avx512f": True}, "generate").tier)
-    assert avx512[0] == "woq_int4" and set(avx512[1:4]) == {"woq_int8", "da8w8", "smoothquant_int8"}
+    assert set(avx512[:4]) == {"woq_int4", "woq_int8", "da8w8", "smoothquant_int8"}
     assert avx512[-1] == "bf16"  # emulated without AVX512-BF16 or AMX
+    # int8 dot products: inductor's dynamic int8 (its quantized GEMMs run on them) ahead of everything
+    amx = {"avx512f": True, "amx_int8": True, "amx_bf16": True, "avx512_bf16": True}
+    families = [(backend, p) for backend in ("eager", "inductor") for p in precisions]
+    tiers = {family: expected_payoff(*family, amx, "generate").tier for family in families}
+    assert {family for family, tier in tiers.items() if tier == 0} == {
+        ("inductor", "da8w8"),
+        ("inductor", "smoothquant_int8"),
+    }
+    assert tiers["eager", "da8w8"] == tiers["inductor", "woq_int4"] == tiers["inductor", "bf16"] == 1
+    assert expected_payoff("inductor", "da8w8", {"avx512f": True}, "generate").tier == 1  # no VNNI/AMX
     # AVX2 only: int8 weights first, int4 (slow kernels there) beside fp32, bf16 last
     avx2 = sorted(precisions, key=lambda p: expected_payoff("eager", p, {"avx2": True}, "generate").tier)
     assert set(avx2[:3]) == {"woq_int8", "da8w8", "smoothquant_int8"} and avx2[-1] == "bf16"

@@ -11,11 +11,14 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   and resnet50's bf16 measured 3.6x eager fp32 against int8's 6.8x (OpenVINO, an AMD EPYC) and 1.0x
   against 7.3x (a Xeon without AMX; docs/BENCHMARKS.md); last (tier 3) where it is emulated; other
   fp32 backends are tier 2 (the baseline already measures fp32).
-- **Text generation** (decode is memory-bound: every token reads all weights): int4 weights are
-  tier 0 on a CPU with AVX-512 and tier 2 without it (on an AVX2-only EPYC a 100M-parameter decoder's
-  int4 trial took 7 minutes to reach its timed window, against 29 s for fp32), int8 weights tier 1,
-  bf16 tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise,
-  fp32 tier 2.
+- **Text generation** (decode is memory-bound: every token reads all weights): where the CPU has int8
+  dot products (AVX512-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
+  compiled by inductor are tier 0: inductor lowers the quantized GEMMs to kernels on those instructions
+  (a 100M-parameter decoder on a Xeon with AMX: inductor da8w8 5.1x eager fp32, eager da8w8 0.86x).
+  int4 weights are tier 1 on a CPU with AVX-512 (on a Xeon with AMX a random-init decoder's int4 trial
+  took 4.3 minutes to be pruned on drift) and tier 2 without it (on an AVX2-only EPYC it took 7 minutes
+  to reach its timed window, against 29 s for fp32), the other int8 families tier 1, bf16 tier 1 where
+  native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32 tier 2.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest).
 
@@ -42,6 +45,8 @@ TILES = {"bf16": "amx_bf16"}
 # Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
 # optimize/trace, and torch.compile's code generation.
 PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
+# Text generation's precisions that quantize activations too: inductor turns them into int8 GEMMs.
+DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
 LATE_TIER = 3  # emulated precisions (3) and families slower than fp32 eager in an earlier study (4)
 
 
@@ -63,8 +68,12 @@ def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: st
     kind = _kind(precision)
     have = [flag for flag in INT8_DOT if isa.get(flag)]
     if task == "generate":
+        if backend == "inductor" and precision in DYNAMIC_INT8 and have:
+            return Payoff(
+                0, f"int8 activations and weights compiled by inductor: int8 GEMMs on this CPU's {', '.join(have)}"
+            )
         if kind == "int4" and isa.get("avx512f"):
-            return Payoff(0, "int4 weights: decoding reads the fewest bytes per token")
+            return Payoff(1, "int4 weights: decoding reads the fewest bytes per token")
         if kind == "int4":
             return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
         if kind == "int8":
