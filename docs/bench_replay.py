@@ -211,9 +211,9 @@ def replay(
 def enqueue_layout_round(
     study: optuna.study.Study, rows: list[Row], distributions: dict[str, Any], recorded: optuna.study.Study
 ) -> None:
-    """The replay's leader with every other instance split (layout_variants; for text generation also with
-    the most concurrent sequences), each charged its leader's cost when the recorded study never measured
-    it. The generation coverage's drift deferral (search/layouts.py) is not replayed."""
+    """The replay's leader with every other instance split (layout_variants), each charged its leader's
+    cost when the recorded study never measured it. The generation coverage's drift deferral
+    (search/layouts.py) is not replayed."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
     for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):

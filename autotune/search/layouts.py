@@ -13,9 +13,7 @@ as it is: a cheap trial (its artifact is cached, and the speed pruner stops a cl
 after screening). Once per study, for the objectives that sum work over instances (throughput, and
 the server scenario's sustained rate); a call's latency only grows when its cores are split. The
 coverage trials of families expected to lose (search/payoff.py) come last in the queue, so they run
-after the round. For text generation the round first measures the leader with the most concurrent
-sequences the space lists, and its splits: the coverage round decodes one sequence, and a decode step
-reads every weight once for however many sequences it carries.
+after the round.
 """
 
 from __future__ import annotations
@@ -50,28 +48,7 @@ def layout_variants(
     that keeps the samples in flight on the machine what the leader had (8 on one instance: 4 on each of
     two), when the space lists that batch: a split's instances each work on a share of the cache and
     memory bandwidth, and the smaller batch won on efficientnet_b0 and mobilenet_v3_large (ONNX Runtime
-    fp32 bs 4 as 2 x 1 against the leader's bs 8 as 1 x 2, on a 2-core EPYC).
-
-    For text generation (`batch_key` "sequences") the leader with the most concurrent sequences the space
-    lists comes first, with its own splits: a decode step reads every weight once for all its sequences,
-    so on a CPU the tokens per second grow with them (the coverage round measures one sequence)."""
-    variants = _splits(params, instances, threads, cores, batch_sizes, batch_key)
-    if batch_key != "sequences" or not batch_sizes or params.get(batch_key) == max(batch_sizes):
-        return variants
-    most = {**params, batch_key: max(batch_sizes)}
-    ordered = [most, *_splits(most, instances, threads, cores, batch_sizes, batch_key), *variants]
-    return [v for n, v in enumerate(ordered) if v not in ordered[:n] and v != params]
-
-
-def _splits(
-    params: dict[str, Any],
-    instances: list[int],
-    threads: list[int] | None,
-    cores: int,
-    batch_sizes: list[int] | None,
-    batch_key: str,
-) -> list[dict[str, Any]]:
-    """`params` with each other instance count (see layout_variants)."""
+    fp32 bs 4 as 2 x 1 against the leader's bs 8 as 1 x 2, on a 2-core EPYC)."""
     variants = []
     leader_count, leader_batch = params.get("instances"), params.get(batch_key)
     for count in sorted(instances):
@@ -152,17 +129,10 @@ class LayoutRound:
         variants = layout_variants(
             dict(best.params), space.instances, space.threads, space.cores, space.batch_sizes, space.batch_param
         )
-        key = space.batch_param
-        in_flight = best.params.get(key, 0) * best.params.get("instances", 0)
         for params in variants:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
-            changed = params.get(key) != best.params.get(key)
-            if changed and params.get(key) == max(space.batch_sizes) and space.task == "generate":
-                layout += f", {key} {params[key]} (the most concurrent sequences)"
-            elif changed and params[key] * params["instances"] == in_flight:
-                layout += f", {key} {params[key]} (the same samples in flight)"
-            elif changed:
-                layout += f", {key} {params[key]} ({params[key] * params['instances']} in flight)"
+            if params.get(space.batch_param) != best.params.get(space.batch_param):
+                layout += f", {space.batch_param} {params[space.batch_param]} (the same samples in flight)"
             why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
             study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
         study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before it enqueues them again
