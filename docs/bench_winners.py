@@ -74,7 +74,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--work", default="studies/bench_winners", help="where the runs' files go")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=170)  # read from a file too: a generation table has ten columns
     try:
         if args.rounds < 1:
             raise UserError(f"--rounds {args.rounds}: expected at least 1")
