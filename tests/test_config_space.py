@@ -598,7 +598,7 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     """Text generation loads one quantized artifact per precision and its options on every backend, so
     once a trial is pruned on drift, the coverage trials that load the same weights (inductor's woq_int4
     after eager's) are moved behind the rest of the round, saying why; other group sizes and precisions
-    keep their place, and a classifier's backends (each quantizing its own way) are never deferred."""
+    keep their place, and so do fp32 and bf16 (each backend converts them its own way)."""
     from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
 
     space = SearchSpace.from_dict(
@@ -665,34 +665,20 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
         task="generate",
     )
     eager_bf16, inductor_bf16 = bf16_space.coverage_params()
-    bf16_study = optuna.create_study(direction="maximize")
-    bf16_study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": inductor_bf16, "order": "coverage 2", "late": False}])
-    bf16_study.enqueue_trial(eager_bf16)
-    drifted = bf16_study.ask()
-    drifted.set_user_attr("config", bf16_space.suggest(drifted).to_dict())
-    drifted.set_user_attr("prune_reason", "drift: relative_l2 drop 0.2 > max 0.05")
-    LayoutRound(bf16_space, "throughput")(bf16_study, bf16_study.tell(drifted, state=optuna.trial.TrialState.PRUNED))
-    (kept,) = bf16_study.get_trials(states=waiting)
-    assert kept.user_attrs["order"] == "coverage 2" and bf16_study.user_attrs[COVERAGE_QUEUE_ATTR] == []
+    assert released_after_a_drift(bf16_space, inductor_bf16, eager_bf16) == ("coverage 2", [])
 
-    # A classifier's backends and options each convert their own way: a drifted bf16 channels-last trial
-    # leaves the contiguous one in its place.
-    classify = SearchSpace.from_dict(
-        {
-            "batch_size": [8],
-            "instances": [1, 2],
-            "backends": {"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous", "channels_last"]}},
-        },
-        fake_machine(cores=8),
-        RUNTIMES,
-    )
-    bf16 = next(p for p in classify.coverage_params() if p["eager.precision"] == "bf16")
-    other = optuna.create_study(direction="maximize")
-    other.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": bf16, "order": "coverage 2", "late": False}])
-    other.enqueue_trial({**bf16, "eager.memory_format": "channels_last"})
-    trial = other.ask()
-    trial.set_user_attr("config", classify.suggest(trial).to_dict())
+
+def released_after_a_drift(space: SearchSpace, queued: dict, pruned: dict) -> tuple[str, list]:
+    """A study holding one coverage plan, `queued`, when a trial of `pruned` is pruned on drift: the order
+    the plan is released with, and the queue left."""
+    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": queued, "order": "coverage 2", "late": False}])
+    study.enqueue_trial(pruned)
+    trial = study.ask()
+    trial.set_user_attr("config", space.suggest(trial).to_dict())
     trial.set_user_attr("prune_reason", "drift: relative_l2 drop 0.2 > max 0.05")
-    LayoutRound(classify, "throughput")(other, other.tell(trial, state=optuna.trial.TrialState.PRUNED))
-    (again,) = other.get_trials(states=waiting)
-    assert again.user_attrs["order"] == "coverage 2" and other.user_attrs[COVERAGE_QUEUE_ATTR] == []
+    LayoutRound(space, "throughput")(study, study.tell(trial, state=optuna.trial.TrialState.PRUNED))
+    (released,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    return released.user_attrs["order"], study.user_attrs[COVERAGE_QUEUE_ATTR]
