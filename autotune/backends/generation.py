@@ -353,16 +353,28 @@ class Generator:
     def generate(self, input_ids: Any, stamp: bool = True) -> Any:
         """The new tokens (batch x new_tokens); with `stamp`, the time each token is known is appended
         to `token_stamps` (the first one ends the prefill)."""
+        return self._decode(input_ids, stamp, keep_logits=0)[0]
+
+    def generate_with_logits(self, input_ids: Any, positions: int) -> tuple[Any, Any]:
+        """The new tokens and the prefill's next-token logits at the prompt's last `positions` (float32):
+        one generation through the same graphs a timed call runs, so drift is measured on what is timed
+        (a teacher-forced pass of another shape compiles, and times nothing, other code)."""
+        return self._decode(input_ids, stamp=False, keep_logits=positions)
+
+    def _decode(self, input_ids: Any, stamp: bool, keep_logits: int) -> tuple[Any, Any]:
         import torch
 
         batch, prompt = input_ids.shape
         cache = self._cache(batch, prompt + self.new_tokens)
         out = torch.empty(batch, self.new_tokens, dtype=torch.long)
+        kept = None
         with torch.no_grad():
             positions = torch.arange(prompt)
             logits = self.forward(
                 input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions
             ).logits
+            if keep_logits:
+                kept = logits[:, -keep_logits:, :].float().clone()
             token = logits[:, -1, :].argmax(dim=-1)
             out[:, 0] = token
             if stamp:
@@ -376,14 +388,7 @@ class Generator:
                 out[:, step] = token
                 if stamp:
                     self.token_stamps.append(time.monotonic())
-        return out
-
-    def logits(self, input_ids: Any) -> Any:
-        """Teacher-forced next-token logits over whole sequences (float32), for drift and perplexity."""
-        import torch
-
-        with torch.no_grad():
-            return self.forward(input_ids=input_ids, use_cache=False).logits.float()
+        return out, kept
 
 
 def prepare(

@@ -58,6 +58,7 @@ from autotune.runner.artifact_cache import (
     read_meta,
 )
 from autotune.runner.launch import InstanceLaunch, run_instances
+from autotune.worker.generate import REFERENCE_FORMAT
 
 WORKER_MODULE = "autotune.worker"
 
@@ -550,7 +551,7 @@ def compute_reference(
         "eval_samples": eval_samples,
         "calibration_samples": calibration_samples,
         **sources,
-        **({"generation": generation} if generation else {}),
+        **({"generation": generation, "reference_format": REFERENCE_FORMAT} if generation else {}),
     }
     try:
         meta = read_json(ref_dir / "meta.json")

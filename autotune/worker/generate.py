@@ -23,19 +23,47 @@ from autotune.model.sources import ModelSource, build_model
 from autotune.records.config import TrialConfig
 from autotune.worker.teardown import keep_until_exit
 
-EVAL_SEQUENCES = 4
-EVAL_LENGTH = 128  # teacher-forced positions per evaluation sequence (fewer when the prompt is shorter)
-GREEDY_SEQUENCES = 2
+DRIFT_ROWS = 4  # prompts drift is measured on; a trial of fewer sequences makes more calls, of more repeats them
+EVAL_LENGTH = 128  # teacher-forced positions per prompt: its last ones (all of a shorter prompt)
+REFERENCE_FORMAT = 2  # 2: prompts of the timed length, logits from the prefill (1: a teacher-forced pass)
 
 
-def evaluation_ids(workload: GenerationWorkload) -> Any:
-    """The text drift is measured on: windows of the data when given, else seeded random ids."""
-    length = min(EVAL_LENGTH, workload.prompt_tokens + workload.new_tokens)
-    return prompts(GenerationWorkload(length, 1, workload.vocab_size, workload.context, workload.data), 4, EVAL_SEED)
+def drift_prompts(workload: GenerationWorkload) -> Any:
+    """The prompts drift is measured on: as long as the timed ones, from the evaluation seed (the data's
+    windows when given), so a trial evaluates them with the graphs its timed calls run."""
+    return prompts(workload, DRIFT_ROWS, EVAL_SEED)
+
+
+def drift_calls(rows: int, sequences: int) -> list[list[int]]:
+    """The prompt rows of each drift call for a trial of `sequences` per call: every row at least once,
+    each call exactly `sequences` rows (the timed shape), the rows in turn."""
+    calls, start = [], 0
+    while start < rows:
+        calls.append([(start + offset) % rows for offset in range(sequences)])
+        start += sequences
+    return calls
+
+
+def evaluate(generator: Any, ids: Any, sequences: int) -> tuple[Any, Any]:
+    """Greedy tokens and the prefill's logits over the last EVAL_LENGTH positions of each prompt row,
+    generated `sequences` at a time (drift_calls); a row met twice keeps its first result."""
+    import torch
+
+    positions = min(EVAL_LENGTH, ids.shape[1])
+    tokens: dict[int, Any] = {}
+    logits: dict[int, Any] = {}
+    for rows in drift_calls(ids.shape[0], sequences):
+        out, kept = generator.generate_with_logits(ids[rows], positions)
+        for place, row in enumerate(rows):
+            tokens.setdefault(row, out[place])
+            logits.setdefault(row, kept[place])
+    order = range(ids.shape[0])
+    return torch.stack([tokens[row] for row in order]), torch.stack([logits[row] for row in order])
 
 
 def perplexity(logits: Any, ids: Any) -> float:
-    """exp of the mean next-token cross entropy of `ids` under teacher-forced `logits`."""
+    """exp of the mean next-token cross entropy of `ids` under teacher-forced `logits` (aligned: the
+    logits at each of the ids' positions)."""
     import torch
 
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
@@ -43,8 +71,8 @@ def perplexity(logits: Any, ids: Any) -> float:
 
 
 def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
-    """FP32 eager: teacher-forced logits and perplexity on the evaluation text, greedy tokens for the
-    first prompts; saves the random init so every trial uses it."""
+    """FP32 eager: greedy tokens and the prefill's logits on the drift prompts, all rows in one call;
+    saves the random init so every trial uses it."""
     import torch
 
     from autotune.backends.generation import Generator
@@ -55,26 +83,21 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
     model = keep_until_exit(build_model(source))
     if job.get("weights_out"):
         save(model.state_dict(), job["weights_out"])
-    ids = evaluation_ids(workload)
-    generator = Generator(model, workload.new_tokens)
-    logits = generator.logits(ids)
-    greedy_prompts = prompts(workload, GREEDY_SEQUENCES, EVAL_SEED + 1)
-    greedy = generator.generate(greedy_prompts, stamp=False)
-    save(
-        {"ids": ids, "logits": logits, "greedy_prompts": greedy_prompts, "greedy": greedy},
-        job["reference_path"],
-    )
+    ids = drift_prompts(workload)
+    greedy, logits = evaluate(Generator(model, workload.new_tokens), ids, ids.shape[0])
+    save({"prompts": ids, "logits": logits, "greedy": greedy}, job["reference_path"])
     return {
         "pid": os.getpid(),
         "output_shape": list(logits.shape),
         "seconds": time.monotonic() - t0,
         "torch": torch.__version__,
-        "eval_samples": int(ids.numel()),
+        "eval_samples": int(logits.shape[0] * logits.shape[1]),
         "calibration_samples": 0,
         "labels": False,
         "reference_accuracy": None,
-        "reference_perplexity": perplexity(logits, ids),
+        "reference_perplexity": perplexity(logits, ids[:, -logits.shape[1] :]),
         "reference_note": None,  # logits over a vocabulary vary with the text: never a constant head
+        "reference_format": REFERENCE_FORMAT,
     }
 
 
@@ -156,19 +179,20 @@ def timing_prompts(job: dict[str, Any], config: TrialConfig, instance: int) -> A
     return prompts(workload, config.batch_size, TIMING_SEED + instance)
 
 
-def measure_generation_drift(reference_path: str, runner: GenerationRunner) -> Drift:
-    """Teacher-forced logits, perplexity and greedy tokens of the candidate against FP32 eager's."""
+def measure_generation_drift(reference_path: str, runner: GenerationRunner, sequences: int) -> Drift:
+    """Greedy tokens and the prefill's next-token logits and perplexity against FP32 eager's, on the drift
+    prompts generated `sequences` at a time: the shapes and graphs the timed calls run."""
     import torch
 
     reference = torch.load(reference_path, weights_only=True)
-    generator = runner.generator
-    logits = generator.logits(reference["ids"])
-    greedy = generator.generate(reference["greedy_prompts"], stamp=False)
+    ids = reference["prompts"]
+    greedy, logits = evaluate(runner.generator, ids, sequences)
+    window = ids[:, -logits.shape[1] :]
     return compute_generation_drift(
         logits.numpy(),
         reference["logits"].numpy(),
-        perplexity(logits, reference["ids"]),
-        perplexity(reference["logits"], reference["ids"]),
+        perplexity(logits, window),
+        perplexity(reference["logits"], window),
         float((greedy == reference["greedy"]).float().mean()),
     )
 

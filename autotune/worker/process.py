@@ -311,7 +311,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         if generation:
             from autotune.worker.generate import measure_generation_drift
 
-            drift = measure_generation_drift(job["reference_path"], model.runner)
+            drift = measure_generation_drift(job["reference_path"], model.runner, config.batch_size)
         else:
             gate = SpeedGate.from_json(job["speed_gate"]) if job.get("speed_gate") else None
             try:
