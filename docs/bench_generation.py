@@ -21,6 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+PINNED = "granularity=fine,compact,1,0"  # Intel OpenMP's KMP_AFFINITY as the search space lists it
+
+
 def decoder():
     """A Llama-architecture decoder of about 100M parameters (layers from $BENCH_LAYERS, default 8)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -147,6 +150,19 @@ def main() -> int:
             },
         ),
     }
+    # What the coverage round measures (the space's first values: static cache, no inductor flags, glibc,
+    # GNU OpenMP) against freezing, and against a tuned process (tcmalloc, Intel OpenMP), one at a time.
+    tuned_process = {"allocator": "tcmalloc", "openmp": "intel", "kmp_blocktime": 0, "kmp_affinity": PINNED}
+    for label, freezing, process in (
+        ("inductor da8w8", False, {}),
+        ("inductor da8w8 freezing", True, {}),
+        ("inductor da8w8 tcmalloc iomp", False, tuned_process),
+        ("inductor da8w8 freezing tcmalloc iomp", True, tuned_process),
+    ):
+        options = {"kv_cache": "static", "freezing": freezing}
+        rows[label] = TrialConfig(
+            "inductor", "da8w8", args.sequences, threads_per_instance=cores, options=options, **process
+        )
     if args.best:
         import json
 
