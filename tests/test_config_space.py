@@ -395,6 +395,21 @@ def test_the_generation_space_compiles_its_coverage_trials_with_freezing():
     assert inductor and all(p["inductor.freezing"] is True for p in inductor)
 
 
+def test_the_generation_space_covers_on_tcmalloc_from_a_glibc_baseline():
+    """Coverage trials take the first allocator of the shipped generation space (tcmalloc, when installed);
+    the baseline is what an untuned process runs with, glibc, whatever the order."""
+    from autotune.search.space import load_space_file
+
+    data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate.yaml")
+    machine = fake_machine(allocators={"tcmalloc": "/x/libtcmalloc.so.4", "jemalloc": "/x/libjemalloc.so.2"})
+    space = SearchSpace.from_dict(data, machine, RUNTIMES, task="generate")
+    assert {p["allocator"] for p in space.coverage_params()} == {"tcmalloc"}
+    baseline = space.baseline_params()
+    assert baseline is not None and baseline["allocator"] == "glibc"
+    without = SearchSpace.from_dict(data, fake_machine(allocators={}), RUNTIMES, task="generate")
+    assert {p["allocator"] for p in without.coverage_params()} == {"glibc"}  # not installed: dropped with a note
+
+
 def test_the_finalists_reserve_is_sized_from_what_completed_trials_cost():
     """At most --finalist-share of the budget; after three completed trials, (finalists + baseline) x
     repeats runs at their median cost without preparation, times the margin; none without finalists."""
