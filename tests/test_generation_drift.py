@@ -1,7 +1,8 @@
 """Drift of a language model is measured on the graphs its timed calls run: the drift prompts have the
 timed length and are generated `sequences` at a time, so a compiled trial compiles nothing for drift
 that its timed window does not run (a teacher-forced pass of another shape did: inductor compiled it,
-and recompiled the timed graphs with dynamic shapes)."""
+and recompiled the timed graphs with dynamic shapes). Every decode step is compared too, each fed FP32's
+greedy token, so a candidate whose decode graph alone is off is caught."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from autotune.worker.generate import (
     GenerationRunner,
     drift_calls,
     measure_generation_drift,
+    next_tokens,
     run_generation_reference,
 )
 
@@ -26,31 +28,54 @@ PROMPT, NEW = 48, 6
 
 
 class ShapeLog:
-    """A forward that records the shape of every input it is called with, then runs the model's."""
+    """A forward that records the shape and strides of every input it is called with (a compiled graph
+    guards on both), then runs the model's."""
 
     def __init__(self, model) -> None:
         self.model, self.shapes = model, set()
 
     def __call__(self, input_ids, **kwargs):
-        self.shapes.add((tuple(input_ids.shape), kwargs.get("use_cache")))
+        self.shapes.add((tuple(input_ids.shape), input_ids.stride(), kwargs.get("use_cache")))
         return self.model.forward(input_ids=input_ids, **kwargs)
 
 
-def reference(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
-    source = ModelSource("factory", f"{TESTS / 'tiny_lm.py'}:tiny_llama", (PROMPT,))
-    workload = GenerationWorkload(prompt_tokens=PROMPT, new_tokens=NEW, vocab_size=256)
-    job = {
+class DecodeNoise:
+    """A forward whose decode steps (one new token each) are off by noise of 10% of the logits' spread,
+    and whose prefill is exact: what a candidate with a wrong decode graph looks like."""
+
+    def __init__(self, model) -> None:
+        self.model, self.generator = model, torch.Generator().manual_seed(0)
+
+    def __call__(self, input_ids, **kwargs):
+        out = self.model.forward(input_ids=input_ids, **kwargs)
+        if input_ids.shape[1] == 1:
+            noise = torch.randn(out.logits.shape, generator=self.generator) * out.logits.std() * 0.1
+            out.logits = out.logits + noise
+        return out
+
+
+def reference_job(tmp_path: Path, prompt: int = PROMPT) -> dict:
+    source = ModelSource("factory", f"{TESTS / 'tiny_lm.py'}:tiny_llama", (prompt,))
+    workload = GenerationWorkload(prompt_tokens=prompt, new_tokens=NEW, vocab_size=256)
+    return {
         "model": source.to_dict(),
         "generation": workload.to_json(),
         "weights_out": str(tmp_path / "weights.pt"),
         "reference_path": str(tmp_path / "reference.pt"),
     }
-    run_generation_reference(job, torch.save)
+
+
+def saved_model(tmp_path: Path) -> torch.nn.Module:
     from tiny_lm import tiny_llama
 
     model = tiny_llama().eval()
     model.load_state_dict(torch.load(tmp_path / "weights.pt", weights_only=True))
-    return tmp_path / "reference.pt", model
+    return model
+
+
+def reference(tmp_path: Path, prompt: int = PROMPT) -> tuple[Path, torch.nn.Module]:
+    run_generation_reference(reference_job(tmp_path, prompt), torch.save)
+    return tmp_path / "reference.pt", saved_model(tmp_path)
 
 
 def test_every_row_is_evaluated_once_in_calls_of_the_timed_batch():
@@ -59,16 +84,18 @@ def test_every_row_is_evaluated_once_in_calls_of_the_timed_batch():
     assert drift_calls(4, 8) == [[0, 1, 2, 3, 0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("sequences", [1, 2, 8])
-def test_drift_runs_only_the_shapes_a_timed_call_runs(tmp_path, sequences):
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+@pytest.mark.parametrize("sequences", [1, 3, 8])
+def test_drift_runs_only_the_shapes_a_timed_call_runs(tmp_path, sequences, kv_cache):
     path, model = reference(tmp_path)
     drift_log, timed_log = ShapeLog(model), ShapeLog(model)
-    drift = measure_generation_drift(
-        str(path), GenerationRunner(Generator(model, NEW, forward=drift_log), {}), sequences
-    )
-    timed = Generator(model, NEW, forward=timed_log)
+    generator = Generator(model, NEW, kv_cache, forward=drift_log)
+    drift = measure_generation_drift(str(path), GenerationRunner(generator, {}), sequences)
+    timed = Generator(model, NEW, kv_cache, forward=timed_log)
     timed.generate(torch.randint(0, 256, (sequences, PROMPT)))
     assert drift_log.shapes <= timed_log.shapes, f"drift ran {drift_log.shapes - timed_log.shapes}, never timed"
+    if kv_cache == "static":  # one cache of the timed shape, reused: a compiled graph keeps its buffers
+        assert list(generator._static) == [(sequences, PROMPT + NEW)]
     # The same FP32 model, whatever the batch: no drift, the same greedy tokens as the reference.
     assert drift.relative_l2 < 1e-4
     assert drift.greedy_agreement == 1.0
@@ -81,4 +108,37 @@ def test_reference_covers_the_drift_rows_at_the_timed_length(tmp_path):
     saved = torch.load(path, weights_only=True)
     assert tuple(saved["prompts"].shape) == (DRIFT_ROWS, PROMPT)
     assert tuple(saved["greedy"].shape) == (DRIFT_ROWS, NEW)
-    assert saved["logits"].shape[:2] == (DRIFT_ROWS, min(128, PROMPT))
+    assert saved["logits"].shape[:2] == (DRIFT_ROWS, min(128, PROMPT) + NEW - 1)  # prefill, then each decode step
+
+
+def test_reference_perplexity_is_over_the_prompts_last_positions_and_fp32s_generated_text(tmp_path, monkeypatch):
+    """The kept logits predict the prompt's next ids over its last EVAL_LENGTH positions, then FP32's
+    greedy tokens: what a plain forward over prompt + greedy text gives at those positions."""
+    import autotune.worker.generate as generate
+
+    monkeypatch.setattr(generate, "EVAL_LENGTH", 16)
+    result = run_generation_reference(reference_job(tmp_path), torch.save)
+    saved = torch.load(tmp_path / "reference.pt", weights_only=True)
+    text = torch.cat([saved["prompts"], saved["greedy"]], dim=1)
+    with torch.no_grad():
+        logits = saved_model(tmp_path)(input_ids=text).logits[:, PROMPT - 16 : PROMPT + NEW - 1]
+    targets = text[:, PROMPT - 16 + 1 :]
+    assert torch.equal(targets, next_tokens(saved["prompts"], saved["greedy"], 16))
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1)).exp()
+    assert result["reference_perplexity"] == pytest.approx(float(expected), rel=1e-4)
+    assert torch.allclose(saved["logits"], logits, atol=1e-4)  # the cached decode steps are the plain forward's
+
+
+def test_a_one_token_prompt_still_has_a_finite_perplexity(tmp_path):
+    path, model = reference(tmp_path, prompt=1)
+    drift = measure_generation_drift(str(path), GenerationRunner(Generator(model, NEW), {}), 1)
+    assert 0 < drift.reference_perplexity < float("inf")
+    assert abs(drift.perplexity_increase) < 1e-4
+
+
+def test_a_candidate_off_only_in_its_decode_steps_drifts(tmp_path):
+    """Exact prefill, noisy decode steps: the prefill's logits alone show no drift at all."""
+    path, model = reference(tmp_path)
+    noisy = GenerationRunner(Generator(model, NEW, forward=DecodeNoise(model)), {})
+    drift = measure_generation_drift(str(path), noisy, 2)
+    assert drift.relative_l2 > 0.01, drift

@@ -149,6 +149,17 @@ def test_drift_is_measured_once_per_numerics_and_reused(workdir):
     assert trials[3].state.name == "PRUNED" and trials[3].user_attrs["drift"]["reused_from"] == 2
     assert "not launched" in trials[3].user_attrs["prune_reason"]
     assert not (workdir / "studies" / "s" / "trials" / "00003").exists()
+    # Resumed on other evaluation samples, the reference is computed again: a drift measured against the
+    # old one is not reused, it is measured again (and then reused against the new one).
+    study = load_study(workdir, "s")
+    study.enqueue_trial({**base, "eager.precision": "bf16"})
+    study.enqueue_trial({**base, "eager.precision": "bf16", "batch_size": 4})
+    result = run_autotune("search", *common, "--trials", "2", "--eval-samples", "16", cwd=workdir)
+    assert_trials_ran(result)
+    trials = load_study(workdir, "s").trials
+    assert trials[4].user_attrs["drift_reference"] != trials[2].user_attrs["drift_reference"]
+    assert trials[4].state.name == "PRUNED" and trials[4].user_attrs["drift"]["reused_from"] is None
+    assert trials[5].user_attrs["drift"]["reused_from"] == 4
 
 
 def test_image_folder_with_class_subfolders_gives_labels(workdir):

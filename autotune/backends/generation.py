@@ -355,40 +355,46 @@ class Generator:
         to `token_stamps` (the first one ends the prefill)."""
         return self._decode(input_ids, stamp, keep_logits=0)[0]
 
-    def generate_with_logits(self, input_ids: Any, positions: int) -> tuple[Any, Any]:
-        """The new tokens and the prefill's next-token logits at the prompt's last `positions` (float32):
-        one generation through the same graphs a timed call runs, so drift is measured on what is timed
-        (a teacher-forced pass of another shape compiles, and times nothing, other code)."""
-        return self._decode(input_ids, stamp=False, keep_logits=positions)
+    def generate_with_logits(self, input_ids: Any, positions: int, forced: Any = None) -> tuple[Any, Any]:
+        """The new tokens and the next-token logits (float32) at the prompt's last `positions` and at every
+        decode step: one generation through the same graphs a timed call runs, so drift is measured on
+        what is timed (a teacher-forced pass of another shape compiles, and times nothing, other code).
+        With `forced` (batch x new_tokens), each decode step is fed the forced token of the step before
+        instead of its own, so every step's logits follow the same text as the reference's."""
+        return self._decode(input_ids, stamp=False, keep_logits=positions, forced=forced)
 
-    def _decode(self, input_ids: Any, stamp: bool, keep_logits: int) -> tuple[Any, Any]:
+    def _decode(self, input_ids: Any, stamp: bool, keep_logits: int, forced: Any = None) -> tuple[Any, Any]:
         import torch
 
         batch, prompt = input_ids.shape
         cache = self._cache(batch, prompt + self.new_tokens)
         out = torch.empty(batch, self.new_tokens, dtype=torch.long)
-        kept = None
+        kept: list[Any] = []
+        steps = None if forced is None else forced.t().clone(memory_format=torch.contiguous_format)  # token strides
         with torch.no_grad():
             positions = torch.arange(prompt)
             logits = self.forward(
                 input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions
             ).logits
             if keep_logits:
-                kept = logits[:, -keep_logits:, :].float().clone()
+                kept.append(logits[:, -keep_logits:, :].float().clone())
             token = logits[:, -1, :].argmax(dim=-1)
             out[:, 0] = token
             if stamp:
                 self.token_stamps.append(time.monotonic())
             for step in range(1, self.new_tokens):
+                fed = token if steps is None else steps[step - 1]
                 position = torch.tensor([prompt + step - 1])
                 logits = self.forward(
-                    input_ids=token[:, None], past_key_values=cache, use_cache=True, cache_position=position
+                    input_ids=fed[:, None], past_key_values=cache, use_cache=True, cache_position=position
                 ).logits
+                if keep_logits:
+                    kept.append(logits[:, -1:, :].float().clone())
                 token = logits[:, -1, :].argmax(dim=-1)
                 out[:, step] = token
                 if stamp:
                     self.token_stamps.append(time.monotonic())
-        return out, kept
+        return out, torch.cat(kept, dim=1) if kept else None
 
 
 def prepare(

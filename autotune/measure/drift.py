@@ -96,7 +96,7 @@ class Drift(Record):
     accuracy_delta: float | None = None
     reused_from: int | None = None
     # Language models: perplexity on the evaluation text, its relative increase over FP32's, and the
-    # share of greedily generated tokens identical to FP32's.
+    # share of greedy tokens identical to FP32's (each decode step fed FP32's token of the step before).
     perplexity: float | None = None
     reference_perplexity: float | None = None
     perplexity_increase: float | None = None
@@ -134,8 +134,9 @@ def compute_generation_drift(
     reference_perplexity: float,
     greedy_agreement: float,
 ) -> Drift:
-    """A language model's drift: its teacher-forced next-token logits against FP32's, one row per
-    position (relative L2, cosine, top-1 agreement), perplexity and greedy-token agreement."""
+    """A language model's drift: its next-token logits (prefill positions and decode steps, fed FP32's
+    text) against FP32's, one row per position (relative L2, cosine, top-1 agreement), perplexity and
+    greedy-token agreement."""
     vocab = reference_logits.shape[-1]
     rows = reference_logits.reshape(-1, vocab)
     drift = compute_drift(logits.reshape(-1, vocab), rows)

@@ -15,6 +15,9 @@ from autotune.common.records import Record
 
 DEFAULT_PROMPT_TOKENS = 512
 DEFAULT_NEW_TOKENS = 64
+# What a generation reference holds; a reference of another format is computed again. 3: the prefill's
+# last positions and every decode step, each step fed FP32's greedy token (2: prefill logits only).
+REFERENCE_FORMAT = 3
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 from autotune.backends import backend_specs
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed
-from autotune.common.files import read_json, write_json_atomic
+from autotune.common.files import file_digest, read_json, write_json_atomic
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift, DriftCriterion
@@ -35,6 +35,7 @@ from autotune.measure.stopwatch import (
 )
 from autotune.measure.tokens import token_times
 from autotune.model.dataset import DataSource
+from autotune.model.generation import REFERENCE_FORMAT
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.metrics import (
@@ -58,7 +59,6 @@ from autotune.runner.artifact_cache import (
     read_meta,
 )
 from autotune.runner.launch import InstanceLaunch, run_instances
-from autotune.worker.generate import REFERENCE_FORMAT
 
 WORKER_MODULE = "autotune.worker"
 
@@ -74,6 +74,7 @@ class Reference:
     evaluation: dict[str, Any] = field(default_factory=dict)
     generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
     note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
+    digest: str = ""  # sha256 of the outputs file: a drift is reused only against the reference it was measured on
 
 
 @dataclass(frozen=True)
@@ -608,4 +609,4 @@ def compute_reference(
     }
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
     note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
-    return Reference(outputs_path, shared, calibration, evaluation, generation, note)
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note, file_digest(outputs_path))

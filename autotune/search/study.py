@@ -191,6 +191,7 @@ class Objective:
         if self.status is not None:
             self.status.running = f"trial {trial.number}: {config.summary()}"
         trial.set_user_attr("numerics_key", config.numerics_key())
+        trial.set_user_attr("drift_reference", self.ctx.reference.digest)  # what its drift is measured against
         trial.set_user_attr("fallback_key", self._fallback_key(config))
         trial.set_user_attr("host", socket.gethostname())
         if self.spec.mixed_hardware:
@@ -219,7 +220,7 @@ class Objective:
     def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
         """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
         pruned before anything is launched."""
-        known = same_numerics_drift(trial.study, config.numerics_key())
+        known = same_numerics_drift(trial.study, config.numerics_key(), self.ctx.reference.digest)
         if known is not None:
             trial.set_user_attr("drift", known.to_json())
             if self._drift_prunes(trial, known):
@@ -456,11 +457,14 @@ def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> t
     return None
 
 
-def same_numerics_drift(study: optuna.study.Study, numerics_key: str) -> Drift | None:
+def same_numerics_drift(study: optuna.study.Study, numerics_key: str, reference_digest: str) -> Drift | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
-    the drift an earlier trial measured for the same numerics, marked as reused, or None."""
+    the drift an earlier trial measured for the same numerics against the same reference (a resumed study
+    whose reference was computed again, e.g. in a newer format, measures again), marked as reused, or None."""
     for earlier in study.get_trials(deepcopy=False):
         if earlier.user_attrs.get("numerics_key") != numerics_key:
+            continue
+        if earlier.user_attrs.get("drift_reference") != reference_digest:
             continue
         drift = drift_of(earlier)
         if drift is not None and drift.reused_from is None:

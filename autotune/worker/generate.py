@@ -17,15 +17,14 @@ from typing import Any
 import numpy as np
 
 from autotune.measure.drift import Drift, compute_generation_drift
-from autotune.model.generation import GenerationWorkload, prompts
+from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload, prompts
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
 from autotune.model.sources import ModelSource, build_model
 from autotune.records.config import TrialConfig
 from autotune.worker.teardown import keep_until_exit
 
 DRIFT_ROWS = 4  # prompts drift is measured on; a trial of fewer sequences makes more calls, of more repeats them
-EVAL_LENGTH = 128  # teacher-forced positions per prompt: its last ones (all of a shorter prompt)
-REFERENCE_FORMAT = 2  # 2: prompts of the timed length, logits from the prefill (1: a teacher-forced pass)
+EVAL_LENGTH = 128  # prefill positions compared per prompt: its last ones (all of a shorter prompt)
 
 
 def drift_prompts(workload: GenerationWorkload) -> Any:
@@ -44,35 +43,43 @@ def drift_calls(rows: int, sequences: int) -> list[list[int]]:
     return calls
 
 
-def evaluate(generator: Any, ids: Any, sequences: int) -> tuple[Any, Any]:
-    """Greedy tokens and the prefill's logits over the last EVAL_LENGTH positions of each prompt row,
-    generated `sequences` at a time (drift_calls); a row met twice keeps its first result."""
+def evaluate(generator: Any, ids: Any, sequences: int, forced: Any = None) -> tuple[Any, Any]:
+    """Greedy tokens and the next-token logits at the last EVAL_LENGTH prompt positions and every decode
+    step of each prompt row, generated `sequences` at a time (drift_calls; a row met twice keeps its first
+    result); with `forced` (rows x new tokens), each decode step is fed its row's forced token."""
     import torch
 
     positions = min(EVAL_LENGTH, ids.shape[1])
     tokens: dict[int, Any] = {}
     logits: dict[int, Any] = {}
     for rows in drift_calls(ids.shape[0], sequences):
-        out, kept = generator.generate_with_logits(ids[rows], positions)
+        out, kept = generator.generate_with_logits(ids[rows], positions, None if forced is None else forced[rows])
         for place, row in enumerate(rows):
-            tokens.setdefault(row, out[place])
-            logits.setdefault(row, kept[place])
+            if row not in tokens:  # only a row's first result is kept (and copied out of the call's tensor)
+                tokens[row], logits[row] = out[place].clone(), kept[place].clone()
     order = range(ids.shape[0])
     return torch.stack([tokens[row] for row in order]), torch.stack([logits[row] for row in order])
 
 
-def perplexity(logits: Any, ids: Any) -> float:
-    """exp of the mean next-token cross entropy of `ids` under teacher-forced `logits` (aligned: the
-    logits at each of the ids' positions)."""
+def next_tokens(ids: Any, greedy: Any, positions: int) -> Any:
+    """The token each kept logit row predicts: the prompt's next ids over its last `positions`, then
+    FP32's greedy tokens (the text every decode step is fed), so perplexity is finite for any prompt."""
     import torch
 
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    return torch.cat([ids[:, ids.shape[1] - positions + 1 :], greedy], dim=1)
+
+
+def perplexity(logits: Any, targets: Any) -> float:
+    """exp of the mean cross entropy of `targets` under `logits` (aligned: one logit row per target)."""
+    import torch
+
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     return float(math.exp(float(loss)))
 
 
 def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
-    """FP32 eager: greedy tokens and the prefill's logits on the drift prompts, all rows in one call;
-    saves the random init so every trial uses it."""
+    """FP32 eager: greedy tokens and the logits of the prefill and every decode step on the drift prompts,
+    all rows in one call; saves the random init so every trial uses it."""
     import torch
 
     from autotune.backends.generation import Generator
@@ -95,7 +102,7 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
         "calibration_samples": 0,
         "labels": False,
         "reference_accuracy": None,
-        "reference_perplexity": perplexity(logits, ids[:, -logits.shape[1] :]),
+        "reference_perplexity": perplexity(logits, next_tokens(ids, greedy, min(EVAL_LENGTH, ids.shape[1]))),
         "reference_note": None,  # logits over a vocabulary vary with the text: never a constant head
         "reference_format": REFERENCE_FORMAT,
     }
@@ -180,20 +187,21 @@ def timing_prompts(job: dict[str, Any], config: TrialConfig, instance: int) -> A
 
 
 def measure_generation_drift(reference_path: str, runner: GenerationRunner, sequences: int) -> Drift:
-    """Greedy tokens and the prefill's next-token logits and perplexity against FP32 eager's, on the drift
-    prompts generated `sequences` at a time: the shapes and graphs the timed calls run."""
+    """Next-token logits (the prefill's last positions and every decode step, each step fed FP32's greedy
+    token), perplexity and greedy tokens against FP32 eager's, on the drift prompts generated `sequences`
+    at a time: the shapes and graphs the timed calls run."""
     import torch
 
     reference = torch.load(reference_path, weights_only=True)
-    ids = reference["prompts"]
-    greedy, logits = evaluate(runner.generator, ids, sequences)
-    window = ids[:, -logits.shape[1] :]
+    ids, expected = reference["prompts"], reference["greedy"]
+    greedy, logits = evaluate(runner.generator, ids, sequences, forced=expected)
+    targets = next_tokens(ids, expected, min(EVAL_LENGTH, ids.shape[1]))
     return compute_generation_drift(
         logits.numpy(),
         reference["logits"].numpy(),
-        perplexity(logits, window),
-        perplexity(reference["logits"], window),
-        float((greedy == reference["greedy"]).float().mean()),
+        perplexity(logits, targets),
+        perplexity(reference["logits"], targets),
+        float((greedy == expected).float().mean()),
     )
 
 
