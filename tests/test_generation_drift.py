@@ -54,6 +54,18 @@ class DecodeNoise:
         return out
 
 
+class FedLog:
+    """A forward that records the token each decode step is fed, then runs the model's."""
+
+    def __init__(self, model) -> None:
+        self.model, self.fed = model, []
+
+    def __call__(self, input_ids, **kwargs):
+        if input_ids.shape[1] == 1:
+            self.fed.append(input_ids[:, 0].clone())
+        return self.model.forward(input_ids=input_ids, **kwargs)
+
+
 def reference_job(tmp_path: Path, prompt: int = PROMPT) -> dict:
     source = ModelSource("factory", f"{TESTS / 'tiny_lm.py'}:tiny_llama", (prompt,))
     workload = GenerationWorkload(prompt_tokens=prompt, new_tokens=NEW, vocab_size=256)
@@ -142,3 +154,29 @@ def test_a_candidate_off_only_in_its_decode_steps_drifts(tmp_path):
     noisy = GenerationRunner(Generator(model, NEW, forward=DecodeNoise(model)), {})
     drift = measure_generation_drift(str(path), noisy, 2)
     assert drift.relative_l2 > 0.01, drift
+
+
+def test_each_decode_step_is_fed_fp32s_token_not_the_candidates_own(tmp_path):
+    """A candidate whose own greedy text differs from FP32's is still fed FP32's: its steps' logits
+    are compared on the same text, and its greedy agreement counts the steps it would have chosen alike."""
+    path, model = reference(tmp_path)
+    with torch.no_grad():
+        model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape, generator=torch.Generator().manual_seed(1)))
+    log = FedLog(model)
+    drift = measure_generation_drift(str(path), GenerationRunner(Generator(model, NEW, forward=log), {}), 2)
+    expected = torch.load(path, weights_only=True)["greedy"]
+    own = Generator(model, NEW).generate(torch.load(path, weights_only=True)["prompts"], stamp=False)
+    assert not torch.equal(own, expected)  # left to itself, the candidate writes another text
+    steps = NEW - 1  # per call: calls of rows [0, 1] then [2, 3]
+    fed = torch.cat([torch.stack(log.fed[:steps], dim=1), torch.stack(log.fed[steps:], dim=1)])
+    assert torch.equal(fed, expected[:, :-1])
+    assert drift.greedy_agreement < 1.0
+
+
+def test_a_reference_of_an_older_format_is_refused_with_what_to_do(tmp_path):
+    path, model = reference(tmp_path)
+    saved = torch.load(path, weights_only=True)
+    del saved["format"]
+    torch.save(saved, path)
+    with pytest.raises(ValueError, match=r"older format.*run the same `autotune search` command again"):
+        measure_generation_drift(str(path), GenerationRunner(Generator(model, NEW), {}), 1)

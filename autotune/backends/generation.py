@@ -369,32 +369,34 @@ class Generator:
         batch, prompt = input_ids.shape
         cache = self._cache(batch, prompt + self.new_tokens)
         out = torch.empty(batch, self.new_tokens, dtype=torch.long)
-        kept: list[Any] = []
-        steps = None if forced is None else forced.t().clone(memory_format=torch.contiguous_format)  # token strides
+        kept = None  # one buffer, filled in place: a copy per step and a concatenation would double it
         with torch.no_grad():
             positions = torch.arange(prompt)
             logits = self.forward(
                 input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions
             ).logits
             if keep_logits:
-                kept.append(logits[:, -keep_logits:, :].float().clone())
+                kept = torch.empty(batch, keep_logits + self.new_tokens - 1, logits.shape[-1], dtype=torch.float32)
+                kept[:, :keep_logits] = logits[:, -keep_logits:, :]
             token = logits[:, -1, :].argmax(dim=-1)
             out[:, 0] = token
             if stamp:
                 self.token_stamps.append(time.monotonic())
             for step in range(1, self.new_tokens):
-                fed = token if steps is None else steps[step - 1]
+                # A forced token is copied out fresh: the shape, strides and offset of an argmax's token,
+                # so a compiled forward runs the graph it times.
+                fed = token if forced is None else forced[:, step - 1].clone(memory_format=torch.contiguous_format)
                 position = torch.tensor([prompt + step - 1])
                 logits = self.forward(
                     input_ids=fed[:, None], past_key_values=cache, use_cache=True, cache_position=position
                 ).logits
-                if keep_logits:
-                    kept.append(logits[:, -1:, :].float().clone())
+                if kept is not None:
+                    kept[:, keep_logits + step - 1] = logits[:, -1, :]
                 token = logits[:, -1, :].argmax(dim=-1)
                 out[:, step] = token
                 if stamp:
                     self.token_stamps.append(time.monotonic())
-        return out, torch.cat(kept, dim=1) if kept else None
+        return out, kept
 
 
 def prepare(

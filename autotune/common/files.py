@@ -63,3 +63,8 @@ def file_digest(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def json_digest(value: Any) -> str:
+    """sha256 of a JSON value's canonical text (sorted keys): what a record is, whatever its key order."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()

@@ -22,7 +22,7 @@ METRIC_HELP = {
     "cosine": "1 - mean cosine similarity of each sample's output with FP32's (embeddings)",
     "top1": "share of samples whose top-1 class differs from FP32's",
     "accuracy": "drop of top-1 accuracy against the data's labels, FP32 minus candidate",
-    "perplexity": "relative increase of perplexity on the evaluation text (language models), e.g. 2%",
+    "perplexity": "relative increase of perplexity on the evaluation text, then FP32's generated text (LMs), e.g. 2%",
 }
 
 
@@ -95,8 +95,9 @@ class Drift(Record):
     reference_accuracy: float | None = None
     accuracy_delta: float | None = None
     reused_from: int | None = None
-    # Language models: perplexity on the evaluation text, its relative increase over FP32's, and the
-    # share of greedy tokens identical to FP32's (each decode step fed FP32's token of the step before).
+    # Language models: perplexity on the evaluation text then FP32's generated text (each decode step is
+    # fed FP32's token of the step before), its relative increase over FP32's, and the share of greedy
+    # tokens identical to FP32's.
     perplexity: float | None = None
     reference_perplexity: float | None = None
     perplexity_increase: float | None = None

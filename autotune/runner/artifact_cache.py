@@ -10,8 +10,6 @@ Each use touches its `last-used` file; past the cache's size cap the least recen
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import backend_module
-from autotune.common.files import read_json
+from autotune.common.files import json_digest, read_json
 from autotune.machine.fingerprint import package_versions
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
@@ -108,7 +106,7 @@ def _generation_key(
 
 
 def artifact_dir(cache_root: Path, key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    digest = json_digest(key)[:20]
     label = "-".join([key["backend"], *(str(v) for v in key["identity"].values())]).replace("/", "_")
     return cache_root / "artifacts" / f"{label}-{digest}"
 

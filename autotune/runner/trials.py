@@ -20,7 +20,7 @@ import numpy as np
 from autotune.backends import backend_specs
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed
-from autotune.common.files import file_digest, read_json, write_json_atomic
+from autotune.common.files import json_digest, read_json, write_json_atomic
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift, DriftCriterion
@@ -74,7 +74,7 @@ class Reference:
     evaluation: dict[str, Any] = field(default_factory=dict)
     generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
     note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
-    digest: str = ""  # sha256 of the outputs file: a drift is reused only against the reference it was measured on
+    digest: str = ""  # what it was computed from (model, data, sizes, format): drift is reused only against the same
 
 
 @dataclass(frozen=True)
@@ -609,4 +609,5 @@ def compute_reference(
     }
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
     note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
-    return Reference(outputs_path, shared, calibration, evaluation, generation, note, file_digest(outputs_path))
+    digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest)

@@ -47,18 +47,24 @@ def evaluate(generator: Any, ids: Any, sequences: int, forced: Any = None) -> tu
     """Greedy tokens and the next-token logits at the last EVAL_LENGTH prompt positions and every decode
     step of each prompt row, generated `sequences` at a time (drift_calls; a row met twice keeps its first
     result); with `forced` (rows x new tokens), each decode step is fed its row's forced token."""
-    import torch
+    rows = ids.shape[0]
+    tokens = logits = None  # filled row by row in place: stacking copies would double the logits
+    done: set[int] = set()
+    for call in drift_calls(rows, sequences):
+        out, kept = generator.generate_with_logits(ids[call], min(EVAL_LENGTH, ids.shape[1]), _rows(forced, call))
+        if tokens is None or logits is None:
+            tokens = out.new_empty((rows, *out.shape[1:]))
+            logits = kept.new_empty((rows, *kept.shape[1:]))
+        for place, row in enumerate(call):
+            if row not in done:
+                tokens[row], logits[row] = out[place], kept[place]
+                done.add(row)
+        del out, kept
+    return tokens, logits
 
-    positions = min(EVAL_LENGTH, ids.shape[1])
-    tokens: dict[int, Any] = {}
-    logits: dict[int, Any] = {}
-    for rows in drift_calls(ids.shape[0], sequences):
-        out, kept = generator.generate_with_logits(ids[rows], positions, None if forced is None else forced[rows])
-        for place, row in enumerate(rows):
-            if row not in tokens:  # only a row's first result is kept (and copied out of the call's tensor)
-                tokens[row], logits[row] = out[place].clone(), kept[place].clone()
-    order = range(ids.shape[0])
-    return torch.stack([tokens[row] for row in order]), torch.stack([logits[row] for row in order])
+
+def _rows(forced: Any, rows: list[int]) -> Any:
+    return None if forced is None else forced[rows]
 
 
 def next_tokens(ids: Any, greedy: Any, positions: int) -> Any:
@@ -92,7 +98,7 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
         save(model.state_dict(), job["weights_out"])
     ids = drift_prompts(workload)
     greedy, logits = evaluate(Generator(model, workload.new_tokens), ids, ids.shape[0])
-    save({"prompts": ids, "logits": logits, "greedy": greedy}, job["reference_path"])
+    save({"prompts": ids, "logits": logits, "greedy": greedy, "format": REFERENCE_FORMAT}, job["reference_path"])
     return {
         "pid": os.getpid(),
         "output_shape": list(logits.shape),
@@ -193,6 +199,11 @@ def measure_generation_drift(reference_path: str, runner: GenerationRunner, sequ
     import torch
 
     reference = torch.load(reference_path, weights_only=True)
+    if reference.get("format") != REFERENCE_FORMAT:  # an exported best.json's reference from an older autotune
+        raise ValueError(
+            f"the FP32 reference {reference_path} holds drift outputs of an older format (autotune now measures "
+            f"every decode step): run the same `autotune search` command again to compute it anew, then export"
+        )
     ids, expected = reference["prompts"], reference["greedy"]
     greedy, logits = evaluate(runner.generator, ids, sequences, forced=expected)
     targets = next_tokens(ids, expected, min(EVAL_LENGTH, ids.shape[1]))
