@@ -169,7 +169,9 @@ def replay(
             late = [plan.params for plan in ordered if plan.params not in coverage]
         if early and layouts_due:
             held, coverage = coverage, []
-        for params in first + coverage:
+        for params in first:
+            study.enqueue_trial(params, user_attrs={"baseline": True})
+        for params in coverage:
             study.enqueue_trial(params)
     clock, best, curve = 0.0, 0.0, []
     while clock < budget_s:
@@ -191,7 +193,7 @@ def replay(
             best = max(best, value)
         curve.append((clock, best))
         if held and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
-            leads = best > 0 and study.best_trial.number != 0  # trial 0 is the baseline
+            leads = best > 0 and not study.best_trial.user_attrs.get("baseline")  # as layouts.py decides
             if layouts_due and leads:  # as the search's callback: once a coverage family leads
                 layouts_due = False
                 enqueue_layout_round(study, rows, distributions, recorded)
