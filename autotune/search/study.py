@@ -340,7 +340,8 @@ class Objective:
             return
         speed = getattr(trial.study.pruner, "wrapped", None)
         verdict = speed.verdict(trial.study, value, screening.ci_rel) if isinstance(speed, SpeedPruner) else None
-        unit = {"throughput": "samples/s", "server": "samples/s (closed loop; best: requests/s sustained)"}.get(
+        counted = "tokens/s" if self.spec.task == "generate" else "samples/s"  # generated tokens, for a language model
+        unit = {"throughput": counted, "server": f"{counted} (closed loop; best: requests/s sustained)"}.get(
             self.spec.objective, "ms"
         )
         reason = (
