@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
-from autotune.search.layouts import layout_variants
+from autotune.search.layouts import layout_variants, most_sequences_variants
 from autotune.search.payoff import order_by_payoff
 from autotune.search.spec import default_storage
 
@@ -213,12 +213,16 @@ def replay(
 def enqueue_layout_round(
     study: optuna.study.Study, rows: list[Row], distributions: dict[str, Any], recorded: optuna.study.Study
 ) -> None:
-    """The replay's leader with every other instance split (layout_variants), each charged its leader's
+    """The replay's leader with every other instance split (layout_variants), and for text generation the
+    leader and each split with the most sequences (most_sequences_variants), each charged its leader's
     cost when the recorded study never measured it. The generation coverage's drift deferral
     (search/layouts.py) is not replayed."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
-    for params in layout_variants(leader.params, *instance_dims(distributions, recorded)):
+    dims = instance_dims(distributions, recorded)
+    splits = layout_variants(leader.params, *dims)
+    many = most_sequences_variants(leader.params, splits, dims[3], dims[4]) if dims[4] == "sequences" else []
+    for params in splits + many:
         study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
 
 
