@@ -232,7 +232,8 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
 
 def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdir, trained):
     """int4 weights quantized by the prepare process, cached by numerics: a second trial with another KV
-    cache and batch loads them (no preparation), and its logits drift is the first one's to the last digit."""
+    cache and batch loads them (no preparation), and its logits drift is the first one's (to float rounding:
+    the decode steps compared run with another batch and KV cache)."""
     from autotune.machine.probe import probe_machine
     from autotune.measure.stopwatch import MeasureSettings
     from autotune.model.generation import GenerationWorkload
@@ -258,8 +259,9 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     assert first.generation is not None and second.generation is not None
     assert first.backend_details is not None and "load_quantized_s" in first.backend_details  # built, then loaded
     assert first.generation.quantize_s is not None and first.generation.quantize_s > 0  # what building it cost
-    assert first.drift is not None and second.drift is not None  # the same weights: the same teacher-forced logits
-    assert (second.drift.relative_l2, second.drift.perplexity) == (first.drift.relative_l2, first.drift.perplexity)
+    assert first.drift is not None and second.drift is not None  # the same weights: the same logits, to rounding
+    assert second.drift.relative_l2 == pytest.approx(first.drift.relative_l2, rel=1e-4)
+    assert second.drift.perplexity == pytest.approx(first.drift.perplexity, rel=1e-6)
     # a trial whose artifact was evicted in the meantime quantizes by itself rather than failing
     import shutil
 
