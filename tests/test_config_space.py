@@ -525,7 +525,7 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
 
 
 def test_a_generation_layout_round_also_measures_the_leader_and_its_split_with_the_most_sequences():
-    """One sequence in the coverage round; whether eight pay is the machine's (170 against 119 tokens/s
+    """One sequence in the coverage round; whether eight pay is the machine's (170 against 98 tokens/s
     on an EPYC with VNNI, 231 against 361 on a Xeon with AMX): the round measures the leader's split,
     then the leader and the split with the space's most sequences. A classifier's round does not."""
     from autotune.search.layouts import ROUND_ATTR, LayoutRound, most_sequences_variants

@@ -72,8 +72,8 @@ def most_sequences_variants(
     """Text generation: the leader and each split at its own batch, again with the most concurrent
     sequences the space lists. Whether they pay is the machine's: each decode step reads every weight
     once for all the sequences, while each prompt's prefill adds to the call (a 100M decoder, 512-token
-    prompts, inductor int8 on 2 cores: 8 sequences made 170 tokens/s against 119 for one on an EPYC with
-    VNNI, and 231 against 361 on a Xeon with AMX, whose int8 decode step is 3x faster)."""
+    prompts, inductor da8w8 as two one-thread instances: 8 sequences made 170 tokens/s against 98 for
+    one on an EPYC with VNNI, and 231 against 361 on a Xeon with AMX, whose int8 decode step is 3x faster)."""
     if not batch_sizes:
         return []
     most = max(batch_sizes)
