@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
-from autotune.search.layouts import layout_variants, most_sequences_variants
+from autotune.search.layouts import layout_variants, most_sequences_variant
 from autotune.search.payoff import order_by_payoff
 from autotune.search.spec import default_storage
 
@@ -192,6 +192,11 @@ def replay(
             study.tell(trial, value)
             best = max(best, value)
         curve.append((clock, best))
+        due = study.user_attrs.get("sequences_round_due") is not None
+        if due and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+            enqueue_most_sequences(study, rows, distributions, recorded)
+            if study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+                continue
         if held and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
             leads = best > 0 and not study.best_trial.user_attrs.get("baseline")  # as layouts.py decides
             if layouts_due and leads:  # as the search's callback: once a coverage family leads
@@ -213,17 +218,38 @@ def replay(
 def enqueue_layout_round(
     study: optuna.study.Study, rows: list[Row], distributions: dict[str, Any], recorded: optuna.study.Study
 ) -> None:
-    """The replay's leader with every other instance split (layout_variants), and for text generation the
-    leader and each split with the most sequences (most_sequences_variants), each charged its leader's
-    cost when the recorded study never measured it. The generation coverage's drift deferral
-    (search/layouts.py) is not replayed."""
+    """The replay's leader with every other instance split (layout_variants), each charged its leader's
+    cost when the recorded study never measured it; for text generation the most-sequences trial follows
+    (enqueue_most_sequences). The generation coverage's drift deferral (search/layouts.py) is not replayed."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
     dims = instance_dims(distributions, recorded)
-    splits = layout_variants(leader.params, *dims)
-    many = most_sequences_variants(leader.params, splits, dims[3], dims[4]) if dims[4] == "sequences" else []
-    for params in splits + many:
+    for params in layout_variants(leader.params, *dims):
         study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
+    if dims[4] == "sequences":  # then the best layout with the most sequences, as the search's callback does
+        study.set_user_attr("sequences_round_due", leader.number)
+
+
+def enqueue_most_sequences(
+    study: optuna.study.Study, rows: list[Row], distributions: dict[str, Any], recorded: optuna.study.Study
+) -> None:
+    """Text generation: once the splits ran, the best of the leader and its splits with the most sequences
+    (most_sequences_variant), charged its layout's cost when the recorded study never measured it."""
+    first = study.user_attrs.get("sequences_round_due")
+    layouts = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.number == first or t.user_attrs.get("layout")
+    ]
+    study.set_user_attr("sequences_round_due", None)
+    if not layouts:
+        return
+    best = max(layouts, key=lambda t: t.value)
+    dims = instance_dims(distributions, recorded)
+    params = most_sequences_variant(best.params, dims[3], dims[4])
+    if params is not None:
+        cost = answer(rows, best.params).cost_s
+        study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost}, skip_if_exists=True)
 
 
 def recorded_objective(recorded: optuna.study.Study) -> str:

@@ -524,40 +524,55 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
         assert ROUND_ATTR not in other.user_attrs and not other.get_trials(states=waiting)
 
 
-def test_a_generation_layout_round_also_measures_the_leader_and_its_split_with_the_most_sequences():
+def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_sequences():
     """One sequence in the coverage round; whether eight pay is the machine's (170 against 98 tokens/s
-    on an EPYC with VNNI, 231 against 361 on a Xeon with AMX): the round measures the leader's split,
-    then the leader and the split with the space's most sequences. A classifier's round does not."""
-    from autotune.search.layouts import ROUND_ATTR, LayoutRound, most_sequences_variants
+    on an EPYC with VNNI, 231 against 361 on a Xeon with AMX): once the leader's split is measured, the
+    better of the two layouts is measured again with the space's most sequences (at most 8x its own),
+    once per study; not with a token latency bound, nor in a classifier's round."""
+    from autotune.search.layouts import ROUND_ATTR, SEQUENCES_ATTR, LayoutRound, most_sequences_variant
 
     data = {"sequences": [1, 2, 4, 8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
     space = SearchSpace.from_dict(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
-    study = optuna.create_study(direction="maximize")
-    plan = space.coverage_params()[0]
-    study.enqueue_trial(plan, user_attrs={"coverage": True})
-    trial = study.ask()
-    space.suggest(trial)
-    trial.set_user_attr("valid", True)
-    LayoutRound(space, "throughput")(study, study.tell(trial, 100.0))
-    assert study.user_attrs[ROUND_ATTR] == 0
-    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    fixed = [t.system_attrs["fixed_params"] for t in waiting]
-    assert [(p["instances"], p["threads_per_instance"], p["sequences"]) for p in fixed] == [
-        (2, 1, 1),
-        (1, 2, 8),
-        (2, 1, 8),
-    ]
-    assert (
-        waiting[1].user_attrs["order"].endswith("1 instance(s) x 2 thread(s), 8 sequences (the most the space lists)")
-    )
-    leader = {"instances": 1, "sequences": 8}
-    assert most_sequences_variants(leader, [{**leader, "instances": 2}], [1, 8], "sequences") == []  # already most
+    waiting = (optuna.trial.TrialState.WAITING,)
+
+    def layouts_of(study):
+        fixed = [t.system_attrs["fixed_params"] for t in study.get_trials(states=waiting)]
+        return [(p["instances"], p["threads_per_instance"], p["sequences"]) for p in fixed]
+
+    def run(study, layouts, value):
+        trial = study.ask()
+        space.suggest(trial)
+        trial.set_user_attr("valid", True)
+        layouts(study, study.tell(trial, value))
+
+    for split_value, best_layout in ((150.0, (2, 1, 8)), (50.0, (1, 2, 8))):
+        study = optuna.create_study(direction="maximize")
+        layouts = LayoutRound(space, "throughput")
+        study.enqueue_trial(space.coverage_params()[0], user_attrs={"coverage": True})
+        run(study, layouts, 100.0)  # the leader, 1 x 2 with one sequence
+        assert study.user_attrs[ROUND_ATTR] == 0 and layouts_of(study) == [(2, 1, 1)]  # its split first, alone
+        run(study, layouts, split_value)
+        assert layouts_of(study) == [best_layout]  # the better layout with 8 sequences
+        best = 1 if split_value > 100.0 else 0
+        assert study.user_attrs[SEQUENCES_ATTR] == best
+        order = study.get_trials(states=waiting)[0].user_attrs["order"]
+        assert order.startswith(f"layout round: the best layout #{best} ") and order.endswith(
+            "8 sequences (the most the space lists)"
+        )
+        run(study, layouts, 120.0)
+        assert layouts_of(study) == []  # once per study
+    bounded = optuna.create_study(direction="maximize")
+    layouts = LayoutRound(space, "throughput", more_sequences=False)  # --ttft-slo-ms or --tpot-slo-ms
+    bounded.enqueue_trial(space.coverage_params()[0], user_attrs={"coverage": True})
+    run(bounded, layouts, 100.0)
+    run(bounded, layouts, 150.0)
+    assert layouts_of(bounded) == [] and SEQUENCES_ATTR not in bounded.user_attrs
+    assert most_sequences_variant({"sequences": 8}, [1, 8], "sequences") is None  # already the most
+    assert most_sequences_variant({"sequences": 1}, [1, 16], "sequences") is None  # more than 8x: too far a jump
+    assert most_sequences_variant({"sequences": 2}, [1, 4, 16, 64], "sequences") == {"sequences": 16}
     classify_data = {"batch_size": [1, 2, 4, 8], "instances": [1, 2], "backends": data["backends"]}
     classify = SearchSpace.from_dict(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
-    other = optuna.create_study(direction="maximize")
-    other.add_trial(study.trials[0])
-    LayoutRound(classify, "throughput")(other, other.trials[0])
-    assert len(other.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1  # the split alone
+    assert not LayoutRound(classify, "throughput").more_sequences
 
 
 def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family_leads():

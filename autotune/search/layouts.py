@@ -13,9 +13,9 @@ as it is: a cheap trial (its artifact is cached, and the speed pruner stops a cl
 after screening). Once per study, for the objectives that sum work over instances (throughput, and
 the server scenario's sustained rate); a call's latency only grows when its cores are split. The
 coverage trials of families expected to lose (search/payoff.py) come last in the queue, so they run
-after the round. For text generation the round also measures the leader and each split with the most
-concurrent sequences the space lists (most_sequences_variants): the coverage round runs one sequence,
-and whether more pay depends on the machine.
+after the round. For text generation, once the splits are measured, the best of the leader and its
+splits is measured again with the most concurrent sequences the space lists (most_sequences_variant):
+the coverage round runs one sequence, and whether more pay depends on the machine.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ import optuna
 from autotune.backends.generation import QUANTIZED, artifact_identity
 from autotune.records.config import TrialConfig
 from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR  # [{"params", "order", "late"}]
+from autotune.results.selection import is_valid, primary_value
 from autotune.search.pruners import best_clean
 from autotune.search.space import InfeasibleConfig, SearchSpace, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
+SEQUENCES_ATTR = "sequences_round"  # generation: the trial given the most sequences, once enqueued (-1: none)
 OBJECTIVES = ("throughput", "server")  # both maximized
 ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
 LEGACY_LATE_COVERAGE_ATTR = "late_coverage"  # studies begun before the queue: the late plans alone
@@ -66,19 +68,20 @@ def layout_variants(
     return variants
 
 
-def most_sequences_variants(
-    params: dict[str, Any], splits: list[dict[str, Any]], batch_sizes: list[int] | None, batch_key: str
-) -> list[dict[str, Any]]:
-    """Text generation: the leader and each split at its own batch, again with the most concurrent
-    sequences the space lists. Whether they pay is the machine's: each decode step reads every weight
-    once for all the sequences, while each prompt's prefill adds to the call (a 100M decoder, 512-token
+def most_sequences_variant(
+    params: dict[str, Any], batch_sizes: list[int] | None, batch_key: str
+) -> dict[str, Any] | None:
+    """Text generation: the best layout of the round again with the most concurrent sequences the space
+    lists (at most 8x its own: the prefill's logits and the KV cache grow with them), or None when it
+    already runs that many. Whether they pay is the machine's: each decode step reads every weight once
+    for all the sequences, while each prompt's prefill adds to the call (a 100M decoder, 512-token
     prompts, inductor da8w8 as two one-thread instances: 8 sequences made 170 tokens/s against 98 for
-    one on an EPYC with VNNI, and 231 against 361 on a Xeon with AMX, whose int8 decode step is 3x faster)."""
-    if not batch_sizes:
-        return []
-    most = max(batch_sizes)
-    same_batch = [layout for layout in [params, *splits] if layout.get(batch_key) == params.get(batch_key)]
-    return [{**layout, batch_key: most} for layout in same_batch if layout.get(batch_key) != most]
+    one on an EPYC with VNNI, and 231 against 361 on a Xeon with AMX)."""
+    batch = params.get(batch_key)
+    if not batch_sizes or not isinstance(batch, int):
+        return None
+    most = max((size for size in batch_sizes if size <= 8 * batch), default=batch)
+    return {**params, batch_key: most} if most > batch else None
 
 
 def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
@@ -98,9 +101,11 @@ class LayoutRound:
     families expected to lose is left and the baseline still leads, the round runs for the baseline
     once the enqueued rounds are through (none waiting, none running in another worker of a fleet)."""
 
-    def __init__(self, space: SearchSpace, objective: str) -> None:
+    def __init__(self, space: SearchSpace, objective: str, more_sequences: bool = True) -> None:
         self.space = space
         self.active = self.applies(space, objective)
+        # Text generation without a token latency bound (more sequences lengthen TTFT several times).
+        self.more_sequences = self.active and more_sequences and space.task == "generate"
 
     @staticmethod
     def applies(space: SearchSpace, objective: str) -> bool:
@@ -110,7 +115,10 @@ class LayoutRound:
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
         queue = held_coverage(study)
         round_due = self.active and ROUND_ATTR not in study.user_attrs
-        if not (round_due or queue) or study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        sequences_due = self.more_sequences and SEQUENCES_ATTR not in study.user_attrs
+        if not (round_due or sequences_due or queue):
+            return
+        if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
         if round_due:
             when = self._round_when(study, queue)
@@ -120,6 +128,11 @@ class LayoutRound:
                 self._enqueue_variants(study)
                 if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
                     return
+        if sequences_due and ROUND_ATTR in study.user_attrs:
+            if self._layouts_running(study):  # the split measured elsewhere may be the best layout
+                return
+            if self._enqueue_most_sequences(study):
+                return
         if queue:
             self._release(study, queue)
 
@@ -146,18 +159,42 @@ class LayoutRound:
         variants = layout_variants(
             dict(best.params), space.instances, space.threads, space.cores, space.batch_sizes, space.batch_param
         )
-        many = []
-        if space.task == "generate":
-            many = most_sequences_variants(dict(best.params), variants, space.batch_sizes, space.batch_param)
-        for params in variants + many:
+        for params in variants:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
-            if params in many:
-                layout += f", {params[space.batch_param]} {space.batch_param} (the most the space lists)"
-            elif params.get(space.batch_param) != best.params.get(space.batch_param):
+            if params.get(space.batch_param) != best.params.get(space.batch_param):
                 layout += f", {space.batch_param} {params[space.batch_param]} (the same samples in flight)"
             why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
             study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
         study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before it enqueues them again
+
+    def _enqueue_most_sequences(self, study: optuna.study.Study) -> bool:
+        """Once the splits are measured: the best of the leader and its splits with the most sequences
+        (most_sequences_variant), ahead of the coverage still held; whether one was enqueued."""
+        first = study.user_attrs[ROUND_ATTR]
+        layouts = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.number == first or t.user_attrs.get("layout")
+        ]
+        best = max([t for t in layouts if is_valid(t)] or layouts, key=primary_value, default=None)
+        space = self.space
+        params = (
+            None if best is None else most_sequences_variant(dict(best.params), space.batch_sizes, space.batch_param)
+        )
+        if best is not None and params is not None:
+            layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
+            why = (
+                f"layout round: the best layout #{best.number} ({best.user_attrs.get('config_summary', '')}) "
+                f"as {layout} with {params[space.batch_param]} {space.batch_param} (the most the space lists)"
+            )
+            study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
+        study.set_user_attr(SEQUENCES_ATTR, -1 if params is None or best is None else best.number)  # last, as above
+        return params is not None
+
+    @staticmethod
+    def _layouts_running(study: optuna.study.Study) -> bool:
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        return any(t.user_attrs.get("layout") for t in running)
 
     def _release(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> None:
         """Enqueue the next coverage trial, then drop it from the queue (a run that dies between the two

@@ -692,7 +692,8 @@ def _optimize(
     def say(line: str) -> None:
         console.print(line, markup=False)
 
-    layouts = LayoutRound(objective.space, spec.objective)
+    more_sequences = spec.ttft_slo_ms is None and spec.tpot_slo_ms is None  # more sequences lengthen each token
+    layouts = LayoutRound(objective.space, spec.objective, more_sequences)
     layouts(study)  # a run resumed after the last enqueued trial was interrupted (no callback ran for it)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
