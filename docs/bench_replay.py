@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
-from autotune.search.layouts import layout_variants, most_sequences_variant
+from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import order_by_payoff
 from autotune.search.spec import default_storage
 
@@ -235,16 +235,10 @@ def enqueue_most_sequences(
 ) -> None:
     """Text generation: once the splits ran, the best of the leader and its splits with the most sequences
     (most_sequences_variant), charged its layout's cost when the recorded study never measured it."""
-    first = study.user_attrs.get("sequences_round_due")
-    layouts = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.number == first or t.user_attrs.get("layout")
-    ]
+    best = best_layout(study, study.user_attrs["sequences_round_due"])
     study.set_user_attr("sequences_round_due", None)
-    if not layouts:
+    if best is None:
         return
-    best = max(layouts, key=lambda t: t.value)
     dims = instance_dims(distributions, recorded)
     params = most_sequences_variant(best.params, dims[3], dims[4])
     if params is not None:

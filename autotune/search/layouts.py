@@ -84,6 +84,16 @@ def most_sequences_variant(
     return {**params, batch_key: most} if most > batch else None
 
 
+def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.FrozenTrial | None:
+    """The best of the round's leader and its measured layout trials (clean ones first), or None."""
+    layouts = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.number == leader_number or t.user_attrs.get("layout")
+    ]
+    return max([t for t in layouts if is_valid(t)] or layouts, key=primary_value, default=None)
+
+
 def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The best clean trial; when no measurement was clean (a loaded machine may flag them all), the best
     noisy one, still the best guess of where to look (it never wins on that measurement)."""
@@ -170,13 +180,7 @@ class LayoutRound:
     def _enqueue_most_sequences(self, study: optuna.study.Study) -> bool:
         """Once the splits are measured: the best of the leader and its splits with the most sequences
         (most_sequences_variant), ahead of the coverage still held; whether one was enqueued."""
-        first = study.user_attrs[ROUND_ATTR]
-        layouts = [
-            t
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.number == first or t.user_attrs.get("layout")
-        ]
-        best = max([t for t in layouts if is_valid(t)] or layouts, key=primary_value, default=None)
+        best = best_layout(study, study.user_attrs[ROUND_ATTR])
         space = self.space
         params = (
             None if best is None else most_sequences_variant(dict(best.params), space.batch_sizes, space.batch_param)

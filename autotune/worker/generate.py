@@ -51,7 +51,8 @@ def evaluate(generator: Any, ids: Any, sequences: int, forced: Any = None) -> tu
     tokens = logits = None  # filled row by row in place: stacking copies would double the logits
     done: set[int] = set()
     for call in drift_calls(rows, sequences):
-        out, kept = generator.generate_with_logits(ids[call], min(EVAL_LENGTH, ids.shape[1]), _rows(forced, call))
+        fed = None if forced is None else forced[call]
+        out, kept = generator.generate_with_logits(ids[call], compared_positions(ids), fed)
         if tokens is None or logits is None:
             tokens = out.new_empty((rows, *out.shape[1:]))
             logits = kept.new_empty((rows, *kept.shape[1:]))
@@ -63,15 +64,18 @@ def evaluate(generator: Any, ids: Any, sequences: int, forced: Any = None) -> tu
     return tokens, logits
 
 
-def _rows(forced: Any, rows: list[int]) -> Any:
-    return None if forced is None else forced[rows]
+def compared_positions(ids: Any) -> int:
+    """Prompt positions whose logits are compared: the last EVAL_LENGTH (all of a shorter prompt)."""
+    return min(EVAL_LENGTH, ids.shape[1])
 
 
-def next_tokens(ids: Any, greedy: Any, positions: int) -> Any:
-    """The token each kept logit row predicts: the prompt's next ids over its last `positions`, then
-    FP32's greedy tokens (the text every decode step is fed), so perplexity is finite for any prompt."""
+def next_tokens(ids: Any, greedy: Any, positions: int | None = None) -> Any:
+    """The token each kept logit row predicts: the prompt's next ids over its last `positions` (default:
+    compared_positions), then FP32's greedy tokens (the text every decode step is fed), so perplexity is
+    finite for any prompt."""
     import torch
 
+    positions = compared_positions(ids) if positions is None else positions
     return torch.cat([ids[:, ids.shape[1] - positions + 1 :], greedy], dim=1)
 
 
@@ -108,7 +112,7 @@ def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
         "calibration_samples": 0,
         "labels": False,
         "reference_accuracy": None,
-        "reference_perplexity": perplexity(logits, next_tokens(ids, greedy, min(EVAL_LENGTH, ids.shape[1]))),
+        "reference_perplexity": perplexity(logits, next_tokens(ids, greedy)),
         "reference_note": None,  # logits over a vocabulary vary with the text: never a constant head
         "reference_format": REFERENCE_FORMAT,
     }
@@ -206,7 +210,7 @@ def measure_generation_drift(reference_path: str, runner: GenerationRunner, sequ
         )
     ids, expected = reference["prompts"], reference["greedy"]
     greedy, logits = evaluate(runner.generator, ids, sequences, forced=expected)
-    targets = next_tokens(ids, expected, min(EVAL_LENGTH, ids.shape[1]))
+    targets = next_tokens(ids, expected)
     return compute_generation_drift(
         logits.numpy(),
         reference["logits"].numpy(),
