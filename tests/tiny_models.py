@@ -74,6 +74,19 @@ def tiny_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def tiny_vit() -> nn.Module:
+    """torchvision's VisionTransformer, the code vit_b_16 runs (MultiheadAttention, LayerNorm, GELU), on
+    3x32x32 with two layers; its zero-initialised head drawn again, so the outputs vary with the input."""
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128, num_classes=10
+    )
+    nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model
+
+
 def crashing() -> nn.Module:
     return Crashing()
 

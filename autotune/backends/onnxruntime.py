@@ -1,4 +1,5 @@
-"""ONNX Runtime on CPU: the model exported to ONNX (dynamic batch); int8 through static QDQ quantization.
+"""ONNX Runtime on CPU: the model exported to ONNX (dynamic batch); int8 through static QDQ quantization
+(dynamic for a model with attention layers, as ONNX Runtime advises for transformers).
 
 Intra-op threads are the trial's threads_per_instance; inter-op threads only matter in parallel mode.
 """
@@ -30,7 +31,7 @@ MODEL_FILE = "model.onnx"
 
 
 # Bumped whenever build_artifact changes what it writes: cached artifacts of older builders are not reused.
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2
 
 
 def artifact_identity(config: Any) -> dict[str, Any]:
@@ -45,7 +46,13 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     exporter = export_onnx(model, example, fp32_path)
     details: dict[str, Any] = {"exporter": exporter}
     if config.precision == "int8":
-        details.update(_quantize(fp32_path, calibration, out_dir))
+        from autotune.backends.torch_common import attention_layers
+
+        attention = attention_layers(model)
+        if attention:
+            details.update(_quantize_dynamic(fp32_path, out_dir), attention_layers=attention)
+        else:
+            details.update(_quantize(fp32_path, calibration, out_dir))
         fp32_path.unlink()
     else:
         fp32_path.rename(out_dir / MODEL_FILE)
@@ -58,7 +65,6 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
         CalibrationDataReader,
         QuantFormat,
         QuantType,
-        quant_pre_process,
         quantize_static,
     )
 
@@ -73,13 +79,8 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
         def get_next(self) -> dict[str, Any] | None:
             return next(self.batches, None)
 
-    source, pre = str(fp32_path), str(out_dir / "pre.onnx")
-    try:
-        quant_pre_process(source, pre)
-        source = pre
-        preprocessed = True
-    except Exception:  # shape inference fails on some graphs; quantization still works without it
-        preprocessed = False
+    source, pre = _preprocessed(fp32_path, out_dir)
+    preprocessed = source == pre
     quantize_static(
         source,
         str(out_dir / MODEL_FILE),
@@ -96,6 +97,34 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
         "preprocessed": preprocessed,
         "calibration_batches": len(calibration),
     }
+
+
+def _quantize_dynamic(fp32_path: Path, out_dir: Path) -> dict[str, Any]:
+    """Dynamic int8 (weights per channel, activations quantized per call): ONNX Runtime's advice for
+    transformer models, whose activations a static calibration cannot cover."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source, pre = _preprocessed(fp32_path, out_dir)
+    quantize_dynamic(source, str(out_dir / MODEL_FILE), per_channel=True, weight_type=QuantType.QInt8)
+    if source == pre:
+        Path(pre).unlink()
+    return {
+        "quantization": "dynamic s8 weights per-channel (a model with attention layers)",
+        "preprocessed": source == pre,
+    }
+
+
+def _preprocessed(fp32_path: Path, out_dir: Path) -> tuple[str, str]:
+    """The model to quantize (ONNX Runtime's shape inference and optimization applied when it succeeds),
+    and the preprocessed file's path."""
+    from onnxruntime.quantization import quant_pre_process
+
+    pre = str(out_dir / "pre.onnx")
+    try:
+        quant_pre_process(str(fp32_path), pre)
+        return pre, pre
+    except Exception:  # shape inference fails on some graphs; quantization still works without it
+        return str(fp32_path), pre
 
 
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:

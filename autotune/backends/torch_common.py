@@ -55,3 +55,16 @@ def torch_probe(run: Callable[[Any], Any]) -> Callable[[Any, str], ExecutedPreci
     from autotune.backends.precision import probe_torch
 
     return lambda native_input, claimed: probe_torch(lambda: run(native_input), claimed)
+
+
+def attention_layers(model: torch.nn.Module) -> dict[str, int]:
+    """The model's attention layers by class (torch's MultiheadAttention, or a class named like one:
+    transformers' BertSelfAttention, ViTSelfAttention...), counted; empty for a convolutional network.
+    The post-training int8 schemes that suit a CNN lose a transformer's accuracy: with static int8 on
+    every operator a random-init vit_b_16 drifted 0.55 (ONNX Runtime) and 0.47 (OpenVINO) against 0.05."""
+    found: dict[str, int] = {}
+    for module in model.modules():
+        name = type(module).__name__
+        if isinstance(module, torch.nn.MultiheadAttention) or "attention" in name.lower():
+            found[name] = found.get(name, 0) + 1
+    return found
