@@ -50,16 +50,16 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
 
         attention = attention_layers(model)
         if attention:
-            details.update(_quantize_dynamic(fp32_path, out_dir), attention_layers=attention)
+            details.update(quantize_dynamic_int8(fp32_path, out_dir), attention_layers=attention)
         else:
-            details.update(_quantize(fp32_path, calibration, out_dir))
+            details.update(quantize_static_int8(fp32_path, calibration, out_dir))
         fp32_path.unlink()
     else:
         fp32_path.rename(out_dir / MODEL_FILE)
     return details
 
 
-def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[str, Any]:
+def quantize_static_int8(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[str, Any]:
     """Static int8, QDQ format, signed activations and weights, per-channel: ORT's advice for x86 with VNNI."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -99,7 +99,7 @@ def _quantize(fp32_path: Path, calibration: list[Any], out_dir: Path) -> dict[st
     }
 
 
-def _quantize_dynamic(fp32_path: Path, out_dir: Path) -> dict[str, Any]:
+def quantize_dynamic_int8(fp32_path: Path, out_dir: Path) -> dict[str, Any]:
     """Dynamic int8 (weights per channel, activations quantized per call): ONNX Runtime's advice for
     transformer models, whose activations a static calibration cannot cover."""
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -37,7 +37,7 @@ def artifact_identity(config: Any) -> dict[str, Any]:
     return {"weights": "int8" if config.precision == "int8" else "float"}
 
 
-def _convert(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
+def convert_to_ir(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
     import openvino as ov
 
     try:
@@ -55,7 +55,7 @@ def _convert(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
 def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
     import openvino as ov
 
-    ov_model, source = _convert(model, example, out_dir)
+    ov_model, source = convert_to_ir(model, example, out_dir)
     details: dict[str, Any] = {"converted_from": source, "openvino": ov.__version__}
     if config.precision == "int8":
         import nncf
@@ -70,7 +70,7 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
                 dataset,
                 subset_size=len(calibration),
                 model_type=nncf.ModelType.TRANSFORMER,
-                advanced_parameters=_without_smooth_quant(),
+                advanced_parameters=without_smooth_quant(),
             )
             scheme = "NNCF PTQ, transformer model type (mixed preset, no SmoothQuant)"
         else:
@@ -90,7 +90,7 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     return details
 
 
-def _without_smooth_quant() -> Any:
+def without_smooth_quant() -> Any:
     """NNCF's transformer model type keeps the norms, residual adds and softmax in float and quantizes
     activations asymmetrically (mixed preset); its SmoothQuant step is left out. On a random-init
     vit_b_16 with synthetic calibration (an EPYC with VNNI, OpenVINO 2026.4, NNCF 3.4), relative L2 against FP32:
