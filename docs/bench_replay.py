@@ -220,7 +220,8 @@ def enqueue_layout_round(
 ) -> None:
     """The replay's leader with every other instance split (layout_variants), each charged its leader's
     cost when the recorded study never measured it; for text generation the most-sequences trial follows
-    (enqueue_most_sequences). The generation coverage's drift deferral (search/layouts.py) is not replayed."""
+    (enqueue_most_sequences). Not replayed (search/layouts.py): the generation coverage's drift deferral, and
+    the later rounds for a family that takes the lead after the first."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
     dims = instance_dims(distributions, recorded)

@@ -457,8 +457,8 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     """The layout round (search/layouts.py) on a real Optuna study and the space of an 8-core machine:
     nothing while a trial waits; then, as soon as a trial other than the baseline leads, the best clean
     trial (not a faster noisy one) with 2, 4 and 8 instances, each with the most threads that fit,
-    everything else as it was, even while a coverage trial runs in another worker; once per study,
-    even when a new leader appears; and not for the latency objective or a space with one instance count."""
+    everything else as it was, even while a coverage trial runs in another worker; not again for a new
+    leader of the same family; and not for the latency objective or a space with one instance count."""
     from autotune.search.layouts import ROUND_ATTR, LayoutRound, layout_variants
 
     space = SearchSpace.from_dict(
@@ -497,7 +497,7 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
         study.tell(trial, 90.0)
     study.enqueue_trial({**plans[0], "batch_size": 16})
     layouts(study, study.tell(study.ask(), 200.0))  # a new clean leader, of a layout never measured with it
-    assert not study.get_trials(states=waiting) and study.user_attrs[ROUND_ATTR] == 0  # once per study
+    assert not study.get_trials(states=waiting) and study.user_attrs[ROUND_ATTR] == 0  # its family was split
 
     assert layout_variants({"instances": 2, "threads_per_instance": 1}, [1, 2, 4], [3, 1], 4) == [
         {"instances": 1, "threads_per_instance": 3},  # the most listed threads that fit
@@ -522,6 +522,60 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
         other.add_trial(study.trials[0])
         LayoutRound(replace(space, instances=instances), objective)(other, other.trials[0])
         assert ROUND_ATTR not in other.user_attrs and not other.get_trials(states=waiting)
+
+
+def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_round_of_its_own():
+    """Each family's best split is its own (a random-init vit_b_16 on an EPYC with VNNI: ONNX Runtime int8
+    5% faster as two one-thread instances, OpenVINO int8 40%): a coverage trial of another backend x
+    precision that takes the lead after the first round is measured with the other splits too, once,
+    saying so; a new leader of a split family, or one the sampler found, is not; nor in text generation
+    (each split a compile of minutes)."""
+    from autotune.search.layouts import LATER_ROUNDS_ATTR, ROUND_ATTR, LayoutRound
+
+    space = SearchSpace.from_dict(
+        {"batch_size": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
+        fake_machine(cores=8),
+        RUNTIMES,
+    )
+    fp32, bf16 = space.coverage_params()
+    waiting = (optuna.trial.TrialState.WAITING,)
+
+    def measured(study, params, value, **attrs):
+        study.enqueue_trial(params, user_attrs=attrs)
+        trial = study.ask()
+        trial.set_user_attr("config", space.suggest(trial).to_dict())
+        return study.tell(trial, value)
+
+    def split_leaders(study):
+        return [t.user_attrs["order"].split(" (")[0] for t in study.get_trials(states=waiting)]
+
+    study = optuna.create_study(direction="maximize")
+    layouts = LayoutRound(space, "throughput")
+    layouts(study, measured(study, fp32, 100.0, coverage=True))
+    assert study.user_attrs[ROUND_ATTR] == 0 and split_leaders(study) == ["layout round: the leader #0"]
+    study.tell(study.ask(), 90.0)  # the split of fp32
+    layouts(study, measured(study, bf16, 150.0, coverage=True))  # bf16 takes the lead
+    assert split_leaders(study) == ["layout round: the leader #2"]
+    (split,) = study.get_trials(states=waiting)
+    assert split.system_attrs["fixed_params"] == {**bf16, "instances": 2, "threads_per_instance": 4}
+    assert study.user_attrs[LATER_ROUNDS_ATTR] == [2] and study.user_attrs[ROUND_ATTR] == 0
+    study.tell(study.ask(), 140.0)
+    layouts(study, measured(study, {**bf16, "batch_size": 8}, 160.0, coverage=True))  # bf16 again: split
+    assert not study.get_trials(states=waiting) and study.user_attrs[LATER_ROUNDS_ATTR] == [2]
+
+    sampled = optuna.create_study(direction="maximize")
+    layouts(sampled, measured(sampled, fp32, 100.0, coverage=True))
+    sampled.tell(sampled.ask(), 90.0)
+    layouts(sampled, measured(sampled, bf16, 150.0))  # found by the sampler, which explores layouts itself
+    assert not sampled.get_trials(states=waiting) and LATER_ROUNDS_ATTR not in sampled.user_attrs
+
+    generation = SearchSpace.from_dict(
+        {"sequences": [1], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
+        fake_machine(cores=8),
+        RUNTIMES,
+        task="generate",
+    )
+    assert LayoutRound(space, "throughput").later_rounds and not LayoutRound(generation, "throughput").later_rounds
 
 
 def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_sequences():

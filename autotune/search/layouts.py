@@ -10,8 +10,9 @@ than the baseline leads (the coverage round waits on the study and is released o
 the best clean configuration (the best noisy one when no measurement was clean) is enqueued again with
 each other instance count, each with the most threads that fit beside its siblings, everything else
 as it is: a cheap trial (its artifact is cached, and the speed pruner stops a clearly slower layout
-after screening). Once per study, for the objectives that sum work over instances (throughput, and
-the server scenario's sustained rate); a call's latency only grows when its cores are split. The
+after screening). Once per study, then again for each backend x precision whose coverage trial takes
+the lead later (not for text generation), for the objectives that sum work over instances (throughput,
+and the server scenario's sustained rate); a call's latency only grows when its cores are split. The
 coverage trials of families expected to lose (search/payoff.py) come last in the queue, so they run
 after the round. For text generation, once the splits are measured, the best of the leader and its
 splits is measured again with the most concurrent sequences the space lists (most_sequences_variant):
@@ -32,6 +33,7 @@ from autotune.search.pruners import best_clean
 from autotune.search.space import InfeasibleConfig, SearchSpace, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
+LATER_ROUNDS_ATTR = "layout_rounds_later"  # on the study: the leaders of the rounds after the first
 SEQUENCES_ATTR = "sequences_round"  # generation: the trial given the most sequences, once enqueued (-1: none)
 OBJECTIVES = ("throughput", "server")  # both maximized
 ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
@@ -94,6 +96,11 @@ def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.F
     return max([t for t in layouts if is_valid(t)] or layouts, key=primary_value, default=None)
 
 
+def _family(trial: optuna.trial.FrozenTrial) -> tuple[str, str]:
+    config = trial.user_attrs.get("config") or {}
+    return str(config.get("backend")), str(config.get("precision"))
+
+
 def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The best clean trial; when no measurement was clean (a loaded machine may flag them all), the best
     noisy one, still the best guess of where to look (it never wins on that measurement)."""
@@ -104,18 +111,20 @@ def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 
 class LayoutRound:
     """Optuna callback (and called once before a run resumes). Where a layout round runs, the coverage
-    round waits on the study (COVERAGE_QUEUE_ATTR) and is released one trial at a time, whenever nothing
-    is waiting: so the leader's layout variants run as soon as a family other than the baseline leads,
-    ahead of the coverage still to come (efficientnet_b0 on a 2-core EPYC: its winning split waited 3
-    minutes behind three fp32 families that could not win). Once per study; when nothing but the
-    families expected to lose is left and the baseline still leads, the round runs for the baseline
-    once the enqueued rounds are through (none waiting, none running in another worker of a fleet)."""
+        round waits on the study (COVERAGE_QUEUE_ATTR) and is released one trial at a time, whenever nothing
+        is waiting: so the leader's layout variants run as soon as a family other than the baseline leads,
+        ahead of the coverage still to come (efficientnet_b0 on a 2-core EPYC: its winning split waited 3
+        minutes behind three fp32 families that could not win). Once per study, and for each family that
+    leads later (_new_leading_family); when nothing but the
+        families expected to lose is left and the baseline still leads, the round runs for the baseline
+        once the enqueued rounds are through (none waiting, none running in another worker of a fleet)."""
 
     def __init__(self, space: SearchSpace, objective: str, more_sequences: bool = True) -> None:
         self.space = space
         self.active = self.applies(space, objective)
         # Text generation without a token latency bound (more sequences lengthen TTFT several times).
         self.more_sequences = self.active and more_sequences and space.task == "generate"
+        self.later_rounds = self.active and space.task != "generate"  # a round for each family that leads
 
     @staticmethod
     def applies(space: SearchSpace, objective: str) -> bool:
@@ -126,7 +135,8 @@ class LayoutRound:
         queue = held_coverage(study)
         round_due = self.active and ROUND_ATTR not in study.user_attrs
         sequences_due = self.more_sequences and SEQUENCES_ATTR not in study.user_attrs
-        if not (round_due or sequences_due or queue):
+        newcomer = None if round_due else self._new_leading_family(study)
+        if not (round_due or sequences_due or queue or newcomer):
             return
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
@@ -134,10 +144,17 @@ class LayoutRound:
             when = self._round_when(study, queue)
             if when == "later":  # enqueued rounds still run elsewhere and may lead: the late families wait
                 return
-            if when == "now":
-                self._enqueue_variants(study)
+            best = leader(study)
+            if when == "now" and best is not None:
+                self._enqueue_variants(study, best)
+                study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before enqueues them again
                 if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
                     return
+        elif newcomer is not None:
+            self._enqueue_variants(study, newcomer)
+            study.set_user_attr(LATER_ROUNDS_ATTR, [*study.user_attrs.get(LATER_ROUNDS_ATTR, []), newcomer.number])
+            if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+                return
         if sequences_due and ROUND_ATTR in study.user_attrs:
             if self._layouts_running(study):  # the split measured elsewhere may be the best layout
                 return
@@ -160,10 +177,23 @@ class LayoutRound:
             return "not yet"
         return "later" if self._enqueued_rounds_running(study) else "now"
 
-    def _enqueue_variants(self, study: optuna.study.Study) -> None:
-        best = leader(study)
-        if best is None:
-            return
+    def _new_leading_family(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+        """A coverage (or prior) trial that leads the study once the first round ran, of a backend x
+        precision whose layouts no round has measured yet, or None. Each family's best split is its own
+        (ONNX Runtime int8 gained 5% as two one-thread instances on a random-init vit_b_16, OpenVINO
+        int8 40%), and the family that leads after the first round would otherwise wait for the sampler:
+        on an EPYC with VNNI OpenVINO int8 took the lead at 5.5 minutes, and TPE found its split at 21.
+        Not for text generation, where each split is a compile of minutes on two cores."""
+        if not self.later_rounds or ROUND_ATTR not in study.user_attrs:
+            return None
+        best = best_clean(study)
+        if best is None or not (best.user_attrs.get("coverage") or best.user_attrs.get("prior")):
+            return None
+        split = {study.user_attrs[ROUND_ATTR], *study.user_attrs.get(LATER_ROUNDS_ATTR, [])}
+        families = {_family(t) for t in study.get_trials(deepcopy=False) if t.number in split}
+        return None if _family(best) in families else best
+
+    def _enqueue_variants(self, study: optuna.study.Study, best: optuna.trial.FrozenTrial) -> None:
         space = self.space
         summary = best.user_attrs.get("config_summary", "")
         variants = layout_variants(
@@ -175,7 +205,6 @@ class LayoutRound:
                 layout += f", {space.batch_param} {params[space.batch_param]} (the same samples in flight)"
             why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
             study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
-        study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before it enqueues them again
 
     def _enqueue_most_sequences(self, study: optuna.study.Study) -> bool:
         """Once the splits are measured: the best of the leader and its splits with the most sequences
