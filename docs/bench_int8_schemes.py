@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.backends.onnxruntime import quantize_dynamic_int8, quantize_static_int8
-from autotune.backends.openvino import convert_to_ir, without_smooth_quant
+from autotune.backends.openvino import convert_to_ir, nncf_int8
 from autotune.backends.torch_common import attention_layers
 from autotune.measure.drift import relative_l2
 
@@ -82,7 +82,8 @@ def main() -> None:
     inputs = torch.randn(args.batch * args.eval_batches, *shape, generator=torch.Generator().manual_seed(99))
     with torch.inference_mode():
         reference = model(inputs).numpy()
-    work = Path(tempfile.mkdtemp(prefix="int8-schemes-"))
+    scratch = tempfile.TemporaryDirectory(prefix="int8-schemes-")  # the ONNX and IR files, removed at the end
+    work = Path(scratch.name)
     fp32_onnx = work / "fp32.onnx"
     export_onnx(model, calibration[0], fp32_onnx)
     ov_model, _ = convert_to_ir(model, calibration[0], work)
@@ -98,26 +99,25 @@ def main() -> None:
 
         return run
 
-    def nncf_scheme(**options: Any) -> Callable[[], np.ndarray]:
-        return lambda: openvino_outputs(
-            nncf.quantize(ov_model, dataset, subset_size=len(calibration), **options), evaluated, args.batch
-        )
+    def nncf_scheme(transformer: bool, smooth_quant: bool = False) -> Callable[[], np.ndarray]:
+        def run() -> np.ndarray:
+            quantized, _ = nncf_int8(ov_model, dataset, len(calibration), transformer, smooth_quant)
+            return openvino_outputs(quantized, evaluated, args.batch)
+
+        return run
 
     schemes: dict[str, tuple[str, Callable[[], np.ndarray]]] = {
         "ONNX Runtime static QDQ s8s8 per-channel": (
-            "CNN",
+            "models without attention layers",
             ort_scheme(lambda path: quantize_static_int8(path, calibration, path.parent)),
         ),
-        "ONNX Runtime dynamic s8 per-channel": (
-            "attention",
+        "ONNX Runtime dynamic s8 MatMul per-channel": (
+            "models with attention layers",
             ort_scheme(lambda path: quantize_dynamic_int8(path, path.parent)),
         ),
-        "NNCF performance preset": ("CNN", nncf_scheme(preset=nncf.QuantizationPreset.PERFORMANCE)),
-        "NNCF transformer, SmoothQuant (NNCF's default)": ("", nncf_scheme(model_type=nncf.ModelType.TRANSFORMER)),
-        "NNCF transformer, no SmoothQuant": (
-            "attention",
-            nncf_scheme(model_type=nncf.ModelType.TRANSFORMER, advanced_parameters=without_smooth_quant()),
-        ),
+        "NNCF performance preset": ("models without attention layers", nncf_scheme(transformer=False)),
+        "NNCF transformer, SmoothQuant (NNCF's default)": ("", nncf_scheme(transformer=True, smooth_quant=True)),
+        "NNCF transformer, no SmoothQuant": ("models with attention layers", nncf_scheme(transformer=True)),
     }
     found = attention_layers(model)
     table = Table(
@@ -134,6 +134,7 @@ def main() -> None:
             name, used_for or "-", f"{drift:.4f}", "yes" if drift <= 0.05 else "no", f"{time.monotonic() - started:.0f}"
         )
     Console(width=200).print(table)
+    scratch.cleanup()
 
 
 if __name__ == "__main__":

@@ -495,8 +495,10 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
         }
         assert trial.user_attrs["layout"] and trial.user_attrs["order"].startswith("layout round: the leader #0")
         study.tell(trial, 90.0)
-    study.enqueue_trial({**plans[0], "batch_size": 16})
-    layouts(study, study.tell(study.ask(), 200.0))  # a new clean leader, of a layout never measured with it
+    study.enqueue_trial({**plans[0], "batch_size": 16}, user_attrs={"coverage": True})
+    newer = study.ask()
+    space.suggest(newer)
+    layouts(study, study.tell(newer, 200.0))  # a new clean leader of the family the round split
     assert not study.get_trials(states=waiting) and study.user_attrs[ROUND_ATTR] == 0  # its family was split
 
     assert layout_variants({"instances": 2, "threads_per_instance": 1}, [1, 2, 4], [3, 1], 4) == [
@@ -814,3 +816,33 @@ def released_after_a_drift(space: SearchSpace, queued: dict, pruned: dict) -> tu
     LayoutRound(space, "throughput")(study, study.tell(trial, state=optuna.trial.TrialState.PRUNED))
     (released,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     return released.user_attrs["order"], study.user_attrs[COVERAGE_QUEUE_ATTR]
+
+
+def test_a_drift_measured_by_an_older_artifact_builder_is_not_reused():
+    """The numerics key of an artifact backend holds its builder's version: a study resumed after the
+    int8 of a model with attention layers moved from static to transformer schemes measures the new
+    artifact's drift instead of pruning it on the old one's; backends without an artifact keep theirs."""
+    import json
+
+    from autotune.backends import onnxruntime
+    from autotune.measure.drift import Drift
+    from autotune.search.study import numerics_key_of, same_numerics_drift
+
+    space = SearchSpace.from_dict(
+        {"batch_size": [8], "backends": {"eager": {"precision": ["fp32"]}, "onnxruntime": {"precision": ["int8"]}}},
+        fake_machine(cores=2),
+        RUNTIMES,
+    )
+    ort = TrialConfig("onnxruntime", "int8", 8, options={"graph_optimization": "all"})
+    eager = TrialConfig("eager", "fp32", 8)
+    assert json.loads(numerics_key_of(ort, space))["builder"] == onnxruntime.ARTIFACT_VERSION
+    assert numerics_key_of(eager, space) == eager.numerics_key()
+    study = optuna.create_study(direction="maximize")
+    for key, drift in ((ort.numerics_key(), 0.548), (numerics_key_of(ort, space), 0.038)):
+        trial = study.ask()
+        trial.set_user_attr("numerics_key", key)
+        trial.set_user_attr("drift_reference", "ref")
+        trial.set_user_attr("drift", Drift(drift, 0.9, 0.9, 32).to_json())
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    reused = same_numerics_drift(study, numerics_key_of(ort, space), "ref")
+    assert reused is not None and reused.relative_l2 == 0.038 and reused.reused_from == 1

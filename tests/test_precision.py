@@ -190,7 +190,8 @@ def test_openvino_int8_ir_runs_int8_layers_and_a_float_ir_under_an_int8_claim_fa
 def test_a_model_with_attention_layers_is_quantized_as_a_transformer_and_stays_near_fp32(backend, tmp_path):
     """ONNX Runtime (dynamic int8) and NNCF (its transformer model type) quantize a model with attention
     layers the way their makers advise for transformers: int8 runs, and the outputs stay within the
-    default drift bound where the CNN schemes (static int8 on every operator) miss it."""
+    default drift bound (the CNN schemes, static int8 on every operator, drifted 0.29 with ONNX Runtime
+    and 0.24 with NNCF on this model)."""
     from autotune.measure.drift import relative_l2
 
     model = tiny_vit().eval()

@@ -28,6 +28,7 @@ SPEC = BackendSpec(
 )
 
 MODEL_FILE = "model.onnx"
+PREPROCESSED_FILE = "pre.onnx"  # a scratch file of the int8 build
 
 
 # Bumped whenever build_artifact changes what it writes: cached artifacts of older builders are not reused.
@@ -49,11 +50,15 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
         from autotune.backends.torch_common import attention_layers
 
         attention = attention_layers(model)
-        if attention:
-            details.update(quantize_dynamic_int8(fp32_path, out_dir), attention_layers=attention)
-        else:
-            details.update(quantize_static_int8(fp32_path, calibration, out_dir))
-        fp32_path.unlink()
+        try:
+            if attention:
+                details.update(quantize_dynamic_int8(fp32_path, out_dir))
+            else:
+                details.update(quantize_static_int8(fp32_path, calibration, out_dir))
+        finally:
+            fp32_path.unlink()
+            (out_dir / PREPROCESSED_FILE).unlink(missing_ok=True)
+        details["attention_layers"] = attention
     else:
         fp32_path.rename(out_dir / MODEL_FILE)
     return details
@@ -79,8 +84,7 @@ def quantize_static_int8(fp32_path: Path, calibration: list[Any], out_dir: Path)
         def get_next(self) -> dict[str, Any] | None:
             return next(self.batches, None)
 
-    source, pre = _preprocessed(fp32_path, out_dir)
-    preprocessed = source == pre
+    source = _preprocessed(fp32_path, out_dir)
     quantize_static(
         source,
         str(out_dir / MODEL_FILE),
@@ -90,41 +94,42 @@ def quantize_static_int8(fp32_path: Path, calibration: list[Any], out_dir: Path)
         activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8,
     )
-    if preprocessed:
-        Path(pre).unlink()
     return {
         "quantization": "static QDQ s8s8 per-channel",
-        "preprocessed": preprocessed,
+        "preprocessed": source != str(fp32_path),
         "calibration_batches": len(calibration),
     }
 
 
 def quantize_dynamic_int8(fp32_path: Path, out_dir: Path) -> dict[str, Any]:
-    """Dynamic int8 (weights per channel, activations quantized per call): ONNX Runtime's advice for
-    transformer models, whose activations a static calibration cannot cover."""
+    """Dynamic int8 of the matrix products (weights per channel, activations quantized per call): ONNX
+    Runtime's advice for transformer models, whose activations a static calibration cannot cover. Only
+    MatMul: a convolution would become ConvInteger (per-tensor and unfused; older ONNX Runtime releases
+    run it with uint8 weights only), an embedding's Gather a per-tensor table."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    source, pre = _preprocessed(fp32_path, out_dir)
-    quantize_dynamic(source, str(out_dir / MODEL_FILE), per_channel=True, weight_type=QuantType.QInt8)
-    if source == pre:
-        Path(pre).unlink()
-    return {
-        "quantization": "dynamic s8 weights per-channel (a model with attention layers)",
-        "preprocessed": source == pre,
-    }
+    source = _preprocessed(fp32_path, out_dir)
+    quantize_dynamic(
+        source,
+        str(out_dir / MODEL_FILE),
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+    )
+    return {"quantization": "dynamic s8 MatMul weights per-channel", "preprocessed": source != str(fp32_path)}
 
 
-def _preprocessed(fp32_path: Path, out_dir: Path) -> tuple[str, str]:
-    """The model to quantize (ONNX Runtime's shape inference and optimization applied when it succeeds),
-    and the preprocessed file's path."""
+def _preprocessed(fp32_path: Path, out_dir: Path) -> str:
+    """The model to quantize: PREPROCESSED_FILE (ONNX Runtime's shape inference and optimization) when
+    that succeeds, else the exported model."""
     from onnxruntime.quantization import quant_pre_process
 
-    pre = str(out_dir / "pre.onnx")
+    pre = str(out_dir / PREPROCESSED_FILE)
     try:
         quant_pre_process(str(fp32_path), pre)
-        return pre, pre
+        return pre
     except Exception:  # shape inference fails on some graphs; quantization still works without it
-        return str(fp32_path), pre
+        return str(fp32_path)
 
 
 def load(example: Any, config: Any, artifact_dir: Path) -> Runner:

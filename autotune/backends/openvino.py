@@ -64,20 +64,7 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
 
         dataset = nncf.Dataset([_feed(numpy_batch(batch)) for batch in calibration])
         attention = attention_layers(model)
-        if attention:
-            ov_model = nncf.quantize(
-                ov_model,
-                dataset,
-                subset_size=len(calibration),
-                model_type=nncf.ModelType.TRANSFORMER,
-                advanced_parameters=without_smooth_quant(),
-            )
-            scheme = "NNCF PTQ, transformer model type (mixed preset, no SmoothQuant)"
-        else:
-            ov_model = nncf.quantize(
-                ov_model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.PERFORMANCE
-            )
-            scheme = "NNCF PTQ, performance preset"
+        ov_model, scheme = nncf_int8(ov_model, dataset, len(calibration), transformer=bool(attention))
         details.update(
             {
                 "quantization": scheme,
@@ -88,6 +75,28 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
         )
     ov.save_model(ov_model, str(out_dir / MODEL_FILE), compress_to_fp16=False)
     return details
+
+
+def nncf_int8(
+    ov_model: Any, dataset: Any, subset_size: int, transformer: bool, smooth_quant: bool = False
+) -> tuple[Any, str]:
+    """The IR quantized by NNCF, and the scheme's name: a transformer as NNCF's transformer model type
+    (SmoothQuant only when asked: see without_smooth_quant), anything else with the performance preset."""
+    import nncf
+
+    if not transformer:
+        quantized = nncf.quantize(
+            ov_model, dataset, subset_size=subset_size, preset=nncf.QuantizationPreset.PERFORMANCE
+        )
+        return quantized, "NNCF PTQ, performance preset"
+    options = {} if smooth_quant else {"advanced_parameters": without_smooth_quant()}
+    quantized = nncf.quantize(
+        ov_model, dataset, subset_size=subset_size, model_type=nncf.ModelType.TRANSFORMER, **options
+    )
+    return (
+        quantized,
+        f"NNCF PTQ, transformer model type (mixed preset, {'SmoothQuant' if smooth_quant else 'no SmoothQuant'})",
+    )
 
 
 def without_smooth_quant() -> Any:

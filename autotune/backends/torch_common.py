@@ -58,13 +58,17 @@ def torch_probe(run: Callable[[Any], Any]) -> Callable[[Any, str], ExecutedPreci
 
 
 def attention_layers(model: torch.nn.Module) -> dict[str, int]:
-    """The model's attention layers by class (torch's MultiheadAttention, or a class named like one:
-    transformers' BertSelfAttention, ViTSelfAttention...), counted; empty for a convolutional network.
-    The post-training int8 schemes that suit a CNN lose a transformer's accuracy: with static int8 on
-    every operator a random-init vit_b_16 drifted 0.55 (ONNX Runtime) and 0.47 (OpenVINO) against 0.05."""
+    """The model's attention layers by class (torch's MultiheadAttention, or a class whose name ends in
+    Attention: transformers' BertAttention, ViTSelfAttention...; a TorchScript module by its original
+    class), outermost only, counted; empty for a convolutional network. The post-training int8 schemes
+    that suit a CNN lose a transformer's accuracy: with static int8 on every operator a random-init
+    vit_b_16 drifted 0.49 (ONNX Runtime) and 0.47 (OpenVINO) against 0.05 (docs/BENCHMARKS.md)."""
     found: dict[str, int] = {}
-    for module in model.modules():
-        name = type(module).__name__
-        if isinstance(module, torch.nn.MultiheadAttention) or "attention" in name.lower():
+    counted: list[str] = []
+    for path, module in model.named_modules():
+        name = getattr(module, "original_name", None) or type(module).__name__
+        inside = any(path.startswith(outer + ".") for outer in counted)
+        if not inside and (isinstance(module, torch.nn.MultiheadAttention) or name.lower().endswith("attention")):
+            counted.append(path)
             found[name] = found.get(name, 0) + 1
     return found

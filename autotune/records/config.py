@@ -61,11 +61,14 @@ class TrialConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         return cls(**{**data, "options": dict(data.get("options", {}))})
 
-    def numerics_key(self, without: tuple[str, ...] = ()) -> str:
-        """What changes the outputs: backend, precision, backend options and the runtime (another torch
-        may compute differently), not threads, allocator or OpenMP; nor the options named in `without`."""
+    def numerics_key(self, without: tuple[str, ...] = (), builder: int | None = None) -> str:
+        """What changes the outputs: backend, precision, backend options, the artifact builder's version
+        (`builder`: a new quantization scheme under the same options) and the runtime (another torch may
+        compute differently), not threads, allocator or OpenMP; nor the options named in `without`."""
         options = {k: v for k, v in self.to_dict()["options"].items() if k not in without}
-        key = {"backend": self.backend, "precision": self.precision, "options": options}
+        key: dict[str, Any] = {"backend": self.backend, "precision": self.precision, "options": options}
+        if builder is not None:
+            key["builder"] = builder
         if self.runtime != "main":
             key["runtime"] = self.runtime
         return json.dumps(key, sort_keys=True)

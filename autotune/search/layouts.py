@@ -30,7 +30,7 @@ from autotune.records.config import TrialConfig
 from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR  # [{"params", "order", "late"}]
 from autotune.results.selection import is_valid, primary_value
 from autotune.search.pruners import best_clean
-from autotune.search.space import InfeasibleConfig, SearchSpace, most_threads
+from autotune.search.space import InfeasibleConfig, SearchSpace, family, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
 LATER_ROUNDS_ATTR = "layout_rounds_later"  # on the study: the leaders of the rounds after the first
@@ -96,11 +96,6 @@ def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.F
     return max([t for t in layouts if is_valid(t)] or layouts, key=primary_value, default=None)
 
 
-def _family(trial: optuna.trial.FrozenTrial) -> tuple[str, str]:
-    config = trial.user_attrs.get("config") or {}
-    return str(config.get("backend")), str(config.get("precision"))
-
-
 def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The best clean trial; when no measurement was clean (a loaded machine may flag them all), the best
     noisy one, still the best guess of where to look (it never wins on that measurement)."""
@@ -111,13 +106,13 @@ def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 
 class LayoutRound:
     """Optuna callback (and called once before a run resumes). Where a layout round runs, the coverage
-        round waits on the study (COVERAGE_QUEUE_ATTR) and is released one trial at a time, whenever nothing
-        is waiting: so the leader's layout variants run as soon as a family other than the baseline leads,
-        ahead of the coverage still to come (efficientnet_b0 on a 2-core EPYC: its winning split waited 3
-        minutes behind three fp32 families that could not win). Once per study, and for each family that
-    leads later (_new_leading_family); when nothing but the
-        families expected to lose is left and the baseline still leads, the round runs for the baseline
-        once the enqueued rounds are through (none waiting, none running in another worker of a fleet)."""
+    round waits on the study (COVERAGE_QUEUE_ATTR) and is released one trial at a time, whenever nothing
+    is waiting: so the leader's layout variants run as soon as a family other than the baseline leads,
+    ahead of the coverage still to come (efficientnet_b0 on a 2-core EPYC: its winning split waited 3
+    minutes behind three fp32 families that could not win). Once per study, and again for each family
+    that leads later (_new_leading_family); when nothing but the families expected to lose is left and
+    the baseline still leads, the round runs for the baseline once the enqueued rounds are through (none
+    waiting, none running in another worker of a fleet)."""
 
     def __init__(self, space: SearchSpace, objective: str, more_sequences: bool = True) -> None:
         self.space = space
@@ -147,7 +142,7 @@ class LayoutRound:
             best = leader(study)
             if when == "now" and best is not None:
                 self._enqueue_variants(study, best)
-                study.set_user_attr(ROUND_ATTR, best.number)  # last: a run that dies before enqueues them again
+                study.set_user_attr(ROUND_ATTR, best.number)  # last: one that dies first enqueues them again
                 if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
                     return
         elif newcomer is not None:
@@ -189,9 +184,9 @@ class LayoutRound:
         best = best_clean(study)
         if best is None or not (best.user_attrs.get("coverage") or best.user_attrs.get("prior")):
             return None
-        split = {study.user_attrs[ROUND_ATTR], *study.user_attrs.get(LATER_ROUNDS_ATTR, [])}
-        families = {_family(t) for t in study.get_trials(deepcopy=False) if t.number in split}
-        return None if _family(best) in families else best
+        leaders = study.user_attrs[ROUND_ATTR], *study.user_attrs.get(LATER_ROUNDS_ATTR, [])
+        families = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
+        return None if family(best.params) in families else best
 
     def _enqueue_variants(self, study: optuna.study.Study, best: optuna.trial.FrozenTrial) -> None:
         space = self.space

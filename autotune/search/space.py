@@ -434,3 +434,9 @@ class SearchSpace:
                     return None
                 params[f"eager.{key}"] = default
         return params
+
+
+def family(params: dict[str, Any]) -> tuple[Any, Any]:
+    """A configuration's backend x precision, from its Optuna parameters."""
+    backend = params.get("backend")
+    return backend, params.get(f"{backend}.precision")

@@ -24,6 +24,7 @@ import optuna
 from rich.console import Console
 from rich.live import Live
 
+from autotune.backends import backend_module
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
@@ -52,7 +53,7 @@ from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
 from autotune.search.payoff import order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
-from autotune.search.space import InfeasibleConfig, SearchSpace
+from autotune.search.space import InfeasibleConfig, SearchSpace, family
 from autotune.search.spec import SearchSpec, identity_differences
 from autotune.search.storage import open_storage
 
@@ -190,7 +191,7 @@ class Objective:
         trial.set_user_attr("config_summary", config.summary())
         if self.status is not None:
             self.status.running = f"trial {trial.number}: {config.summary()}"
-        trial.set_user_attr("numerics_key", config.numerics_key())
+        trial.set_user_attr("numerics_key", self._numerics_key(config))
         trial.set_user_attr("drift_reference", self.ctx.reference.digest)  # what its drift is measured against
         trial.set_user_attr("fallback_key", self._fallback_key(config))
         trial.set_user_attr("host", socket.gethostname())
@@ -215,12 +216,15 @@ class Objective:
         """The numerics without the options that only schedule the work: OpenVINO bf16 on a CPU without
         bf16 falls back to f32 whatever its hint and streams (an efficientnet_b0 search launched each of
         its combinations once, to fail 4-8 s later)."""
-        return config.numerics_key(without=self.space.specs[config.backend].scheduling_options)
+        return self._numerics_key(config, without=self.space.specs[config.backend].scheduling_options)
+
+    def _numerics_key(self, config: TrialConfig, without: tuple[str, ...] = ()) -> str:
+        return numerics_key_of(config, self.space, without)
 
     def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
         """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
         pruned before anything is launched."""
-        known = same_numerics_drift(trial.study, config.numerics_key(), self.ctx.reference.digest)
+        known = same_numerics_drift(trial.study, self._numerics_key(config), self.ctx.reference.digest)
         if known is not None:
             trial.set_user_attr("drift", known.to_json())
             if self._drift_prunes(trial, known):
@@ -458,6 +462,15 @@ def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> t
     return None
 
 
+def numerics_key_of(config: TrialConfig, space: SearchSpace, without: tuple[str, ...] = ()) -> str:
+    """config.numerics_key with the version of its artifact's builder, where it has one: a study resumed
+    after a builder changed (vit_b_16's int8 moved from static to transformer schemes) must measure the
+    new artifacts' drift and precision, not reuse the old ones'. Text generation's weights keep theirs."""
+    builds = space.task != "generate" and space.specs[config.backend].builds_artifact(config.precision)
+    builder = backend_module(config.backend).ARTIFACT_VERSION if builds else None
+    return config.numerics_key(without=without, builder=builder)
+
+
 def same_numerics_drift(study: optuna.study.Study, numerics_key: str, reference_digest: str) -> Drift | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
     the drift an earlier trial measured for the same numerics against the same reference (a resumed study
@@ -542,9 +555,9 @@ def _enqueue_first_trials(
     if prior.winners:
         console.print(f"{len(prior.winners)} winner(s) of earlier studies on this machine tried first", markup=False)
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
-    covered = {_family(params) for params in enqueued[1:] if params is not None}
+    covered = {family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
-        plans = [p for p in space.coverage_params() if p != baseline and _family(p) not in covered]
+        plans = [p for p in space.coverage_params() if p != baseline and family(p) not in covered]
         ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups)
         if LayoutRound.applies(space, spec.objective):
             # released one at a time, so the layout round can run as soon as a family leads; the families
@@ -555,12 +568,6 @@ def _enqueue_first_trials(
             for plan in ordered:
                 study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
     study.set_user_attr("seeded", True)
-
-
-def _family(params: dict[str, Any]) -> tuple[Any, Any]:
-    """A configuration's backend x precision, from its Optuna parameters."""
-    backend = params.get("backend")
-    return backend, params.get(f"{backend}.precision")
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
