@@ -191,7 +191,7 @@ class Objective:
         trial.set_user_attr("config_summary", config.summary())
         if self.status is not None:
             self.status.running = f"trial {trial.number}: {config.summary()}"
-        trial.set_user_attr("numerics_key", self._numerics_key(config))
+        trial.set_user_attr("numerics_key", numerics_key_of(config, self.space))
         trial.set_user_attr("drift_reference", self.ctx.reference.digest)  # what its drift is measured against
         trial.set_user_attr("fallback_key", self._fallback_key(config))
         trial.set_user_attr("host", socket.gethostname())
@@ -216,15 +216,12 @@ class Objective:
         """The numerics without the options that only schedule the work: OpenVINO bf16 on a CPU without
         bf16 falls back to f32 whatever its hint and streams (an efficientnet_b0 search launched each of
         its combinations once, to fail 4-8 s later)."""
-        return self._numerics_key(config, without=self.space.specs[config.backend].scheduling_options)
-
-    def _numerics_key(self, config: TrialConfig, without: tuple[str, ...] = ()) -> str:
-        return numerics_key_of(config, self.space, without)
+        return numerics_key_of(config, self.space, without=self.space.specs[config.backend].scheduling_options)
 
     def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
         """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
         pruned before anything is launched."""
-        known = same_numerics_drift(trial.study, self._numerics_key(config), self.ctx.reference.digest)
+        known = same_numerics_drift(trial.study, trial.user_attrs["numerics_key"], self.ctx.reference.digest)
         if known is not None:
             trial.set_user_attr("drift", known.to_json())
             if self._drift_prunes(trial, known):
