@@ -159,6 +159,7 @@ def test_two_instances_run_pinned_to_disjoint_cores(reference, tmp_path):
     counted = metrics.measurement.samples / metrics.measurement.common_window_s
     assert metrics.throughput_sps == pytest.approx(counted, abs=4)  # both instances' calls, over the shared window
     assert metrics.throughput_sps == pytest.approx(sum(i.common_window_sps for i in metrics.instances))
+    assert metrics.measurement.combined_early_late_rel is not None  # what their drift is judged by, together
 
 
 def test_ready_hook_sees_drift_and_can_stop_the_trial(reference, tmp_path):

@@ -355,6 +355,25 @@ def rate_interval(
     return [mean - half, mean + half]
 
 
+def combined_early_late(per_instance: list[np.ndarray], start: float, end: float) -> float | None:
+    """How much longer a call took in the last third of the common window than in the first, all
+    instances together (calls counted by the fraction inside each third), relative to the whole window:
+    the combined counterpart of `stability`'s early_late_rel. Instances that trade speed (one slows
+    while its sibling speeds up by as much, which 2-core guests show) leave the sum, and this, unchanged;
+    a slowdown of the machine does not. None when a third holds fewer than 3 calls."""
+    if end <= start:
+        return None
+    edges = np.linspace(start, end, 4)
+    counts = [
+        sum(float(calls_in_window(s, lo, hi).sum()) for s in per_instance) for lo, hi in itertools.pairwise(edges)
+    ]
+    if min(counts) < 3:
+        return None
+    # A third's time per call is width / count; the window's is 3 x width / total.
+    total = sum(counts)
+    return total / (3 * counts[2]) - total / (3 * counts[0])
+
+
 def student_t_quantile(p: float, df: int) -> float:
     """Student's t quantile from the normal one (Cornish-Fisher; within 0.1% for df >= 5)."""
     z = NormalDist().inv_cdf(p)

@@ -170,6 +170,9 @@ class Measurement(Record):
     pinned: bool = True
     throughput_ci_method: str = "median call time's interval applied to each instance's share"
     straggler_ratio: float | None = None
+    # Several instances: the drift of the time per call from the first to the last third of the common
+    # window, all instances together (stopwatch.combined_early_late); what the noise check judges them by.
+    combined_early_late_rel: float | None = None
     warmup: dict[str, Any] = field(default_factory=dict)
     clock: str = "time.monotonic per call, input in, output out"
     stamps: list[str] = field(default_factory=list)

@@ -28,6 +28,7 @@ from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import (
     MeasureSettings,
+    combined_early_late,
     common_window_throughput,
     latency_summary,
     straggler_ratio,
@@ -219,6 +220,9 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
             ci_target_met=ci_rel is not None and ci_rel <= settings.ci_target_rel,
             throughput_ci_method=window["ci_method"],
             straggler_ratio=straggler_ratio(window["per_instance_sps"]),
+            combined_early_late_rel=(
+                combined_early_late(stamps, window["start"], window["end"]) if len(stamps) > 1 else None
+            ),
             samples_per_call=samples_per_call,
             warmup={"iters": min(r.warmup_iters for r in results), "s": min(r.warmup_s for r in results)},
             stamps=[r.stamps_path for r in results],
@@ -268,7 +272,9 @@ def judge_noise(
     """The metrics with the interference signals recorded and the reasons the measurement is noisy
     (`measurement.noise_flags`, empty when clean)."""
     instances = [{"signals": inst.noise, "latency": inst.latency_ms} for inst in metrics.instances]
-    flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits)
+    enough = metrics.measurement.calls >= limits.min_calls_for_shape
+    combined = metrics.measurement.combined_early_late_rel if enough else None
+    flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits, combined_drift=combined)
     measurement = replace(
         metrics.measurement, machine={"before": machine_before, "after": machine_after}, noise_flags=flags
     )
