@@ -13,7 +13,9 @@ target; each replay reports its best-so-far curve and when it first reached 95% 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
 recorded machine released a trial at a time, the layout round of the replay's own leader as soon as a
 trial other than the baseline leads, the families expected to lose last, then TPE multivariate),
-`layout-round-after-coverage` (the round once the whole coverage round ran, as before),
+`int8-by-preparation-cost` (the default with a classifier's int8 ordered by preparation cost alone, as
+before OpenVINO's int8 went first), `layout-round-after-coverage` (the round once the whole coverage
+round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler). A layout variant the
 recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
@@ -41,7 +43,7 @@ from rich.table import Table
 
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
-from autotune.search.payoff import order_by_payoff
+from autotune.search.payoff import CLASSIFIER_INT8_FIRST, order_by_payoff
 from autotune.search.spec import default_storage
 
 
@@ -149,8 +151,9 @@ def replay(
             else optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed)
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
-    early = strategy == "default"  # the round as soon as a coverage family leads, ahead of the rest
-    layouts_due = strategy in ("default", "layout-round-after-coverage")
+    # the round as soon as a coverage family leads, ahead of the rest
+    early = strategy in ("default", "int8-by-preparation-cost")
+    layouts_due = strategy in ("default", "layout-round-after-coverage", "int8-by-preparation-cost")
     layouts_due = layouts_due and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     late: list[dict[str, Any]] = []
     held: list[dict[str, Any]] = []  # early: coverage released one at a time, as the search's callback does
@@ -159,12 +162,14 @@ def replay(
         "layout-round-after-coverage",
         "default-without-layout-round",
         "coverage-in-space-order",
+        "int8-by-preparation-cost",
     ):
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
         if strategy != "coverage-in-space-order":
             task = (recorded.user_attrs.get("spec") or {}).get("task", "classify")
-            ordered = order_by_payoff(coverage, isa, task)
+            int8_first = None if strategy == "int8-by-preparation-cost" else CLASSIFIER_INT8_FIRST
+            ordered = order_by_payoff(coverage, isa, task, int8_first=int8_first)
             coverage = [plan.params for plan in ordered if not (layouts_due and plan.expected_to_lose)]
             late = [plan.params for plan in ordered if plan.params not in coverage]
         if early and layouts_due:
@@ -299,7 +304,13 @@ def main() -> int:
     for column in ("strategy", "reached 95%", "median min to 95%", "p90 min", "best at 25% of budget", "at 100%"):
         table.add_column(column)
     tally = LayoutTally()
-    strategies = ("default", "layout-round-after-coverage", "default-without-layout-round", "coverage-in-space-order")
+    strategies = (
+        "default",
+        "int8-by-preparation-cost",
+        "layout-round-after-coverage",
+        "default-without-layout-round",
+        "coverage-in-space-order",
+    )
     for strategy in (*strategies, "tpe", "random"):
         reached, quarter, end = [], [], []
         for seed in range(args.runs):

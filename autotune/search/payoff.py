@@ -20,7 +20,11 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   to reach its timed window, against 29 s for fp32), the other int8 families tier 1, bf16 tier 1 where
   native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32 tier 2.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
-  OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest).
+  OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
+  OpenVINO's first. Its oneDNN int8 kernels measured fastest in every classifier study recorded, and
+  ONNX Runtime's static int8, cheaper to prepare, slowest (resnet50: 149.6 against 30.4 samples/s on a
+  Xeon with VNNI, 31.5 against 14.6 on an AVX2-only EPYC; vit_b_16: 12.6 against 11.8 on an EPYC with
+  VNNI; docs/BENCHMARKS.md), so the leader that the layout round refines is found one trial earlier.
 
 Studies already run on this machine come first when the storage holds them (search/priors.py): a
 family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
@@ -45,6 +49,8 @@ TILES = {"bf16": "amx_bf16"}
 # Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
 # optimize/trace, and torch.compile's code generation.
 PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
+# A classifier's int8 backend measured fastest in every study recorded here (see the module docstring).
+CLASSIFIER_INT8_FIRST = "openvino"
 # Text generation's precisions that quantize activations too: inductor turns them into int8 GEMMs.
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
 LATE_TIER = 3  # emulated precisions (3) and families slower than fp32 eager in an earlier study (4)
@@ -94,7 +100,10 @@ def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: st
     return Payoff(2, "fp32 after the reduced precisions: the baseline already measures fp32")
 
 
-def _prepare_rank(backend: str) -> int:
+def _within_tier_rank(backend: str, precision: str, task: str, int8_first: str | None) -> int:
+    """Place inside a tier: a classifier's `int8_first` backend's int8 first, then the cheaper preparation."""
+    if task != "generate" and _kind(precision) == "int8" and backend == int8_first:
+        return -1
     return PREPARE_COST.index(backend) if backend in PREPARE_COST else len(PREPARE_COST)
 
 
@@ -126,17 +135,21 @@ def order_by_payoff(
     isa: dict[str, bool],
     task: str,
     family_speedups: dict[tuple[str, str], tuple[float, str]] | None = None,
+    int8_first: str | None = CLASSIFIER_INT8_FIRST,
 ) -> list[CoveragePlan]:
     """The coverage plans, highest expected payoff first, each with why it is where it is: families
     measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
-    of the same tier and backend keep the space's order."""
+    of the same tier and backend keep the space's order. `int8_first=None` orders a classifier's int8
+    by preparation cost alone (the replay benchmark compares the two)."""
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
         precision = params[f"{backend}.precision"]
         known = (family_speedups or {}).get((backend, precision))
         payoff = prior_payoff(*known) if known else expected_payoff(backend, precision, isa, task)
-        within = -known[0] if known else _prepare_rank(backend)  # faster before, or cheaper before
+        within = (
+            -known[0] if known else _within_tier_rank(backend, precision, task, int8_first)
+        )  # faster, or cheaper, before
         ranked.append((payoff.tier, within, index, params, payoff.reason))
     ranked.sort(key=lambda item: item[:3])
     return [
