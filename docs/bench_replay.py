@@ -330,7 +330,8 @@ def main() -> int:
         )
     console.print(table)
     console.print(
-        f"layout round (default): {tally.exact} variant(s) answered by the recorded study's own measurement, "
+        f"layout rounds (every strategy with one): {tally.exact} variant(s) answered by the recorded study's "
+        "own measurement, "
         f"{tally.unrecorded} never measured there and counted as pruned at their leader's cost",
         markup=False,
     )

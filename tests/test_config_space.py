@@ -351,6 +351,11 @@ def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first
     assert int8 == ["openvino", "onnxruntime"]
     fp32 = [plan.params["backend"] for plan in ordered if plan.params[f"{plan.params['backend']}.precision"] == "fp32"]
     assert fp32 == ["onnxruntime", "openvino", "inductor"]
+    by_cost = order_by_payoff(plans, isa, "classify", int8_first=None)  # the order before, which the replay compares
+    assert [p.params["backend"] for p in by_cost if p.params[f"{p.params['backend']}.precision"] == "int8"] == [
+        "onnxruntime",
+        "openvino",
+    ]
 
 
 def test_bf16_without_amx_tiles_comes_right_after_int8():

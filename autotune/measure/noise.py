@@ -27,7 +27,9 @@ class NoiseLimits:
     max_foreign_cpu: float = 0.15  # share of our CPUs' time used by other processes
     max_steal: float = 0.05  # share of our CPUs' time stolen by the hypervisor
     max_iqr_rel: float = 0.5  # IQR of call times over their median (sub-ms calls jitter by 25% when clean)
-    max_early_late_rel: float = 0.10  # median of the last third vs the first third
+    # One instance: the median call time of the last third vs the first; several: the time per call of all
+    # of them together over the common window's last third vs its first (a mean: a stall counts).
+    max_early_late_rel: float = 0.10
     # Calls this short jitter by more than that on a shared machine whatever the config: their drift is
     # judged against their own spread (drift_per_iqr x IQR over median), not the fixed 10%.
     short_call_ms: float = 3.0
@@ -120,13 +122,16 @@ def noise_flags(
 
     `instances` holds, per instance, its window signals and the latency summary of its own calls.
     Several instances are judged for drift together (`combined_drift`, the time per call over the common
-    window, stopwatch.combined_early_late) when it is known: on a shared core complex one instance often
-    slows while its sibling speeds up by as much, which leaves their throughput, the measured number,
-    unchanged, so one instance's drift alone would flag a steady measurement.
+    window, stopwatch.combined_early_late) when it is known and each made enough calls: instances take
+    turns (on a 2-core EPYC each of two ran ~20% slower in one part of the window, in opposite
+    directions, while their time per call together moved 3%), so one instance's drift alone flags a
+    measurement whose throughput, the measured number, barely moved.
     """
     flags = []
-    together = len(instances) > 1 and combined_drift is not None
-    if len(instances) > 1 and combined_drift is not None:
+    # Judged together when each instance made enough calls for its own shape to be judged.
+    enough = all(inst["latency"].samples >= limits.min_calls_for_shape for inst in instances)
+    together = len(instances) > 1 and combined_drift is not None and enough
+    if together and combined_drift is not None:
         drift_limit = limits.max_early_late_rel
         summaries = [inst["latency"] for inst in instances]
         if all((s.p50 or 0.0) < limits.short_call_ms and s.iqr_rel is not None for s in summaries):

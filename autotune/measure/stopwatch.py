@@ -358,9 +358,9 @@ def rate_interval(
 def combined_early_late(per_instance: list[np.ndarray], start: float, end: float) -> float | None:
     """How much longer a call took in the last third of the common window than in the first, all
     instances together (calls counted by the fraction inside each third), relative to the whole window:
-    the combined counterpart of `stability`'s early_late_rel. Instances that trade speed (one slows
-    while its sibling speeds up by as much, which 2-core guests show) leave the sum, and this, unchanged;
-    a slowdown of the machine does not. None when a third holds fewer than 3 calls."""
+    the combined counterpart of `stability`'s early_late_rel (a mean, not a median: a stall counts).
+    Instances that take turns running slower (2-core guests show it) move it little; a slowdown of the
+    machine does not. None when a third holds fewer than 3 calls."""
     if end <= start:
         return None
     edges = np.linspace(start, end, 4)

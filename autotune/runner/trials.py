@@ -272,8 +272,7 @@ def judge_noise(
     """The metrics with the interference signals recorded and the reasons the measurement is noisy
     (`measurement.noise_flags`, empty when clean)."""
     instances = [{"signals": inst.noise, "latency": inst.latency_ms} for inst in metrics.instances]
-    enough = metrics.measurement.calls >= limits.min_calls_for_shape
-    combined = metrics.measurement.combined_early_late_rel if enough else None
+    combined = metrics.measurement.combined_early_late_rel
     flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits, combined_drift=combined)
     measurement = replace(
         metrics.measurement, machine={"before": machine_before, "after": machine_after}, noise_flags=flags

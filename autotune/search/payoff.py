@@ -21,10 +21,13 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32 tier 2.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
-  OpenVINO's first. Its oneDNN int8 kernels measured fastest in every classifier study recorded, and
-  ONNX Runtime's static int8, cheaper to prepare, slowest (resnet50: 149.6 against 30.4 samples/s on a
-  Xeon with VNNI, 31.5 against 14.6 on an AVX2-only EPYC; vit_b_16: 12.6 against 11.8 on an EPYC with
-  VNNI; docs/BENCHMARKS.md), so the leader that the layout round refines is found one trial earlier.
+  OpenVINO's first. In the offline searches recorded (docs/BENCHMARKS.md) where its int8 passed the
+  drift bound, it was the fastest int8 family at one instance or within 2% of it, and it prepares in
+  less time than IPEX (its own runtime) or torchao (a compile), while ONNX Runtime's int8, cheaper to
+  prepare, was slower: resnet50 on a Xeon with VNNI, OpenVINO 149.6 samples/s, IPEX 142.7, ONNX
+  Runtime (static) 30.4; on an AVX2-only EPYC, IPEX 32.1, OpenVINO 31.5, torchao 30.1, ONNX Runtime
+  14.6; vit_b_16 on an EPYC with VNNI, OpenVINO 12.6, ONNX Runtime (dynamic) 11.8, torchao 6.5, IPEX
+  5.9. The leader the layout round refines is then found a trial earlier.
 
 Studies already run on this machine come first when the storage holds them (search/priors.py): a
 family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
@@ -49,7 +52,7 @@ TILES = {"bf16": "amx_bf16"}
 # Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
 # optimize/trace, and torch.compile's code generation.
 PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
-# A classifier's int8 backend measured fastest in every study recorded here (see the module docstring).
+# A classifier's int8 backend that goes first in its tier (see the module docstring for the measurements).
 CLASSIFIER_INT8_FIRST = "openvino"
 # Text generation's precisions that quantize activations too: inductor turns them into int8 GEMMs.
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
