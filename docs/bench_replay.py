@@ -3,8 +3,9 @@
 Every COMPLETE (and every pruned or failed) trial of a recorded study is a row of a table: its
 parameters, its value (samples/s or tokens/s), its noise (the throughput interval's relative
 half-width) and what it cost (its wall time, `budget.total_s`, or start to completion). A strategy is
-replayed as a real Optuna study over the same parameters, with the recorded study's distributions:
-each configuration it asks for is answered from the table (the recorded row with the most equal
+replayed as a real Optuna study over the same parameters, with the recorded study's distributions,
+each trial asking only what the search asks for its backend x precision (as the recorded trials show
+it: ask_like_the_search); each configuration it asks for is answered from the table (the recorded row with the most equal
 parameters, ties to the first recorded), its value drawn with the recorded noise (normal, the interval
 as 1.96 sigma), and the replay's clock advanced by the row's cost. A configuration measured several
 times is one row, worth the median of its values (merge_repeats). The table's best value is the
@@ -44,6 +45,7 @@ from rich.table import Table
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import CLASSIFIER_INT8_FIRST, order_by_payoff
+from autotune.search.space import family
 from autotune.search.spec import default_storage
 
 
@@ -113,6 +115,45 @@ def answer(rows: list[Row], params: dict[str, Any]) -> Row:
     return max(rows, key=lambda row: sum(row.params.get(k) == v for k, v in params.items()))
 
 
+def family_keys(rows: list[Row]) -> dict[tuple[Any, Any], list[str]]:
+    """The parameters the recorded search asked for each backend x precision: its define-by-run tree
+    (SearchSpace.suggest) as the recorded trials show it."""
+    keys: dict[tuple[Any, Any], list[str]] = {}
+    for row in rows:
+        seen = keys.setdefault(family(row.params), [])
+        seen.extend(k for k in row.params if k not in seen)
+    return keys
+
+
+def suggest(trial: optuna.trial.Trial, name: str, distribution: Any) -> Any:
+    """One parameter from its recorded distribution (an enqueued trial gets its fixed value)."""
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    if isinstance(distribution, optuna.distributions.IntDistribution):
+        return trial.suggest_int(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    return trial.suggest_float(name, distribution.low, distribution.high, log=distribution.log)
+
+
+def ask_like_the_search(
+    study: optuna.study.Study, distributions: dict[str, Any], keys: dict[tuple[Any, Any], list[str]]
+) -> optuna.trial.Trial:
+    """A trial that asks only what the search asks for its backend x precision, so that its parameters
+    equal a recorded row's when the recorded study measured that configuration. (Asking every recorded
+    distribution at once would also draw the other backends' options, and no row would ever match.)"""
+    trial = study.ask()
+    backend = suggest(trial, "backend", distributions["backend"])
+    name = f"{backend}.precision"
+    precision = suggest(trial, name, distributions[name]) if name in distributions else None
+    for key in keys.get((backend, precision), []):
+        intel_only = key in ("kmp_affinity", "kmp_blocktime") and trial.params.get("openmp") != "intel"
+        unbatched = key == "max_wait_ms" and trial.params.get("batch_size") == 1
+        if key not in trial.params and key in distributions and not intel_only and not unbatched:
+            suggest(trial, key, distributions[key])
+    return trial
+
+
 def exact_row(rows: list[Row], params: dict[str, Any]) -> Row | None:
     """The recorded row of exactly these parameters, if the study measured it."""
     return next((row for row in rows if row.params == params), None)
@@ -143,6 +184,7 @@ def replay(
     distributions: dict[str, Any] = {}
     for trial in recorded.get_trials(deepcopy=False):
         distributions.update(trial.distributions)
+    keys = family_keys(rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sampler = (
@@ -182,7 +224,7 @@ def replay(
     while clock < budget_s:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trial = study.ask(distributions)
+            trial = ask_like_the_search(study, distributions, keys)
         row = answer(rows, trial.params)
         if trial.user_attrs.get("layout"):
             found = exact_row(rows, trial.params)

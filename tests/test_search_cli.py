@@ -544,6 +544,56 @@ def test_the_replay_runs_the_layout_round_on_what_the_recorded_study_measured():
         assert without[0][1] == pytest.approx(100.0, rel=0.1) and len(without) == 2
 
 
+def test_the_replay_asks_what_the_search_asks_so_a_measured_variant_matches_among_several_backends():
+    """With two backends recorded, each with its own options, a replayed trial asks only its backend's
+    options (as the search's define-by-run space does): the leader's split that the recorded study
+    measured is answered by that measurement. Asking every recorded distribution also drew the other
+    backend's option, so no recorded row ever matched and every variant counted as pruned."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
+    spec = importlib.util.spec_from_file_location("bench_replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    sys.modules["bench_replay"] = replay
+    spec.loader.exec_module(replay)
+    categorical = optuna.distributions.CategoricalDistribution
+    shared = {
+        "batch_size": categorical([8]),
+        "instances": categorical([1, 2]),
+        "threads_per_instance": categorical([1, 2]),
+    }
+    openvino = {"backend": categorical(["openvino", "onnxruntime"]), "openvino.precision": categorical(["int8"])}
+    onnxruntime = {
+        "backend": categorical(["openvino", "onnxruntime"]),
+        "onnxruntime.precision": categorical(["fp32"]),
+        "onnxruntime.execution_mode": categorical(["sequential", "parallel"]),
+    }
+    leader = {"backend": "openvino", "openvino.precision": "int8", "batch_size": 8, "instances": 1}
+    recorded = optuna.create_study(direction="maximize")
+    recorded.set_user_attr("spec", {"objective": "throughput"})
+    recorded.set_user_attr("fingerprint", {"hardware": {"physical_cores": 2}})
+    for params, dists, value, attrs in (
+        ({**leader, "threads_per_instance": 2}, openvino, 100.0, {"baseline": True}),
+        ({**leader, "instances": 2, "threads_per_instance": 1}, openvino, 180.0, {}),
+        (
+            {"backend": "onnxruntime", "onnxruntime.precision": "fp32", "onnxruntime.execution_mode": "parallel"}
+            | {"batch_size": 8, "instances": 1, "threads_per_instance": 2},
+            onnxruntime,
+            50.0,
+            {},
+        ),
+    ):
+        attrs = {**attrs, "budget": {"total_s": 10.0}, "measurement": {"throughput_ci_rel": 0.0}}
+        recorded.add_trial(
+            optuna.trial.create_trial(params=params, distributions={**shared, **dists}, value=value, user_attrs=attrs)
+        )
+    rows = replay.merge_repeats(replay.read_table(recorded))
+    tally = replay.LayoutTally()
+    curve = replay.replay("default", recorded, rows, 20.0, {}, 0, tally)
+    assert (tally.exact, tally.unrecorded) == (1, 0)
+    assert [best for _, best in curve] == pytest.approx([100.0, 180.0], rel=0.1)
+
+
 def test_measure_seconds_takes_a_longest_window_too():
     """--measure-seconds MIN-MAX: the window's cap is the user's MAX; MIN alone keeps 4x (at least +10 s)."""
     from autotune.api import measure_settings, measure_window
