@@ -1,14 +1,14 @@
 """Search strategies replayed against a study already measured: sampler choices in seconds, not hours.
 
 Every COMPLETE (and every pruned or failed) trial of a recorded study is a row of a table: its
-parameters, its value (samples/s or tokens/s), its noise (the throughput interval's relative
-half-width) and what it cost (its wall time, `budget.total_s`, or start to completion). A strategy is
-replayed as a real Optuna study over the same parameters, with the recorded study's distributions,
-each trial asking only what the search asks for its backend x precision (as the recorded trials show
-it: ask_like_the_search); each configuration it asks for is answered from the table (the recorded row with the most equal
-parameters, ties to the first recorded), its value drawn with the recorded noise (normal, the interval
-as 1.96 sigma), and the replay's clock advanced by the row's cost. A configuration measured several
-times is one row, worth the median of its values (merge_repeats). The table's best value is the
+parameters, its value (samples/s or tokens/s), its noise (the throughput interval's relative half-width)
+and what it cost (its wall time, `budget.total_s`, or start to completion). A strategy is replayed as a
+real Optuna study over the same parameters, with the recorded study's distributions, each trial asking
+only what the search asks for its backend x precision (as the recorded trials show it:
+ask_like_the_search); each configuration it asks for is answered from the table (the recorded row with
+the most equal parameters, ties to the first recorded), its value drawn with the recorded noise (normal,
+the interval as 1.96 sigma), and the replay's clock advanced by the row's cost. A configuration measured
+several times is one row, worth the median of its values (merge_repeats). The table's best value is the
 target; each replay reports its best-so-far curve and when it first reached 95% of the target.
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
