@@ -122,6 +122,13 @@ def read_cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def int8_dot_products() -> bool:
+    """Whether the CPU multiplies int8 into int32 in one instruction (AVX512-VNNI, AVX-VNNI, AMX-INT8).
+    Without it the x86 int8 kernels multiply u8 x s8 pairs into a 16-bit sum that saturates, so the
+    quantizers keep weights to 7 bits there (the toolkits' advice for non-VNNI CPUs)."""
+    return bool(read_cpuinfo()[1] & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 def _numa_of_cpus() -> dict[int, int]:
     mapping: dict[int, int] = {}
     for node_dir in glob.glob(str(SYS_NODE / "node[0-9]*")):
