@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import optuna
@@ -37,14 +38,9 @@ def attempt_dirs(trials_dir: Path) -> list[Path]:
     return found
 
 
-def drift_flags(stamps: list[np.ndarray], together: bool, limits: NoiseLimits) -> list[str]:
-    """The drift flags of one attempt under one rule."""
-    window = common_window_throughput(stamps, batch_size=1)
-    if not window["valid"]:
-        return []
-    combined = combined_early_late(stamps, window["start"], window["end"]) if together else None
-    instances = [{"signals": {}, "latency": latency_summary(s[:, 1] - s[:, 0])} for s in stamps]
-    return [f for f in noise_flags(instances, None, None, len(stamps), limits, combined) if "drifted" in f]
+def drift_flags(instances: list[dict[str, Any]], combined: float | None, limits: NoiseLimits) -> list[str]:
+    """The drift flags of one attempt: judged together with its combined drift, one by one without."""
+    return [f for f in noise_flags(instances, None, None, len(instances), limits, combined) if "drifted" in f]
 
 
 def main() -> int:
@@ -64,8 +60,9 @@ def main() -> int:
         stamps = [np.load(p) for p in sorted(attempt.glob("stamps-*.npy"))]
         window = common_window_throughput(stamps, batch_size=1)
         combined = combined_early_late(stamps, window["start"], window["end"]) if window["valid"] else None
-        per_instance = [latency_summary(s[:, 1] - s[:, 0]).early_late_rel for s in stamps]
-        alone, together = drift_flags(stamps, False, limits), drift_flags(stamps, True, limits)
+        summaries = [latency_summary(s[:, 1] - s[:, 0]) for s in stamps]
+        instances = [{"signals": {}, "latency": summary} for summary in summaries]
+        alone, together = drift_flags(instances, None, limits), drift_flags(instances, combined, limits)
         trial_dir = attempt if attempt.name.isdigit() else attempt.parent
         p = params.get(int(trial_dir.name), {})
         backend, precision = family(p)
@@ -76,7 +73,7 @@ def main() -> int:
         table.add_row(
             str(attempt.relative_to(study_dir / "trials")),
             config,
-            ", ".join("-" if d is None else f"{d:+.0%}" for d in per_instance),
+            ", ".join("-" if s.early_late_rel is None else f"{s.early_late_rel:+.0%}" for s in summaries),
             "yes" if alone else "",
             "-" if combined is None else f"{combined:+.1%}",
             "yes" if together else "",

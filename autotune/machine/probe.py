@@ -122,11 +122,15 @@ def read_cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+# The /proc/cpuinfo flags of instructions that multiply int8 into int32 in one step.
+INT8_DOT = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
 def int8_dot_products() -> bool:
-    """Whether the CPU multiplies int8 into int32 in one instruction (AVX512-VNNI, AVX-VNNI, AMX-INT8).
-    Without it the x86 int8 kernels multiply u8 x s8 pairs into a 16-bit sum that saturates, so the
-    quantizers keep weights to 7 bits there (the toolkits' advice for non-VNNI CPUs)."""
-    return bool(read_cpuinfo()[1] & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    """Whether the CPU has one of INT8_DOT. Without it the x86 int8 kernels multiply u8 x s8 pairs into a
+    16-bit sum that saturates, so the quantizers keep weights to 7 bits there (the toolkits' advice for
+    non-VNNI CPUs)."""
+    return bool(read_cpuinfo()[1] & set(INT8_DOT))
 
 
 def _numa_of_cpus() -> dict[int, int]:

@@ -13,7 +13,10 @@ import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.measure.stopwatch import LatencySummary
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BUSY_FIELDS = (0, 1, 2, 5, 6)  # user nice system irq softirq (iowait and idle are not busy)
@@ -110,6 +113,14 @@ def window_signals(before: dict[str, Any], after: dict[str, Any], threads: int) 
     }
 
 
+def _drift_limit(summaries: list[LatencySummary], limits: NoiseLimits) -> float:
+    """The early-vs-late limit for these instances' calls: the fixed one, or for short calls (all of them
+    under short_call_ms) drift_per_iqr times their widest spread, whichever is larger."""
+    if all((s.p50 or 0.0) < limits.short_call_ms and s.iqr_rel is not None for s in summaries):
+        return max(limits.max_early_late_rel, limits.drift_per_iqr * max(s.iqr_rel or 0.0 for s in summaries))
+    return limits.max_early_late_rel
+
+
 def noise_flags(
     instances: list[dict[str, Any]],
     machine_before: dict[str, float] | None,
@@ -128,19 +139,15 @@ def noise_flags(
     measurement whose throughput, the measured number, barely moved.
     """
     flags = []
+    summaries = [inst["latency"] for inst in instances]
     # Judged together when each instance made enough calls for its own shape to be judged.
-    enough = all(inst["latency"].samples >= limits.min_calls_for_shape for inst in instances)
-    together = len(instances) > 1 and combined_drift is not None and enough
-    if together and combined_drift is not None:
-        drift_limit = limits.max_early_late_rel
-        summaries = [inst["latency"] for inst in instances]
-        if all((s.p50 or 0.0) < limits.short_call_ms and s.iqr_rel is not None for s in summaries):
-            drift_limit = max(drift_limit, limits.drift_per_iqr * max(s.iqr_rel or 0.0 for s in summaries))
-        if abs(combined_drift) > drift_limit:
-            flags.append(
-                f"the instances together: time per call drifted {combined_drift:+.0%} "
-                "from the first to the last third of their common window"
-            )
+    enough = all(s.samples >= limits.min_calls_for_shape for s in summaries)
+    combined = combined_drift if len(instances) > 1 and enough else None
+    if combined is not None and abs(combined) > _drift_limit(summaries, limits):
+        flags.append(
+            f"the instances together: time per call drifted {combined:+.0%} "
+            "from the first to the last third of their common window"
+        )
     for i, inst in enumerate(instances):
         signals, latency = inst.get("signals") or {}, inst["latency"]
         foreign, steal = signals.get("foreign_cpu"), signals.get("steal")
@@ -152,10 +159,7 @@ def noise_flags(
             iqr, drift = latency.iqr_rel, latency.early_late_rel
             if iqr is not None and iqr > limits.max_iqr_rel:
                 flags.append(f"instance {i}: call times spread, IQR {iqr:.0%} of the median")
-            drift_limit = limits.max_early_late_rel
-            if (latency.p50 or 0.0) < limits.short_call_ms and iqr is not None:
-                drift_limit = max(drift_limit, limits.drift_per_iqr * iqr)
-            if not together and drift is not None and abs(drift) > drift_limit:
+            if combined is None and drift is not None and abs(drift) > _drift_limit([latency], limits):
                 flags.append(f"instance {i}: call times drifted {drift:+.0%} from the first to the last third")
     for when, snap in (("before", machine_before), ("after", machine_after)):
         if snap and snap["runnable_others"] > limits.max_runnable_others * allowed_cpus:

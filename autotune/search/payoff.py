@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.backends.precision import CLAIMED_BUCKET
+from autotune.machine.probe import INT8_DOT
 
-INT8_DOT = ("avx512_vnni", "amx_int8")  # as the machine probe reads them from /proc/cpuinfo
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
 # A classifier's compute-bound bf16 pays where the CPU has tiles for it; vector bf16 alone does not.
 TILES = {"bf16": "amx_bf16"}
@@ -150,9 +150,8 @@ def order_by_payoff(
         precision = params[f"{backend}.precision"]
         known = (family_speedups or {}).get((backend, precision))
         payoff = prior_payoff(*known) if known else expected_payoff(backend, precision, isa, task)
-        within = (
-            -known[0] if known else _within_tier_rank(backend, precision, task, int8_first)
-        )  # faster, or cheaper, before
+        # faster before, or by the within-tier rule
+        within = -known[0] if known else _within_tier_rank(backend, precision, task, int8_first)
         ranked.append((payoff.tier, within, index, params, payoff.reason))
     ranked.sort(key=lambda item: item[:3])
     return [
