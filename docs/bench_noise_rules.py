@@ -49,6 +49,8 @@ def main() -> int:
     parser.add_argument("--studies-dir", type=Path, default=Path("studies"))
     args = parser.parse_args()
     study_dir = args.studies_dir / args.study
+    if not (study_dir / "study.db").is_file() or not (study_dir / "trials").is_dir():
+        parser.error(f"no study {args.study!r} with kept trials under {args.studies_dir}: pass --studies-dir")
     study = optuna.load_study(study_name=args.study, storage=f"sqlite:///{study_dir / 'study.db'}")
     params = {t.number: t.params for t in study.get_trials(deepcopy=False)}
     limits = NoiseLimits()
