@@ -193,7 +193,7 @@ def test_a_model_with_attention_layers_is_quantized_as_a_transformer_and_stays_n
     default drift bound (the CNN schemes, static int8 on every operator, drifted 0.29 with ONNX Runtime
     and 0.24 with NNCF on this model). On a CPU without int8 dot products the weights keep 7 bits
     (8 bits drifted 0.27 and 0.36 on an AVX2-only EPYC: the u8 x s8 kernels saturate)."""
-    from autotune.machine.probe import int8_dot_products
+    from autotune.common.cpuinfo import int8_dot_products
     from autotune.measure.drift import relative_l2
 
     model = tiny_vit().eval()

@@ -106,11 +106,11 @@ def quantize_dynamic_int8(fp32_path: Path, out_dir: Path) -> dict[str, Any]:
     Runtime's advice for transformer models, whose activations a static calibration cannot cover. Only
     MatMul: a convolution would become ConvInteger (per-tensor and unfused; older ONNX Runtime releases
     run it with uint8 weights only), an embedding's Gather a per-tensor table. Without int8 dot products
-    (probe.int8_dot_products) the weights keep 7 bits (`reduce_range`): the u8 x s8 kernels of AVX2 and
+    (cpuinfo.int8_dot_products) the weights keep 7 bits (`reduce_range`): the u8 x s8 kernels of AVX2 and
     AVX-512 saturate otherwise (a two-layer ViT drifted 0.27 from FP32 on an AVX2-only EPYC)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from autotune.machine.probe import int8_dot_products
+    from autotune.common.cpuinfo import int8_dot_products
 
     source = _preprocessed(fp32_path, out_dir)
     reduce_range = not int8_dot_products()

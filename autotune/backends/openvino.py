@@ -91,7 +91,7 @@ def nncf_int8(
         return quantized, "NNCF PTQ, performance preset"
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
-    from autotune.machine.probe import int8_dot_products
+    from autotune.common.cpuinfo import int8_dot_products
 
     # Without int8 dot products every layer keeps 7-bit weights (NNCF's overflow fix; its default fixes the
     # first layer only): a two-layer ViT drifted 0.36 from FP32 on an AVX2-only EPYC otherwise.

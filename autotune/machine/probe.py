@@ -16,6 +16,8 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from autotune.common.cpuinfo import read_cpuinfo
+
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 
 # Each allocator: file-name patterns in order of preference (full tcmalloc before the minimal one).
@@ -107,30 +109,6 @@ def format_cpu_ranges(cpus: list[int] | tuple[int, ...]) -> str:
         else:
             parts.append(str(cpu))
     return ",".join(parts) or "-"
-
-
-def read_cpuinfo() -> tuple[str, set[str]]:
-    model, flags = platform.processor() or "unknown", set[str]()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return model, flags
-    if match := re.search(r"^model name\s*:\s*(.+)$", text, re.M):
-        model = match.group(1).strip()
-    if match := re.search(r"^flags\s*:\s*(.+)$", text, re.M):
-        flags = set(match.group(1).split())
-    return model, flags
-
-
-# The /proc/cpuinfo flags of instructions that multiply int8 into int32 in one step.
-INT8_DOT = ("avx512_vnni", "avx_vnni", "amx_int8")
-
-
-def int8_dot_products() -> bool:
-    """Whether the CPU has one of INT8_DOT. Without it the x86 int8 kernels multiply u8 x s8 pairs into a
-    16-bit sum that saturates, so the quantizers keep weights to 7 bits there (the toolkits' advice for
-    non-VNNI CPUs)."""
-    return bool(read_cpuinfo()[1] & set(INT8_DOT))
 
 
 def _numa_of_cpus() -> dict[int, int]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.backends.precision import CLAIMED_BUCKET
-from autotune.machine.probe import INT8_DOT
+from autotune.common.cpuinfo import INT8_DOT
 
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
 # A classifier's compute-bound bf16 pays where the CPU has tiles for it; vector bf16 alone does not.
