@@ -44,7 +44,7 @@ from rich.table import Table
 
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
-from autotune.search.payoff import CLASSIFIER_INT8_FIRST, order_by_payoff
+from autotune.search.payoff import int8_first_backend, order_by_payoff
 from autotune.search.space import family
 from autotune.search.spec import default_storage
 
@@ -169,6 +169,18 @@ class LayoutTally:
     unrecorded: int = 0
 
 
+def recorded_attention_layers(recorded: optuna.study.Study) -> int | None:
+    """The model's attention layers, as the search recorded them; for a study from before, as an int8
+    artifact of ONNX Runtime or OpenVINO recorded them in its details (None: neither says)."""
+    if recorded.user_attrs.get("attention_layers") is not None:
+        return int(recorded.user_attrs["attention_layers"])
+    for trial in recorded.get_trials(deepcopy=False):
+        details = (trial.user_attrs.get("artifact") or {}).get("details") or {}
+        if isinstance(details.get("attention_layers"), dict):
+            return sum(details["attention_layers"].values())
+    return None
+
+
 def replay(
     strategy: str,
     recorded: optuna.study.Study,
@@ -210,7 +222,8 @@ def replay(
         coverage = [r.params for r in rows if r.coverage]
         if strategy != "coverage-in-space-order":
             task = (recorded.user_attrs.get("spec") or {}).get("task", "classify")
-            int8_first = None if strategy == "int8-by-preparation-cost" else CLASSIFIER_INT8_FIRST
+            attention = recorded_attention_layers(recorded)
+            int8_first = None if strategy == "int8-by-preparation-cost" else int8_first_backend(isa, attention)
             ordered = order_by_payoff(coverage, isa, task, int8_first=int8_first)
             coverage = [plan.params for plan in ordered if not (layouts_due and plan.expected_to_lose)]
             late = [plan.params for plan in ordered if plan.params not in coverage]

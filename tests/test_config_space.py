@@ -358,6 +358,28 @@ def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first
     ]
 
 
+@pytest.mark.parametrize(
+    ("isa", "attention", "first"),
+    [
+        ({"avx2": True}, 12, "onnxruntime"),  # vit_b_16 on an AVX2-only EPYC: ONNX Runtime's dynamic int8 ran 1.8x
+        ({"avx2": True}, 0, "openvino"),  # a CNN
+        ({"avx2": True}, None, "openvino"),  # a reference from before the layers were counted
+        ({"avx2": True, "avx512_vnni": True}, 12, "openvino"),  # with int8 dot products OpenVINO's led vit_b_16
+    ],
+)
+def test_the_int8_coverage_of_a_model_with_attention_layers_starts_with_the_faster_scheme_here(isa, attention, first):
+    from autotune.search.payoff import int8_first_backend, order_by_payoff
+
+    space = {
+        "batch_size": [8],
+        "backends": {"openvino": {"precision": ["int8"]}, "onnxruntime": {"precision": ["int8"]}},
+    }
+    plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
+    ordered = order_by_payoff(plans, isa, "classify", int8_first=int8_first_backend(isa, attention))
+    assert [plan.params["backend"] for plan in ordered] == [first, *({"openvino", "onnxruntime"} - {first})]
+    assert "first of its tier" in ordered[0].order and "first of its tier" not in ordered[1].order
+
+
 def test_bf16_without_amx_tiles_comes_right_after_int8():
     """AVX512-BF16 alone: bf16 after int8 (VNNI does twice its work per instruction), before fp32; with
     AMX-BF16 tiles it is tier 0 beside int8; a language model's bf16 (bytes per token) is unchanged."""

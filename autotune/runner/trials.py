@@ -76,6 +76,7 @@ class Reference:
     generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
     note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
     digest: str = ""  # what it was computed from (model, data, sizes, format): drift is reused only against the same
+    attention_layers: int | None = None  # the model's attention layers; None: a reference from before they were counted
 
 
 @dataclass(frozen=True)
@@ -615,4 +616,5 @@ def compute_reference(
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
     note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
     digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
-    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest)
+    attention = result.get("attention_layers")
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest, attention)

@@ -50,7 +50,7 @@ from autotune.search.fleet import (
     register_orchestrator,
 )
 from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
-from autotune.search.payoff import order_by_payoff
+from autotune.search.payoff import int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
 from autotune.search.space import InfeasibleConfig, SearchSpace, family
@@ -526,7 +526,12 @@ class BudgetGuard:
 
 
 def _enqueue_first_trials(
-    study: optuna.study.Study, space: SearchSpace, spec: SearchSpec, machine: MachineProbe, console: Console
+    study: optuna.study.Study,
+    space: SearchSpace,
+    spec: SearchSpec,
+    machine: MachineProbe,
+    reference: Reference,
+    console: Console,
 ) -> None:
     """The eager fp32 baseline first, then the winners of earlier studies on this machine
     (search/priors.py), then one trial per backend x precision, highest expected payoff on this machine
@@ -555,7 +560,8 @@ def _enqueue_first_trials(
     covered = {family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
         plans = [p for p in space.coverage_params() if p != baseline and family(p) not in covered]
-        ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups)
+        int8_first = int8_first_backend(machine.isa, reference.attention_layers)
+        ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups, int8_first)
         if LayoutRound.applies(space, spec.objective):
             # released one at a time, so the layout round can run as soon as a family leads; the families
             # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
@@ -600,7 +606,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     if reference.note is not None:
         say(f"note: {reference.note.message}")
     if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
-        _enqueue_first_trials(study, space, spec, machine, console)
+        _enqueue_first_trials(study, space, spec, machine, reference, console)
     ctx = TrialContext(
         machine,
         reference,
@@ -679,6 +685,7 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
     study.set_user_attr("model_for_trials", reference.model.to_dict())
     study.set_user_attr("evaluation", reference.evaluation)
     study.set_user_attr("calibration", reference.calibration)
+    study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
     return reference
 
 

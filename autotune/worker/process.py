@@ -108,6 +108,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from autotune.backends import backend_module
+    from autotune.backends.torch_common import attention_layers
 
     if job.get("generation"):
         from autotune.worker.generate import run_generation_reference
@@ -159,6 +160,8 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         "labels": labels is not None,
         "reference_accuracy": accuracy,
         "reference_note": note.to_json() if note else None,
+        # the coverage round's int8 order depends on it (search/payoff.int8_first_backend)
+        "attention_layers": sum(attention_layers(model).values()),
     }
 
 
