@@ -365,6 +365,7 @@ def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first
         ({"avx2": True}, 0, "openvino"),  # a CNN
         ({"avx2": True}, None, "openvino"),  # a reference from before the layers were counted
         ({"avx2": True, "avx512_vnni": True}, 12, "openvino"),  # with int8 dot products OpenVINO's led vit_b_16
+        ({"avx2": True, "avx_vnni": True}, 12, "openvino"),  # AVX-VNNI without AVX-512: int8 dot products too
     ],
 )
 def test_the_int8_coverage_of_a_model_with_attention_layers_starts_with_the_faster_scheme_here(isa, attention, first):

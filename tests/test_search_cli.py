@@ -278,7 +278,9 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
     assert result.returncode == 0, result.stderr
     meta = json.loads((workdir / "studies" / "s" / "reference" / "meta.json").read_text())
     assert meta["result"]["attention_layers"] == attention
-    waiting = load_study(workdir, "s").get_trials(states=(optuna.trial.TrialState.WAITING,))
+    study = load_study(workdir, "s")
+    assert study.user_attrs["attention_layers"] == attention
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     enqueued = [t.system_attrs["fixed_params"] for t in waiting]  # Optuna keeps an enqueued trial's params there
     assert all(params[f"{params['backend']}.precision"] == "int8" for params in enqueued), enqueued
     expected = "onnxruntime" if attention and not int8_dot_products() else "openvino"

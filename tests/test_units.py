@@ -130,3 +130,26 @@ def test_cache_eviction_removes_least_recently_used_first_and_never_the_one_in_u
     assert evict_least_recently_used(tmp_path, cap_mib=1.2, keep=dirs[1]) == ["new"]
     assert evict_least_recently_used(tmp_path, cap_mib=0.1, keep=dirs[1]) == ["old"]  # "middle" is in use: kept
     assert sorted(p.name for p in (tmp_path / "artifacts").iterdir() if p.is_dir()) == ["half-built.building", "middle"]
+
+
+def test_an_isa_flag_probed_since_an_earlier_study_is_not_a_different_machine():
+    """A study recorded before a flag (avx_vnni) was probed is still this machine's, for priors and fleets
+    alike; a flag it recorded differently is a different machine."""
+    import optuna
+
+    from autotune.machine.fingerprint import fingerprint_differences
+    from autotune.search.priors import same_machine_studies
+
+    earlier = {"cpu_model": "AMD EPYC", "physical_cores": 2, "isa": {"avx2": True, "avx512_vnni": False}}
+    here = {**earlier, "isa": {**earlier["isa"], "avx_vnni": False}}
+    other = {**earlier, "isa": {"avx2": True, "avx512_vnni": True}}
+    assert fingerprint_differences({"hardware": earlier}, {"hardware": here}) == []
+    assert fingerprint_differences({"hardware": other}, {"hardware": here}) == [
+        "hardware: isa.avx512_vnni True -> False"
+    ]
+    storage = optuna.storages.InMemoryStorage()
+    for name, hardware in (("before", earlier), ("elsewhere", other)):
+        study = optuna.create_study(storage=storage, study_name=name)
+        study.set_user_attr("fingerprint", {"hardware": hardware})
+        study.set_user_attr("spec", {"task": "classify"})
+    assert [name for _, name in same_machine_studies([storage], "new", here, "classify")] == ["before"]

@@ -18,7 +18,17 @@ from pathlib import Path
 
 from autotune.common.cpuinfo import read_cpuinfo
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 # Each allocator: file-name patterns in order of preference (full tcmalloc before the minimal one).
 ALLOCATOR_PATTERNS: dict[str, tuple[str, ...]] = {

@@ -76,7 +76,8 @@ class Reference:
     generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
     note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
     digest: str = ""  # what it was computed from (model, data, sizes, format): drift is reused only against the same
-    attention_layers: int | None = None  # the model's attention layers; None: a reference from before they were counted
+    # the model's attention layers; None: not counted (a language model, or a reference from before they were)
+    attention_layers: int | None = None
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,14 @@ so the round is ordered by expected payoff, from the CPU's instruction sets and 
 measurement (there is none yet). The rule, in tiers (a lower tier runs first):
 
 - **Classifiers and encoders** (one forward pass, compute-bound): int8 is tier 0 where the CPU has
-  int8 dot products (AVX512-VNNI or AMX-INT8), tier 1 otherwise (int8 still moves a quarter of
+  int8 dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), tier 1 otherwise (int8 still moves a quarter of
   fp32's bytes); bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 1 (after int8) where it has
   AVX512-BF16 alone: there an int8 dot product (VNNI) does twice a bf16 one's work per instruction,
   and resnet50's bf16 measured 3.6x eager fp32 against int8's 6.8x (OpenVINO, an AMD EPYC) and 1.0x
   against 7.3x (a Xeon without AMX; docs/BENCHMARKS.md); last (tier 3) where it is emulated; other
   fp32 backends are tier 2 (the baseline already measures fp32).
 - **Text generation** (decode is memory-bound: every token reads all weights): where the CPU has int8
-  dot products (AVX512-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
+  dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
   compiled by inductor are tier 0: inductor lowers the quantized GEMMs to kernels on those instructions
   (a 100M-parameter decoder on a Xeon with AMX: inductor da8w8 5.1x eager fp32, eager da8w8 0.86x).
   int4 weights are tier 1 on a CPU with AVX-512 (on a Xeon with AMX a random-init decoder's int4 trial

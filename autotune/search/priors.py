@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 
+from autotune.machine.fingerprint import fingerprint_differences
 from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
 MAX_SIBLING_STORAGES = 20  # opening a storage costs ~0.1 s: the most recent studies say the most
@@ -51,7 +52,11 @@ def same_machine_studies(
             continue
         for summary in reversed(summaries):
             attrs = summary.user_attrs
-            if summary.study_name == study_name or (attrs.get("fingerprint") or {}).get("hardware") != hardware:
+            recorded = (attrs.get("fingerprint") or {}).get("hardware")
+            # identical in every fact the earlier study recorded (a flag probed since is not a difference)
+            if summary.study_name == study_name or not recorded or not hardware:
+                continue
+            if fingerprint_differences({"hardware": recorded}, {"hardware": hardware}):
                 continue
             if prior_kind(attrs.get("spec") or {}) != task:
                 continue

@@ -560,6 +560,13 @@ def _enqueue_first_trials(
     covered = {family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
         plans = [p for p in space.coverage_params() if p != baseline and family(p) not in covered]
+        if reference.attention_layers is None and space.task != "generate":
+            console.print(
+                "note: this study's reference was computed before attention layers were counted, so its int8 "
+                "coverage starts with OpenVINO's (a new study counts them)",
+                markup=False,
+            )
+        study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
         int8_first = int8_first_backend(machine.isa, reference.attention_layers)
         ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups, int8_first)
         if LayoutRound.applies(space, spec.objective):
@@ -685,7 +692,6 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
     study.set_user_attr("model_for_trials", reference.model.to_dict())
     study.set_user_attr("evaluation", reference.evaluation)
     study.set_user_attr("calibration", reference.calibration)
-    study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
     return reference
 
 

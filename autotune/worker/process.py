@@ -108,12 +108,13 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from autotune.backends import backend_module
-    from autotune.backends.torch_common import attention_layers
 
     if job.get("generation"):
         from autotune.worker.generate import run_generation_reference
 
         return run_generation_reference(job, save_atomic)
+    from autotune.backends.torch_common import attention_layers
+
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
     model = keep_until_exit(build_model(source))
