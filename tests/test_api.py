@@ -52,6 +52,7 @@ def searched(tmp_path_factory):
         trials=2,
         studies_dir=workdir / "studies",
         console=console,
+        speed_pruning=False,  # the second trial is sampled: a one-thread batch 2 was pruned at screening once
         **FAST,
     )
     assert {signum: signal.getsignal(signum) for signum in handlers} == handlers  # the caller's handlers are back
