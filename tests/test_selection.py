@@ -300,6 +300,26 @@ def test_a_noisy_trial_ahead_of_the_best_clean_one_gets_a_place_in_the_finalist_
     study = study_with(completed(100.0, config_summary="eager"), fast_but_flagged, completed(90.0, valid=False))
     picked = [t.value for t in pick_candidates(study, count=3)]
     assert picked == [100.0, 150.0]  # the flagged 90 is behind the best clean trial: no second chance
+    study.add_trial(completed(95.0, config_summary="inductor"))
+    # right after the best clean one: a round too short for every candidate keeps those first
+    assert [t.value for t in pick_candidates(study, count=3)] == [100.0, 150.0, 95.0]
+
+
+def test_the_finalist_round_takes_only_the_candidates_whose_every_round_fits_the_time_left():
+    """vit_b_16 on 2 cores: runs of 40-50 s and a 60-s baseline, 3 rounds, 300 s left. Three candidates
+    would need 3 x 197 s; cut after two rounds, their 5% gap is within the noise and the simpler config
+    wins the tie. One candidate and the baseline fit all three rounds."""
+    from autotune.search.finalists import candidates_that_fit
+
+    assert candidates_that_fit([40.0, 47.0, 50.0], 60.0, None, 3, 300.0) == 1
+    assert candidates_that_fit([40.0, 47.0, 50.0], 60.0, None, 3, 450.0) == 2
+    assert candidates_that_fit([40.0, 47.0, 50.0], 60.0, None, 3, 600.0) == 3
+    # the baseline among the candidates runs once per round, as one of them
+    assert candidates_that_fit([40.0, 60.0, 50.0], 60.0, 1, 3, 300.0) == 2
+    assert candidates_that_fit([40.0, 60.0, 50.0], 60.0, 2, 3, 300.0) == 1
+    # never none: the best one is re-measured for as many rounds as the budget allows
+    assert candidates_that_fit([40.0, 47.0], 60.0, None, 3, 10.0) == 1
+    assert candidates_that_fit([], 60.0, None, 3, 10.0) == 0
 
 
 def test_the_first_thing_read_is_the_revalidated_winner_not_its_single_measurement():

@@ -117,6 +117,7 @@ def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any]
         "order": record["order"],
         "repeats": record["repeats"],
         "seconds": record["seconds"],
+        "left_out": record.get("left_out", []),  # candidates the time left had no room for
         "candidates": [
             {
                 "trial": c["trial"],

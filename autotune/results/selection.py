@@ -259,6 +259,9 @@ def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
     contenders = [e for e in record["candidates"] if e["candidate"]]
     try:
         index, reason = select_winner(contenders, maximize)
+        if record.get("left_out"):  # the round had time for every round of fewer candidates only
+            left_out = ", ".join(f"#{number}" for number in record["left_out"])
+            reason += f"; left out, their rounds would not fit the time left: {left_out}"
         record.update(winner_trial=contenders[index]["trial"], selection=reason)
     except ValueError as exc:
         record.update(winner_trial=None, selection=str(exc))

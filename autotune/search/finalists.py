@@ -33,9 +33,10 @@ from autotune.runner.trials import TrialContext, run_config
 
 
 def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.FrozenTrial]:
-    """The best `count` clean trials with distinct configs, best first; then any trial flagged noisy
-    whose value put it ahead of the best clean one (one extra place each, at most `count`): a noise
-    flag must not bury the fastest configuration, and the interleaved repeats decide it."""
+    """The best `count` clean trials with distinct configs, best first; and any trial flagged noisy
+    whose value put it ahead of the best clean one (one extra place each, at most `count`), right after
+    the best clean one: a noise flag must not bury the fastest configuration, and the interleaved repeats
+    decide it. In this order a round too short for all of them keeps the first (candidates_that_fit)."""
     picked, seen = [], set()
     for trial in clean_trials(study):
         key = trial.user_attrs.get("config_summary") or str(trial.params)
@@ -48,13 +49,14 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
         return picked
     maximize = maximizes(study)
     best = primary_value(picked[0])
+    ahead_of_best = []
     for trial in sorted(noisy_contenders(study), key=primary_value, reverse=maximize)[:count]:
         key = trial.user_attrs.get("config_summary") or str(trial.params)
         ahead = primary_value(trial) > best if maximize else primary_value(trial) < best
         if ahead and key not in seen:
             seen.add(key)
-            picked.append(trial)
-    return picked
+            ahead_of_best.append(trial)
+    return [picked[0], *ahead_of_best, *picked[1:]]
 
 
 def run_finalists(
@@ -75,6 +77,20 @@ def run_finalists(
     if not picked:
         return None
     base_number = baseline.number if baseline is not None else None
+    fitting = candidates_that_fit(
+        [_trial_seconds(study, t.number)[0] for t in picked],
+        _trial_seconds(study, base_number)[0] if base_number is not None else 0.0,
+        next((i for i, t in enumerate(picked) if t.number == base_number), None),
+        repeats,
+        deadline - time.monotonic(),
+    )
+    left_out = picked[fitting:]
+    picked = picked[:fitting]
+    if left_out:
+        log(
+            f"finalists: {fitting} of {fitting + len(left_out)} candidates fit {repeats} interleaved rounds in the "
+            f"{deadline - time.monotonic():.0f} s left; left out: {', '.join('#' + str(t.number) for t in left_out)}"
+        )
     entries = [
         {
             "trial": t.number,
@@ -145,12 +161,32 @@ def run_finalists(
         "candidates": entries,
         "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
         "order": "rounds over the candidates and the baseline, each starting one entry later, fresh processes per run",
+        "left_out": [t.number for t in left_out],  # candidates whose rounds would not have fit the time left
         **({"server_rates": server_rates} if server_rates else {}),
         "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
     }
     decide(record, maximize)
     study.set_user_attr("finalists", record)
     return record
+
+
+def candidates_that_fit(
+    candidate_s: list[float], baseline_s: float, baseline_place: int | None, repeats: int, time_left_s: float
+) -> int:
+    """How many of the candidates (best first, each with what one run of it costs) the round takes: the most
+    whose every round, with the baseline's run (`baseline_place`: its place among the candidates, if it is
+    one), fits the time left; at least one.
+
+    Rounds cut short by the budget leave one or two runs per candidate, too few for a gap of 5-10% to
+    exceed the noise, and the tie then goes to the simpler config: a 20-minute vit_b_16 search re-measured
+    3 candidates for 2 of 3 rounds and exported the one 10% slower. Fewer candidates, each measured in
+    every round, keep the decision on complete evidence; the search already measured those left out."""
+    for count in range(len(candidate_s), 1, -1):
+        kept = candidate_s[:count]
+        base = 0.0 if baseline_place is not None and baseline_place < count else baseline_s
+        if repeats * (sum(kept) + base) <= time_left_s:
+            return count
+    return min(1, len(candidate_s))
 
 
 def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
