@@ -18,7 +18,10 @@ trial other than the baseline leads, the families expected to lose last, then TP
 before OpenVINO's int8 went first), `layout-round-after-coverage` (the round once the whole coverage
 round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
-`tpe` (TPE from the start, no coverage round) and `random` (RandomSampler). A layout variant the
+`default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose
+every launched trial lost by far, as before search/hopeless.py), `tpe` (TPE from the start, no coverage
+round) and `random` (RandomSampler). Every strategy but the last three skips such proposals, at
+UNLAUNCHED_S each. A layout variant the
 recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
 
     .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]
@@ -42,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
+from autotune.measure.drift import DriftCriterion
+from autotune.results.selection import clean_trials, primary_value
+from autotune.search.hopeless import lost_by_far
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import int8_first_backend, order_by_payoff
@@ -57,9 +63,17 @@ class Row:
     cost_s: float
     coverage: bool
     baseline: bool
+    lost_by_far: bool = False  # pruned far below the speed gate or far beyond the drift bound (search/hopeless.py)
 
 
 def read_table(study: optuna.study.Study) -> list[Row]:
+    spec = study.user_attrs.get("spec") or {}
+    criterion = DriftCriterion(
+        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
+    )
+    clean = clean_trials(study)
+    best = primary_value(clean[0]) if clean else None  # lost by far against the recorded study's best
+    objective = spec.get("objective", "throughput")
     rows = []
     for trial in study.get_trials(deepcopy=False):
         if not trial.params or trial.datetime_start is None or trial.datetime_complete is None:
@@ -76,6 +90,7 @@ def read_table(study: optuna.study.Study) -> list[Row]:
                 float(cost),
                 bool(trial.user_attrs.get("coverage")),
                 bool(trial.user_attrs.get("baseline")),
+                lost_by_far(trial, criterion, objective, best) is not None,
             )
         )
     return rows
@@ -99,6 +114,7 @@ def merge_repeats(rows: list[Row]) -> list[Row]:
                 statistics.median(r.cost_s for r in group),
                 any(r.coverage for r in group),
                 any(r.baseline for r in group),
+                all(r.lost_by_far for r in group),
             )
         )
     return merged
@@ -181,6 +197,9 @@ def recorded_attention_layers(recorded: optuna.study.Study) -> int | None:
     return None
 
 
+UNLAUNCHED_S = 0.5  # a config pruned before launch: the sampler's and the storage's time
+
+
 def replay(
     strategy: str,
     recorded: optuna.study.Study,
@@ -206,13 +225,19 @@ def replay(
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
     # the round as soon as a coverage family leads, ahead of the rest
-    early = strategy in ("default", "int8-by-preparation-cost")
-    layouts_due = strategy in ("default", "layout-round-after-coverage", "int8-by-preparation-cost")
+    early = strategy in ("default", "default-relaunching-lost-families", "int8-by-preparation-cost")
+    layouts_due = strategy in (
+        "default",
+        "default-relaunching-lost-families",
+        "layout-round-after-coverage",
+        "int8-by-preparation-cost",
+    )
     layouts_due = layouts_due and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     late: list[dict[str, Any]] = []
     held: list[dict[str, Any]] = []  # early: coverage released one at a time, as the search's callback does
     if strategy in (
         "default",
+        "default-relaunching-lost-families",
         "layout-round-after-coverage",
         "default-without-layout-round",
         "coverage-in-space-order",
@@ -233,11 +258,21 @@ def replay(
             study.enqueue_trial(params, user_attrs={"baseline": True})
         for params in coverage:
             study.enqueue_trial(params)
+    # the search's rule: a sampled config of a family whose every launched trial lost by far is not launched
+    skip_lost = strategy not in ("default-relaunching-lost-families", "tpe", "random")
+    lost: dict[tuple[Any, Any], list[bool]] = {}
     clock, best, curve = 0.0, 0.0, []
     while clock < budget_s:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trial = ask_like_the_search(study, distributions, keys)
+            sampled = "fixed_params" not in study.get_trials(deepcopy=False)[trial.number].system_attrs
+        outcomes = lost.get(family(trial.params), [])
+        if skip_lost and sampled and outcomes and all(outcomes):
+            clock += UNLAUNCHED_S
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            curve.append((clock, best))
+            continue
         row = answer(rows, trial.params)
         if trial.user_attrs.get("layout"):
             found = exact_row(rows, trial.params)
@@ -245,6 +280,7 @@ def replay(
             tally.unrecorded += found is None
             row = found or Row(trial.params, None, 0.0, trial.user_attrs["leader_cost_s"], False, False)
         clock += row.cost_s
+        lost.setdefault(family(trial.params), []).append(row.lost_by_far)
         if row.value is None:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
@@ -365,6 +401,7 @@ def main() -> int:
         "layout-round-after-coverage",
         "default-without-layout-round",
         "coverage-in-space-order",
+        "default-relaunching-lost-families",
     )
     for strategy in (*strategies, "tpe", "random"):
         reached, quarter, end = [], [], []

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -462,27 +463,25 @@ def test_speed_pruner_stops_a_clearly_slower_config_after_screening(workdir):
 
 
 def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_speed_gate(workdir):
-    """64 evaluation samples at batch 4, one second a call in channels_last: a 16 s drift evaluation,
-    hundreds of times slower than the baseline. The gate stops it after about 10 s, before drift is judged
-    or anything is timed (without the gate it ran to its end and screening pruned it)."""
+    """64 evaluation samples at batch 4, one second a call in bf16: a 16 s drift evaluation, hundreds of
+    times slower than the baseline. The gate stops it after about 10 s, before drift is judged or anything
+    is timed (without the gate it ran to its end and screening pruned it). A family that lost by that
+    much is not launched again when the sampler proposes it at another batch size."""
     from autotune.search.pruners import GATE_AFTER_S
 
     space = write_space(
         workdir / "space.yaml",
-        batch_size=[4],
-        backends={"eager": {"precision": ["fp32"], "memory_format": ["contiguous", "channels_last"]}},
+        batch_size=[4, 8],
+        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
     )
-    model = tiny("crawls_in_channels_last")
+    model = tiny("crawls_in_bf16")
     samples = ("--eval-samples", "64")
-    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0  # the baseline
+    # the baseline, then the coverage round's bf16 trial
+    assert search(workdir, "--trials", "2", *samples, model=model, space=space).returncode == 0
     study = load_study(workdir, "s")
-    slow = {k: v for k, v in study.trials[0].params.items() if "memory_format" not in k}
-    study.enqueue_trial({**slow, "eager.memory_format": "channels_last"})
-    result = search(workdir, "--trials", "1", *samples, model=model, space=space)
-    assert result.returncode == 0, result.stderr
-    trial = load_study(workdir, "s").trials[1]
+    trial = study.trials[1]
     assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
-    assert trial.user_attrs["config"]["options"]["memory_format"] == "channels_last"
+    assert trial.user_attrs["config"]["precision"] == "bf16" and trial.user_attrs["config"]["batch_size"] == 4
     assert "speed_gate" in trial.user_attrs, "no gate was set: was the baseline clean? " + str(trial.user_attrs)
     assert "too slow to be worth its drift evaluation" in trial.user_attrs["prune_reason"]
     assert trial.intermediate_values[0] < 8  # its pace told the sampler (1 s a call at batch 4)
@@ -491,6 +490,17 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     assert too_slow["samples_per_s"] < too_slow["gate"]["min_samples_per_s"]
     assert "drift" not in trial.user_attrs and "screening" not in trial.user_attrs  # nothing past the gate ran
     assert trial.user_attrs["speed_gate"] == too_slow["gate"]  # the gate the search set is the one that tripped
+    # The sampler's proposal (enqueued without an order, as a sampled trial has none): bf16 at batch 8.
+    study.enqueue_trial({**trial.params, "batch_size": 8})
+    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
+    again = load_study(workdir, "s").trials[2]
+    assert again.state == optuna.trial.TrialState.PRUNED and again.user_attrs["config"]["batch_size"] == 8
+    assert again.user_attrs["prune_reason"].startswith("not launched: every eager bf16 trial so far lost by far")
+    # about 4 samples/s (a second a call at batch 4) against the baseline's thousands
+    assert re.search(
+        r"#1 ran [\d.]+ samples/s in its drift evaluation against the best's", again.user_attrs["prune_reason"]
+    )
+    assert not (workdir / "studies" / "s" / "trials" / f"{again.number:05d}").exists(), "it was launched"
 
 
 def test_the_speed_gate_waits_its_time_then_judges_the_pace():

@@ -348,3 +348,70 @@ def test_the_first_thing_read_is_the_revalidated_winner_not_its_single_measureme
     first = winner_lines(study)[0]
     assert first.startswith("winner: trial 0 openvino int8: 189.8 samples/s re-measured (median of 3 clean runs of 3")
     assert "8.63x the baseline re-measured alike" in first and "search measurement was 204.7" in first
+
+
+def launched(state: str, backend: str, precision: str, instances: int = 1, **attrs) -> optuna.trial.FrozenTrial:
+    """A finished trial the orchestrator launched (it split the trial's time: `budget`)."""
+    config = {"backend": backend, "precision": precision, "batch_size": 8, "instances": instances}
+    return optuna.trial.create_trial(
+        state=getattr(optuna.trial.TrialState, state),
+        value=1.0 if state == "COMPLETE" else None,
+        user_attrs={"config": config, "budget": {"total_s": 60.0}, **attrs},
+    )
+
+
+def gated(pace: float, floor: float = 0.8) -> dict:
+    gate = {"min_samples_per_s": floor, "after_s": 10.0, "basis": "test"}
+    return {"too_slow": {"samples": 8, "seconds": 12.0, "samples_per_s": pace, "gate": gate}}
+
+
+def drifted(relative_l2: float) -> dict:
+    drift = Drift(relative_l2=relative_l2, cosine_similarity=0.9, top1_agreement=0.9, samples=8).to_json()
+    return {"drift": drift, "prune_reason": f"drift: relative_l2 drop {relative_l2} > max 0.05"}
+
+
+def test_a_family_whose_every_launched_trial_lost_by_far_is_not_launched_again():
+    """vit_b_16 on an AVX2-only EPYC, best 5.66 samples/s: inductor bf16 stopped by the speed gate at 0.43
+    (its floor was 0.86: the gate's floor alone only says slower), torchao int8 pruned at five times the
+    drift bound. A narrow loss, a completed trial, another family's or a later trial's outcome, or none
+    at all leave the family to the sampler."""
+    from autotune.search.hopeless import hopeless_family
+
+    bound = DriftCriterion()
+    best = completed(5.66, config={"backend": "onnxruntime", "precision": "int8"})
+
+    def verdict(*trials: optuna.trial.FrozenTrial, before: int = 99, objective: str = "throughput") -> str | None:
+        return hopeless_family(study_with(best, *trials), "inductor", "bf16", bound, objective, before)
+
+    lost = verdict(launched("PRUNED", "inductor", "bf16", **gated(0.43, 0.86)))
+    assert lost is not None and "#1 ran 0.43 samples/s in its drift evaluation against the best's 5.66" in lost
+    assert verdict(launched("PRUNED", "inductor", "bf16", instances=2, **gated(0.8))) is None  # 1.6 of 5.66
+    assert verdict(launched("PRUNED", "inductor", "bf16", **gated(0.43)), objective="server") is None
+    # latency: 8 samples a call at 0.43 samples/s is 18.6 s a call: lost by far against a best of 5.66 ms,
+    # not against one of 5 s (under 4x)
+    assert verdict(launched("PRUNED", "inductor", "bf16", **gated(0.43)), objective="latency") is not None
+    latency_best = completed(5000.0, config={"backend": "onnxruntime", "precision": "int8"})
+    kept = hopeless_family(
+        study_with(latency_best, launched("PRUNED", "inductor", "bf16", **gated(0.43))),
+        "inductor",
+        "bf16",
+        bound,
+        "latency",
+        99,
+    )
+    assert kept is None
+    both = verdict(
+        launched("PRUNED", "inductor", "bf16", **drifted(0.242)), launched("PRUNED", "inductor", "bf16", **gated(0.4))
+    )
+    assert both is not None and "#1 drifted 0.242 relative_l2 against the bound 0.05" in both
+    assert verdict(launched("PRUNED", "inductor", "bf16", **drifted(0.08))) is None
+    assert (
+        verdict(launched("PRUNED", "inductor", "bf16", **gated(0.4)), launched("COMPLETE", "inductor", "bf16")) is None
+    )
+    assert verdict(launched("PRUNED", "inductor", "bf16", **gated(0.4)), launched("FAIL", "inductor", "bf16")) is None
+    assert verdict(launched("PRUNED", "inductor", "fp32", **gated(0.4))) is None
+    assert verdict(launched("PRUNED", "inductor", "bf16", **gated(0.4)), before=1) is None
+    unlaunched = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.PRUNED, user_attrs={"config": {"backend": "inductor", "precision": "bf16"}}
+    )
+    assert verdict(unlaunched) is None

@@ -49,6 +49,7 @@ from autotune.search.fleet import (
     orchestrator_record,
     register_orchestrator,
 )
+from autotune.search.hopeless import hopeless_family
 from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
 from autotune.search.payoff import int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
@@ -137,9 +138,12 @@ class Objective:
 
     def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
         trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
-        if "order" not in trial.user_attrs:  # why it runs now: enqueued trials say so themselves
+        sampled = "order" not in trial.user_attrs  # enqueued trials say why they run now themselves
+        if sampled:
             trial.set_user_attr("order", f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
         config = self._suggest(trial)
+        if sampled:
+            self._skip_hopeless_family(trial, config)
         self._defer_costly_coverage(trial, config)
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
@@ -178,6 +182,16 @@ class Objective:
         if reason:
             trial.set_user_attr("prune_reason", reason)
             trial.set_user_attr("deferred", True)
+            raise optuna.TrialPruned(reason)
+
+    def _skip_hopeless_family(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
+        """A sampled config of a family whose every launched trial lost by far is pruned unlaunched
+        (search/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback."""
+        reason = hopeless_family(
+            trial.study, config.backend, config.precision, self.spec.criterion, self.spec.objective, trial.number
+        )
+        if reason:
+            trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
 
     def _suggest(self, trial: optuna.trial.Trial) -> TrialConfig:
