@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
-from autotune.measure.drift import DriftCriterion
-from autotune.results.selection import clean_trials, primary_value
-from autotune.search.hopeless import lost_by_far
+from autotune.measure.drift import Drift, DriftCriterion
+from autotune.measure.speed_gate import GateVerdict
+from autotune.search.hopeless import FAR_BEYOND_DRIFT_BOUND, FAR_SLOWER
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import int8_first_backend, order_by_payoff
@@ -63,7 +63,10 @@ class Row:
     cost_s: float
     coverage: bool
     baseline: bool
-    lost_by_far: bool = False  # pruned far below the speed gate or far beyond the drift bound (search/hopeless.py)
+    gate_per_core: float | None = None  # stopped by the speed gate: its pace, samples/s per core
+    drift_lost: bool = False  # pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound
+    fallback_key: str = ""  # its numerics without the scheduling options
+    cores: int = 1
 
 
 def read_table(study: optuna.study.Study) -> list[Row]:
@@ -71,9 +74,6 @@ def read_table(study: optuna.study.Study) -> list[Row]:
     criterion = DriftCriterion(
         spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
     )
-    clean = clean_trials(study)
-    best = primary_value(clean[0]) if clean else None  # lost by far against the recorded study's best
-    objective = spec.get("objective", "throughput")
     rows = []
     for trial in study.get_trials(deepcopy=False):
         if not trial.params or trial.datetime_start is None or trial.datetime_complete is None:
@@ -90,10 +90,27 @@ def read_table(study: optuna.study.Study) -> list[Row]:
                 float(cost),
                 bool(trial.user_attrs.get("coverage")),
                 bool(trial.user_attrs.get("baseline")),
-                lost_by_far(trial, criterion, objective, best) is not None,
+                *far_losses(trial, criterion),
+                str(trial.user_attrs.get("fallback_key", "")),
+                (config := trial.user_attrs.get("config") or {}).get("instances", 1)
+                * config.get("threads_per_instance", 1),
             )
         )
     return rows
+
+
+def far_losses(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> tuple[float | None, bool]:
+    """What search/hopeless.py reads of a launched trial: its speed gate pace per core, if the gate
+    stopped it, and whether it was pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound."""
+    if trial.state != optuna.trial.TrialState.PRUNED:
+        return None, False
+    too_slow = trial.user_attrs.get("too_slow")
+    threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
+    pace = GateVerdict.from_json(too_slow).samples_per_s / threads if too_slow else None
+    stored = trial.user_attrs.get("drift")
+    on_drift = bool(stored) and str(trial.user_attrs.get("prune_reason", "")).startswith("drift")
+    drop = criterion.drop(Drift.from_json(stored)) if on_drift else None
+    return pace, drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop
 
 
 def merge_repeats(rows: list[Row]) -> list[Row]:
@@ -114,7 +131,10 @@ def merge_repeats(rows: list[Row]) -> list[Row]:
                 statistics.median(r.cost_s for r in group),
                 any(r.coverage for r in group),
                 any(r.baseline for r in group),
-                all(r.lost_by_far for r in group),
+                group[0].gate_per_core,
+                all(r.drift_lost for r in group),
+                group[0].fallback_key,
+                group[0].cores,
             )
         )
     return merged
@@ -260,15 +280,24 @@ def replay(
             study.enqueue_trial(params)
     # the search's rule: a sampled config of a family whose every launched trial lost by far is not launched
     skip_lost = strategy not in ("default-relaunching-lost-families", "tpe", "random")
-    lost: dict[tuple[Any, Any], list[bool]] = {}
+    throughput = recorded_objective(recorded) == "throughput"
+    launched: dict[tuple[Any, Any], list[Row]] = {}
+    best_per_core = 0.0  # the replay's own best so far, per core
+
+    def lost(row: Row, proposed: Row) -> bool:
+        """As search/hopeless.py: far below the best so far per core, or far beyond the drift bound with
+        the proposal's numerics."""
+        slow = throughput and row.gate_per_core is not None and row.gate_per_core < FAR_SLOWER * best_per_core
+        return slow or (row.drift_lost and row.fallback_key == proposed.fallback_key)
+
     clock, best, curve = 0.0, 0.0, []
     while clock < budget_s:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trial = ask_like_the_search(study, distributions, keys)
             sampled = "fixed_params" not in study.get_trials(deepcopy=False)[trial.number].system_attrs
-        outcomes = lost.get(family(trial.params), [])
-        if skip_lost and sampled and outcomes and all(outcomes):
+        earlier = launched.get(family(trial.params), [])
+        if skip_lost and sampled and earlier and all(lost(r, answer(rows, trial.params)) for r in earlier):
             clock += UNLAUNCHED_S
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             curve.append((clock, best))
@@ -280,13 +309,14 @@ def replay(
             tally.unrecorded += found is None
             row = found or Row(trial.params, None, 0.0, trial.user_attrs["leader_cost_s"], False, False)
         clock += row.cost_s
-        lost.setdefault(family(trial.params), []).append(row.lost_by_far)
+        launched.setdefault(family(trial.params), []).append(row)
         if row.value is None:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             value = row.value * (1 + noise.gauss(0, row.noise_rel / 1.96))
             study.tell(trial, value)
-            best = max(best, value)
+            if value > best:
+                best, best_per_core = value, value / row.cores
         curve.append((clock, best))
         due = study.user_attrs.get("sequences_round_due") is not None
         if due and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):

@@ -490,7 +490,7 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     assert too_slow["samples_per_s"] < too_slow["gate"]["min_samples_per_s"]
     assert "drift" not in trial.user_attrs and "screening" not in trial.user_attrs  # nothing past the gate ran
     assert trial.user_attrs["speed_gate"] == too_slow["gate"]  # the gate the search set is the one that tripped
-    # The sampler's proposal (enqueued without an order, as a sampled trial has none): bf16 at batch 8.
+    # The sampler's proposal (enqueued without an `order`, as a sampled trial has none): bf16 at batch 8.
     study.enqueue_trial({**trial.params, "batch_size": 8})
     assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
     again = load_study(workdir, "s").trials[2]
@@ -501,6 +501,11 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
         r"#1 ran [\d.]+ samples/s in its drift evaluation against the best's", again.user_attrs["prune_reason"]
     )
     assert not (workdir / "studies" / "s" / "trials" / f"{again.number:05d}").exists(), "it was launched"
+    # What the search enqueues itself (coverage, layout rounds, priors) says why it runs, and always runs.
+    study.enqueue_trial({**trial.params, "batch_size": 8}, user_attrs={"order": "enqueued by the search"})
+    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
+    enqueued = load_study(workdir, "s").trials[3]
+    assert enqueued.state == optuna.trial.TrialState.PRUNED and "too_slow" in enqueued.user_attrs, enqueued.user_attrs
 
 
 def test_the_speed_gate_waits_its_time_then_judges_the_pace():

@@ -257,12 +257,12 @@ def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
             "eligible": len(clean) > len(runs) / 2,  # a majority clean: 2 of 3
         }
     contenders = [e for e in record["candidates"] if e["candidate"]]
+    # the round had time for every round of fewer candidates only
+    left_out = ", ".join(f"#{number}" for number in record.get("left_out") or [])
+    note = f"; left out, their rounds would not fit the time left: {left_out}" if left_out else ""
     try:
         index, reason = select_winner(contenders, maximize)
-        if record.get("left_out"):  # the round had time for every round of fewer candidates only
-            left_out = ", ".join(f"#{number}" for number in record["left_out"])
-            reason += f"; left out, their rounds would not fit the time left: {left_out}"
-        record.update(winner_trial=contenders[index]["trial"], selection=reason)
+        record.update(winner_trial=contenders[index]["trial"], selection=reason + note)
     except ValueError as exc:
-        record.update(winner_trial=None, selection=str(exc))
+        record.update(winner_trial=None, selection=str(exc) + note)
     return record

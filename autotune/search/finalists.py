@@ -20,7 +20,7 @@ import optuna
 from autotune.common.errors import TrialFailed
 from autotune.measure.drift import Drift
 from autotune.records.config import TrialConfig
-from autotune.records.metrics import FinalistRun, TrialMetrics
+from autotune.records.metrics import FinalistRun, TrialBudget, TrialMetrics
 from autotune.results.selection import (
     clean_trials,
     decide,
@@ -77,19 +77,12 @@ def run_finalists(
     if not picked:
         return None
     base_number = baseline.number if baseline is not None else None
-    fitting = candidates_that_fit(
-        [_trial_seconds(study, t.number)[0] for t in picked],
-        _trial_seconds(study, base_number)[0] if base_number is not None else 0.0,
-        next((i for i, t in enumerate(picked) if t.number == base_number), None),
-        repeats,
-        deadline - time.monotonic(),
-    )
-    left_out = picked[fitting:]
-    picked = picked[:fitting]
+    time_left_s = deadline - time.monotonic()
+    picked, left_out = fit_round(picked, baseline, repeats, time_left_s)
     if left_out:
         log(
-            f"finalists: {fitting} of {fitting + len(left_out)} candidates fit {repeats} interleaved rounds in the "
-            f"{deadline - time.monotonic():.0f} s left; left out: {', '.join('#' + str(t.number) for t in left_out)}"
+            f"finalists: {len(picked)} candidate(s) fit {repeats} interleaved rounds in the {time_left_s:.0f} s left; "
+            f"left out: {', '.join('#' + str(t.number) for t in left_out)}"
         )
     entries = [
         {
@@ -117,7 +110,7 @@ def run_finalists(
     # latency-against-rate curves meet at the same rates; the rate search then narrows in between.
     lead = picked[0].value or 0.0
     server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
-    seconds = {e["trial"]: _trial_seconds(study, e["trial"]) for e in entries}
+    seconds = {e["trial"]: _trial_seconds(study.trials[e["trial"]]) for e in entries}
     typical = {number: measuring for number, (measuring, _) in seconds.items()}
     # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
     timeouts = {
@@ -170,23 +163,52 @@ def run_finalists(
     return record
 
 
-def candidates_that_fit(
-    candidate_s: list[float], baseline_s: float, baseline_place: int | None, repeats: int, time_left_s: float
-) -> int:
-    """How many of the candidates (best first, each with what one run of it costs) the round takes: the most
-    whose every round, with the baseline's run (`baseline_place`: its place among the candidates, if it is
-    one), fits the time left; at least one.
+def fit_round(
+    picked: list[optuna.trial.FrozenTrial], baseline: optuna.trial.FrozenTrial | None, repeats: int, time_left_s: float
+) -> tuple[list[optuna.trial.FrozenTrial], list[optuna.trial.FrozenTrial]]:
+    """The picked candidates whose every round fits the time left (candidates_that_fit), in their order,
+    and those left out. The baseline runs every round in any case (for the speedup): when it is among
+    the picked, it keeps its place, takes no other candidate's and is never left out."""
+    base_number = baseline.number if baseline is not None else None
+    others = [t for t in picked if t.number != base_number]
+    fitting = candidates_that_fit(
+        [finalist_run_s(t) for t in others],
+        finalist_run_s(baseline) if baseline is not None else 0.0,
+        repeats,
+        time_left_s,
+    )
+    left_out = {t.number for t in others[fitting:]}
+    return [t for t in picked if t.number not in left_out], others[fitting:]
+
+
+def candidates_that_fit(candidate_s: list[float], baseline_s: float, repeats: int, time_left_s: float) -> int:
+    """How many of the candidates (best first, each with what one run of it costs; the baseline left out)
+    the round takes: the most whose every round, with the baseline's run, fits the time left; at least one.
 
     Rounds cut short by the budget leave one or two runs per candidate, too few for a gap of 5-10% to
     exceed the noise, and the tie then goes to the simpler config: a 20-minute vit_b_16 search re-measured
     3 candidates for 2 of 3 rounds and exported the one 10% slower. Fewer candidates, each measured in
     every round, keep the decision on complete evidence; the search already measured those left out."""
     for count in range(len(candidate_s), 1, -1):
-        kept = candidate_s[:count]
-        base = 0.0 if baseline_place is not None and baseline_place < count else baseline_s
-        if repeats * (sum(kept) + base) <= time_left_s:
+        if repeats * (sum(candidate_s[:count]) + baseline_s) <= time_left_s:
             return count
     return min(1, len(candidate_s))
+
+
+START_S = 5.0  # a finalist run's process start, which its trial's `starting_s` shares with the drift evaluation
+
+
+def finalist_run_s(trial: optuna.trial.FrozenTrial) -> float:
+    """What one finalist run of the trial should cost: its trial's time without the drift evaluation (a
+    finalist reuses the search's drift) and without its artifact's preparation (the round reuses the
+    cached artifact), unless another host built it (a fleet: this host's cache may not hold it)."""
+    recorded = trial.user_attrs.get("budget")
+    if not recorded:  # a trial from before the budget was recorded
+        return _trial_seconds(trial)[0]
+    budget = TrialBudget.from_json(recorded)
+    elsewhere = trial.user_attrs.get("host") not in (None, socket.gethostname())
+    run_s = budget.total_s - budget.preparing_s - budget.starting_s + START_S
+    return max(START_S, run_s + (budget.preparing_s if elsewhere else 0.0))
 
 
 def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
@@ -203,10 +225,9 @@ def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
     return None if not drift else Drift.from_json(drift).reused_by_another(number)
 
 
-def _trial_seconds(study: optuna.study.Study, number: int) -> tuple[float, float]:
+def _trial_seconds(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
     """How long the trial took in the search: the seconds without its artifact's preparation (what a
     finalist run with a cached artifact takes), and the preparation's."""
-    trial = study.trials[number]
     if trial.datetime_start and trial.datetime_complete:
         prepare_s = trial.user_attrs.get("prepare_s") or 0.0
         return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - prepare_s), prepare_s

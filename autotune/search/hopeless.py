@@ -5,16 +5,16 @@ TPE learns from a pruned trial's first-rung value, but it still proposes each fa
 new layouts. For a family that lost by a wide margin, no layout closes the gap, and a new layout may
 cost more than the first try: a 60-minute vit_b_16 search on an AVX2-only EPYC, after inductor bf16,
 eager bf16 and IPEX bf16 were stopped by the speed gate at 6-8% of the best trial's throughput
-(emulated bf16), and torchao int8 was pruned on drift at five times the bound, sampled torchao int8,
-IPEX bf16 and inductor bf16 again: 665 s of its 3600, 475 s of it one inductor bf16 compile that never
-finished. A sampled
-trial of such a family is pruned unlaunched, with the evidence (as a known precision fallback is);
-enqueued trials (the coverage round, layout rounds, priors) always run.
+(emulated bf16), sampled IPEX bf16 and inductor bf16 again: 543 s of its 3600, 475 s of it one
+inductor bf16 compile that never finished. Such a proposal is pruned unlaunched, with the evidence (as
+a known precision fallback is); what the search enqueues itself (the coverage round, layout rounds,
+priors: trials that carry their `order`) always runs.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
@@ -22,41 +22,68 @@ from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.speed_gate import GateVerdict
 from autotune.results.selection import clean_trials, primary_value
 
-# Lost by far: stopped by the speed gate at under this share of the best clean trial's throughput (or,
-# minimising latency, at calls over 1 / this share times its median), or pruned on drift beyond this
-# many times the bound. The gate's own floor (half its widest screening bar) only says "slower".
+# Lost by far: stopped by the speed gate at under this share of the best clean trial's work per core
+# (samples/s over the cores each used: a one-thread trial is not judged against a trial on every core),
+# or pruned on drift beyond this many times the bound by the same numerics (the proposal's fallback key:
+# the numerics without the options that only schedule the work; a static int8 scheme's drift says nothing
+# of a dynamic one's) against the same reference. The gate's own floor (half its widest screening bar)
+# only says "slower".
 FAR_SLOWER = 0.25
 FAR_BEYOND_DRIFT_BOUND = 2.0
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """What the sampler proposed, as far as the rule reads it: its family and its numerics."""
+
+    backend: str
+    precision: str
+    fallback_key: str  # the numerics without the scheduling options (search.study's _fallback_key)
+    drift_reference: str  # the reference digest its drift would be measured against
+
+
+def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> float | None:
+    """A clean trial's work per core: samples/s (its value, or its batch over its median ms per call for the
+    latency objective) over the cores its instances used; None for the other objectives."""
+    cores = config.get("instances", 1) * config.get("threads_per_instance", 1)
+    if objective == "throughput":
+        return value / cores
+    if objective == "latency" and value > 0:
+        return config.get("batch_size", 1) * 1e3 / value / config.get("threads_per_instance", 1)
+    return None
+
+
 def lost_by_far(
-    trial: optuna.trial.FrozenTrial, criterion: DriftCriterion, objective: str, best: float | None
+    trial: optuna.trial.FrozenTrial,
+    proposal: Proposal,
+    criterion: DriftCriterion,
+    best_per_core: float | None,
 ) -> str | None:
-    """How a launched trial lost by far, or None if it did not (completed, failed, or lost narrowly).
-    `best`: the best clean trial's value (samples/s, or ms for the latency objective), if any."""
+    """How a launched trial of the proposal's family lost by far, or None if it did not (completed,
+    failed, lost narrowly, or drifted with other numerics). `best_per_core`: the best clean trial's
+    samples/s per core (None: no clean trial, or an objective the gate's pace does not compare with)."""
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None
     too_slow = trial.user_attrs.get("too_slow")
     if too_slow:
-        if best is None or best <= 0 or objective not in ("throughput", "latency"):
+        if not best_per_core:
             return None
-        verdict = GateVerdict.from_json(too_slow)
-        config = trial.user_attrs.get("config") or {}
-        if objective == "throughput":
-            pace = verdict.samples_per_s * config.get("instances", 1)
-            far = pace < FAR_SLOWER * best
-            seen = f"{pace:.3g} samples/s in its drift evaluation against the best's {best:.3g}"
-        else:
-            call_ms = (
-                config.get("batch_size", 1) * 1e3 / verdict.samples_per_s if verdict.samples_per_s > 0 else math.inf
-            )
-            far = call_ms * FAR_SLOWER > best
-            seen = f"{call_ms:.3g} ms a call in its drift evaluation against the best's {best:.3g}"
-        return f"#{trial.number} ran {seen}" if far else None
+        verdict = GateVerdict.from_json(too_slow)  # instance 0's pace, on its own threads
+        threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
+        per_core = verdict.samples_per_s / threads
+        if per_core >= FAR_SLOWER * best_per_core:
+            return None
+        return (
+            f"#{trial.number} ran {per_core:.3g} samples/s per core in its drift evaluation against the best's "
+            f"{best_per_core:.3g}"
+        )
     stored = trial.user_attrs.get("drift")
     if not stored or not str(trial.user_attrs.get("prune_reason", "")).startswith("drift"):
+        return None
+    same_numerics = trial.user_attrs.get("fallback_key") == proposal.fallback_key
+    if not same_numerics or trial.user_attrs.get("drift_reference") != proposal.drift_reference:
         return None
     drop = criterion.drop(Drift.from_json(stored))
     if drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop:
@@ -65,26 +92,37 @@ def lost_by_far(
 
 
 def hopeless_family(
-    study: optuna.study.Study, backend: str, precision: str, criterion: DriftCriterion, objective: str, before: int
+    study: optuna.study.Study,
+    proposal: Proposal,
+    criterion: DriftCriterion,
+    objective: str,
+    before: int,
+    host: str | None = None,
 ) -> str | None:
-    """Why the family should not be launched again, or None: every one of its launched trials numbered
-    below `before` (at least one) lost by far. A trial pruned unlaunched says nothing new and is left out."""
+    """Why the proposal should not be launched, or None: every launched trial of its family numbered below
+    `before` (at least one) lost by far. A trial pruned unlaunched says nothing new and is left out; with
+    `host` (a fleet of mixed hardware), so are other hosts' trials."""
     launched = [
         t
         for t in study.get_trials(deepcopy=False, states=FINISHED)
         if t.number < before
         and "budget" in t.user_attrs  # launched: the orchestrator split its time
-        and (t.user_attrs.get("config") or {}).get("backend") == backend
-        and (t.user_attrs.get("config") or {}).get("precision") == precision
+        and (t.user_attrs.get("config") or {}).get("backend") == proposal.backend
+        and (t.user_attrs.get("config") or {}).get("precision") == proposal.precision
+        and (host is None or t.user_attrs.get("host") == host)
     ]
     if not launched:
         return None
     clean = clean_trials(study)
-    best = primary_value(clean[0]) if clean else None
-    losses = [lost_by_far(t, criterion, objective, best) for t in launched]
+    best_per_core = (
+        samples_per_core_s(clean[0].user_attrs.get("config") or {}, objective, primary_value(clean[0]))
+        if clean
+        else None
+    )
+    losses = [lost_by_far(t, proposal, criterion, best_per_core) for t in launched]
     if None in losses:
         return None
     return (
-        f"not launched: every {backend} {precision} trial so far lost by far ({'; '.join(str(x) for x in losses)}); "
-        "no layout closes such a gap"
+        f"not launched: every {proposal.backend} {proposal.precision} trial so far lost by far "
+        f"({'; '.join(str(x) for x in losses)}); no layout closes such a gap"
     )

@@ -49,7 +49,7 @@ from autotune.search.fleet import (
     orchestrator_record,
     register_orchestrator,
 )
-from autotune.search.hopeless import hopeless_family
+from autotune.search.hopeless import Proposal, hopeless_family
 from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
 from autotune.search.payoff import int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
@@ -186,10 +186,13 @@ class Objective:
 
     def _skip_hopeless_family(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
         """A sampled config of a family whose every launched trial lost by far is pruned unlaunched
-        (search/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback."""
-        reason = hopeless_family(
-            trial.study, config.backend, config.precision, self.spec.criterion, self.spec.objective, trial.number
+        (search/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback. Sampled: a trial
+        that came without an `order`, which everything the search enqueues itself carries."""
+        proposal = Proposal(
+            config.backend, config.precision, trial.user_attrs["fallback_key"], trial.user_attrs["drift_reference"]
         )
+        host = socket.gethostname() if self.spec.mixed_hardware else None  # other CPUs' verdicts do not apply
+        reason = hopeless_family(trial.study, proposal, self.spec.criterion, self.spec.objective, trial.number, host)
         if reason:
             trial.set_user_attr("prune_reason", reason)
             raise optuna.TrialPruned(reason)
