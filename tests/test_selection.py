@@ -320,6 +320,25 @@ def test_the_finalist_round_takes_only_the_candidates_whose_every_round_fits_the
     assert candidates_that_fit([], 60.0, 3, 10.0) == 0
 
 
+def test_the_decision_says_which_candidates_the_round_left_out():
+    """vit20b on the AVX2 EPYC: one candidate fit its three rounds; the reason must not read as if the
+    others had been measured and flagged."""
+    from autotune.results.selection import decide
+
+    runs = [{"value": v, "valid": True, "ci_rel": 0.02} for v in (5.77, 5.2, 5.6)]
+    record = {
+        "left_out": [3, 1],
+        "candidates": [
+            {"trial": 2, "config": OPENVINO, "candidate": True, "baseline": False, "search_value": 6.0, "runs": runs}
+        ],
+    }
+    decided = decide(record, maximize=True)
+    assert decided["winner_trial"] == 2
+    assert decided["selection"] == (
+        "the only candidate re-measured; left out, their rounds would not fit the time left: #3, #1"
+    )
+
+
 def test_a_finalist_run_is_estimated_without_the_drift_evaluation_and_the_preparation_it_reuses():
     """vit20's ONNX Runtime int8 trial #1: 104 s in the search, 54 s of it quantizing and 11 s starting
     with its drift evaluation; its finalist runs took about 40 s. Built on another host of a fleet, the

@@ -192,7 +192,8 @@ def select_winner(candidates: list[dict[str, Any]], maximize: bool) -> tuple[int
     ordered = sorted(measured, key=lambda i: candidates[i]["summary"]["median"], reverse=maximize)
     top = candidates[ordered[0]]["summary"]
     if len(ordered) == 1:
-        return ordered[0], "only one candidate has clean measurements"
+        only = "the only candidate re-measured" if len(candidates) == 1 else "only one candidate has clean measurements"
+        return ordered[0], only
 
     def gap(i: int) -> float:
         other = candidates[i]["summary"]["median"]
