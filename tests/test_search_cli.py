@@ -498,14 +498,16 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     assert again.user_attrs["prune_reason"].startswith("not launched: every eager bf16 trial so far lost by far")
     # about 4 samples/s (a second a call at batch 4) against the baseline's thousands
     assert re.search(
-        r"#1 ran [\d.]+ samples/s in its drift evaluation against the best's", again.user_attrs["prune_reason"]
+        r"#1 ran [\d.]+ samples/s per core in its drift evaluation against the best's", again.user_attrs["prune_reason"]
     )
     assert not (workdir / "studies" / "s" / "trials" / f"{again.number:05d}").exists(), "it was launched"
     # What the search enqueues itself (coverage, layout rounds, priors) says why it runs, and always runs.
     study.enqueue_trial({**trial.params, "batch_size": 8}, user_attrs={"order": "enqueued by the search"})
     assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
     enqueued = load_study(workdir, "s").trials[3]
-    assert enqueued.state == optuna.trial.TrialState.PRUNED and "too_slow" in enqueued.user_attrs, enqueued.user_attrs
+    assert (workdir / "studies" / "s" / "trials" / f"{enqueued.number:05d}").exists(), "it was not launched"
+    assert "budget" in enqueued.user_attrs, enqueued.user_attrs  # the orchestrator split its time: it ran
+    assert not enqueued.user_attrs.get("prune_reason", "").startswith("not launched"), enqueued.user_attrs
 
 
 def test_the_speed_gate_waits_its_time_then_judges_the_pace():

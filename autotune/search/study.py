@@ -142,13 +142,13 @@ class Objective:
         if sampled:
             trial.set_user_attr("order", f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
         config = self._suggest(trial)
-        if sampled:
-            self._skip_hopeless_family(trial, config)
         self._defer_costly_coverage(trial, config)
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
         self._known_fallback(trial, config)
-        known_drift = self._reused_drift(trial, config)
+        known_drift = self._reused_drift(trial, config)  # its own numerics' drift, beyond the bound, prunes first
+        if sampled:
+            self._skip_hopeless_family(trial, config)
         gate = self._speed_gate(trial, config) if known_drift is None else None
         metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift, gate)
         if metrics.drift is None:  # never reached the ready barrier's check: not kept, whatever its speed
