@@ -45,9 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
-from autotune.measure.drift import Drift, DriftCriterion
-from autotune.measure.speed_gate import GateVerdict
-from autotune.search.hopeless import FAR_BEYOND_DRIFT_BOUND, FAR_SLOWER
+from autotune.measure.drift import DriftCriterion
+from autotune.search.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import int8_first_backend, order_by_payoff
@@ -104,13 +103,7 @@ def far_losses(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> tu
     stopped it, and whether it was pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound."""
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None, False
-    too_slow = trial.user_attrs.get("too_slow")
-    threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
-    pace = GateVerdict.from_json(too_slow).samples_per_s / threads if too_slow else None
-    stored = trial.user_attrs.get("drift")
-    on_drift = bool(stored) and str(trial.user_attrs.get("prune_reason", "")).startswith("drift")
-    drop = criterion.drop(Drift.from_json(stored)) if on_drift else None
-    return pace, drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop
+    return gate_pace_per_core(trial), drift_far_beyond(trial, criterion) is not None
 
 
 def merge_repeats(rows: list[Row]) -> list[Row]:

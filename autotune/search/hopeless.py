@@ -55,6 +55,24 @@ def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> 
     return None
 
 
+def gate_pace_per_core(trial: optuna.trial.FrozenTrial) -> float | None:
+    """A trial the speed gate stopped: instance 0's pace over its own threads, samples/s per core."""
+    too_slow = trial.user_attrs.get("too_slow")
+    if not too_slow:
+        return None
+    threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
+    return GateVerdict.from_json(too_slow).samples_per_s / threads
+
+
+def drift_far_beyond(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> float | None:
+    """A trial pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound: its drop, else None."""
+    stored = trial.user_attrs.get("drift")
+    if not stored or not str(trial.user_attrs.get("prune_reason", "")).startswith("drift"):
+        return None
+    drop = criterion.drop(Drift.from_json(stored))
+    return drop if drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop else None
+
+
 def lost_by_far(
     trial: optuna.trial.FrozenTrial,
     proposal: Proposal,
@@ -66,29 +84,21 @@ def lost_by_far(
     samples/s per core (None: no clean trial, or an objective the gate's pace does not compare with)."""
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None
-    too_slow = trial.user_attrs.get("too_slow")
-    if too_slow:
-        if not best_per_core:
-            return None
-        verdict = GateVerdict.from_json(too_slow)  # instance 0's pace, on its own threads
-        threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
-        per_core = verdict.samples_per_s / threads
-        if per_core >= FAR_SLOWER * best_per_core:
+    per_core = gate_pace_per_core(trial)
+    if per_core is not None:
+        if not best_per_core or per_core >= FAR_SLOWER * best_per_core:
             return None
         return (
             f"#{trial.number} ran {per_core:.3g} samples/s per core in its drift evaluation against the best's "
             f"{best_per_core:.3g}"
         )
-    stored = trial.user_attrs.get("drift")
-    if not stored or not str(trial.user_attrs.get("prune_reason", "")).startswith("drift"):
-        return None
     same_numerics = trial.user_attrs.get("fallback_key") == proposal.fallback_key
     if not same_numerics or trial.user_attrs.get("drift_reference") != proposal.drift_reference:
         return None
-    drop = criterion.drop(Drift.from_json(stored))
-    if drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop:
-        return f"#{trial.number} drifted {drop:.3g} {criterion.metric} against the bound {criterion.max_drop:.3g}"
-    return None
+    drop = drift_far_beyond(trial, criterion)
+    if drop is None:
+        return None
+    return f"#{trial.number} drifted {drop:.3g} {criterion.metric} against the bound {criterion.max_drop:.3g}"
 
 
 def hopeless_family(
