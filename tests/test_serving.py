@@ -144,6 +144,16 @@ def test_the_batching_policy_waits_for_a_fuller_batch_then_sends_it():
     assert waited.latency_ms.p50 > eager.latency_ms.p50 + 1.0  # waiting costs latency at low load
 
 
+def test_a_probe_reports_the_time_its_calls_took_under_load():
+    """Each call costs the service time on the simulated clock, however many requests fill it: the probe's
+    call times are that, one per call (not per request), and the latency is call time plus waiting."""
+    service = 0.003
+    probe, served = simulated_probe(250.0, service, max_batch=4, max_wait_s=0.002)
+    assert probe.call_ms is not None and probe.call_ms.samples == len(served.batch_fill) < probe.answered
+    assert probe.call_ms.mean == pytest.approx(service * 1e3) and probe.call_ms.p99 == pytest.approx(service * 1e3)
+    assert probe.latency_ms.p50 > probe.call_ms.p50
+
+
 def test_the_p99_interval_covers_the_true_p99_at_its_stated_confidence():
     """Order statistics around the 99th percentile of 1,000 exponential latencies: the stated 95% interval
     holds the true p99 in at least 93% of 2,000 draws (its ranks 1-based, as the binomial gives them)."""
@@ -210,11 +220,18 @@ def server_search(workdir, model, shape, bound_ms, space, *extra, study="srv", b
 
 
 def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
-    """One instance, batch 1, no wait: a single queue whose service time is the sleep each call makes.
-    Its highest rate with p99 <= 10 ms, found by the rate search in real time, is close to queueing
-    theory's (within 15%) for the service times the trial's closed-loop window measured (M/G/1 by Lindley's recursion:
-    a sleep's wake-ups jitter), and between 75% and 110% of the M/D/1 closed form for their mean; no rate
-    past the server's capacity was reported sustained."""
+    """One instance, batch 1, no wait: a single queue whose service time is the 2 ms each call spins.
+    Its highest rate with p99 <= 10 ms, found by the rate search in real time, lies within queueing
+    theory's bracket for this server: no lower than 85% of M/G/1's rate (Lindley's recursion) at the
+    calls of the probe that decided it, as slow as they were measured (a call after an idle gap costs
+    more than one in a queue, which only the former's mean carries), and no higher than 115% of M/D/1's
+    closed form at the closed loop's back-to-back calls (the fastest service it gave, without jitter);
+    no rate past the server's capacity was reported sustained.
+
+    Measured on a shared 2-core EPYC in nine searches: 0.96-1.15 of the lower end, 0.82-1.05 of the upper.
+    The test compared once with one figure, M/G/1 at the closed loop's calls, within 15%; a sleep's
+    wake-ups then made a closed-loop window 2.62 ms a call against the probes' faster ones, and the
+    rate came out 23% above it."""
     space = write_space(workdir / "space.yaml", batch_size=[1], max_wait_ms=[0], threads_per_instance=[1])
     result = server_search(
         workdir,
@@ -232,21 +249,19 @@ def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     best = json.loads((workdir / "studies" / "srv" / "best.json").read_text())
-    stamps = np.load(best["metrics"]["measurement"]["stamps"][0])  # the trial's closed-loop calls
-    calls_s = stamps[:, 1] - stamps[:, 0]  # sleep, wake-up and the loop: what a call costs, jitter included
-    service_s = float(calls_s.mean())
-    expected = mg1_sustainable_rate(0.010, calls_s)  # the queue of these very service times (Lindley)
     server = best["server"]
-    # Measured here 11-15% below it in three runs (the bisection keeps the highest rate that passed, up to
-    # 5% under the true one, and a p99 of ~1,000 requests near the bound fails about half the time): the
-    # tolerance is 15%, not the 10% aimed at.
-    assert server["sustained_rps"] == pytest.approx(expected, rel=0.15), (server, service_s, expected)
-    # and the closed form for a constant service time, which the jitter of a sleep only lowers
-    assert (
-        0.75 * md1_sustainable_rate(0.010, service_s)
-        <= server["sustained_rps"]
-        <= md1_sustainable_rate(0.010, service_s) * 1.10
-    )
+    # the probe that decided the answer: the highest rate sustained, served by calls of its own duration
+    decisive = max((p for p in best["metrics"]["server"]["probes"] if p["sustained"]), key=lambda p: p["rate_rps"])
+    assert decisive["rate_rps"] == server["sustained_rps"]
+    probe_call_s = decisive["call_ms"]["mean"] / 1e3
+    assert probe_call_s >= 0.002  # a call spins 2 ms: the probe's call times are the calls', not zero
+    stamps = np.load(best["metrics"]["measurement"]["stamps"][0])  # the closed loop's calls: the jitter's shape
+    closed_loop_s = stamps[:, 1] - stamps[:, 0]
+    service_s = float(closed_loop_s.mean())
+    lowest = mg1_sustainable_rate(0.010, closed_loop_s - service_s + probe_call_s)  # the probe's calls, Lindley
+    highest = md1_sustainable_rate(0.010, service_s)
+    why = (server["sustained_rps"], probe_call_s, service_s, lowest, highest)
+    assert 0.85 * lowest <= server["sustained_rps"] <= 1.15 * highest, why
     capacity = 1.0 / service_s
     assert all(p["rate_rps"] <= capacity for p in server["probes"] if p["sustained"]), server["probes"]
     assert len(server["probes"]) >= 3 and all(p["requests"] >= 100 for p in server["probes"])

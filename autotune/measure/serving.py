@@ -67,6 +67,16 @@ class ServedRequests:
         done = ~np.isnan(self.completions)
         return self.completions[done] - self.arrivals[done]
 
+    @property
+    def call_durations_s(self) -> np.ndarray:
+        """How long each answered call took, send to completion: the service time under this load, which
+        can differ from the closed loop's (another window of a shared machine, caches warm or not)."""
+        firsts = np.cumsum(self.batch_fill) - self.batch_fill  # each call's first request
+        if len(firsts) == 0:
+            return np.empty(0)
+        durations = self.completions[firsts] - self.send_times
+        return durations[~np.isnan(durations)]
+
     def backlog_at(self, moment: float) -> int:
         """Requests arrived and not yet answered at this moment."""
         arrived = int(np.searchsorted(self.arrivals, moment, side="right"))
@@ -182,7 +192,7 @@ class ServerProbe(Record):
     """One offered rate, all instances together: what it achieved, the request latencies, the queue at
     the probe's start and end, and whether the rate counts as sustained (with why not)."""
 
-    NESTED: ClassVar[dict[str, type[Record]]] = {"latency_ms": LatencySummary}
+    NESTED: ClassVar[dict[str, type[Record]]] = {"latency_ms": LatencySummary, "call_ms": LatencySummary}
 
     rate_rps: float  # offered, all instances together
     achieved_rps: float  # answered within the arrivals' duration, per second
@@ -198,6 +208,7 @@ class ServerProbe(Record):
     sustained: bool
     why: str  # in words: what decided it
     noise_flags: list[str] = field(default_factory=list)
+    call_ms: LatencySummary | None = None  # the model's calls during the probe, send to completion
 
 
 def growth_allowed(requests: int, max_batch: int) -> float:
@@ -225,6 +236,7 @@ def judge_probe(
     summary = latency_summary(latencies, confidence)
     ci = quantile_ci(latencies * 1e3, 0.99, confidence)
     fills = np.concatenate([s.batch_fill for s in served]) if served else np.empty(0)
+    calls = np.concatenate([s.call_durations_s for s in served]) if served else np.empty(0)
     if overloaded:
         why = (
             f"overload: the queue grew to {sum(ends)} requests (from {max(starts):.0f})"
@@ -252,6 +264,7 @@ def judge_probe(
         overloaded=overloaded,
         sustained=sustained,
         why=why,
+        call_ms=latency_summary(calls, confidence) if len(calls) else None,
     )
 
 

@@ -289,7 +289,8 @@ def _server_speedup(
 
 def server_summary(server: dict[str, Any]) -> dict[str, Any]:
     """best.json's `server`: the sustained rate at the bound, the batching policy a server should use,
-    and the rate search's probes (each: offered and achieved rate, p50/p90/p99, queue at start and end)."""
+    and the rate search's probes (each: offered and achieved rate, p50/p90/p99, the model's call time
+    under that load, queue at start and end)."""
     return {
         "sustained_rps": server["sustained_rps"],
         "slo_ms": server["slo_ms"],
@@ -308,6 +309,8 @@ def server_summary(server: dict[str, Any]) -> dict[str, Any]:
                 "p99_ms": p["latency_ms"]["p99"],
                 "p99_ci_ms": p["p99_ci_ms"],
                 "requests": p["requests"],
+                "call_mean_ms": (p.get("call_ms") or {}).get("mean"),
+                "call_p99_ms": (p.get("call_ms") or {}).get("p99"),
                 "queue_start": p["queue_start"],
                 "queue_end": p["queue_end"],
                 "sustained": p["sustained"],
