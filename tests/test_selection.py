@@ -354,6 +354,24 @@ def test_a_finalist_run_is_estimated_without_the_drift_evaluation_and_the_prepar
     assert finalist_run_s(elsewhere) == pytest.approx(104.4 - 11.0 + START_S)
 
 
+def test_a_run_of_the_round_goes_ahead_when_the_estimate_the_round_was_sized_with_fits():
+    """vit20's trial #1 again, 104 s in the search of which 54 s preparing and 11 s starting with its drift
+    evaluation: its run is estimated at 44 s. With 47 s left it runs; the trial's 50 s of wall time without
+    the preparation would have stopped the round before it, on fewer runs than the round was sized for."""
+    import datetime
+    import socket
+
+    from autotune.search.finalists import finalist_run_s, run_fits
+
+    budget = {"total_s": 104.4, "preparing_s": 54.2, "starting_s": 11.0, "loading_s": 2.7, "warmup_s": 11.8}
+    trial = completed(4.6, budget=budget, host=socket.gethostname(), prepare_s=54.2)
+    trial.datetime_start = datetime.datetime(2026, 11, 26, 3, 8, 0)
+    trial.datetime_complete = trial.datetime_start + datetime.timedelta(seconds=104.4)
+    assert finalist_run_s(trial) == pytest.approx(44.2)
+    assert run_fits(trial, 47.0) and run_fits(trial, 44.2)
+    assert not run_fits(trial, 44.0)
+
+
 def test_the_baseline_runs_every_finalist_round_and_is_never_left_out():
     """When the baseline is itself among the top clean trials, it runs in every round anyway (for the
     speedup): it keeps its place, takes no other candidate's and is never named as left out."""

@@ -111,7 +111,6 @@ def run_finalists(
     lead = picked[0].value or 0.0
     server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
     seconds = {e["trial"]: _trial_seconds(study.trials[e["trial"]]) for e in entries}
-    typical = {number: measuring for number, (measuring, _) in seconds.items()}
     # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
     timeouts = {
         number: timeout_s if ctx.server else finalist_timeout(measuring + preparing, timeout_s)
@@ -122,7 +121,7 @@ def run_finalists(
     started = time.monotonic()
     log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
     for round_index, entry in interleaved_schedule(entries, repeats):
-        if deadline - time.monotonic() < typical[entry["trial"]]:
+        if not run_fits(study.trials[entry["trial"]], deadline - time.monotonic()):
             log("finalists: budget reached; deciding on the runs made so far")
             break
         run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
@@ -209,6 +208,13 @@ def finalist_run_s(trial: optuna.trial.FrozenTrial) -> float:
     elsewhere = trial.user_attrs.get("host") not in (None, socket.gethostname())
     run_s = budget.total_s - budget.preparing_s - budget.starting_s + START_S
     return max(START_S, run_s + (budget.preparing_s if elsewhere else 0.0))
+
+
+def run_fits(trial: optuna.trial.FrozenTrial, time_left_s: float) -> bool:
+    """Whether one more finalist run of the trial fits the time left, by the estimate the round was sized
+    with (finalist_run_s): the trial's wall time, which holds its drift evaluation, would stop a round
+    that fit before its last run, and the tie rule then decides on fewer runs than planned."""
+    return time_left_s >= finalist_run_s(trial)
 
 
 def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
