@@ -69,7 +69,9 @@ def closed_loop_rps(queue: Any, sample: np.ndarray, seconds: float) -> float:
 
 
 def serve_poisson(queue: Any, sample: np.ndarray, offsets: np.ndarray) -> ServedRequests:
-    """Submit one request per arrival at its moment; completions stamped in the callback."""
+    """Submit one request per arrival at its moment; completions stamped in the callback. A request's send
+    is its arrival's moment, before start_async (which blocks while every infer request is busy), so the
+    probes' call times here include that wait, unlike the trials' (send to completion of a call)."""
     completions = np.full(len(offsets), np.nan)
     answered = [0]
 
