@@ -110,18 +110,20 @@ def run_finalists(
     # latency-against-rate curves meet at the same rates; the rate search then narrows in between.
     lead = picked[0].value or 0.0
     server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
-    seconds = {e["trial"]: _trial_seconds(study.trials[e["trial"]]) for e in entries}
+    stored = study.get_trials(deepcopy=False)  # one read of the storage: `study.trials` reads them all each time
+    trials = {e["trial"]: stored[e["trial"]] for e in entries}
+    seconds = {number: _trial_seconds(trial) for number, trial in trials.items()}
     # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
     timeouts = {
         number: timeout_s if ctx.server else finalist_timeout(measuring + preparing, timeout_s)
         for number, (measuring, preparing) in seconds.items()
     }
     # Drift depends on numerics only: the search already measured it for every entry.
-    known_drift = {e["trial"]: _search_drift(study, e["trial"]) for e in entries}
+    known_drift = {number: _search_drift(trial) for number, trial in trials.items()}
     started = time.monotonic()
     log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
     for round_index, entry in interleaved_schedule(entries, repeats):
-        if not run_fits(study.trials[entry["trial"]], deadline - time.monotonic()):
+        if not run_fits(trials[entry["trial"]], deadline - time.monotonic()):
             log("finalists: budget reached; deciding on the runs made so far")
             break
         run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
@@ -226,9 +228,9 @@ def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
     return min(trial_timeout_s, 3.0 * trial_s + 30.0)
 
 
-def _search_drift(study: optuna.study.Study, number: int) -> Drift | None:
-    drift = study.trials[number].user_attrs.get("drift")
-    return None if not drift else Drift.from_json(drift).reused_by_another(number)
+def _search_drift(trial: optuna.trial.FrozenTrial) -> Drift | None:
+    drift = trial.user_attrs.get("drift")
+    return None if not drift else Drift.from_json(drift).reused_by_another(trial.number)
 
 
 def _trial_seconds(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
