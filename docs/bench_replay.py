@@ -15,8 +15,10 @@ Strategies: `default` (autotune's: the baseline, the coverage round ordered by e
 recorded machine released a trial at a time, the layout round of the replay's own leader as soon as a
 trial other than the baseline leads, the families expected to lose last, then TPE multivariate),
 `int8-by-preparation-cost` (the default with a classifier's int8 ordered by preparation cost alone, as
-before OpenVINO's int8 went first), `layout-round-after-coverage` (the round once the whole coverage
-round ran, as before),
+before OpenVINO's int8 went first), `int8-by-cpu-alone` (the default without the model's reduction depth:
+a shallow model's int8 second on a CPU without int8 dot products, as before; the depth is the study's
+`reduction_depth`, or --reduction-depth for a study recorded before the reference measured it),
+`layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose
 every launched trial lost by far, as before search/hopeless.py), `tpe` (TPE from the start, no coverage
@@ -25,6 +27,7 @@ UNLAUNCHED_S each. A layout variant the
 recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
 
     .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]
+        [--reduction-depth 49]
 """
 
 from __future__ import annotations
@@ -221,6 +224,7 @@ def replay(
     isa: dict[str, bool],
     seed: int,
     tally: LayoutTally | None = None,
+    reduction_depth: float | None = None,
 ) -> list[tuple[float, float]]:
     """One replay: (seconds, best value so far) after each trial, until the budget is spent."""
     tally = tally if tally is not None else LayoutTally()
@@ -238,12 +242,18 @@ def replay(
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
     # the round as soon as a coverage family leads, ahead of the rest
-    early = strategy in ("default", "default-relaunching-lost-families", "int8-by-preparation-cost")
+    early = strategy in (
+        "default",
+        "default-relaunching-lost-families",
+        "int8-by-preparation-cost",
+        "int8-by-cpu-alone",
+    )
     layouts_due = strategy in (
         "default",
         "default-relaunching-lost-families",
         "layout-round-after-coverage",
         "int8-by-preparation-cost",
+        "int8-by-cpu-alone",
     )
     layouts_due = layouts_due and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     late: list[dict[str, Any]] = []
@@ -255,6 +265,7 @@ def replay(
         "default-without-layout-round",
         "coverage-in-space-order",
         "int8-by-preparation-cost",
+        "int8-by-cpu-alone",
     ):
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
@@ -262,7 +273,8 @@ def replay(
             task = (recorded.user_attrs.get("spec") or {}).get("task", "classify")
             attention = recorded_attention_layers(recorded)
             int8_first = None if strategy == "int8-by-preparation-cost" else int8_first_backend(isa, attention)
-            ordered = order_by_payoff(coverage, isa, task, int8_first=int8_first)
+            depth = None if strategy == "int8-by-cpu-alone" else reduction_depth
+            ordered = order_by_payoff(coverage, isa, task, int8_first=int8_first, reduction_depth=depth)
             coverage = [plan.params for plan in ordered if not (layouts_due and plan.expected_to_lose)]
             late = [plan.params for plan in ordered if plan.params not in coverage]
         if early and layouts_due:
@@ -398,6 +410,12 @@ def main() -> int:
     parser.add_argument("--storage", help="default: the study's own SQLite file under --studies-dir")
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--budget-min", type=float, default=20.0)
+    parser.add_argument(
+        "--reduction-depth",
+        type=float,
+        help="the model's multiply-adds per output of its convolutions and linear layers, for a study recorded "
+        "before its reference measured them (default: the study's reduction_depth)",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = args.storage or default_storage(args.studies_dir, args.study)
@@ -407,11 +425,13 @@ def main() -> int:
     if target is None:
         parser.error(f"study {args.study} has no clean completed trial to replay against")
     isa = ((recorded.user_attrs.get("fingerprint") or {}).get("hardware") or {}).get("isa") or {}
+    depth = args.reduction_depth if args.reduction_depth is not None else recorded.user_attrs.get("reduction_depth")
     budget_s = args.budget_min * 60
     console = Console(width=150)
     console.print(
         f"study {args.study}: {len(rows)} recorded trials, best {target:.2f}, "
-        f"{sum(r.cost_s for r in rows) / 60:.1f} min measured; {args.runs} replays of {args.budget_min:g} min each",
+        f"{sum(r.cost_s for r in rows) / 60:.1f} min measured; {args.runs} replays of {args.budget_min:g} min each; "
+        f"reduction depth {'not recorded' if depth is None else f'{depth:.0f}'}",
         markup=False,
     )
     table = Table(title="time to reach 95% of the recorded best (replays with the recorded noise)")
@@ -421,6 +441,7 @@ def main() -> int:
     strategies = (
         "default",
         "int8-by-preparation-cost",
+        "int8-by-cpu-alone",
         "layout-round-after-coverage",
         "default-without-layout-round",
         "coverage-in-space-order",
@@ -429,7 +450,7 @@ def main() -> int:
     for strategy in (*strategies, "tpe", "random"):
         reached, quarter, end = [], [], []
         for seed in range(args.runs):
-            curve = replay(strategy, recorded, rows, budget_s, isa, seed, tally)
+            curve = replay(strategy, recorded, rows, budget_s, isa, seed, tally, depth)
             hit = next((t for t, b in curve if b >= 0.95 * target), None)
             if hit is not None:
                 reached.append(hit / 60)

@@ -393,6 +393,65 @@ def test_bf16_without_amx_tiles_comes_right_after_int8():
     assert expected_payoff("eager", "bf16", vector, "generate").tier == 1
 
 
+@pytest.mark.parametrize(
+    ("isa", "depth", "tier"),
+    [
+        ({"avx2": True}, 49.0, 3),  # mobilenet_v3_large on an AVX2-only EPYC: expected to lose, after the round
+        ({"avx2": True}, 368.0, 1),  # resnet50 there: int8 second, as before
+        ({"avx2": True}, None, 1),  # not measured: the CPU's rule alone
+        ({"avx2": True, "avx512_vnni": True}, 49.0, 0),  # int8 dot products: first whatever the depth
+    ],
+)
+def test_a_shallow_models_int8_without_dot_products_runs_after_the_fp32_families(isa, depth, tier):
+    """Without int8 dot products, int8's gain is in the reduction: a model whose layers reduce over few
+    multiply-adds per output (mobilenet_v3_large: its int8 ran slower than eager fp32 on an AVX2-only
+    EPYC) has its int8 coverage after every fp32 family, among those expected to lose."""
+    from autotune.search.payoff import SHALLOW_REDUCTION, order_by_payoff
+
+    space = {
+        "batch_size": [8],
+        "backends": {
+            "openvino": {"precision": ["fp32", "bf16", "int8"], "streams": [1]},
+            "onnxruntime": {"precision": ["fp32", "int8"]},
+        },
+    }
+    plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
+    ordered = order_by_payoff(plans, isa, "classify", reduction_depth=depth)
+    int8 = [plan for plan in ordered if plan.params[f"{plan.params['backend']}.precision"] == "int8"]
+    fp32 = [plan for plan in ordered if plan.params[f"{plan.params['backend']}.precision"] == "fp32"]
+    assert {plan.tier for plan in int8} == {tier}
+    assert all(plan.expected_to_lose == (tier == 3) for plan in int8)
+    assert (ordered.index(int8[0]) > ordered.index(fp32[-1])) == (tier == 3)
+    assert ("expected to lose" in int8[0].order) == (tier == 3), int8[0].order
+    if tier == 3:
+        assert f"over {depth:.0f} multiply-adds per output (under {SHALLOW_REDUCTION})" in int8[0].order
+        assert int8[0].params["backend"] == "openvino"  # the tier's own order still holds
+
+
+def test_the_reduction_depth_is_the_multiply_adds_per_output_of_the_convolutions_and_linear_layers():
+    """Counted by hooks over one real forward pass: a dense convolution reduces over its input channels x
+    kernel, a depthwise one over its kernel alone, a linear layer over its input features."""
+    import torch
+    from tiny_models import tiny_cnn
+
+    from autotune.backends.torch_common import reduction_depth
+
+    model = tiny_cnn().eval()
+    image = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        depth = reduction_depth(model, lambda: model(image))
+    # conv 3->16 3x3 at 32x32, conv 16->32 3x3 stride 2 at 16x16, linear 32->10
+    outputs = [16 * 32 * 32, 32 * 16 * 16, 10]
+    macs = [outputs[0] * 3 * 9, outputs[1] * 16 * 9, outputs[2] * 32]
+    assert depth == pytest.approx(sum(macs) / sum(outputs))
+    depthwise = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Flatten())
+    assert reduction_depth(depthwise, lambda: depthwise(torch.randn(1, 8, 6, 6))) == pytest.approx(9.0)
+    assert not model._forward_hooks and not model.features[0]._forward_hooks  # removed after the pass
+    assert reduction_depth(torch.nn.ReLU(), lambda: None) is None  # nothing that reduces ran
+    scripted = torch.jit.script(tiny_cnn().eval())
+    assert reduction_depth(scripted, lambda: scripted(image)) is None
+
+
 def test_text_generation_covers_the_fewest_weight_bytes_first():
     from autotune.search.payoff import expected_payoff
 

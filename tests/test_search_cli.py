@@ -262,8 +262,14 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
     """The reference process counts the model's attention layers, and the coverage round starts its int8
     with OpenVINO's, except for a model with attention layers on a CPU without int8 dot products: there
     ONNX Runtime's dynamic int8 first (on an AVX2-only EPYC it ran vit_b_16 faster than NNCF's
-    transformer scheme, both with 7-bit weights)."""
+    transformer scheme, both with 7-bit weights). It also measures how deep the model's layers reduce:
+    both tiny models reduce shallowly, so without int8 dot products their int8 is expected to lose."""
+    import tiny_models
+    import torch
+
+    from autotune.backends.torch_common import reduction_depth
     from autotune.common.cpuinfo import int8_dot_products
+    from autotune.search.payoff import SHALLOW_REDUCTION
 
     backends = {
         "eager": {"precision": ["fp32"], "memory_format": ["contiguous"]},
@@ -281,12 +287,19 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
     assert meta["result"]["attention_layers"] == attention
     study = load_study(workdir, "s")
     assert study.user_attrs["attention_layers"] == attention
+    built = getattr(tiny_models, model)().eval()
+    with torch.inference_mode():
+        depth = reduction_depth(built, lambda: built(torch.randn(1, 3, 32, 32)))
+    assert depth is not None and depth < SHALLOW_REDUCTION
+    assert meta["result"]["reduction_depth"] == pytest.approx(depth) == study.user_attrs["reduction_depth"]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     enqueued = [t.system_attrs["fixed_params"] for t in waiting]  # Optuna keeps an enqueued trial's params there
     assert all(params[f"{params['backend']}.precision"] == "int8" for params in enqueued), enqueued
     expected = "onnxruntime" if attention and not int8_dot_products() else "openvino"
     assert [params["backend"] for params in enqueued] == [expected, *{"onnxruntime", "openvino"} - {expected}]
     assert "first of its tier" in waiting[0].user_attrs["order"], waiting[0].user_attrs["order"]
+    late = not int8_dot_products()  # shallow: int8 without dot products is expected to lose
+    assert all(("tier 3: int8 expected to lose" in t.user_attrs["order"]) == late for t in waiting), waiting
 
 
 def test_crashing_trials_never_kill_the_study(workdir):

@@ -78,6 +78,8 @@ class Reference:
     digest: str = ""  # what it was computed from (model, data, sizes, format): drift is reused only against the same
     # the model's attention layers; None: not counted (a language model, or a reference from before they were)
     attention_layers: int | None = None
+    # multiply-adds per output of its convolutions and linear layers; None: not measured (as above)
+    reduction_depth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -618,4 +620,5 @@ def compute_reference(
     note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
     digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
     attention = result.get("attention_layers")
-    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest, attention)
+    depth = result.get("reduction_depth")
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest, attention, depth)

@@ -6,7 +6,14 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
 
 - **Classifiers and encoders** (one forward pass, compute-bound): int8 is tier 0 where the CPU has
   int8 dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), tier 1 otherwise (int8 still moves a quarter of
-  fp32's bytes); bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 1 (after int8) where it has
+  fp32's bytes), except for a model whose convolutions and linear layers reduce shallowly (fewer than
+  SHALLOW_REDUCTION multiply-adds per output element, measured by the reference process): there int8
+  without dot products is expected to lose (tier 3), since its gain is in the reduction while every
+  output is requantized. On an AVX2-only EPYC, mobilenet_v3_large (49) ran ONNX Runtime's int8 at 0.85x
+  eager fp32 and 0.27x ONNX Runtime's fp32, its three other int8 families were pruned on drift, and the
+  four trials took 3.8 minutes of a 20-minute search before the first fp32 family ran; efficientnet_b0's
+  (57) four int8 families were all pruned on drift there, while resnet50 (368) and vit_b_16 (1221) won with
+  int8 there (docs/BENCHMARKS.md). bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 1 (after int8) where it has
   AVX512-BF16 alone: there an int8 dot product (VNNI) does twice a bf16 one's work per instruction,
   and resnet50's bf16 measured 3.6x eager fp32 against int8's 6.8x (OpenVINO, an AMD EPYC) and 1.0x
   against 7.3x (a Xeon without AMX; docs/BENCHMARKS.md); last (tier 3) where it is emulated; other
@@ -68,7 +75,13 @@ INT8_FIRST_WHY = {
 }
 # Text generation's precisions that quantize activations too: inductor turns them into int8 GEMMs.
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
-LATE_TIER = 3  # emulated precisions (3) and families slower than fp32 eager in an earlier study (4)
+# emulated precisions and a shallow model's int8 without dot products (3), families slower than fp32 eager in an
+# earlier study (4)
+LATE_TIER = 3
+# Multiply-adds per output element of the convolutions and linear layers (backends/torch_common.reduction_depth)
+# under which a classifier's int8 without int8 dot products is expected to lose: mobilenet_v3_large 49,
+# efficientnet_b0 57, regnet_y_400mf 103 below it; convnext_tiny 332, resnet50 368, vit_b_16 1221 above.
+SHALLOW_REDUCTION = 128
 
 
 @dataclass(frozen=True)
@@ -84,8 +97,11 @@ def _kind(precision: str) -> str:
     return CLAIMED_BUCKET.get(precision, "fp32")
 
 
-def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: str = "classify") -> Payoff:
-    """The tier of one backend x precision on a CPU with these ISA flags (see the module docstring)."""
+def expected_payoff(
+    backend: str, precision: str, isa: dict[str, bool], task: str = "classify", reduction_depth: float | None = None
+) -> Payoff:
+    """The tier of one backend x precision on a CPU with these ISA flags, for a model whose layers reduce
+    over `reduction_depth` multiply-adds per output (None: not measured; see the module docstring)."""
     kind = _kind(precision)
     have = [flag for flag in INT8_DOT if isa.get(flag)]
     if task == "generate":
@@ -102,6 +118,12 @@ def expected_payoff(backend: str, precision: str, isa: dict[str, bool], task: st
     elif kind == "int8":
         if have:
             return Payoff(0, f"int8 first: the CPU has int8 dot products ({', '.join(have)})")
+        if reduction_depth is not None and reduction_depth < SHALLOW_REDUCTION:
+            return Payoff(
+                LATE_TIER,
+                f"int8 expected to lose: no int8 dot products here, and the model's layers reduce over "
+                f"{reduction_depth:.0f} multiply-adds per output (under {SHALLOW_REDUCTION})",
+            )
         return Payoff(1, "int8 second: no VNNI/AMX int8 dot products, but a quarter of fp32's memory traffic")
     if kind in NATIVE:
         native = [flag for flag in NATIVE[kind] if isa.get(flag)]
@@ -149,8 +171,9 @@ class CoveragePlan:
 
     @property
     def expected_to_lose(self) -> bool:
-        """Emulated precision, or slower than fp32 eager in an earlier study here: measured after the layout
-        round (search/layouts.py), which refines a likely winner instead."""
+        """Emulated precision, a shallow model's int8 without int8 dot products, or slower than fp32 eager in
+        an earlier study here: measured after the layout round (search/layouts.py), which refines a likely
+        winner instead."""
         return self.tier >= LATE_TIER
 
 
@@ -160,17 +183,19 @@ def order_by_payoff(
     task: str,
     family_speedups: dict[tuple[str, str], tuple[float, str]] | None = None,
     int8_first: str | None = CLASSIFIER_INT8_FIRST,
+    reduction_depth: float | None = None,
 ) -> list[CoveragePlan]:
     """The coverage plans, highest expected payoff first, each with why it is where it is: families
     measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
     of the same tier and backend keep the space's order. `int8_first=None` orders a classifier's int8
-    by preparation cost alone (the replay benchmark compares the two)."""
+    by preparation cost alone (the replay benchmark compares the two); `reduction_depth` is the model's
+    (backends/torch_common.reduction_depth; None: not measured)."""
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
         precision = params[f"{backend}.precision"]
         known = (family_speedups or {}).get((backend, precision))
-        payoff = prior_payoff(*known) if known else expected_payoff(backend, precision, isa, task)
+        payoff = prior_payoff(*known) if known else expected_payoff(backend, precision, isa, task, reduction_depth)
         # faster before, or by the within-tier rule
         within = -known[0] if known else _within_tier_rank(backend, precision, task, int8_first)
         reason = (

@@ -584,8 +584,11 @@ def _enqueue_first_trials(
                 markup=False,
             )
         study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
+        study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
         int8_first = int8_first_backend(machine.isa, reference.attention_layers)
-        ordered = order_by_payoff(plans, machine.isa, space.task, prior.family_speedups, int8_first)
+        ordered = order_by_payoff(
+            plans, machine.isa, space.task, prior.family_speedups, int8_first, reference.reduction_depth
+        )
         if LayoutRound.applies(space, spec.objective):
             # released one at a time, so the layout round can run as soon as a family leads; the families
             # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)

@@ -113,7 +113,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         from autotune.worker.generate import run_generation_reference
 
         return run_generation_reference(job, save_atomic)
-    from autotune.backends.torch_common import attention_layers
+    from autotune.backends.torch_common import attention_layers, reduction_depth
 
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
@@ -135,6 +135,9 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         return run_in_batches(runner, inputs, config.batch_size)
 
     outputs = fp32_outputs()
+    one = take(inputs, slice(0, 1))
+    eager = backend_module("eager").prepare(model, one, config, Path(job["workdir"]))
+    depth = reduction_depth(model, lambda: eager(eager.convert_input(one)))
     note = None
     if constant_across_samples(outputs):  # drift against it would be blind: see reference_check
         all_zero = not np.any(outputs)
@@ -163,6 +166,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         "reference_note": note.to_json() if note else None,
         # the coverage round's int8 order depends on it (search/payoff.int8_first_backend)
         "attention_layers": sum(attention_layers(model).values()),
+        "reduction_depth": depth,  # and on this (search/payoff.expected_payoff)
     }
 
 
