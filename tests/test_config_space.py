@@ -400,6 +400,8 @@ def test_bf16_without_amx_tiles_comes_right_after_int8():
         ({"avx2": True}, 368.0, 1),  # resnet50 there: int8 second, as before
         ({"avx2": True}, None, 1),  # not measured: the CPU's rule alone
         ({"avx2": True, "avx512_vnni": True}, 49.0, 0),  # int8 dot products: first whatever the depth
+        ({"avx2": True}, 127.9, 3),  # just under the bound
+        ({"avx2": True}, 128.0, 1),  # at it
     ],
 )
 def test_a_shallow_models_int8_without_dot_products_runs_after_the_fp32_families(isa, depth, tier):
@@ -424,32 +426,34 @@ def test_a_shallow_models_int8_without_dot_products_runs_after_the_fp32_families
     assert (ordered.index(int8[0]) > ordered.index(fp32[-1])) == (tier == 3)
     assert ("expected to lose" in int8[0].order) == (tier == 3), int8[0].order
     if tier == 3:
-        assert f"over {depth:.0f} multiply-adds per output (under {SHALLOW_REDUCTION})" in int8[0].order
+        assert f"over {depth:.4g} multiply-adds per output (under {SHALLOW_REDUCTION})" in int8[0].order
         assert int8[0].params["backend"] == "openvino"  # the tier's own order still holds
 
 
 def test_the_reduction_depth_is_the_multiply_adds_per_output_of_the_convolutions_and_linear_layers():
-    """Counted by hooks over one real forward pass: a dense convolution reduces over its input channels x
-    kernel, a depthwise one over its kernel alone, a linear layer over its input features."""
+    """Counted by hooks over the caller's own forward pass: a dense convolution reduces over its input
+    channels x kernel, a depthwise one over its kernel alone, a linear layer over its input features."""
     import torch
     from tiny_models import tiny_cnn
 
-    from autotune.backends.torch_common import reduction_depth
+    from autotune.backends.torch_common import with_reduction_depth
 
     model = tiny_cnn().eval()
     image = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
-        depth = reduction_depth(model, lambda: model(image))
+        logits, depth = with_reduction_depth(model, lambda: model(image))
+    assert logits.shape == (2, 10)  # the caller's own pass, returned
     # conv 3->16 3x3 at 32x32, conv 16->32 3x3 stride 2 at 16x16, linear 32->10
     outputs = [16 * 32 * 32, 32 * 16 * 16, 10]
     macs = [outputs[0] * 3 * 9, outputs[1] * 16 * 9, outputs[2] * 32]
     assert depth == pytest.approx(sum(macs) / sum(outputs))
     depthwise = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Flatten())
-    assert reduction_depth(depthwise, lambda: depthwise(torch.randn(1, 8, 6, 6))) == pytest.approx(9.0)
+    assert with_reduction_depth(depthwise, lambda: depthwise(torch.randn(1, 8, 6, 6)))[1] == pytest.approx(9.0)
     assert not model._forward_hooks and not model.features[0]._forward_hooks  # removed after the pass
-    assert reduction_depth(torch.nn.ReLU(), lambda: None) is None  # nothing that reduces ran
-    scripted = torch.jit.script(tiny_cnn().eval())
-    assert reduction_depth(scripted, lambda: scripted(image)) is None
+    assert with_reduction_depth(torch.nn.ReLU(), lambda: None) == (None, None)  # nothing that reduces ran
+    scripted = torch.jit.script(tiny_cnn().eval())  # no Python modules to hook: not measured, still run
+    scripted_logits, scripted_depth = with_reduction_depth(scripted, lambda: scripted(image))
+    assert scripted_depth is None and scripted_logits.shape == (2, 10)
 
 
 def test_text_generation_covers_the_fewest_weight_bytes_first():

@@ -267,7 +267,7 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
     import tiny_models
     import torch
 
-    from autotune.backends.torch_common import reduction_depth
+    from autotune.backends.torch_common import with_reduction_depth
     from autotune.common.cpuinfo import int8_dot_products
     from autotune.search.payoff import SHALLOW_REDUCTION
 
@@ -289,7 +289,7 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
     assert study.user_attrs["attention_layers"] == attention
     built = getattr(tiny_models, model)().eval()
     with torch.inference_mode():
-        depth = reduction_depth(built, lambda: built(torch.randn(1, 3, 32, 32)))
+        _, depth = with_reduction_depth(built, lambda: built(torch.randn(1, 3, 32, 32)))
     assert depth is not None and depth < SHALLOW_REDUCTION
     assert meta["result"]["reduction_depth"] == pytest.approx(depth) == study.user_attrs["reduction_depth"]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))

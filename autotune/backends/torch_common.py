@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -57,15 +57,18 @@ def torch_probe(run: Callable[[Any], Any]) -> Callable[[Any, str], ExecutedPreci
     return lambda native_input, claimed: probe_torch(lambda: run(native_input), claimed)
 
 
+T = TypeVar("T")
 REDUCING_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
 
 
-def reduction_depth(model: torch.nn.Module, forward: Callable[[], Any]) -> float | None:
-    """The multiply-adds per output element of the model's convolutions and linear layers, over one
-    `forward` call: how deep their dot products reduce on average (resnet50 368, vit_b_16 1221 without
-    its attention's own projections, mobilenet_v3_large 49, efficientnet_b0 57 on 224x224). Where the
-    CPU has no int8 dot products, int8 gains in the reduction, while every output element is requantized
-    (search/payoff.py). None where no such layer ran (or hooks cannot be set: a TorchScript module)."""
+def with_reduction_depth(model: torch.nn.Module, forward: Callable[[], T]) -> tuple[T, float | None]:
+    """`forward()`'s result, and the multiply-adds per output element of the model's convolutions and
+    linear layers over that call: how deep their dot products reduce on average (torchvision's models at
+    224x224: resnet50 368, vit_b_16 1221 without its attention's own projections, mobilenet_v3_large 49,
+    efficientnet_b0 57). Where the CPU has no int8 dot products, int8 gains in the reduction, while every
+    output element is requantized (search/payoff.py). Counted by hooks on the work the caller does anyway
+    (the reference's own pass: no batch it did not run); None where no such layer ran as a Python module
+    (a TorchScript or exported program has none)."""
     totals = {"macs": 0, "outputs": 0}
 
     def count(module: torch.nn.Module, inputs: Any, output: Any) -> None:
@@ -80,16 +83,16 @@ def reduction_depth(model: torch.nn.Module, forward: Callable[[], Any]) -> float
         totals["macs"] += output.numel() * per_output
         totals["outputs"] += output.numel()
 
+    hooks = []
     try:
-        hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, REDUCING_LAYERS)]
-    except RuntimeError:  # TorchScript modules take no Python hooks
-        return None
-    try:
-        forward()
+        for module in model.modules():
+            if isinstance(module, REDUCING_LAYERS):
+                hooks.append(module.register_forward_hook(count))
+        result = forward()
     finally:
         for hook in hooks:
             hook.remove()
-    return totals["macs"] / totals["outputs"] if totals["outputs"] else None
+    return result, (totals["macs"] / totals["outputs"] if totals["outputs"] else None)
 
 
 def attention_layers(model: torch.nn.Module) -> dict[str, int]:

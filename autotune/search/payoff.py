@@ -10,10 +10,12 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   SHALLOW_REDUCTION multiply-adds per output element, measured by the reference process): there int8
   without dot products is expected to lose (tier 3), since its gain is in the reduction while every
   output is requantized. On an AVX2-only EPYC, mobilenet_v3_large (49) ran ONNX Runtime's int8 at 0.85x
-  eager fp32 and 0.27x ONNX Runtime's fp32, its three other int8 families were pruned on drift, and the
-  four trials took 3.8 minutes of a 20-minute search before the first fp32 family ran; efficientnet_b0's
-  (57) four int8 families were all pruned on drift there, while resnet50 (368) and vit_b_16 (1221) won with
-  int8 there (docs/BENCHMARKS.md). bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 1 (after int8) where it has
+  eager fp32 and 0.27x ONNX Runtime's fp32, its three other int8 families were pruned on drift (random
+  weights), and the four trials took 3.8 minutes of a 20-minute search before the first fp32 family ran;
+  efficientnet_b0's (57) four int8 families were all pruned on drift there (random weights: no speed
+  measured), and its winner was ONNX Runtime's fp32, while resnet50 (368) and vit_b_16 (1221) won with
+  int8 there (docs/BENCHMARKS.md). The family still runs, among those expected to lose (after the
+  layout round where one runs). bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 1 (after int8) where it has
   AVX512-BF16 alone: there an int8 dot product (VNNI) does twice a bf16 one's work per instruction,
   and resnet50's bf16 measured 3.6x eager fp32 against int8's 6.8x (OpenVINO, an AMD EPYC) and 1.0x
   against 7.3x (a Xeon without AMX; docs/BENCHMARKS.md); last (tier 3) where it is emulated; other
@@ -78,9 +80,10 @@ DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
 # emulated precisions and a shallow model's int8 without dot products (3), families slower than fp32 eager in an
 # earlier study (4)
 LATE_TIER = 3
-# Multiply-adds per output element of the convolutions and linear layers (backends/torch_common.reduction_depth)
-# under which a classifier's int8 without int8 dot products is expected to lose: mobilenet_v3_large 49,
-# efficientnet_b0 57, regnet_y_400mf 103 below it; convnext_tiny 332, resnet50 368, vit_b_16 1221 above.
+# Multiply-adds per output element of the convolutions and linear layers (torch_common.with_reduction_depth)
+# under which a classifier's int8 without int8 dot products is expected to lose. Counted on torchvision's
+# models at 224x224: mobilenet_v3_large 49, efficientnet_b0 57, regnet_y_400mf 103 below it; convnext_tiny
+# 332, resnet50 368, vit_b_16 1221 above (only the four searched in docs/BENCHMARKS.md were measured).
 SHALLOW_REDUCTION = 128
 
 
@@ -122,7 +125,7 @@ def expected_payoff(
             return Payoff(
                 LATE_TIER,
                 f"int8 expected to lose: no int8 dot products here, and the model's layers reduce over "
-                f"{reduction_depth:.0f} multiply-adds per output (under {SHALLOW_REDUCTION})",
+                f"{reduction_depth:.4g} multiply-adds per output (under {SHALLOW_REDUCTION})",
             )
         return Payoff(1, "int8 second: no VNNI/AMX int8 dot products, but a quarter of fp32's memory traffic")
     if kind in NATIVE:

@@ -583,6 +583,12 @@ def _enqueue_first_trials(
                 "coverage starts with OpenVINO's (a new study counts them)",
                 markup=False,
             )
+        if reference.reduction_depth is None and space.task != "generate":
+            console.print(
+                "note: the model's reduction depth was not measured (a reference from before it was, or no "
+                "convolution or linear layer ran as a Python module), so its int8 coverage is ordered by the CPU alone",
+                markup=False,
+            )
         study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
         study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
         int8_first = int8_first_backend(machine.isa, reference.attention_layers)

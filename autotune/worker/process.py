@@ -113,7 +113,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         from autotune.worker.generate import run_generation_reference
 
         return run_generation_reference(job, save_atomic)
-    from autotune.backends.torch_common import attention_layers, reduction_depth
+    from autotune.backends.torch_common import attention_layers, with_reduction_depth
 
     source = ModelSource.from_dict(job["model"])
     t0 = time.monotonic()
@@ -134,10 +134,7 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
         runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
         return run_in_batches(runner, inputs, config.batch_size)
 
-    outputs = fp32_outputs()
-    one = take(inputs, slice(0, 1))
-    eager = backend_module("eager").prepare(model, one, config, Path(job["workdir"]))
-    depth = reduction_depth(model, lambda: eager(eager.convert_input(one)))
+    outputs, depth = with_reduction_depth(model, fp32_outputs)
     note = None
     if constant_across_samples(outputs):  # drift against it would be blind: see reference_check
         all_zero = not np.any(outputs)
