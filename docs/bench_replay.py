@@ -213,6 +213,13 @@ def recorded_attention_layers(recorded: optuna.study.Study) -> int | None:
     return None
 
 
+# Which strategies run which rounds (see the module docstring): the layout round as soon as a coverage
+# family leads, the layout round at all, the coverage round at all.
+LAYOUT_ROUND_WHEN_A_FAMILY_LEADS = frozenset(
+    {"default", "default-relaunching-lost-families", "int8-by-preparation-cost", "int8-by-cpu-alone"}
+)
+WITH_LAYOUT_ROUND = LAYOUT_ROUND_WHEN_A_FAMILY_LEADS | {"layout-round-after-coverage"}
+WITH_COVERAGE_ROUND = WITH_LAYOUT_ROUND | {"default-without-layout-round", "coverage-in-space-order"}
 UNLAUNCHED_S = 0.5  # a config pruned before launch: the sampler's and the storage's time
 
 
@@ -242,31 +249,11 @@ def replay(
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
     # the round as soon as a coverage family leads, ahead of the rest
-    early = strategy in (
-        "default",
-        "default-relaunching-lost-families",
-        "int8-by-preparation-cost",
-        "int8-by-cpu-alone",
-    )
-    layouts_due = strategy in (
-        "default",
-        "default-relaunching-lost-families",
-        "layout-round-after-coverage",
-        "int8-by-preparation-cost",
-        "int8-by-cpu-alone",
-    )
-    layouts_due = layouts_due and recorded_objective(recorded) in LAYOUT_OBJECTIVES
+    early = strategy in LAYOUT_ROUND_WHEN_A_FAMILY_LEADS
+    layouts_due = strategy in WITH_LAYOUT_ROUND and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     late: list[dict[str, Any]] = []
     held: list[dict[str, Any]] = []  # early: coverage released one at a time, as the search's callback does
-    if strategy in (
-        "default",
-        "default-relaunching-lost-families",
-        "layout-round-after-coverage",
-        "default-without-layout-round",
-        "coverage-in-space-order",
-        "int8-by-preparation-cost",
-        "int8-by-cpu-alone",
-    ):
+    if strategy in WITH_COVERAGE_ROUND:
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
         if strategy != "coverage-in-space-order":

@@ -192,7 +192,7 @@ def order_by_payoff(
     measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
     of the same tier and backend keep the space's order. `int8_first=None` orders a classifier's int8
     by preparation cost alone (the replay benchmark compares the two); `reduction_depth` is the model's
-    (backends/torch_common.reduction_depth; None: not measured)."""
+    (backends/torch_common.with_reduction_depth; None: not measured)."""
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
