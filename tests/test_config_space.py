@@ -457,10 +457,11 @@ def test_the_reduction_depth_is_the_multiply_adds_per_output_of_the_convolutions
 
 
 def test_text_generation_covers_the_fewest_weight_bytes_first():
-    from autotune.search.payoff import expected_payoff
+    from autotune.search.payoff import LATE_TIER, expected_payoff
 
     precisions = ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "smoothquant_int8"]
-    avx512 = sorted(precisions, key=lambda p: expected_payoff("eager", p, {"avx512f": True}, "generate").tier)
+    vnni = {"avx512f": True, "avx512_vnni": True}
+    avx512 = sorted(precisions, key=lambda p: expected_payoff("eager", p, vnni, "generate").tier)
     assert set(avx512[:4]) == {"woq_int4", "woq_int8", "da8w8", "smoothquant_int8"}
     assert avx512[-1] == "bf16"  # emulated without AVX512-BF16 or AMX
     # int8 dot products: inductor's dynamic int8 (its quantized GEMMs run on them) ahead of everything
@@ -472,10 +473,21 @@ def test_text_generation_covers_the_fewest_weight_bytes_first():
         ("inductor", "smoothquant_int8"),
     }
     assert tiers["eager", "da8w8"] == tiers["inductor", "woq_int4"] == tiers["inductor", "bf16"] == 1
-    assert expected_payoff("inductor", "da8w8", {"avx512f": True}, "generate").tier == 1  # no VNNI/AMX
-    # AVX2 only: int8 weights first, int4 (slow kernels there) beside fp32, bf16 last
-    avx2 = sorted(precisions, key=lambda p: expected_payoff("eager", p, {"avx2": True}, "generate").tier)
-    assert set(avx2[:3]) == {"woq_int8", "da8w8", "smoothquant_int8"} and avx2[-1] == "bf16"
+    # AVX-512 without VNNI/AMX: weight-only int8 and int4 still go first, int8 activations are expected to lose
+    no_dot = {"avx512f": True}
+    assert expected_payoff("inductor", "woq_int8", no_dot, "generate").tier == 1
+    assert expected_payoff("eager", "woq_int4", no_dot, "generate").tier == 1
+    assert expected_payoff("inductor", "da8w8", no_dot, "generate").tier == LATE_TIER
+    assert "expected to lose" in expected_payoff("inductor", "smoothquant_int8", no_dot, "generate").reason
+    # AVX2 only (an EPYC ran every int8 and int4 family slower than fp32 eager): fp32 alone before the layout round
+    avx2 = {family: expected_payoff(*family, {"avx2": True}, "generate") for family in families}
+    assert {family for family, payoff in avx2.items() if payoff.tier < LATE_TIER} == {
+        ("inductor", "fp32"),
+        ("eager", "fp32"),
+    }
+    assert all(
+        "expected to lose" in payoff.reason for family, payoff in avx2.items() if family[1] not in ("fp32", "bf16")
+    )
 
 
 def test_the_generation_space_compiles_its_coverage_trials_with_freezing():

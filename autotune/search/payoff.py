@@ -24,10 +24,17 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
   compiled by inductor are tier 0: inductor lowers the quantized GEMMs to kernels on those instructions
   (a 100M-parameter decoder on a Xeon with AMX: inductor da8w8 5.1x eager fp32, eager da8w8 0.86x).
-  int4 weights are tier 1 on a CPU with AVX-512 (on a Xeon with AMX a random-init decoder's int4 trial
-  took 4.3 minutes to be pruned on drift) and tier 2 without it (on an AVX2-only EPYC it took 7 minutes
-  to reach its timed window, against 29 s for fp32), the other int8 families tier 1, bf16 tier 1 where
-  native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32 tier 2.
+  Without them, int8 activations are expected to lose (tier 3): the 512-token prefill is compute-bound,
+  and a 100M-parameter decoder on an AVX2-only EPYC ran eager da8w8 at 0.15x eager fp32, SmoothQuant at
+  0.16x and the recipe compiled by inductor (max-autotune, freezing) at 0.15x, each prefill 20x slower.
+  int4 and int8 weights are tier 1 on a CPU with AVX-512 (on a Xeon with AMX a random-init decoder's int4
+  trial took 4.3 minutes to be pruned on drift) and expected to lose without it (tier 3): on that EPYC
+  weight-only int8 decoded 2.7x slower than fp32 (118.7 against 43.5 ms per token, 0.42x in tokens/s:
+  its kernel dequantizes on AVX2), and the int4 trial took 7 minutes to reach its timed window, against
+  29 s for fp32. bf16 is tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3
+  otherwise, fp32 tier 2. So on an AVX2-only CPU only fp32 families run before the layout round, which
+  then measures the baseline's split and its most concurrent sequences: a 15-minute search there ended on
+  the baseline with ten coverage trials still waiting behind the int4 trial.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
   OpenVINO's first. In the offline searches recorded (docs/BENCHMARKS.md) where its int8 passed the
@@ -77,8 +84,8 @@ INT8_FIRST_WHY = {
 }
 # Text generation's precisions that quantize activations too: inductor turns them into int8 GEMMs.
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
-# emulated precisions and a shallow model's int8 without dot products (3), families slower than fp32 eager in an
-# earlier study (4)
+# emulated precisions, a shallow model's int8 without dot products and text generation's int8 activations without
+# them or int4/int8 weights without AVX-512 (3), families slower than fp32 eager in an earlier study (4)
 LATE_TIER = 3
 # Multiply-adds per output element of the convolutions and linear layers (torch_common.with_reduction_depth)
 # under which a classifier's int8 without int8 dot products is expected to lose. Counted on torchvision's
@@ -112,10 +119,20 @@ def expected_payoff(
             return Payoff(
                 0, f"int8 activations and weights compiled by inductor: int8 GEMMs on this CPU's {', '.join(have)}"
             )
-        if kind == "int4" and isa.get("avx512f"):
-            return Payoff(1, "int4 weights: decoding reads the fewest bytes per token")
+        if precision in DYNAMIC_INT8 and not have:
+            return Payoff(
+                LATE_TIER,
+                "int8 activations expected to lose: no int8 dot products here, so the prompt's prefill runs its "
+                "int8 GEMMs slower than fp32's",
+            )
+        if kind in ("int4", "int8") and not isa.get("avx512f"):
+            return Payoff(
+                LATE_TIER,
+                f"{kind} weights expected to lose: without AVX-512 the CPU kernels unpack the weights slower than "
+                "fp32 reads them",
+            )
         if kind == "int4":
-            return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
+            return Payoff(1, "int4 weights: decoding reads the fewest bytes per token")
         if kind == "int8":
             return Payoff(1, "int8 weights: decoding reads half the bytes of bf16 per token")
     elif kind == "int8":
