@@ -231,13 +231,15 @@ class LayoutRound:
         waiting = (optuna.trial.TrialState.WAITING,)
         while queue and not study.get_trials(deepcopy=False, states=waiting):  # a plan already run is skipped
             plan, queue = queue[0], queue[1:]
-            skip = plan.get("late") or plan.get("deferred")
-            drifted = None if skip else self._drifted_weights(study, plan["params"])
-            if drifted is not None:  # after the other coverage that may lead (before the late families), once
+            drifted = None if plan.get("deferred") else self._drifted_weights(study, plan["params"])
+            if drifted is not None:  # once
                 why = f" (after the other coverage: trial {drifted.number} pruned the same quantized weights on drift)"
-                ahead = [held for held in queue if not held.get("late")]
-                behind = [held for held in queue if held.get("late")]
-                queue = [*ahead, {**plan, "deferred": True, "order": plan["order"] + why}, *behind]
+                deferred = {**plan, "deferred": True, "order": plan["order"] + why}
+                if plan.get("late"):  # a family expected to lose: after all of them
+                    queue = [*queue, deferred]
+                else:  # after the other coverage that may lead, before the families expected to lose
+                    ahead = [held for held in queue if not held.get("late")]
+                    queue = [*ahead, deferred, *(held for held in queue if held.get("late"))]
                 study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
                 continue
             order = plan["order"]

@@ -24,17 +24,19 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
   compiled by inductor are tier 0: inductor lowers the quantized GEMMs to kernels on those instructions
   (a 100M-parameter decoder on a Xeon with AMX: inductor da8w8 5.1x eager fp32, eager da8w8 0.86x).
-  Without them, int8 activations are expected to lose (tier 3): the 512-token prefill is compute-bound,
-  and a 100M-parameter decoder on an AVX2-only EPYC ran eager da8w8 at 0.15x eager fp32, SmoothQuant at
-  0.16x and the recipe compiled by inductor (max-autotune, freezing) at 0.15x, each prefill 20x slower.
-  int4 and int8 weights are tier 1 on a CPU with AVX-512 (on a Xeon with AMX a random-init decoder's int4
-  trial took 4.3 minutes to be pruned on drift) and expected to lose without it (tier 3): on that EPYC
-  weight-only int8 decoded 2.7x slower than fp32 (118.7 against 43.5 ms per token, 0.42x in tokens/s:
-  its kernel dequantizes on AVX2), and the int4 trial took 7 minutes to reach its timed window, against
-  29 s for fp32. bf16 is tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3
-  otherwise, fp32 tier 2. So on an AVX2-only CPU only fp32 families run before the layout round, which
-  then measures the baseline's split and its most concurrent sequences: a 15-minute search there ended on
-  the baseline with ten coverage trials still waiting behind the int4 trial.
+  int8 weights are tier 1 there, int4 weights tier 1 with AVX-512 and 2 without it (its CPU kernels
+  are slow to unpack there), bf16 tier 1 where native (AVX512-BF16 or AMX: half the bytes
+  of fp32 either way) and 3 otherwise, fp32 tier 2. Without int8 dot products every quantized family is
+  expected to lose (tier 3), so only the fp32 families run before the layout round, which then measures
+  the baseline's split and its most concurrent sequences. A 100M-parameter decoder on an AVX2-only EPYC
+  (512-token prompts, 64 new tokens) ran eager da8w8 at 0.15x eager fp32 in tokens/s, SmoothQuant at
+  0.16x and the recipe compiled by inductor (max-autotune, freezing) at 0.15x: with int8 activations the
+  compute-bound prefill took 21-26x fp32's. Weight-only int8 kept the prefill but decoded at 0.37x fp32's
+  speed per token there (0.42x in tokens/s), and inductor's woq_int8 ran at 0.47x eager fp32 even on a
+  Xeon with AMX; int4 weights never reached a timed window on the machines recorded (pruned on drift, or
+  out of budget while preparing: 7 minutes on that EPYC), and a 15-minute search there ended on the
+  baseline with ten coverage trials still waiting behind one. The probe reads x86 flags: on other CPUs
+  every quantized family is late.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
   OpenVINO's first. In the offline searches recorded (docs/BENCHMARKS.md) where its int8 passed the
@@ -84,8 +86,10 @@ INT8_FIRST_WHY = {
 }
 # Text generation's precisions that quantize activations too: inductor turns them into int8 GEMMs.
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
-# emulated precisions, a shallow model's int8 without dot products and text generation's int8 activations without
-# them or int4/int8 weights without AVX-512 (3), families slower than fp32 eager in an earlier study (4)
+# ... and every precision with int8 activations (da8w4's weights are int4)
+INT8_ACTIVATIONS = (*DYNAMIC_INT8, "da8w4")
+# emulated precisions, and without int8 dot products a shallow model's int8 and text generation's int8 and int4
+# (3); families slower than fp32 eager in an earlier study (4)
 LATE_TIER = 3
 # Multiply-adds per output element of the convolutions and linear layers (torch_common.with_reduction_depth)
 # under which a classifier's int8 without int8 dot products is expected to lose. Counted on torchvision's
@@ -119,18 +123,20 @@ def expected_payoff(
             return Payoff(
                 0, f"int8 activations and weights compiled by inductor: int8 GEMMs on this CPU's {', '.join(have)}"
             )
-        if precision in DYNAMIC_INT8 and not have:
+        if precision in INT8_ACTIVATIONS and not have:
             return Payoff(
                 LATE_TIER,
-                "int8 activations expected to lose: no int8 dot products here, so the prompt's prefill runs its "
-                "int8 GEMMs slower than fp32's",
+                "int8 activations expected to lose: no int8 dot products here, so the prompt's compute-bound "
+                "prefill runs its int8 GEMMs slower than fp32's",
             )
-        if kind in ("int4", "int8") and not isa.get("avx512f"):
+        if kind in ("int4", "int8") and not have:
             return Payoff(
                 LATE_TIER,
-                f"{kind} weights expected to lose: without AVX-512 the CPU kernels unpack the weights slower than "
-                "fp32 reads them",
+                f"{kind} weights expected to lose: no int8 dot products here, and weight-only int8 decoded slower "
+                "than fp32 on every CPU recorded",
             )
+        if kind == "int4" and not isa.get("avx512f"):
+            return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
         if kind == "int4":
             return Payoff(1, "int4 weights: decoding reads the fewest bytes per token")
         if kind == "int8":
@@ -191,9 +197,9 @@ class CoveragePlan:
 
     @property
     def expected_to_lose(self) -> bool:
-        """Emulated precision, a shallow model's int8 without int8 dot products, or slower than fp32 eager in
-        an earlier study here: measured after the layout round (search/layouts.py), which refines a likely
-        winner instead."""
+        """Emulated precision, a shallow model's int8 or a language model's int8 and int4 without int8 dot
+        products, or slower than fp32 eager in an earlier study here: measured after the layout round
+        (search/layouts.py), which refines a likely winner instead."""
         return self.tier >= LATE_TIER
 
 
