@@ -656,6 +656,48 @@ def test_the_replay_asks_what_the_search_asks_so_a_measured_variant_matches_amon
     assert [best for _, best in curve] == pytest.approx([100.0, 180.0], rel=0.1)
 
 
+def test_the_replay_measures_a_language_models_split_before_its_quantized_families_without_int8_dot_products():
+    """A generation table from a CPU without int8 dot products: the default replays the baseline's split
+    before weight-only int8 (expected to lose there), while `quantized-first` (as the rule ordered every
+    CPU before) spends 100 s on int8 first and has not reached the split when the 30 s budget ends."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
+    spec = importlib.util.spec_from_file_location("bench_replay", path)
+    replay = importlib.util.module_from_spec(spec)
+    sys.modules["bench_replay"] = replay
+    spec.loader.exec_module(replay)
+    categorical = optuna.distributions.CategoricalDistribution
+    distributions = {
+        "backend": categorical(["eager"]),
+        "eager.precision": categorical(["fp32", "woq_int8"]),
+        "sequences": categorical([1]),
+        "instances": categorical([1, 2]),
+        "threads_per_instance": categorical([1, 2]),
+    }
+    base = {"backend": "eager", "eager.precision": "fp32", "sequences": 1, "instances": 1, "threads_per_instance": 2}
+    recorded = optuna.create_study(direction="maximize")
+    recorded.set_user_attr("spec", {"objective": "throughput", "task": "generate"})
+    recorded.set_user_attr("fingerprint", {"hardware": {"physical_cores": 2}})
+    for params, value, cost, attrs in (
+        (base, 100.0, 10.0, {"baseline": True}),
+        ({**base, "eager.precision": "woq_int8"}, 40.0, 100.0, {"coverage": True}),
+        ({**base, "instances": 2, "threads_per_instance": 1}, 180.0, 10.0, {}),
+    ):
+        attrs = {**attrs, "budget": {"total_s": cost}, "measurement": {"throughput_ci_rel": 0.01}}
+        recorded.add_trial(
+            optuna.trial.create_trial(params=params, distributions=distributions, value=value, user_attrs=attrs)
+        )
+    rows = replay.merge_repeats(replay.read_table(recorded))
+
+    def best_by(strategy: str, seconds: float) -> float:
+        curve = replay.replay(strategy, recorded, rows, 30.0, {"avx2": True}, 0, replay.LayoutTally())
+        return max(best for clock, best in curve if clock <= seconds)
+
+    assert best_by("default", 30.0) == pytest.approx(180.0, rel=0.05)
+    assert best_by("quantized-first", 30.0) == pytest.approx(100.0, rel=0.05)
+
+
 def test_measure_seconds_takes_a_longest_window_too():
     """--measure-seconds MIN-MAX: the window's cap is the user's MAX; MIN alone keeps 4x (at least +10 s)."""
     from autotune.api import measure_settings, measure_window
