@@ -24,19 +24,18 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
   compiled by inductor are tier 0: inductor lowers the quantized GEMMs to kernels on those instructions
   (a 100M-parameter decoder on a Xeon with AMX: inductor da8w8 5.1x eager fp32, eager da8w8 0.86x).
-  int8 weights are tier 1 there, int4 weights tier 1 with AVX-512 and 2 without it (its CPU kernels
-  are slow to unpack there), bf16 tier 1 where native (AVX512-BF16 or AMX: half the bytes
-  of fp32 either way) and 3 otherwise, fp32 tier 2. Without int8 dot products every quantized family is
-  expected to lose (tier 3), so only the fp32 families run before the layout round, which then measures
-  the baseline's split and its most concurrent sequences. A 100M-parameter decoder on an AVX2-only EPYC
-  (512-token prompts, 64 new tokens) ran eager da8w8 at 0.15x eager fp32 in tokens/s, SmoothQuant at
-  0.16x and the recipe compiled by inductor (max-autotune, freezing) at 0.15x: with int8 activations the
-  compute-bound prefill took 21-26x fp32's. Weight-only int8 kept the prefill but decoded at 0.37x fp32's
-  speed per token there (0.42x in tokens/s), and inductor's woq_int8 ran at 0.47x eager fp32 even on a
-  Xeon with AMX; int4 weights never reached a timed window on the machines recorded (pruned on drift, or
-  out of budget while preparing: 7 minutes on that EPYC), and a 15-minute search there ended on the
-  baseline with ten coverage trials still waiting behind one. The probe reads x86 flags: on other CPUs
-  every quantized family is late.
+  int8 weights are tier 1, int4 weights tier 1 with AVX-512 and 2 without it (its CPU kernels are slow to
+  unpack there: on an AVX2-only EPYC its trial took 7 minutes without reaching a timed window), bf16
+  tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32
+  tier 2. Without int8 dot products two families are expected to lose (tier 3, after the layout round):
+  int8 activations (da8w8, SmoothQuant, da8w4), since the prompt's prefill is compute-bound (a
+  100M-parameter decoder with 512-token prompts on an AVX2-only EPYC: eager da8w8 0.15x eager fp32 in
+  tokens/s, SmoothQuant 0.16x, the recipe compiled by inductor with max-autotune and freezing 0.15x, each
+  prefill 21-26x fp32's; in a later search eager da8w8 was stopped at screening at 0.14x), and eager's
+  weight-only int8 (0.42x there, 0.66x in the later search; on a Xeon with AMX too the eager int8
+  families ran at 0.42-0.86x). Inductor's weight-only int8 stays in tier 1: compiled with freezing it ran
+  at 1.11x eager fp32 on that EPYC and led the search. Those three int8 trials took 9.5 minutes of a
+  60-minute search there before inductor's ran.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
   OpenVINO's first. In the offline searches recorded (docs/BENCHMARKS.md) where its int8 passed the
@@ -88,8 +87,8 @@ INT8_FIRST_WHY = {
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
 # ... and every precision with int8 activations (da8w4's weights are int4)
 INT8_ACTIVATIONS = (*DYNAMIC_INT8, "da8w4")
-# emulated precisions, and without int8 dot products a shallow model's int8 and text generation's int8 and int4
-# (3); families slower than fp32 eager in an earlier study (4)
+# emulated precisions, and without int8 dot products a shallow model's int8 and text generation's int8 activations
+# and eager int8 weights (3); families slower than fp32 eager in an earlier study (4)
 LATE_TIER = 3
 # Multiply-adds per output element of the convolutions and linear layers (torch_common.with_reduction_depth)
 # under which a classifier's int8 without int8 dot products is expected to lose. Counted on torchvision's
@@ -129,11 +128,11 @@ def expected_payoff(
                 "int8 activations expected to lose: no int8 dot products here, so the prompt's compute-bound "
                 "prefill runs its int8 GEMMs slower than fp32's",
             )
-        if kind in ("int4", "int8") and not have:
+        if backend == "eager" and kind == "int8" and not have:
             return Payoff(
                 LATE_TIER,
-                f"{kind} weights expected to lose: no int8 dot products here, and weight-only int8 decoded slower "
-                "than fp32 on every CPU recorded",
+                "eager's int8 weights expected to lose: no int8 dot products here, and its weight-only int8 kernel "
+                "decoded slower than fp32 eager wherever measured (inductor's compiled one did not)",
             )
         if kind == "int4" and not isa.get("avx512f"):
             return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
@@ -197,9 +196,9 @@ class CoveragePlan:
 
     @property
     def expected_to_lose(self) -> bool:
-        """Emulated precision, a shallow model's int8 or a language model's int8 and int4 without int8 dot
-        products, or slower than fp32 eager in an earlier study here: measured after the layout round
-        (search/layouts.py), which refines a likely winner instead."""
+        """Emulated precision, a shallow model's int8 or a language model's int8 activations and eager int8
+        weights without int8 dot products, or slower than fp32 eager in an earlier study here: measured
+        after the layout round (search/layouts.py), which refines a likely winner instead."""
         return self.tier >= LATE_TIER
 
 
