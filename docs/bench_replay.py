@@ -19,8 +19,9 @@ before OpenVINO's int8 went first), `int8-by-cpu-alone` (the default without the
 a shallow model's int8 second on a CPU without int8 dot products, as before; the depth is the study's
 `reduction_depth`, or --reduction-depth for a study recorded before the reference measured it),
 `quantized-first` (the default ordered as on a CPU with int8 dot products, every quantized family ahead of
-fp32: a language model's quantized families ran first on every CPU before they were expected to lose
-without those instructions, though inductor's int8 activations were not first among them then),
+fp32: so a language model's were ordered on every CPU before its int8 activations and eager's weight-only
+int8 were expected to lose without those instructions, though inductor's int8 activations were not first
+among them then),
 `layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose
