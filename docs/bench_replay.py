@@ -18,10 +18,9 @@ trial other than the baseline leads, the families expected to lose last, then TP
 before OpenVINO's int8 went first), `int8-by-cpu-alone` (the default without the model's reduction depth:
 a shallow model's int8 second on a CPU without int8 dot products, as before; the depth is the study's
 `reduction_depth`, or --reduction-depth for a study recorded before the reference measured it),
-`quantized-first` (the default ordered as on a CPU with int8 dot products, every quantized family ahead of
-fp32: so a language model's were ordered on every CPU before its int8 activations and eager's weight-only
-int8 were expected to lose without those instructions, though inductor's int8 activations were not first
-among them then),
+`quantized-first` (the default ordered as on a CPU with AVX-VNNI: a language model's int8 families ahead
+of fp32, as on every CPU before its int8 activations and eager's weight-only int8 were expected to lose
+without int8 dot products, though inductor's int8 activations were not first among them then),
 `layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose
@@ -271,7 +270,7 @@ def replay(
             attention = recorded_attention_layers(recorded)
             int8_first = None if strategy == "int8-by-preparation-cost" else int8_first_backend(isa, attention)
             depth = None if strategy == "int8-by-cpu-alone" else reduction_depth
-            as_if = {**isa, "avx512_vnni": True} if strategy == "quantized-first" else isa
+            as_if = {**isa, "avx_vnni": True} if strategy == "quantized-first" else isa
             ordered = order_by_payoff(coverage, as_if, task, int8_first=int8_first, reduction_depth=depth)
             coverage = [plan.params for plan in ordered if not (layouts_due and plan.expected_to_lose)]
             late = [plan.params for plan in ordered if plan.params not in coverage]

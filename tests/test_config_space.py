@@ -901,19 +901,19 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     assert next_up.system_attrs["fixed_params"] == plans["inductor", "woq_int4"], "deferred once, then released"
     assert baseline_leads.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
 
-    # A family expected to lose (every quantized one on a CPU without int8 dot products) whose weights drifted
-    # elsewhere goes behind the other late families, once.
-    late_drifted = {"params": plans["inductor", "woq_int4"], "order": "coverage 7", "late": True}
-    late_other = {"params": plans["inductor", "woq_int8"], "order": "coverage 8", "late": True}
+    # A family expected to lose (eager's weight-only int8 without int8 dot products) whose weights drifted in
+    # inductor's trial goes behind the other late families, once.
+    late_drifted = {"params": plans["eager", "woq_int8"], "order": "coverage 7", "late": True}
+    late_other = {"params": plans["eager", "fp32"], "order": "coverage 8", "late": True}
     after_round = optuna.create_study(direction="maximize")
     after_round.set_user_attr(ROUND_ATTR, 0)
     after_round.set_user_attr(SEQUENCES_ATTR, -1)
     after_round.set_user_attr(COVERAGE_QUEUE_ATTR, [late_drifted, late_other])
-    layouts(after_round, pruned_on_drift(after_round, plans["eager", "woq_int4"]))
+    layouts(after_round, pruned_on_drift(after_round, plans["inductor", "woq_int8"]))
     (next_up,) = after_round.get_trials(states=waiting)
-    assert next_up.system_attrs["fixed_params"] == plans["inductor", "woq_int8"]
+    assert next_up.system_attrs["fixed_params"] == plans["eager", "fp32"]
     (held_late,) = after_round.user_attrs[COVERAGE_QUEUE_ATTR]
-    assert held_late["params"] == plans["inductor", "woq_int4"] and held_late["deferred"] and held_late["late"]
+    assert held_late["params"] == plans["eager", "woq_int8"] and held_late["deferred"] and held_late["late"]
 
     # fp32 and bf16 are each backend's own conversion: a drifted eager bf16 leaves inductor's in its place.
     bf16_space = SearchSpace.from_dict(

@@ -28,13 +28,16 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   unpack there: on an AVX2-only EPYC its trial took 7 minutes without reaching a timed window), bf16
   tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32
   tier 2. Without int8 dot products two families are expected to lose (tier 3, after the layout round):
-  int8 activations (da8w8, SmoothQuant, da8w4), since the prompt's prefill is compute-bound (a
+  int8 activations (da8w8, SmoothQuant; da8w4 by the same reasoning, not measured), since the prompt's
+  prefill is compute-bound (a
   100M-parameter decoder with 512-token prompts on an AVX2-only EPYC: eager da8w8 0.15x eager fp32 in
   tokens/s, SmoothQuant 0.16x, the recipe compiled by inductor with max-autotune and freezing 0.15x, each
-  prefill 21-26x fp32's; in a later search eager da8w8 was stopped at screening at 0.14x), and eager's
+  prefill about 20-26x fp32's; in a later search eager da8w8 was stopped at screening at 0.14x), and eager's
   weight-only int8 (0.42x there, 0.66x in the later search; on a Xeon with AMX too the eager int8
-  families ran at 0.42-0.86x). Inductor's weight-only int8 stays in tier 1: compiled with freezing it ran
-  at 1.11x eager fp32 on that EPYC and led the search. Those three int8 trials took 9.5 minutes of a
+  families ran at 0.42-0.86x, and on an EPYC with VNNI they were stopped at screening; with int8 dot
+  products inductor's int8 activations lead anyway, so eager's stay in tier 1 there). Inductor's
+  weight-only int8 stays in tier 1: compiled with freezing it ran at 1.11x eager fp32 on the AVX2 EPYC
+  and led the families measured (0.47x on the Xeon with AMX). Those three int8 trials took 9.5 minutes of a
   60-minute search there before inductor's ran.
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
@@ -131,8 +134,8 @@ def expected_payoff(
         if backend == "eager" and kind == "int8" and not have:
             return Payoff(
                 LATE_TIER,
-                "eager's int8 weights expected to lose: no int8 dot products here, and its weight-only int8 kernel "
-                "decoded slower than fp32 eager wherever measured (inductor's compiled one did not)",
+                "eager's int8 weights expected to lose: its weight-only int8 kernel decoded slower than fp32 eager "
+                "on every CPU recorded",
             )
         if kind == "int4" and not isa.get("avx512f"):
             return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
