@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -543,16 +544,23 @@ def test_the_speed_gate_waits_its_time_then_judges_the_pace():
     assert "below the gate's 10" in tripped.value.verdict.reason()
 
 
-def test_the_replay_values_a_configuration_by_the_median_of_its_measurements():
-    """A configuration measured 100 and 140 is worth 120, so the target is not the luckiest draw; the p90 of
-    two times is the larger (nearest rank), not the smaller."""
+def load_bench_replay() -> Any:
+    """docs/bench_replay.py as a module (a script, not a package), registered so its dataclasses find it."""
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
     spec = importlib.util.spec_from_file_location("bench_replay", path)
+    assert spec is not None and spec.loader is not None
     replay = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = replay  # its dataclasses look their module up
+    sys.modules["bench_replay"] = replay
     spec.loader.exec_module(replay)
+    return replay
+
+
+def test_the_replay_values_a_configuration_by_the_median_of_its_measurements():
+    """A configuration measured 100 and 140 is worth 120, so the target is not the luckiest draw; the p90 of
+    two times is the larger (nearest rank), not the smaller."""
+    replay = load_bench_replay()
     a, b = {"backend": "openvino", "batch_size": 16}, {"backend": "openvino", "batch_size": 32}
     rows = [
         replay.Row(a, 100.0, 0.01, 10.0, True, False),
@@ -571,13 +579,7 @@ def test_the_replay_runs_the_layout_round_on_what_the_recorded_study_measured():
     """The default replay runs the leader's layout variant right after the enqueued rounds; a variant the
     recorded study measured is answered by that measurement, one it never measured is pruned at the
     leader's cost (the closest recorded row, here batch 16 at 900, would credit the round with a guess)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
-    spec = importlib.util.spec_from_file_location("bench_replay", path)
-    replay = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = replay
-    spec.loader.exec_module(replay)
+    replay = load_bench_replay()
     distributions = {
         "backend": optuna.distributions.CategoricalDistribution(["eager"]),
         "batch_size": optuna.distributions.CategoricalDistribution([8, 16]),
@@ -611,13 +613,7 @@ def test_the_replay_asks_what_the_search_asks_so_a_measured_variant_matches_amon
     options (as the search's define-by-run space does): the leader's split that the recorded study
     measured is answered by that measurement. Asking every recorded distribution also drew the other
     backend's option, so no recorded row ever matched and every variant counted as pruned."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
-    spec = importlib.util.spec_from_file_location("bench_replay", path)
-    replay = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = replay
-    spec.loader.exec_module(replay)
+    replay = load_bench_replay()
     categorical = optuna.distributions.CategoricalDistribution
     shared = {
         "batch_size": categorical([8]),
@@ -660,13 +656,7 @@ def test_the_replay_measures_a_language_models_split_before_its_quantized_famili
     """A generation table from a CPU without int8 dot products: the default replays the baseline's split
     before weight-only int8 (expected to lose there), while `quantized-first` (as the rule ordered every
     CPU before) spends 100 s on int8 first and has not reached the split when the 30 s budget ends."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
-    spec = importlib.util.spec_from_file_location("bench_replay", path)
-    replay = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = replay
-    spec.loader.exec_module(replay)
+    replay = load_bench_replay()
     categorical = optuna.distributions.CategoricalDistribution
     distributions = {
         "backend": categorical(["eager"]),
