@@ -13,7 +13,9 @@ target; each replay reports its best-so-far curve and when it first reached 95% 
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
 recorded machine released a trial at a time, the layout round of the replay's own leader as soon as a
-trial other than the baseline leads, the families expected to lose last, then TPE multivariate),
+trial other than the baseline leads, its splits in turn with the coverage still held, the families
+expected to lose last, then TPE multivariate), `layout-round-first` (the default with every split of
+the round ahead of the coverage still held, as before),
 `int8-by-preparation-cost` (the default with a classifier's int8 ordered by preparation cost alone, as
 before OpenVINO's int8 went first), `int8-by-cpu-alone` (the default without the model's reduction depth:
 a shallow model's int8 second on a CPU without int8 dot products, as before; the depth is the study's
@@ -225,6 +227,7 @@ LAYOUT_ROUND_WHEN_A_FAMILY_LEADS = frozenset(
         "int8-by-preparation-cost",
         "int8-by-cpu-alone",
         "quantized-first",
+        "layout-round-first",
     }
 )
 WITH_LAYOUT_ROUND = LAYOUT_ROUND_WHEN_A_FAMILY_LEADS | {"layout-round-after-coverage"}
@@ -262,6 +265,8 @@ def replay(
     layouts_due = strategy in WITH_LAYOUT_ROUND and recorded_objective(recorded) in LAYOUT_OBJECTIVES
     late: list[dict[str, Any]] = []
     held: list[dict[str, Any]] = []  # early: coverage released one at a time, as the search's callback does
+    splits: list[tuple[dict[str, Any], dict[str, Any]]] = []  # the layout round's, held likewise
+    released_last = "coverage"
     if strategy in WITH_COVERAGE_ROUND:
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
@@ -320,43 +325,45 @@ def replay(
             if value > best:
                 best, best_per_core = value, value / row.cores
         curve.append((clock, best))
-        due = study.user_attrs.get("sequences_round_due") is not None
-        if due and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+        if study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
+            continue
+        if study.user_attrs.get("sequences_round_due") is not None and not splits:
             enqueue_most_sequences(study, rows, distributions, recorded)
             if study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
                 continue
-        if held and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
-            leads = best > 0 and not study.best_trial.user_attrs.get("baseline")  # as layouts.py decides
-            if layouts_due and leads:  # as the search's callback: once a coverage family leads
-                layouts_due = False
-                enqueue_layout_round(study, rows, distributions, recorded)
-            else:
-                study.enqueue_trial(held.pop(0))
-            continue
-        if (layouts_due or late) and not study.get_trials(states=(optuna.trial.TrialState.WAITING,)):
-            if layouts_due and best > 0:  # as the search's callback: once, when the enqueued rounds are through
-                layouts_due = False
-                enqueue_layout_round(study, rows, distributions, recorded)
+        leads = best > 0 and not study.best_trial.user_attrs.get("baseline")  # as layouts.py decides
+        # as the search's callback: once a coverage family leads, or once the enqueued rounds are through
+        if layouts_due and ((held and leads) or (not held and best > 0)):
+            layouts_due = False
+            splits = layout_round(study, rows, distributions, recorded)
+        if splits and (not held or strategy == "layout-round-first" or released_last != "layout"):
+            params, attrs = splits.pop(0)  # in turn with the coverage still held, as layouts.py releases them
+            study.enqueue_trial(params, user_attrs=attrs)
+            released_last = "layout"
+        elif held:
+            study.enqueue_trial(held.pop(0))
+            released_last = "coverage"
+        else:
             for params in late:  # the families expected to lose, after the round (at once if nothing leads)
                 study.enqueue_trial(params)
             late = []
     return curve
 
 
-def enqueue_layout_round(
+def layout_round(
     study: optuna.study.Study, rows: list[Row], distributions: dict[str, Any], recorded: optuna.study.Study
-) -> None:
-    """The replay's leader with every other instance split (layout_variants), each charged its leader's
-    cost when the recorded study never measured it; for text generation the most-sequences trial follows
-    (enqueue_most_sequences). Not replayed (search/layouts.py): the generation coverage's drift deferral, and
-    the later rounds for a family that takes the lead after the first."""
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The replay's leader with every other instance split (layout_variants), to enqueue with their user
+    attributes, each charged its leader's cost when the recorded study never measured it; for text
+    generation the most-sequences trial follows (enqueue_most_sequences). Not replayed (search/layouts.py):
+    the generation coverage's drift deferral, and the later rounds for a family that takes the lead after
+    the first."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
     dims = instance_dims(distributions, recorded)
-    for params in layout_variants(leader.params, *dims):
-        study.enqueue_trial(params, user_attrs={"layout": True, "leader_cost_s": cost})
     if dims[4] == "sequences":  # then the best layout with the most sequences, as the search's callback does
         study.set_user_attr("sequences_round_due", leader.number)
+    return [(params, {"layout": True, "leader_cost_s": cost}) for params in layout_variants(leader.params, *dims)]
 
 
 def enqueue_most_sequences(
@@ -440,6 +447,7 @@ def main() -> int:
         "int8-by-preparation-cost",
         "int8-by-cpu-alone",
         "quantized-first",
+        "layout-round-first",
         "layout-round-after-coverage",
         "default-without-layout-round",
         "coverage-in-space-order",

@@ -572,7 +572,7 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     trial (not a faster noisy one) with 2, 4 and 8 instances, each with the most threads that fit,
     everything else as it was, even while a coverage trial runs in another worker; not again for a new
     leader of the same family; and not for the latency objective or a space with one instance count."""
-    from autotune.search.layouts import ROUND_ATTR, LayoutRound, layout_variants
+    from autotune.search.layouts import LAYOUT_QUEUE_ATTR, ROUND_ATTR, LayoutRound, layout_variants
 
     space = SearchSpace.from_dict(
         {"batch_size": [8, 16], "instances": [1, 2, 4, 8], "backends": {"eager": {"precision": ["fp32"]}}},
@@ -599,15 +599,18 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     layouts(study)  # a coverage trial still runs elsewhere: #0 leads, the round does not wait for it
     assert study.user_attrs[ROUND_ATTR] == 0  # the clean leader, not the noisy trial that measured faster
     study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
-    asked = [study.ask() for _ in range(3)]  # the three enqueued variants, as the space runs them
-    configs = [space.suggest(trial) for trial in asked]
-    assert [(c.instances, c.threads_per_instance) for c in configs] == [(2, 4), (4, 2), (8, 1)]
-    for trial in asked:
+    layouts_run = []
+    for _ in range(3):  # the three held variants, released one at a time (no coverage held to take turns)
+        assert len(study.get_trials(states=waiting)) == 1
+        trial = study.ask()
+        config = space.suggest(trial)
+        layouts_run.append((config.instances, config.threads_per_instance))
         assert {k: v for k, v in trial.params.items() if k not in ("instances", "threads_per_instance")} == {
             k: v for k, v in plans[0].items() if k not in ("instances", "threads_per_instance")
         }
         assert trial.user_attrs["layout"] and trial.user_attrs["order"].startswith("layout round: the leader #0")
-        study.tell(trial, 90.0)
+        layouts(study, study.tell(trial, 90.0))
+    assert layouts_run == [(2, 4), (4, 2), (8, 1)]
     study.enqueue_trial({**plans[0], "batch_size": 16}, user_attrs={"coverage": True})
     newer = study.ask()
     space.suggest(newer)
@@ -631,7 +634,8 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     noisy_only = optuna.create_study(direction="maximize")
     noisy_only.add_trial(study.trials[2])  # flagged noisy: on a loaded machine the best guess is still a guess
     LayoutRound(space, "throughput")(noisy_only, noisy_only.trials[0])
-    assert noisy_only.user_attrs[ROUND_ATTR] == 0 and len(noisy_only.get_trials(states=waiting)) == 3
+    assert noisy_only.user_attrs[ROUND_ATTR] == 0 and len(noisy_only.get_trials(states=waiting)) == 1
+    assert len(noisy_only.user_attrs[LAYOUT_QUEUE_ATTR]) == 2  # the other two splits, held
     for objective, instances in (("latency", [1, 2, 4, 8]), ("throughput", [1])):
         other = optuna.create_study(direction="minimize" if objective == "latency" else "maximize")
         other.add_trial(study.trials[0])
@@ -772,29 +776,43 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
         space.suggest(trial)
         return study.tell(trial, value)
 
+    may_lead = {"params": {**bf16.params, "batch_size": 16}, "order": "coverage 2/3", "late": False}
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(baseline, user_attrs={"baseline": True})
-    study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": covered, "order": "coverage 1/2", "late": False}, late])
+    study.set_user_attr(
+        COVERAGE_QUEUE_ATTR, [{"params": covered, "order": "coverage 1/3", "late": False}, may_lead, late]
+    )
     layouts = LayoutRound(space, "throughput")
     layouts(study)  # the baseline waits: nothing moves
-    assert len(study.user_attrs[COVERAGE_QUEUE_ATTR]) == 2
+    assert len(study.user_attrs[COVERAGE_QUEUE_ATTR]) == 3
     layouts(study, run(study, 100.0))  # the baseline leads: the next coverage trial, no round
     (released,) = study.get_trials(states=waiting)
     assert released.system_attrs["fixed_params"] == covered
-    assert released.user_attrs == {"coverage": True, "order": "coverage 1/2"}
-    assert ROUND_ATTR not in study.user_attrs and study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
-    assert study_summary(study) == "2 trials: 1 COMPLETE, 1 WAITING; 1 coverage trial(s) not run yet"
-    layouts(study, run(study, 120.0))  # a coverage family leads: its split, ahead of bf16
-    splits = study.get_trials(states=waiting)
-    assert [
-        (t.system_attrs["fixed_params"]["instances"], t.system_attrs["fixed_params"]["batch_size"]) for t in splits
-    ] == [
-        (2, 8),
-        (2, 16),
-    ]
-    assert study.user_attrs[ROUND_ATTR] == 1 and study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    assert released.user_attrs == {"coverage": True, "order": "coverage 1/3"}
+    assert ROUND_ATTR not in study.user_attrs and study.user_attrs[COVERAGE_QUEUE_ATTR] == [may_lead, late]
+    assert study_summary(study) == "2 trials: 1 COMPLETE, 1 WAITING; 2 coverage trial(s) not run yet"
+
+    def released_next():
+        (trial,) = study.get_trials(states=waiting)
+        params = trial.system_attrs["fixed_params"]
+        return params["backend"], params["eager.precision"], params["instances"], params["batch_size"], trial
+
+    layouts(study, run(study, 120.0))  # a coverage family leads: its splits, in turn with the coverage that may lead
+    *split, first = released_next()
+    assert split == ["eager", "fp32", 2, 8] and study.user_attrs[ROUND_ATTR] == 1  # the samples in flight first
+    assert first.user_attrs["layout"] and first.user_attrs["order"].endswith(
+        "batch_size 8 (the same samples in flight) (in turn with the 1 coverage trial(s) that may lead, still held)"
+    )
+    assert study_summary(study) == (
+        "3 trials: 2 COMPLETE, 1 WAITING; 2 coverage trial(s) not run yet; 1 layout round split(s) not run yet"
+    )
     layouts(study, run(study, 90.0))
-    assert study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]  # the other split still waits
+    *coverage, trial = released_next()
+    assert coverage == ["eager", "bf16", 1, 16] and trial.user_attrs["order"] == "coverage 2/3"
+    layouts(study, run(study, 90.0))
+    *split, trial = released_next()  # the other split, then only the family expected to lose is left
+    assert split == ["eager", "fp32", 2, 16] and "in turn" not in trial.user_attrs["order"]
+    assert study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
     layouts(study, run(study, 90.0))
     (after,) = study.get_trials(states=waiting)
     assert after.user_attrs["coverage"] and after.user_attrs["order"] == f"{bf16.order} (after the layout round)"

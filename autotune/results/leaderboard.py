@@ -164,15 +164,22 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
     ]
 
 
-# On the study: the coverage trials the search holds back and releases one at a time (search/layouts.py).
+# On the study: the coverage trials and the layout round's splits the search holds back and releases one at
+# a time (search/layouts.py).
 COVERAGE_QUEUE_ATTR = "coverage_queue"
+LAYOUT_QUEUE_ATTR = "layout_queue"
 
 
 def study_summary(study: optuna.study.Study) -> str:
-    """The trials by state, and the coverage trials never released (the budget ran out before them)."""
+    """The trials by state, and the coverage trials and splits never released (the budget ran out first)."""
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
     summary = f"{len(study.trials)} trials: " + ", ".join(
         f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s]
     )
     held = len(study.user_attrs.get(COVERAGE_QUEUE_ATTR) or [])
-    return summary + (f"; {held} coverage trial(s) not run yet" if held else "")
+    splits = len(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])
+    return (
+        summary
+        + (f"; {held} coverage trial(s) not run yet" if held else "")
+        + (f"; {splits} layout round split(s) not run yet" if splits else "")
+    )

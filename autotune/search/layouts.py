@@ -1,22 +1,29 @@
-"""The layout round: once the coverage round is through, the leader is measured with every other split
-of the cores into pinned instances.
+"""The layout round: once a family other than the baseline leads, the leader is measured with every
+other split of the cores into pinned instances, alternating with the coverage still to come.
 
 How many instances share the cores is the dimension with the largest effect after backend and
 precision, and the coverage round measures every family with one instance on all cores only. Small
 models win with several one-thread instances (efficientnet_b0 on a 2-core EPYC: ONNX Runtime fp32,
 111.5 samples/s as one instance of two threads, 131.2 as two of one; a 20-minute search's sampler
 did not get there, a 60-minute one found it after 23 minutes). So as soon as a coverage family other
-than the baseline leads (the coverage round waits on the study and is released one trial at a time),
-the best clean configuration (the best noisy one when no measurement was clean) is enqueued again with
-each other instance count, each with the most threads that fit beside its siblings, everything else
-as it is: a cheap trial (its artifact is cached, and the speed pruner stops a clearly slower layout
-after screening). Once per study, then again for each backend x precision whose coverage trial takes
-the lead later (not for text generation), for the objectives that sum work over instances (throughput,
-and the server scenario's sustained rate); a call's latency only grows when its cores are split. The
-coverage trials of families expected to lose (search/payoff.py) come last in the queue, so they run
-after the round. For text generation, once the splits are measured, the best of the leader and its
-splits is measured again with the most concurrent sequences the space lists (most_sequences_variant):
-the coverage round runs one sequence, and whether more pay depends on the machine.
+than the baseline leads, the best clean configuration (the best noisy one when no measurement was
+clean) is held again with each other instance count, each with the most threads that fit beside its
+siblings, everything else as it is: a cheap trial (its artifact is cached, and the speed pruner stops
+a clearly slower layout after screening). Once per study, then again for each backend x precision
+whose coverage trial takes the lead later (not for text generation), for the objectives that sum
+work over instances (throughput, and the server scenario's sustained rate); a call's latency only
+grows when its cores are split.
+
+Both the coverage round and the round's splits wait on the study and are released one trial at a
+time, whenever nothing is waiting, alternating: a split, then the next coverage family that may lead,
+then the next split. On two cores the round is two splits and the winning one comes first, as before;
+on many cores it is long (a 16-core Xeon with AMX: seven splits of eager bf16, from 2 x 8 to 16 x 1,
+ran for 2.5 minutes ahead of the two int8 families next in the coverage queue, and a 16-minute
+search measured no int8 in its first quarter). The coverage trials of families expected to lose
+(search/payoff.py) run after the round. For text generation, once the splits are measured, the best
+of the leader and its splits is measured again with the most concurrent sequences the space lists
+(most_sequences_variant), ahead of the coverage still held: the coverage round runs one sequence, and
+whether more pay depends on the machine.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ import optuna
 
 from autotune.backends.generation import QUANTIZED, artifact_identity
 from autotune.records.config import TrialConfig
-from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR  # [{"params", "order", "late"}]
+from autotune.results.leaderboard import (
+    COVERAGE_QUEUE_ATTR,  # [{"params", "order", "late"}]
+    LAYOUT_QUEUE_ATTR,  # [{"params", "order"}]
+)
 from autotune.results.selection import is_valid, primary_value
 from autotune.search.pruners import best_clean
 from autotune.search.space import InfeasibleConfig, SearchSpace, family, most_threads
@@ -38,6 +48,7 @@ SEQUENCES_ATTR = "sequences_round"  # generation: the trial given the most seque
 OBJECTIVES = ("throughput", "server")  # both maximized
 ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
 LEGACY_LATE_COVERAGE_ATTR = "late_coverage"  # studies begun before the queue: the late plans alone
+RELEASED_LAST_ATTR = "released_last"  # on the study: "layout" or "coverage", which queue released the last trial
 
 
 def layout_variants(
@@ -106,13 +117,15 @@ def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 
 class LayoutRound:
     """Optuna callback (and called once before a run resumes). Where a layout round runs, the coverage
-    round waits on the study (COVERAGE_QUEUE_ATTR) and is released one trial at a time, whenever nothing
-    is waiting: so the leader's layout variants run as soon as a family other than the baseline leads,
-    ahead of the coverage still to come (efficientnet_b0 on a 2-core EPYC: its winning split waited 3
-    minutes behind three fp32 families that could not win). Once per study, and again for each family
-    that leads later (_new_leading_family); when nothing but the families expected to lose is left and
-    the baseline still leads, the round runs for the baseline once the enqueued rounds are through (none
-    waiting, none running in another worker of a fleet)."""
+    round waits on the study (COVERAGE_QUEUE_ATTR), and so do the round's splits once a family other
+    than the baseline leads (LAYOUT_QUEUE_ATTR); whenever nothing is waiting, the next trial is released,
+    a split and a coverage family that may lead in turn (efficientnet_b0 on a 2-core EPYC: its winning
+    split had waited 3 minutes behind three fp32 families that could not win; a 16-core Xeon's seven
+    splits held back int8 for 2.5 minutes). Once per study, and again for each family that leads later
+    (_new_leading_family), whose splits go ahead of those still held; when nothing but the families
+    expected to lose is left and the baseline still leads, the round runs for the baseline once the
+    enqueued rounds are through (none waiting, none running in another worker of a fleet). The families
+    expected to lose run once no split is held."""
 
     def __init__(self, space: SearchSpace, objective: str, more_sequences: bool = True) -> None:
         self.space = space
@@ -128,10 +141,11 @@ class LayoutRound:
 
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
         queue = held_coverage(study)
+        splits = list(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])
         round_due = self.active and ROUND_ATTR not in study.user_attrs
         sequences_due = self.more_sequences and SEQUENCES_ATTR not in study.user_attrs
         newcomer = None if round_due else self._new_leading_family(study)
-        if not (round_due or sequences_due or queue or newcomer):
+        if not (round_due or sequences_due or queue or splits or newcomer):
             return
         if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
@@ -141,22 +155,17 @@ class LayoutRound:
                 return
             best = leader(study)
             if when == "now" and best is not None:
-                self._enqueue_variants(study, best)
-                study.set_user_attr(ROUND_ATTR, best.number)  # last: one that dies first enqueues them again
-                if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-                    return
+                splits = self._hold_variants(study, best, splits)
+                study.set_user_attr(ROUND_ATTR, best.number)  # last: one that dies first holds them again
         elif newcomer is not None:
-            self._enqueue_variants(study, newcomer)
+            splits = self._hold_variants(study, newcomer, splits)
             study.set_user_attr(LATER_ROUNDS_ATTR, [*study.user_attrs.get(LATER_ROUNDS_ATTR, []), newcomer.number])
-            if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-                return
-        if sequences_due and ROUND_ATTR in study.user_attrs:
+        if sequences_due and ROUND_ATTR in study.user_attrs and not splits:
             if self._layouts_running(study):  # the split measured elsewhere may be the best layout
                 return
             if self._enqueue_most_sequences(study):
                 return
-        if queue:
-            self._release(study, queue)
+        self._release(study, queue, splits)
 
     def _round_when(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> str:
         """ "now" when a trial other than the baseline leads, or when only the families expected to lose
@@ -188,18 +197,26 @@ class LayoutRound:
         families = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
         return None if family(best.params) in families else best
 
-    def _enqueue_variants(self, study: optuna.study.Study, best: optuna.trial.FrozenTrial) -> None:
+    def _hold_variants(
+        self, study: optuna.study.Study, best: optuna.trial.FrozenTrial, held: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The leader's splits ahead of those still held (a later leader's are the likelier winners), on
+        the study; what is now held."""
         space = self.space
         summary = best.user_attrs.get("config_summary", "")
         variants = layout_variants(
             dict(best.params), space.instances, space.threads, space.cores, space.batch_sizes, space.batch_param
         )
+        plans = []
         for params in variants:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
             if params.get(space.batch_param) != best.params.get(space.batch_param):
                 layout += f", {space.batch_param} {params[space.batch_param]} (the same samples in flight)"
             why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
-            study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
+            plans.append({"params": params, "order": why})
+        held = [*plans, *(plan for plan in held if plan["params"] not in variants)]
+        study.set_user_attr(LAYOUT_QUEUE_ATTR, held)
+        return held
 
     def _enqueue_most_sequences(self, study: optuna.study.Study) -> bool:
         """Once the splits are measured: the best of the leader and its splits with the most sequences
@@ -224,12 +241,24 @@ class LayoutRound:
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         return any(t.user_attrs.get("layout") for t in running)
 
-    def _release(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> None:
-        """Enqueue the next coverage trial, then drop it from the queue (a run that dies between the two
-        enqueues it again; skip_if_exists keeps a plan from running twice). The families expected to lose
-        say where they ran against the round."""
+    def _release(self, study: optuna.study.Study, queue: list[dict[str, Any]], splits: list[dict[str, Any]]) -> None:
+        """Enqueue the next held trial, then drop it from its queue (a run that dies between the two
+        enqueues it again; skip_if_exists keeps a plan from running twice): a split when the last one
+        released was coverage or when only the families expected to lose are left (they wait for the
+        round), else the next coverage trial. The families expected to lose say where they ran against
+        the round, a split whether coverage that may lead was still held."""
         waiting = (optuna.trial.TrialState.WAITING,)
-        while queue and not study.get_trials(deepcopy=False, states=waiting):  # a plan already run is skipped
+        while (queue or splits) and not study.get_trials(deepcopy=False, states=waiting):  # one already run: next
+            may_lead = sum(not plan.get("late") for plan in queue)
+            if splits and (not may_lead or study.user_attrs.get(RELEASED_LAST_ATTR) != "layout"):
+                plan, splits = splits[0], splits[1:]
+                order = plan["order"] + (
+                    f" (in turn with the {may_lead} coverage trial(s) that may lead, still held)" if may_lead else ""
+                )
+                study.enqueue_trial(plan["params"], user_attrs={"layout": True, "order": order}, skip_if_exists=True)
+                study.set_user_attr(LAYOUT_QUEUE_ATTR, splits)
+                study.set_user_attr(RELEASED_LAST_ATTR, "layout")
+                continue
             plan, queue = queue[0], queue[1:]
             drifted = None if plan.get("deferred") else self._drifted_weights(study, plan["params"])
             if drifted is not None:  # once
@@ -252,6 +281,7 @@ class LayoutRound:
                     order += " (after the enqueued rounds; no layout round in this process)"
             study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
             study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+            study.set_user_attr(RELEASED_LAST_ATTR, "coverage")
 
     def _drifted_weights(self, study: optuna.study.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
         """An earlier trial pruned on drift that loaded the weights this plan would load, or None. Text
