@@ -9,6 +9,8 @@ import pytest
 
 from autotune.measure.noise import NoiseLimits, noise_flags
 from autotune.measure.stopwatch import (
+    CALL_RATES_METHOD,
+    NO_INTERVAL_METHOD,
     LatencySummary,
     MeasureSettings,
     combined_early_late,
@@ -236,6 +238,77 @@ def test_the_throughput_interval_covers_the_true_rate():
         low, high = common_window_throughput([stamps], batch_size=1)["ci_sps"]
         covered += low <= true_rate <= high
     assert covered / 300 >= 0.90
+
+
+# A 100M-parameter decoder generating 64 tokens for 8 prompts of 512 tokens as 2 instances x 1 thread on a
+# 2-core AVX2 EPYC (inductor weight-only int8): each instance's [start, end] per call, seconds.
+EIGHT_SEQUENCES = [
+    np.array([[70416.942, 70436.443], [70436.443, 70454.455]]),
+    np.array([[70416.944, 70436.895], [70436.895, 70456.42]]),
+]
+
+
+def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
+    """A language model's calls take 3-20 s, so a trial holds 1-7 per instance: too few for batch means
+    (10 calls in the common window), and every generation trial had no interval. The whole calls' rates
+    give one: replayed 300 times against two instances of calls of known spread, measured through the
+    stop rule, nearly all get one, and it holds the true rate at least 90% of the time; the recorded trial
+    gets one, and three calls of two instances (one degree of freedom) still none, saying why."""
+    window = common_window_throughput(EIGHT_SEQUENCES, batch_size=512)
+    assert window["ci_method"] == CALL_RATES_METHOD and 0.0 < window["ci_rel"] < 0.5
+    low, high = window["ci_sps"]
+    assert low < window["throughput_sps"] < high
+    three = [EIGHT_SEQUENCES[0], EIGHT_SEQUENCES[1][:1]]
+    assert common_window_throughput(three, batch_size=512)["ci_sps"] is None
+    assert common_window_throughput(three, batch_size=512)["ci_method"] == NO_INTERVAL_METHOD
+
+    rng = np.random.default_rng(5)
+    settings = MeasureSettings(window_min_s=5.0, window_min_iters=5, window_max_s=20.0)
+    tokens = 512
+    true_rate = 2 * tokens * float(np.mean(1 / rng.normal(19.0, 0.5, 200_000)))
+    covered = stated = 0
+    for _ in range(300):
+        stamps = []
+        for _instance in range(2):
+            clock = FakeClock(rng.normal(19.0, 0.5, 10))
+            clock.now = float(rng.uniform(0.0, 19.0))  # the instances start out of step
+            stamps.append(timed_window(clock.step, settings, clock=clock))
+        window = common_window_throughput(stamps, batch_size=tokens)
+        if window["ci_sps"] is not None:
+            stated += 1
+            covered += window["ci_sps"][0] <= true_rate <= window["ci_sps"][1]
+    # an instance whose first call passed the 20 s cap made one call: one degree of freedom, no interval
+    assert stated >= 270 and covered / stated >= 0.90, (stated, covered)
+
+
+def test_the_progress_line_shows_the_rate_of_a_trial_too_short_for_a_median():
+    """A trial with one whole call in its window has no median latency: its line still says its rate,
+    and that it has no interval and why (it said nothing before: the best generation trial of a search
+    printed no tokens/s)."""
+    import optuna
+
+    from autotune.measure.drift import Drift
+    from autotune.records.metrics import Measurement, TrialMetrics
+    from autotune.results.progress import _metric_text
+
+    measurement = Measurement(
+        common_window_s=21.1,
+        calls=1,
+        samples=1086,
+        throughput_ci_rel=None,
+        ci_confidence=0.95,
+        ci_target_rel=0.02,
+        ci_target_met=False,
+        samples_per_call=512,
+    )
+    drift = Drift(relative_l2=0.0341, cosine_similarity=1.0, top1_agreement=1.0, samples=8)
+    metrics = TrialMetrics(
+        throughput_sps=51.4, latency_ms=latency_summary(np.array([18.9])), measurement=measurement, drift=drift
+    )
+    assert metrics.latency_ms.p50 is None
+    trial = optuna.trial.create_trial(value=51.4, user_attrs=metrics.to_json())
+    text = _metric_text(trial)
+    assert "51.4 samples/s (no interval: 1 whole call(s) in the window)" in text and "p50 -" in text, text
 
 
 def test_short_calls_drift_is_judged_against_their_own_jitter():

@@ -296,7 +296,9 @@ def common_window_throughput(
     The common window runs from the latest first-start to the earliest last-end. Each call counts by
     the fraction of it that lies inside the window (a call half inside counts half), so an instance
     is not credited with work it did while its siblings were idle, however long its calls; the sum is
-    divided by the window length. The confidence interval is one of the rate (rate_interval).
+    divided by the window length. The confidence interval is one of the rate (rate_interval); where the
+    window holds too few calls for it (a language model's calls take seconds: 1 to 7 per instance), one
+    from the rates of the whole calls each instance made (call_rate_interval).
     """
     invalid = {
         "throughput_sps": 0.0,
@@ -316,6 +318,11 @@ def common_window_throughput(
     shares = [batch_size * float(calls_in_window(s, start, end).sum()) / window for s in per_instance]
     total = float(sum(shares))
     interval = rate_interval(per_instance, start, end, batch_size, confidence)
+    method = BATCH_MEANS_METHOD
+    if interval is None:
+        half_rel = call_rate_interval(per_instance, confidence)
+        interval = None if half_rel is None else [total * (1 - half_rel), total * (1 + half_rel)]
+        method = CALL_RATES_METHOD if interval else NO_INTERVAL_METHOD
     return {
         "throughput_sps": total,
         "window_s": window,
@@ -325,8 +332,34 @@ def common_window_throughput(
         "per_instance_sps": shares,
         "ci_sps": interval,
         "ci_rel": max(total - interval[0], interval[1] - total) / total if interval and total > 0 else None,
-        "ci_method": "batch means over 5-10 equal sub-windows of the common window (one per 20 calls), Student t",
+        "ci_method": method,
     }
+
+
+BATCH_MEANS_METHOD = "batch means over 5-10 equal sub-windows of the common window (one per 20 calls), Student t"
+CALL_RATES_METHOD = (
+    "the rates of each instance's whole calls (fewer than 10 calls in the common window), their pooled spread "
+    "around each instance's mean, Student t with calls - instances degrees of freedom"
+)
+NO_INTERVAL_METHOD = "none: too few calls (batch means needs 10 in the common window, call rates 2 more than instances)"
+
+
+def call_rate_interval(per_instance: list[np.ndarray], confidence: float = 0.95) -> float | None:
+    """The relative half-width of an interval of the summed rate from the rates of the instances' whole
+    calls (1 / duration each): each instance's mean rate is known to the pooled relative spread of the
+    calls around their own instance's mean over the square root of its calls, and the sum to the
+    root-sum-square of those. For windows too short for batch means: a language model's calls last
+    3-20 s, so a trial holds 1-7 of them per instance (a 100M decoder, 512-token prompts, 8 sequences as
+    2 x 1 on a 2-core EPYC: 2 calls of 18-20 s each). Replayed against calls of known spread, it covers
+    the rate 94-95% of the time at 95% (tests). None below 2 degrees of freedom (calls - instances)."""
+    rates = [1.0 / (s[:, 1] - s[:, 0]) for s in per_instance if len(s)]
+    degrees = sum(len(r) for r in rates) - len(rates)
+    if degrees < 2 or any(not np.all(np.isfinite(r)) or r.min() <= 0 for r in rates):
+        return None
+    means = [float(r.mean()) for r in rates]
+    spread2 = float(sum(((r / m - 1.0) ** 2).sum() for r, m in zip(rates, means))) / degrees
+    relative2 = sum(m * m * spread2 / len(r) for r, m in zip(rates, means)) / sum(means) ** 2
+    return student_t_quantile(1 - (1 - confidence) / 2, degrees) * math.sqrt(relative2)
 
 
 def rate_interval(

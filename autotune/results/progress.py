@@ -26,10 +26,13 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
     if trial.state == optuna.trial.TrialState.COMPLETE:
         metrics = metrics_of(trial)
         p50, drift = metrics.latency_ms.p50, metrics.drift
-        if p50 is None or drift is None:
+        if drift is None:
             return ""
-        ci = metrics.measurement.throughput_ci_rel
-        rate = f"{metrics.throughput_sps:8.1f} {metrics.unit}{f' ±{ci:.1%}' if ci is not None else ''}"
+        # A rate always, with its interval or, where the calls were too few for one, how many were counted
+        # (a language model's call with 8 sequences takes about 20 s: 2 or 3 in a trial, and no median).
+        ci, calls = metrics.measurement.throughput_ci_rel, metrics.measurement.calls
+        how_sure = f" ±{ci:.1%}" if ci is not None else f" (no interval: {calls} whole call(s) in the window)"
+        rate = f"{metrics.throughput_sps:8.1f} {metrics.unit}{how_sure}"
         generation, server = metrics.generation, metrics.server
         if server is not None:  # the sustained rate first, the closed-loop bound it was searched under after
             at = server.at_sustained
@@ -47,7 +50,7 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
             )
         else:
             text = (
-                f"{rate}  p50 {p50:.1f} ms  drift {drift.relative_l2:.2e}"
+                f"{rate}  p50 {_ms(p50)}  drift {drift.relative_l2:.2e}"
                 f"{f'  acc {drift.accuracy:.3f}' if drift.accuracy is not None else ''}"
             )
         if not metrics.measurement.pinned:
