@@ -267,6 +267,9 @@ def replay(
     held: list[dict[str, Any]] = []  # early: coverage released one at a time, as the search's callback does
     splits: list[tuple[dict[str, Any], dict[str, Any]]] = []  # the layout round's, held likewise
     released_last = "coverage"
+    # as layouts.py: a classifier's splits in turn with the coverage, text generation's back to back
+    generation = (recorded.user_attrs.get("spec") or {}).get("task") == "generate"
+    in_turn = strategy != "layout-round-first" and not generation
     if strategy in WITH_COVERAGE_ROUND:
         first = [r.params for r in rows if r.baseline][:1]
         coverage = [r.params for r in rows if r.coverage]
@@ -336,7 +339,7 @@ def replay(
         if layouts_due and ((held and leads) or (not held and best > 0)):
             layouts_due = False
             splits = layout_round(study, rows, distributions, recorded)
-        if splits and (not held or strategy == "layout-round-first" or released_last != "layout"):
+        if splits and (not held or not in_turn or released_last != "layout"):
             params, attrs = splits.pop(0)  # in turn with the coverage still held, as layouts.py releases them
             study.enqueue_trial(params, user_attrs=attrs)
             released_last = "layout"

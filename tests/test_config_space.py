@@ -748,6 +748,42 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     assert not LayoutRound(classify, "throughput").more_sequences
 
 
+def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_are_kept():
+    """Text generation's splits run back to back even with coverage held (its most-sequences trial
+    follows the splits of the leader it measures; a family leading in between would get none), then the
+    most sequences, then the coverage. A worker releasing a split drops it from the queue as stored, so
+    splits another worker held meanwhile (a later leader's) stay."""
+    from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR, LAYOUT_QUEUE_ATTR
+    from autotune.search.layouts import LayoutRound
+
+    data = {"sequences": [1, 8], "instances": [1, 2, 4], "backends": {"eager": {"precision": ["fp32", "bf16"]}}}
+    space = SearchSpace.from_dict(data, fake_machine(cores=8, smt=1), RUNTIMES, task="generate")
+    fp32, bf16 = space.coverage_params()
+    waiting = (optuna.trial.TrialState.WAITING,)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(fp32, user_attrs={"coverage": True})
+    study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": bf16, "order": "coverage 2/2", "late": False}])
+    layouts = LayoutRound(space, "throughput")
+    released = []
+    for value in (100.0, 90.0, 80.0, 70.0):
+        trial = study.ask()
+        space.suggest(trial)
+        layouts(study, study.tell(trial, value))
+        (next_trial,) = study.get_trials(states=waiting)
+        fixed = next_trial.system_attrs["fixed_params"]
+        released.append((fixed["eager.precision"], fixed["instances"], fixed["sequences"]))
+        assert "in turn" not in next_trial.user_attrs["order"]
+    assert released == [("fp32", 2, 1), ("fp32", 4, 1), ("fp32", 1, 8), ("bf16", 1, 1)]
+
+    fleet = optuna.create_study(direction="maximize")
+    mine = {"params": {**fp32, "instances": 2, "threads_per_instance": 4}, "order": "layout round: #0 as 2"}
+    theirs = {"params": {**bf16, "instances": 2, "threads_per_instance": 4}, "order": "layout round: #3 as 2"}
+    fleet.set_user_attr(LAYOUT_QUEUE_ATTR, [theirs, mine])  # held by another worker after this one read [mine]
+    LayoutRound(space, "throughput")._release(fleet, [], [mine])
+    assert fleet.get_trials(states=waiting)[0].system_attrs["fixed_params"] == mine["params"]
+    assert fleet.user_attrs[LAYOUT_QUEUE_ATTR] == [theirs]
+
+
 def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family_leads():
     """The coverage queue kept on the study (search/layouts.py): released one trial at a time while the
     baseline leads; the leader's layout variants as soon as a coverage family leads, ahead of the rest;

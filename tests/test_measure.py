@@ -20,6 +20,7 @@ from autotune.measure.stopwatch import (
     median_ci_ranks,
     stability,
     straggler_ratio,
+    student_t_quantile,
     timed_window,
     warm_up,
     window_calls,
@@ -253,11 +254,15 @@ def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
     (10 calls in the common window), and every generation trial had no interval. The whole calls' rates
     give one: replayed 300 times against two instances of calls of known spread, measured through the
     stop rule, nearly all get one, and it holds the true rate at least 90% of the time; the recorded trial
-    gets one, and three calls of two instances (one degree of freedom) still none, saying why."""
+    gets one, and three calls of two instances (one degree of freedom) still none, saying why; a screening
+    (a few calls just after warm-up) keeps none, and the t quantile at 2 degrees of freedom is exact."""
     window = common_window_throughput(EIGHT_SEQUENCES, batch_size=512)
     assert window["ci_method"] == CALL_RATES_METHOD and 0.0 < window["ci_rel"] < 0.5
     low, high = window["ci_sps"]
     assert low < window["throughput_sps"] < high
+    assert common_window_throughput(EIGHT_SEQUENCES, batch_size=512, whole_calls=False)["ci_sps"] is None  # screening
+    assert student_t_quantile(0.975, 2) == pytest.approx(4.303, abs=1e-3)  # the tables' value, not 4.17
+    assert [round(student_t_quantile(0.975, df), 3) for df in (1, 3, 4, 10)] == [12.706, 3.182, 2.776, 2.228]
     three = [EIGHT_SEQUENCES[0], EIGHT_SEQUENCES[1][:1]]
     assert common_window_throughput(three, batch_size=512)["ci_sps"] is None
     assert common_window_throughput(three, batch_size=512)["ci_method"] == NO_INTERVAL_METHOD
@@ -265,7 +270,7 @@ def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
     rng = np.random.default_rng(5)
     settings = MeasureSettings(window_min_s=5.0, window_min_iters=5, window_max_s=20.0)
     tokens = 512
-    true_rate = 2 * tokens * float(np.mean(1 / rng.normal(19.0, 0.5, 200_000)))
+    true_rate = 2 * tokens / 19.0  # each instance's long-run rate: a call's tokens over its mean time
     covered = stated = 0
     for _ in range(300):
         stamps = []
@@ -308,7 +313,7 @@ def test_the_progress_line_shows_the_rate_of_a_trial_too_short_for_a_median():
     assert metrics.latency_ms.p50 is None
     trial = optuna.trial.create_trial(value=51.4, user_attrs=metrics.to_json())
     text = _metric_text(trial)
-    assert "51.4 samples/s (no interval: 1 whole call(s) in the window)" in text and "p50 -" in text, text
+    assert "51.4 samples/s (too few calls for an interval)" in text and "p50 -" in text, text
 
 
 def test_short_calls_drift_is_judged_against_their_own_jitter():

@@ -28,10 +28,10 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
         p50, drift = metrics.latency_ms.p50, metrics.drift
         if drift is None:
             return ""
-        # A rate always, with its interval or, where the calls were too few for one, how many were counted
-        # (a language model's call with 8 sequences takes about 20 s: 2 or 3 in a trial, and no median).
-        ci, calls = metrics.measurement.throughput_ci_rel, metrics.measurement.calls
-        how_sure = f" ±{ci:.1%}" if ci is not None else f" (no interval: {calls} whole call(s) in the window)"
+        # A rate always, with its interval or, where the calls were too few for one, saying so (a language
+        # model's call with 8 sequences takes about 20 s: 2 or 3 in a trial, and no median).
+        ci = metrics.measurement.throughput_ci_rel
+        how_sure = f" ±{ci:.1%}" if ci is not None else " (too few calls for an interval)"
         rate = f"{metrics.throughput_sps:8.1f} {metrics.unit}{how_sure}"
         generation, server = metrics.generation, metrics.server
         if server is not None:  # the sustained rate first, the closed-loop bound it was searched under after

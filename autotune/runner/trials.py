@@ -524,7 +524,7 @@ def combine_screens(screens: list[InstanceScreen], confidence: float = 0.95) -> 
             calls=sum(s.latency_ms.samples for s in screens),
         )
     stamps = [np.load(str(s.stamps_path)) for s in screens]
-    window = common_window_throughput(stamps, screens[0].samples_per_call, confidence)
+    window = common_window_throughput(stamps, screens[0].samples_per_call, confidence, whole_calls=False)
     if not window["valid"]:
         raise TrialFailed("the instances' screening windows did not overlap")
     latencies, _ = window_calls(stamps, window["start"], window["end"])

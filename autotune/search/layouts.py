@@ -16,7 +16,8 @@ grows when its cores are split.
 
 Both the coverage round and the round's splits wait on the study and are released one trial at a
 time, whenever nothing is waiting, alternating: a split, then the next coverage family that may lead,
-then the next split. On two cores the round is two splits and the winning one comes first, as before;
+then the next split (text generation's splits back to back: its most-sequences trial follows the
+splits of the leader it measured). On two cores the round is two splits and the winning one comes first, as before;
 on many cores it is long (a 16-core Xeon with AMX: seven splits of eager bf16, from 2 x 8 to 16 x 1,
 ran for 2.5 minutes ahead of the two int8 families next in the coverage queue, and a 16-minute
 search measured no int8 in its first quarter). The coverage trials of families expected to lose
@@ -42,7 +43,7 @@ from autotune.results.selection import is_valid, primary_value
 from autotune.search.pruners import best_clean
 from autotune.search.space import InfeasibleConfig, SearchSpace, family, most_threads
 
-ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round is enqueued
+ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round's splits are held
 LATER_ROUNDS_ATTR = "layout_rounds_later"  # on the study: the leaders of the rounds after the first
 SEQUENCES_ATTR = "sequences_round"  # generation: the trial given the most sequences, once enqueued (-1: none)
 OBJECTIVES = ("throughput", "server")  # both maximized
@@ -133,6 +134,9 @@ class LayoutRound:
         # Text generation without a token latency bound (more sequences lengthen TTFT several times).
         self.more_sequences = self.active and more_sequences and space.task == "generate"
         self.later_rounds = self.active and space.task != "generate"  # a round for each family that leads
+        # Splits in turn with the coverage; text generation's back to back, so that the most-sequences trial
+        # measures the leader whose splits ran (a coverage family that led in between would get none).
+        self.in_turn = space.task != "generate"
 
     @staticmethod
     def applies(space: SearchSpace, objective: str) -> bool:
@@ -155,10 +159,10 @@ class LayoutRound:
                 return
             best = leader(study)
             if when == "now" and best is not None:
-                splits = self._hold_variants(study, best, splits)
+                splits = self._hold_variants(study, best)
                 study.set_user_attr(ROUND_ATTR, best.number)  # last: one that dies first holds them again
         elif newcomer is not None:
-            splits = self._hold_variants(study, newcomer, splits)
+            splits = self._hold_variants(study, newcomer)
             study.set_user_attr(LATER_ROUNDS_ATTR, [*study.user_attrs.get(LATER_ROUNDS_ATTR, []), newcomer.number])
         if sequences_due and ROUND_ATTR in study.user_attrs and not splits:
             if self._layouts_running(study):  # the split measured elsewhere may be the best layout
@@ -197,9 +201,7 @@ class LayoutRound:
         families = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
         return None if family(best.params) in families else best
 
-    def _hold_variants(
-        self, study: optuna.study.Study, best: optuna.trial.FrozenTrial, held: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    def _hold_variants(self, study: optuna.study.Study, best: optuna.trial.FrozenTrial) -> list[dict[str, Any]]:
         """The leader's splits ahead of those still held (a later leader's are the likelier winners), on
         the study; what is now held."""
         space = self.space
@@ -207,6 +209,7 @@ class LayoutRound:
         variants = layout_variants(
             dict(best.params), space.instances, space.threads, space.cores, space.batch_sizes, space.batch_param
         )
+        held = list(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])  # as stored now (a fleet shares it)
         plans = []
         for params in variants:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
@@ -250,12 +253,16 @@ class LayoutRound:
         waiting = (optuna.trial.TrialState.WAITING,)
         while (queue or splits) and not study.get_trials(deepcopy=False, states=waiting):  # one already run: next
             may_lead = sum(not plan.get("late") for plan in queue)
-            if splits and (not may_lead or study.user_attrs.get(RELEASED_LAST_ATTR) != "layout"):
-                plan, splits = splits[0], splits[1:]
+            in_turn = self.in_turn and may_lead > 0
+            if splits and (not in_turn or study.user_attrs.get(RELEASED_LAST_ATTR) != "layout"):
+                plan = splits[0]
                 order = plan["order"] + (
-                    f" (in turn with the {may_lead} coverage trial(s) that may lead, still held)" if may_lead else ""
+                    f" (in turn with the {may_lead} coverage trial(s) that may lead, still held)" if in_turn else ""
                 )
                 study.enqueue_trial(plan["params"], user_attrs={"layout": True, "order": order}, skip_if_exists=True)
+                # dropped from the queue as stored now: another worker may have held a later leader's splits
+                stored = study.user_attrs.get(LAYOUT_QUEUE_ATTR) or []
+                splits = [held for held in stored if held["params"] != plan["params"]]
                 study.set_user_attr(LAYOUT_QUEUE_ATTR, splits)
                 study.set_user_attr(RELEASED_LAST_ATTR, "layout")
                 continue
