@@ -13,7 +13,8 @@ target; each replay reports its best-so-far curve and when it first reached 95% 
 
 Strategies: `default` (autotune's: the baseline, the coverage round ordered by expected payoff on the
 recorded machine released a trial at a time, the layout round of the replay's own leader as soon as a
-trial other than the baseline leads, its splits in turn with the coverage still held, the families
+trial other than the baseline leads, its splits in turn with the coverage still held (text
+generation's back to back), the families
 expected to lose last, then TPE multivariate), `layout-round-first` (the default with every split of
 the round ahead of the coverage still held, as before),
 `int8-by-preparation-cost` (the default with a classifier's int8 ordered by preparation cost alone, as

@@ -120,7 +120,8 @@ class LayoutRound:
     """Optuna callback (and called once before a run resumes). Where a layout round runs, the coverage
     round waits on the study (COVERAGE_QUEUE_ATTR), and so do the round's splits once a family other
     than the baseline leads (LAYOUT_QUEUE_ATTR); whenever nothing is waiting, the next trial is released,
-    a split and a coverage family that may lead in turn (efficientnet_b0 on a 2-core EPYC: its winning
+    a split and a coverage family that may lead in turn (text generation's splits back to back, see
+    self.in_turn) (efficientnet_b0 on a 2-core EPYC: its winning
     split had waited 3 minutes behind three fp32 families that could not win; a 16-core Xeon's seven
     splits held back int8 for 2.5 minutes). Once per study, and again for each family that leads later
     (_new_leading_family), whose splits go ahead of those still held; when nothing but the families
@@ -261,6 +262,8 @@ class LayoutRound:
                 )
                 study.enqueue_trial(plan["params"], user_attrs={"layout": True, "order": order}, skip_if_exists=True)
                 # dropped from the queue as stored now: another worker may have held a later leader's splits
+                # (read, then written: a hold landing between the two can still be lost; a split dropped
+                # twice and held again is harmless, skip_if_exists never runs a trial twice)
                 stored = study.user_attrs.get(LAYOUT_QUEUE_ATTR) or []
                 splits = [held for held in stored if held["params"] != plan["params"]]
                 study.set_user_attr(LAYOUT_QUEUE_ATTR, splits)
