@@ -255,7 +255,8 @@ def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
     give one: replayed 300 times against two instances of calls of known spread, measured through the
     stop rule, nearly all get one, and it holds the true rate at least 90% of the time; the recorded trial
     gets one, and three calls of two instances (one degree of freedom) still none, saying why; a screening
-    (a few calls just after warm-up) keeps none, and the t quantile at 2 degrees of freedom is exact."""
+    (a few calls just after warm-up) keeps none, and the t quantile at 2 degrees of freedom is exact. The
+    window's cap waits for three calls (a screening's for one), so every such measurement gets one."""
     window = common_window_throughput(EIGHT_SEQUENCES, batch_size=512)
     assert window["ci_method"] == CALL_RATES_METHOD and 0.0 < window["ci_rel"] < 0.5
     low, high = window["ci_sps"]
@@ -282,8 +283,13 @@ def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
         if window["ci_sps"] is not None:
             stated += 1
             covered += window["ci_sps"][0] <= true_rate <= window["ci_sps"][1]
-    # an instance whose first call passed the 20 s cap made one call: one degree of freedom, no interval
-    assert stated >= 270 and covered / stated >= 0.90, (stated, covered)
+    # the cap waits for 3 calls: before, an instance whose first call passed the 20 s cap made one call (1
+    # degree of freedom with its sibling's 2: no interval), 15 of the 300 measurements
+    assert stated == 300 and covered / stated >= 0.90, (stated, covered)
+    clock = FakeClock([21.0] * 5)
+    assert len(timed_window(clock.step, settings, clock=clock)) == 3  # calls longer than the cap: three
+    clock = FakeClock([21.0] * 5)
+    assert len(timed_window(clock.step, settings.screening(), clock=clock)) == 1  # the screening: one
 
 
 def test_the_progress_line_shows_the_rate_of_a_trial_too_short_for_a_median():

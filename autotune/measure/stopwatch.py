@@ -49,6 +49,9 @@ class MeasureSettings:
     ci_target_rel: float = 0.02  # stop once the median's CI half-width is within 2% of the median
     screen_s: float = 1.0  # screening window before the full one (speed pruning); 0 = no screening
     screen_min_iters: int = 3
+    # The cap waits for this many calls: an interval from a few long calls needs 2 more than instances
+    # (call_rate_interval), and 8 sequences of a 100M decoder took 18-21 s a call, 1-2 in a 20 s cap.
+    window_cap_min_calls: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +68,7 @@ class MeasureSettings:
             window_min_iters=self.screen_min_iters,
             window_max_s=max(3 * self.screen_s, self.screen_s + 1.0),
             ci_target_rel=float("inf"),
+            window_cap_min_calls=1,
         )
 
 
@@ -210,7 +214,8 @@ def timed_window(
     clock: Callable[[], float] = time.monotonic,
     agree_to_stop: Callable[[bool], bool] = lambda satisfied: satisfied,
 ) -> np.ndarray:
-    """Time each call until the stop rule holds after the minimum window and count, or the cap.
+    """Time each call until the stop rule holds after the minimum window and count, or the cap (once
+    `window_cap_min_calls` calls ran: calls longer than a third of the cap run three times).
 
     `agree_to_stop(satisfied)` lets instances that run together stop together: each says whether its
     own rule holds and learns whether all of them do. Returns an (n, 2) array of [start, end] per call.
@@ -231,7 +236,7 @@ def timed_window(
         starts.append(t0)
         ends.append(t1)
         elapsed = t1 - window_start
-        if elapsed >= settings.window_max_s:
+        if elapsed >= settings.window_max_s and len(ends) >= settings.window_cap_min_calls:
             break
         if elapsed >= settings.window_min_s and t1 >= next_check and len(ends) >= next_check_calls:
             calls = len(ends)
