@@ -44,10 +44,9 @@ def main() -> int:
         table.add_column(column)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         measurement = trial.user_attrs.get("measurement") or {}
-        folder = trial.user_attrs.get("trial_dir")
         per_call = measurement.get("samples_per_call")
         stamps = [np.load(path) for path in measurement.get("stamps") or [] if Path(path).exists()]
-        if not (folder and per_call and stamps):
+        if not (per_call and stamps):
             continue
         window = common_window_throughput(stamps, per_call)
         table.add_row(
