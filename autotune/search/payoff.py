@@ -53,6 +53,10 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   against NNCF's transformer scheme's 2.8 (batch 8, one instance; prepared in 53 s against 108 s).
   The reference process counts the attention layers (`attention_layers` in the study's attributes).
 
+A coverage trial runs each backend option at the space's first value, except where the CPU decides what
+the backend picks by itself (coverage_preferences): OpenVINO's int8 on a CPU with AMX-BF16 tiles runs
+its float layers in bf16, as OpenVINO does there unless told otherwise.
+
 Studies already run on this machine come first when the storage holds them (search/priors.py): a
 family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
 that did not goes last. Each coverage trial records its place and the reason (`order` in its user
@@ -98,6 +102,30 @@ LATE_TIER = 3
 # models at 224x224: mobilenet_v3_large 49, efficientnet_b0 57, regnet_y_400mf 103 below it; convnext_tiny
 # 332, resnet50 368, vit_b_16 1221 above (only the four searched in docs/BENCHMARKS.md were measured).
 SHALLOW_REDUCTION = 128
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A backend option's value for its coverage trial other than the space's first, and why."""
+
+    value: Any
+    why: str
+
+
+def coverage_preferences(isa: dict[str, bool]) -> dict[tuple[str, str], Preference]:
+    """The (backend, option) values a coverage trial runs with on this CPU instead of the space's first:
+    what the backend picks by itself here. OpenVINO runs an int8 IR's float layers (those NNCF leaves
+    unquantized: a transformer's softmax, layer norms and attention matmuls) in bf16 by itself on a CPU
+    with AMX-BF16 tiles; `int8_float=f32` (the space's first, for the drift quantization alone costs)
+    makes it run them in f32. On a 2-core Xeon with AMX (`autotune bench`, batch 8, 1 x 2, medians of 3
+    interleaved runs), vit_b_16's OpenVINO int8 ran at 43.4 samples/s with f32, the coverage trial's
+    then, and 56.2 with bf16 (1.30x; a 20-minute search had found bf16 at 54% of its budget); resnet50,
+    all of whose convolutions NNCF quantizes, at 419.5 and 412.2 (0.98x, the runs overlapping)
+    (docs/BENCHMARKS.md)."""
+    if isa.get(TILES["bf16"]):
+        why = f"int8_float=bf16: what OpenVINO runs the float layers in by itself on this CPU ({TILES['bf16']})"
+        return {("openvino", "int8_float"): Preference("bf16", why)}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -212,12 +240,14 @@ def order_by_payoff(
     family_speedups: dict[tuple[str, str], tuple[float, str]] | None = None,
     int8_first: str | None = CLASSIFIER_INT8_FIRST,
     reduction_depth: float | None = None,
+    preferences: dict[tuple[str, str], Preference] | None = None,
 ) -> list[CoveragePlan]:
     """The coverage plans, highest expected payoff first, each with why it is where it is: families
     measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
     of the same tier and backend keep the space's order. `int8_first=None` orders a classifier's int8
     by preparation cost alone (the replay benchmark compares the two); `reduction_depth` is the model's
-    (backends/torch_common.with_reduction_depth; None: not measured)."""
+    (backends/torch_common.with_reduction_depth; None: not measured); a plan holding one of `preferences`'
+    values (coverage_preferences) says so in its order."""
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
@@ -231,6 +261,9 @@ def order_by_payoff(
             if not known and within == -1 and backend in INT8_FIRST_WHY
             else payoff.reason
         )
+        for (option_backend, option), preference in (preferences or {}).items():
+            if option_backend == backend and params.get(f"{backend}.{option}") == preference.value:
+                reason = f"{reason}; {preference.why}"
         ranked.append((payoff.tier, within, index, params, reason))
     ranked.sort(key=lambda item: item[:3])
     return [

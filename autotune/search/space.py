@@ -7,6 +7,7 @@ sampler never sees options of other backends. Impossible combinations are never 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,10 +350,12 @@ class SearchSpace:
             raise InfeasibleConfig(f"runtime {runtime} has no Intel OpenMP library (pip install intel-openmp there)")
         return config
 
-    def coverage_params(self) -> list[dict[str, Any]]:
+    def coverage_params(self, preferred: Mapping[tuple[str, str], Any] | None = None) -> list[dict[str, Any]]:
         """One trial per backend x precision (baseline batch, first allocator and instance count, the most
-        threads that fit, first value of each backend option), so every backend is measured once before
-        the sampler concentrates."""
+        threads that fit, first value of each backend option, or the `preferred` value of a (backend,
+        option) where the space lists it: search/payoff.coverage_preferences), so every backend is
+        measured once before the sampler concentrates."""
+        preferred = preferred or {}
         batch = self.baseline_batch_size
         threads = most_threads(self.instances[0], self.threads, self.cores)
         if threads is None:
@@ -372,7 +375,11 @@ class SearchSpace:
                     }
                     params.update(
                         {
-                            f"{backend}.{key}": values[0]
+                            f"{backend}.{key}": (
+                                preferred[backend, key]
+                                if (backend, key) in preferred and preferred[backend, key] in values
+                                else values[0]
+                            )
                             for key, values in dims.items()
                             if key != "precision" and self.specs[backend].applies(key, precision)
                         }

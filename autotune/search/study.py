@@ -51,7 +51,7 @@ from autotune.search.fleet import (
 )
 from autotune.search.hopeless import Proposal, hopeless_family
 from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
-from autotune.search.payoff import int8_first_backend, order_by_payoff
+from autotune.search.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
 from autotune.search.space import InfeasibleConfig, SearchSpace, family
@@ -576,7 +576,12 @@ def _enqueue_first_trials(
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
     covered = {family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
-        plans = [p for p in space.coverage_params() if p != baseline and family(p) not in covered]
+        preferences = coverage_preferences(machine.isa)
+        plans = [
+            p
+            for p in space.coverage_params({key: pref.value for key, pref in preferences.items()})
+            if p != baseline and family(p) not in covered
+        ]
         if reference.attention_layers is None and space.task != "generate":
             console.print(
                 "note: this study's reference was computed before attention layers were counted, so its int8 "
@@ -593,7 +598,7 @@ def _enqueue_first_trials(
         study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
         int8_first = int8_first_backend(machine.isa, reference.attention_layers)
         ordered = order_by_payoff(
-            plans, machine.isa, space.task, prior.family_speedups, int8_first, reference.reduction_depth
+            plans, machine.isa, space.task, prior.family_speedups, int8_first, reference.reduction_depth, preferences
         )
         if LayoutRound.applies(space, spec.objective):
             # released one at a time, so the layout round can run as soon as a family leads; the families
