@@ -29,7 +29,9 @@ without int8 dot products, though inductor's int8 activations were not first amo
 `default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose
 every launched trial lost by far, as before search/hopeless.py), `tpe` (TPE from the start, no coverage
 round) and `random` (RandomSampler). Every strategy but the last three skips such proposals, at
-UNLAUNCHED_S each. A layout variant the
+UNLAUNCHED_S each. The coverage trials replayed are the recorded study's own (their options as its
+search ran them: a study recorded before OpenVINO's int8 coverage ran its float layers in bf16 on a CPU
+with AMX-BF16 replays it with f32). A layout variant the
 recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
 
     .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]

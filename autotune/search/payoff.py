@@ -120,8 +120,7 @@ def coverage_preferences(isa: dict[str, bool]) -> dict[tuple[str, str], Preferen
     makes it run them in f32. On a 2-core Xeon with AMX (`autotune bench`, batch 8, 1 x 2, medians of 3
     interleaved runs), vit_b_16's OpenVINO int8 ran at 43.4 samples/s with f32, the coverage trial's
     then, and 56.2 with bf16 (1.30x; a 20-minute search had found bf16 at 54% of its budget); resnet50,
-    all of whose convolutions NNCF quantizes, at 419.5 and 412.2 (0.98x, the runs overlapping)
-    (docs/BENCHMARKS.md)."""
+    a CNN with little left in float, at 419.5 and 412.2 (0.98x, the runs overlapping) (docs/BENCHMARKS.md)."""
     if isa.get(TILES["bf16"]):
         why = f"int8_float=bf16: what OpenVINO runs the float layers in by itself on this CPU ({TILES['bf16']})"
         return {("openvino", "int8_float"): Preference("bf16", why)}
