@@ -366,7 +366,9 @@ def test_openvino_int8_coverage_runs_its_float_layers_as_openvino_itself_would_o
 
     listed = {
         "batch_size": [8],
-        "backends": {"openvino": {"precision": ["fp32", "bf16", "int8"], "streams": [1], "int8_float": ["f32", "bf16"]}},
+        "backends": {
+            "openvino": {"precision": ["fp32", "bf16", "int8"], "streams": [1], "int8_float": ["f32", "bf16"]}
+        },
     }
     space = SearchSpace.from_dict(listed, fake_machine(cores=8), RUNTIMES)
     amx = {"avx512_vnni": True, "avx512_bf16": True, "amx_int8": True, "amx_bf16": True}
