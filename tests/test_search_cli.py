@@ -524,6 +524,45 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     assert not enqueued.user_attrs.get("prune_reason", "").startswith("not launched"), enqueued.user_attrs
 
 
+def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_warm_up(workdir):
+    """A drift evaluation of one call (4 samples at batch 4) ends before the gate judges anything, and a
+    trial whose drift an earlier one measured has none at all: the gate then watches the warm-up. Six
+    seconds a call in bf16: stopped after its second warm-up call (12 s, past the gate's 10), not after the
+    three the warm-up makes at least, its screening and its window. The drift it measured is kept, and the
+    next trial of the same numerics reuses it and is stopped in its warm-up the same way."""
+    from autotune.search.pruners import GATE_AFTER_S
+
+    space = write_space(
+        workdir / "space.yaml",
+        batch_size=[4, 8],
+        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
+    )
+    model = tiny("crawls_6s_in_bf16")
+    samples = ("--eval-samples", "4")
+    assert search(workdir, "--trials", "2", *samples, model=model, space=space).returncode == 0
+    study = load_study(workdir, "s")
+    trial = study.trials[1]
+    assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
+    assert trial.user_attrs["config"]["precision"] == "bf16" and trial.user_attrs["config"]["batch_size"] == 4
+    too_slow = trial.user_attrs["too_slow"]
+    assert too_slow["stage"] == "warm-up", too_slow
+    assert "too slow to be worth its warm-up" in trial.user_attrs["prune_reason"]
+    assert too_slow["samples"] == 8 and GATE_AFTER_S <= too_slow["seconds"] < GATE_AFTER_S + 4, too_slow
+    assert trial.user_attrs["speed_gate"] == too_slow["gate"]
+    assert trial.user_attrs["drift"]["reused_from"] is None  # measured before the warm-up, and kept
+    assert "screening" not in trial.user_attrs
+    assert trial.user_attrs["budget"]["warmup_s"] == pytest.approx(too_slow["seconds"], abs=0.5)
+    # The same numerics at batch 8, as the search enqueues it (so it runs): drift reused, warm-up stopped.
+    study.enqueue_trial({**trial.params, "batch_size": 8}, user_attrs={"order": "enqueued by the search"})
+    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
+    again = load_study(workdir, "s").trials[2]
+    assert again.state == optuna.trial.TrialState.PRUNED, again.user_attrs
+    assert again.user_attrs["drift"]["reused_from"] == trial.number
+    assert again.user_attrs["too_slow"]["stage"] == "warm-up", again.user_attrs
+    assert again.user_attrs["too_slow"]["samples"] == 16  # two calls at batch 8
+    assert "screening" not in again.user_attrs
+
+
 def test_the_speed_gate_waits_its_time_then_judges_the_pace():
     """Pure: counted from the end of the first batch (its one-time costs left out), nothing before after_s
     however slow; after it, below the floor trips and above does not."""

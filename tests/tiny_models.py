@@ -183,6 +183,20 @@ def crawls_in_bf16() -> nn.Module:
     return CrawlsInBf16()
 
 
+class CrawlsSixSecondsInBf16(TinyCNN):
+    """Six seconds per call under bf16 autocast: so slow that the warm-up's three calls at least outlast the
+    speed gate's 10 s, as a 47 s call of ONNX Runtime fp32 vit_b_16 at batch 64 on one thread does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            time.sleep(6.0)
+        return super().forward(x)
+
+
+def crawls_6s_in_bf16() -> nn.Module:
+    return CrawlsSixSecondsInBf16()
+
+
 class DigitsNet(nn.Module):
     """A small CNN for scikit-learn's 8x8 digits (1x8x8 inputs in [0, 1], 10 classes)."""
 

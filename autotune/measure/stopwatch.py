@@ -146,9 +146,13 @@ def stability(values: np.ndarray) -> dict[str, float | None]:
 
 
 def warm_up(
-    step: Callable[[], Any], settings: MeasureSettings, clock: Callable[[], float] = time.monotonic
+    step: Callable[[], Any],
+    settings: MeasureSettings,
+    clock: Callable[[], float] = time.monotonic,
+    after_call: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run until the minimum count and time are reached and call times are steady (or the cap).
+    `after_call` hears the number of calls made after each one (the speed gate: it may raise to stop).
 
     Steady means the median call time of the second half of the last stretch (at least 1/2 of the
     minimum time, 6 calls) is within `steady_tolerance` of the first half's: compiled code, caches and
@@ -162,6 +166,8 @@ def warm_up(
         t1 = clock()
         times.append(t1 - t0)
         elapsed = t1 - start
+        if after_call is not None:
+            after_call(len(times))
         if len(times) < settings.warmup_min_iters or elapsed < settings.warmup_min_s:
             continue
         steady = is_steady(times, settings.warmup_min_s / 2, settings.steady_tolerance)

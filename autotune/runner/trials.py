@@ -401,8 +401,8 @@ def run_config(
     of the first attempt ("ready" with drift, "screened"); raising in it stops the trial.
     `server_rates`: in the server scenario, the rates its rate search offers first (a finalist's: the
     winner's rate and +-10%); `server_round` draws other arrival streams (a finalist round's, a verify run's).
-    `speed_gate`: the pace the first attempt's drift evaluation must keep (measure/speed_gate.py); a trial
-    that falls below it reaches the ready barrier with `too_slow` instead of drift.
+    `speed_gate`: the pace the first attempt's drift evaluation and warm-up must keep (measure/speed_gate.py);
+    a trial that falls below it reaches the ready barrier with `too_slow`.
     `drift_bound`: the criterion the ready barrier prunes by; the instance whose drift is beyond it goes
     there without warming up.
 
@@ -428,7 +428,7 @@ def run_config(
             break  # keep the attempts made; the last one stays flagged
         first = attempt == 0
         job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
-        if speed_gate is not None and job["measure_drift"]:
+        if speed_gate is not None and first:
             job["speed_gate"] = speed_gate.to_json()
         if drift_bound is not None and job["measure_drift"]:
             job["drift_bound"] = drift_bound.to_dict()

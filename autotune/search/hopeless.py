@@ -64,6 +64,11 @@ def gate_pace_per_core(trial: optuna.trial.FrozenTrial) -> float | None:
     return GateVerdict.from_json(too_slow).samples_per_s / threads
 
 
+def gate_stage(trial: optuna.trial.FrozenTrial) -> str:
+    """Where the speed gate stopped the trial: its drift evaluation or its warm-up."""
+    return GateVerdict.from_json(trial.user_attrs["too_slow"]).stage
+
+
 def drift_far_beyond(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> float | None:
     """A trial pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound: its drop, else None."""
     stored = trial.user_attrs.get("drift")
@@ -89,7 +94,7 @@ def lost_by_far(
         if not best_per_core or per_core >= FAR_SLOWER * best_per_core:
             return None
         return (
-            f"#{trial.number} ran {per_core:.3g} samples/s per core in its drift evaluation against the best's "
+            f"#{trial.number} ran {per_core:.3g} samples/s per core in its {gate_stage(trial)} against the best's "
             f"{best_per_core:.3g}"
         )
     same_numerics = trial.user_attrs.get("fallback_key") == proposal.fallback_key

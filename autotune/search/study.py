@@ -149,7 +149,7 @@ class Objective:
         known_drift = self._reused_drift(trial, config)  # its own numerics' drift, beyond the bound, prunes first
         if sampled:
             self._skip_hopeless_family(trial, config)
-        gate = self._speed_gate(trial, config) if known_drift is None else None
+        gate = self._speed_gate(trial, config)
         metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift, gate)
         if metrics.drift is None:  # never reached the ready barrier's check: not kept, whatever its speed
             self._record_failure(trial, trial_dir, timeout, TrialFailed("its drift from FP32 was not measured"))
@@ -249,8 +249,8 @@ class Objective:
         return known
 
     def _speed_gate(self, trial: optuna.trial.Trial, config: TrialConfig) -> SpeedGate | None:
-        """The pace this trial's drift evaluation must keep (none for the baseline, which is never pruned,
-        a generation study, whose drift is judged on generated text, or without speed pruning)."""
+        """The pace this trial's drift evaluation and warm-up must keep (none for the baseline, which is never
+        pruned, a generation study, whose drift is judged on generated text, or without speed pruning)."""
         speed = getattr(trial.study.pruner, "wrapped", None)
         if (
             not isinstance(speed, SpeedPruner)
@@ -280,9 +280,9 @@ class Objective:
 
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
             clock.reached(stage, payloads)
-            if stage == "ready":
-                self._stop_too_slow(trial, config, payloads[0].get("too_slow"))
+            if stage == "ready":  # drift first: a warm-up the gate stopped comes with it, kept for reuse
                 self._judge_drift(trial, payloads[0].get("drift"))
+                self._stop_too_slow(trial, config, payloads[0].get("too_slow"))
             elif stage == "screened":
                 self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
 
@@ -324,7 +324,7 @@ class Objective:
         attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
 
     def _stop_too_slow(self, trial: optuna.trial.Trial, config: TrialConfig, payload: dict[str, Any] | None) -> None:
-        """At the ready barrier: instance 0's drift evaluation fell below the speed gate's pace. Its pace is
+        """At the ready barrier: instance 0's drift evaluation or warm-up fell below the speed gate's pace. Its pace is
         reported as the trial's first-rung value (as screening's would be), so the sampler learns from it."""
         if payload is None:
             return

@@ -267,6 +267,15 @@ def measure_drift(reference_path: str, runner: Any, batch_size: int, gate: Speed
     return compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
 
 
+def warm_up_gate(gate: SpeedGate | None, samples_per_call: int) -> Callable[[int], None] | None:
+    """The warm-up's hook that holds it to the gate's pace, counted from the warm-up's start."""
+    if gate is None:
+        return None
+    watch = GateWatch(gate, stage="warm-up")
+    watch(0)
+    return lambda calls: watch(calls * samples_per_call)
+
+
 def screen(model: LoadedModel, settings: MeasureSettings, samples_per_call: int, stamps_path: str) -> InstanceScreen:
     """The short screening window speed pruning looks at (its stamps saved beside the full window's)."""
     stamps = timed_window(model.step, settings.screening())
@@ -310,6 +319,8 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     model = load_model(job, config, instance)
     precision = probe_precision(job, config, model) if instance == 0 else None
     generation = job.get("generation")
+    # Instance 0 keeps the gate's pace through its drift evaluation, then through its warm-up.
+    gate = SpeedGate.from_json(job["speed_gate"]) if instance == 0 and job.get("speed_gate") else None
     drift = None
     too_slow: GateVerdict | None = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
@@ -318,7 +329,6 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
 
             drift = measure_generation_drift(job["reference_path"], model.runner, config.batch_size)
         else:
-            gate = SpeedGate.from_json(job["speed_gate"]) if job.get("speed_gate") else None
             try:
                 drift = measure_drift(job["reference_path"], model.runner, config.batch_size, gate)
             except GateTripped as exc:  # straight to the barrier: the orchestrator prunes there
@@ -327,18 +337,26 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     timeout_s = job.get("barrier_timeout_s", 0.0)
     # What reaching the barrier cost, so a trial pruned there still says where its time went.
     loaded = {"load_s": model.load_s, "first_call_s": model.first_call_s}
-    if too_slow is not None:
-        if barrier:
-            ready = {"pid": os.getpid(), "drift": None, "too_slow": too_slow.to_json(), **loaded, "warmup_s": 0.0}
-            wait_at_barrier(barrier, "ready", instance, ready, timeout_s)  # the orchestrator aborts: exits here
-        raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
+    # What throughput counts: samples, or for a language model the tokens one call generates.
+    samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
     # Drift already beyond the bound: the orchestrator prunes at the ready barrier, so the warm-up (three
     # calls at least: 106 s of a 256 s woq_int4 decoder trial pruned on drift) is not spent.
     bound = job.get("drift_bound")
     beyond = drift is not None and bound is not None and DriftCriterion(**bound).exceeded(drift)
-    warmup = NO_WARMUP if beyond else warm_up(model.step, settings)
-    # What throughput counts: samples, or for a language model the tokens one call generates.
-    samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
+    warmup = NO_WARMUP
+    if too_slow is None and not beyond:
+        try:
+            warmup = warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call))
+        except GateTripped as exc:
+            too_slow = exc.verdict
+            warmup = {**NO_WARMUP, "warmup_s": exc.verdict.seconds}
+    if too_slow is not None:
+        if barrier:
+            drift_json = drift.to_json() if drift else None  # measured before a warm-up that tripped: kept
+            ready = {"pid": os.getpid(), "drift": drift_json, "too_slow": too_slow.to_json(), **loaded}
+            ready["warmup_s"] = warmup["warmup_s"]
+            wait_at_barrier(barrier, "ready", instance, ready, timeout_s)  # the orchestrator aborts: exits here
+        raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
     if barrier:
         drift_json = drift.to_json() if drift else None
         ready = {"pid": os.getpid(), "drift": drift_json, **loaded, "warmup_s": warmup["warmup_s"]}
