@@ -529,21 +529,24 @@ def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_war
     trial whose drift an earlier one measured has none at all: the gate then watches the warm-up. Six
     seconds a call in bf16: stopped after its second warm-up call (12 s, past the gate's 10), not after the
     three the warm-up makes at least, its screening and its window. The drift it measured is kept, and the
-    next trial of the same numerics reuses it and is stopped in its warm-up the same way."""
+    next trial of the same numerics reuses it; run as two instances, each is stopped in its warm-up (the
+    ready barrier waits for both: one left unwatched would warm up to its end)."""
     from autotune.search.pruners import GATE_AFTER_S
 
     space = write_space(
         workdir / "space.yaml",
         batch_size=[4, 8],
+        instances=[1, 2],
         backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
     )
     model = tiny("crawls_6s_in_bf16")
     samples = ("--eval-samples", "4")
-    assert search(workdir, "--trials", "2", *samples, model=model, space=space).returncode == 0
+    assert search(workdir, "--trials", "3", *samples, model=model, space=space).returncode == 0
     study = load_study(workdir, "s")
-    trial = study.trials[1]
+    trial = next(t for t in study.trials if t.user_attrs.get("config", {}).get("precision") == "bf16")
     assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
-    assert trial.user_attrs["config"]["precision"] == "bf16" and trial.user_attrs["config"]["batch_size"] == 4
+    assert trial.user_attrs["config"]["batch_size"] == 4 and trial.user_attrs["config"]["instances"] == 1
+    assert "speed_gate" in trial.user_attrs, "no gate was set: was the baseline clean? " + str(trial.user_attrs)
     too_slow = trial.user_attrs["too_slow"]
     assert too_slow["stage"] == "warm-up", too_slow
     assert "too slow to be worth its warm-up" in trial.user_attrs["prune_reason"]
@@ -552,20 +555,24 @@ def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_war
     assert trial.user_attrs["drift"]["reused_from"] is None  # measured before the warm-up, and kept
     assert "screening" not in trial.user_attrs
     assert trial.user_attrs["budget"]["warmup_s"] == pytest.approx(too_slow["seconds"], abs=0.5)
-    # The same numerics at batch 8, as the search enqueues it (so it runs): drift reused, warm-up stopped.
-    study.enqueue_trial({**trial.params, "batch_size": 8}, user_attrs={"order": "enqueued by the search"})
+    # The same numerics at batch 8 as two instances, as the search enqueues it (so it runs): drift reused.
+    layout = {"batch_size": 8, "instances": 2, "threads_per_instance": 1}
+    study.enqueue_trial({**trial.params, **layout}, user_attrs={"order": "enqueued by the search"})
     assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
-    again = load_study(workdir, "s").trials[2]
+    again = load_study(workdir, "s").trials[-1]
     assert again.state == optuna.trial.TrialState.PRUNED, again.user_attrs
+    assert again.user_attrs["config"]["instances"] == 2 and again.user_attrs["config"]["batch_size"] == 8
     assert again.user_attrs["drift"]["reused_from"] == trial.number
     assert again.user_attrs["too_slow"]["stage"] == "warm-up", again.user_attrs
     assert again.user_attrs["too_slow"]["samples"] == 16  # two calls at batch 8
     assert "screening" not in again.user_attrs
+    # Both instances stopped after two calls: the warm-up the barrier waited for was not three calls (18 s).
+    assert again.user_attrs["budget"]["warmup_s"] < GATE_AFTER_S + 4, again.user_attrs["budget"]
 
 
 def test_the_speed_gate_waits_its_time_then_judges_the_pace():
     """Pure: counted from the end of the first batch (its one-time costs left out), nothing before after_s
-    however slow; after it, below the floor trips and above does not."""
+    however slow; after it, below the floor trips and above does not, unless the latest batch kept it."""
     from autotune.measure.speed_gate import GateTripped, GateWatch, SpeedGate
 
     now = [100.0]
@@ -581,6 +588,20 @@ def test_the_speed_gate_waits_its_time_then_judges_the_pace():
         watch(8 + 70)  # 8.75 samples/s
     assert tripped.value.verdict.samples == 70 and tripped.value.verdict.samples_per_s == pytest.approx(8.75)
     assert "below the gate's 10" in tripped.value.verdict.reason()
+    # A warm-up's first call with a one-time cost: the pace since the start is below the floor, but the
+    # latest call is fast, so it goes on; once the latest is slow as well, it stops.
+    now[0] = 0.0
+    gate = SpeedGate(min_samples_per_s=10.0, after_s=10.0, basis="test")
+    warming = GateWatch(gate, clock=lambda: now[0], stage="warm-up", instance=1)
+    warming(0)  # the warm-up starts
+    now[0] = 8.0
+    warming(8)  # an 8 s first call: too early to judge
+    now[0] = 10.5
+    warming(40)  # 3.8 samples/s since the start, but this call ran 12.8
+    now[0] = 20.0
+    with pytest.raises(GateTripped) as tripped:
+        warming(50)  # 2.5 since the start, and this call 1.05
+    assert tripped.value.verdict.instance == 1 and "in instance 1 over 20.0 s of its warm-up" in str(tripped.value)
 
 
 def load_bench_replay() -> Any:

@@ -29,30 +29,31 @@ from autotune.common.records import Record
 
 @dataclass(frozen=True)
 class SpeedGate(Record):
-    """The floor one instance's drift evaluation must keep, and what it was derived from."""
+    """The floor one instance's drift evaluation and warm-up must keep, and what it was derived from."""
 
-    min_samples_per_s: float  # of instance 0 (throughput: the trial's floor over its instances)
-    after_s: float  # how long the evaluation runs before the pace is judged
+    min_samples_per_s: float  # of one instance (throughput: the trial's floor over its instances)
+    after_s: float  # how long the evaluation or warm-up runs before the pace is judged
     basis: str  # the comparison behind the floor, for the prune reason
 
 
 @dataclass(frozen=True)
 class GateVerdict(Record):
-    """What the gate saw when it stopped a drift evaluation."""
+    """What the gate saw when it stopped a drift evaluation or a warm-up."""
 
     samples: int
     seconds: float
     samples_per_s: float
     gate: SpeedGate
-    stage: str = "drift evaluation"  # or "warm-up", when the drift was known before the trial ran
+    stage: str = "drift evaluation"  # or "warm-up"
+    instance: int = 0  # the instance it watched (a drift evaluation runs in instance 0 only)
 
     NESTED: ClassVar[dict[str, type[Record]]] = {"gate": SpeedGate}
 
     def reason(self) -> str:
         return (
-            f"too slow to be worth its {self.stage}: {self.samples_per_s:.3g} samples/s in instance 0 over "
-            f"{self.seconds:.1f} s {self.counted_from()} ({self.samples} samples), below the gate's "
-            f"{self.gate.min_samples_per_s:.3g} ({self.gate.basis}): pruned before anything was timed"
+            f"too slow to be worth its {self.stage}: {self.samples_per_s:.3g} samples/s in instance "
+            f"{self.instance} over {self.seconds:.1f} s {self.counted_from()} ({self.samples} samples), below the "
+            f"gate's {self.gate.min_samples_per_s:.3g} ({self.gate.basis}): pruned before anything was timed"
         )
 
     def counted_from(self) -> str:
@@ -70,24 +71,35 @@ class GateTripped(Exception):
 class GateWatch:
     """Called after each evaluated batch with the samples done so far; raises GateTripped once `after_s`
     have passed since the first call (the first batch's end; a warm-up calls it with 0 before it starts)
-    and the pace since then is below the floor."""
+    and both the pace since then and the latest batch's own pace are below the floor. The latest batch
+    must be slow too: a warm-up's first call may carry a one-time cost (IPEX fuses its int8 graph
+    there) that drags the pace since the start below the floor while the calls after it are fast."""
 
     def __init__(
-        self, gate: SpeedGate, clock: Callable[[], float] = time.monotonic, stage: str = "drift evaluation"
+        self,
+        gate: SpeedGate,
+        clock: Callable[[], float] = time.monotonic,
+        stage: str = "drift evaluation",
+        instance: int = 0,
     ) -> None:
         self.gate = gate
         self.clock = clock
         self.stage = stage
+        self.instance = instance
         self.first: tuple[float, int] | None = None  # when the first batch ended, and its samples
+        self.last: tuple[float, int] | None = None  # when the latest batch ended, and the samples then
 
     def __call__(self, samples_done: int) -> None:
         now = self.clock()
-        if self.first is None:
-            self.first = (now, samples_done)
+        if self.first is None or self.last is None:
+            self.first = self.last = (now, samples_done)
             return
         seconds, samples = now - self.first[0], samples_done - self.first[1]
+        latest_s, latest_samples = now - self.last[0], samples_done - self.last[1]
+        self.last = (now, samples_done)
         if seconds < self.gate.after_s:
             return
+        floor = self.gate.min_samples_per_s
         pace = samples / seconds
-        if pace < self.gate.min_samples_per_s:
-            raise GateTripped(GateVerdict(samples, seconds, pace, self.gate, self.stage))
+        if pace < floor and latest_samples < floor * latest_s:
+            raise GateTripped(GateVerdict(samples, seconds, pace, self.gate, self.stage, self.instance))

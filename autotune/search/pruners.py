@@ -33,7 +33,7 @@ class DriftPruner(BasePruner):
         return self.wrapped.prune(study, trial) if self.wrapped is not None else False
 
 
-# The drift evaluation's speed gate (measure/speed_gate.py): its floor's share of the widest screening bar,
+# The speed gate on drift evaluation and warm-up (measure/speed_gate.py): its floor's share of the widest screening bar,
 # and how long an evaluation runs before its pace is judged (its first calls may still carry one-time costs).
 GATE_SHARE = 0.5
 GATE_AFTER_S = 10.0
@@ -92,9 +92,9 @@ class SpeedPruner(BasePruner):
         }
 
     def drift_gate(self, study: optuna.study.Study, batch_size: int, instances: int) -> SpeedGate | None:
-        """The pace a trial's drift evaluation must keep: half the widest bar screening could set (the bar
-        of a screening too short for an interval), per instance. Slower than that, screening would prune it
-        with room to spare, so the evaluation stops after GATE_AFTER_S instead of running to its end."""
+        """The pace a trial's drift evaluation and warm-up must keep: half the widest bar screening could set
+        (the bar of a screening too short for an interval), per instance. Slower than that, screening would
+        prune it with room to spare, so they stop after GATE_AFTER_S instead of running to their end."""
         best = best_clean(study)
         if best is None:
             return None

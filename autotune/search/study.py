@@ -282,7 +282,7 @@ class Objective:
             clock.reached(stage, payloads)
             if stage == "ready":  # drift first: a warm-up the gate stopped comes with it, kept for reuse
                 self._judge_drift(trial, payloads[0].get("drift"))
-                self._stop_too_slow(trial, config, payloads[0].get("too_slow"))
+                self._stop_too_slow(trial, config, next((p["too_slow"] for p in payloads if p.get("too_slow")), None))
             elif stage == "screened":
                 self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
 
@@ -324,7 +324,8 @@ class Objective:
         attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
 
     def _stop_too_slow(self, trial: optuna.trial.Trial, config: TrialConfig, payload: dict[str, Any] | None) -> None:
-        """At the ready barrier: instance 0's drift evaluation or warm-up fell below the speed gate's pace. Its pace is
+        """At the ready barrier: instance 0's drift evaluation or an instance's warm-up fell below the speed gate's pace
+        (the lowest-numbered instance's verdict, where several did). Its pace is
         reported as the trial's first-rung value (as screening's would be), so the sampler learns from it."""
         if payload is None:
             return

@@ -267,11 +267,12 @@ def measure_drift(reference_path: str, runner: Any, batch_size: int, gate: Speed
     return compute_drift(outputs, reference["outputs"].numpy(), None if labels is None else labels.numpy())
 
 
-def warm_up_gate(gate: SpeedGate | None, samples_per_call: int) -> Callable[[int], None] | None:
-    """The warm-up's hook that holds it to the gate's pace, counted from the warm-up's start."""
+def warm_up_gate(gate: SpeedGate | None, samples_per_call: int, instance: int) -> Callable[[int], None] | None:
+    """The warm-up's hook that holds it to the gate's pace, counted from the warm-up's start. Every
+    instance keeps it: the ready barrier waits for all, and an unwatched one would warm up to its end."""
     if gate is None:
         return None
-    watch = GateWatch(gate, stage="warm-up")
+    watch = GateWatch(gate, stage="warm-up", instance=instance)
     watch(0)
     return lambda calls: watch(calls * samples_per_call)
 
@@ -319,8 +320,8 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     model = load_model(job, config, instance)
     precision = probe_precision(job, config, model) if instance == 0 else None
     generation = job.get("generation")
-    # Instance 0 keeps the gate's pace through its drift evaluation, then through its warm-up.
-    gate = SpeedGate.from_json(job["speed_gate"]) if instance == 0 and job.get("speed_gate") else None
+    # Instance 0 keeps the gate's pace through its drift evaluation; every instance, through its warm-up.
+    gate = SpeedGate.from_json(job["speed_gate"]) if job.get("speed_gate") else None
     drift = None
     too_slow: GateVerdict | None = None
     if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
@@ -346,7 +347,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     warmup = NO_WARMUP
     if too_slow is None and not beyond:
         try:
-            warmup = warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call))
+            warmup = warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call, instance))
         except GateTripped as exc:
             too_slow = exc.verdict
             warmup = {**NO_WARMUP, "warmup_s": exc.verdict.seconds}
