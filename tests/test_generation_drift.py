@@ -148,6 +148,18 @@ def test_a_one_token_prompt_still_has_a_finite_perplexity(tmp_path):
     assert abs(drift.perplexity_increase) < 1e-4
 
 
+def test_a_candidate_whose_perplexity_is_past_a_floats_range_has_infinite_drift(tmp_path):
+    """Logits thousands apart put the mean cross entropy past 709, where exp overflows: the candidate's
+    perplexity is infinite and its drift judged (pruned), not an OverflowError that fails the trial."""
+    path, model = reference(tmp_path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e5)
+    drift = measure_generation_drift(str(path), GenerationRunner(Generator(model, NEW), {}), 2)
+    assert drift.perplexity == float("inf") and drift.perplexity_increase == float("inf"), drift
+    assert 0 < drift.reference_perplexity < float("inf")
+    assert drift.relative_l2 > 1
+
+
 def test_a_candidate_off_only_in_its_decode_steps_drifts(tmp_path):
     """Exact prefill, noisy decode steps: the prefill's logits alone show no drift at all."""
     path, model = reference(tmp_path)

@@ -173,6 +173,35 @@ def test_a_drift_is_reused_only_against_the_reference_it_was_measured_on():
     assert same_numerics_drift(study, "eager/fp32", "old") is None
 
 
+def test_a_language_models_drift_is_reused_at_the_same_sequences_only():
+    """Generation drift is measured at the timed sequences: inductor da8w8 on a Xeon with AMX computed
+    garbage decode steps at 1 sequence (relative L2 about 6,000) and drifted 0.045 at 8. Its drift at one
+    count of sequences is not another's, neither to reuse nor to call the family hopeless."""
+    import optuna
+
+    from autotune.measure.drift import Drift, DriftCriterion
+    from autotune.search.hopeless import Proposal, hopeless_family
+    from autotune.search.study import same_numerics_drift
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    config = {"backend": "inductor", "precision": "da8w8", "batch_size": 1, "instances": 1, "threads_per_instance": 2}
+    attrs = {"numerics_key": "inductor/da8w8", "fallback_key": "inductor/da8w8", "drift_reference": "ref"}
+    for key, value in {**attrs, "config": config, "budget": {"total_s": 100.0}}.items():
+        trial.set_user_attr(key, value)
+    drift = Drift(relative_l2=6389.0, cosine_similarity=0.0, top1_agreement=0.0, samples=764)
+    trial.set_user_attr("drift", drift.to_json())
+    trial.set_user_attr("prune_reason", "drift: relative_l2 drop 6389 > max 0.05")
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    assert same_numerics_drift(study, "inductor/da8w8", "ref", sequences=1) is not None
+    assert same_numerics_drift(study, "inductor/da8w8", "ref", sequences=8) is None
+    assert same_numerics_drift(study, "inductor/da8w8", "ref") is not None  # a classifier: any batch
+    criterion = DriftCriterion()
+    at = {n: Proposal("inductor", "da8w8", "inductor/da8w8", "ref", sequences=n) for n in (1, 8)}
+    assert hopeless_family(study, at[1], criterion, "throughput", 99) is not None
+    assert hopeless_family(study, at[8], criterion, "throughput", 99) is None
+
+
 def test_image_folder_with_class_subfolders_gives_labels(workdir):
     from PIL import Image
 

@@ -189,7 +189,11 @@ class Objective:
         (search/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback. Sampled: a trial
         that came without an `order`, which everything the search enqueues itself carries."""
         proposal = Proposal(
-            config.backend, config.precision, trial.user_attrs["fallback_key"], trial.user_attrs["drift_reference"]
+            config.backend,
+            config.precision,
+            trial.user_attrs["fallback_key"],
+            trial.user_attrs["drift_reference"],
+            self._drift_sequences(config),
         )
         host = socket.gethostname() if self.spec.mixed_hardware else None  # other CPUs' verdicts do not apply
         reason = hopeless_family(trial.study, proposal, self.spec.criterion, self.spec.objective, trial.number, host)
@@ -235,10 +239,17 @@ class Objective:
         its combinations once, to fail 4-8 s later)."""
         return numerics_key_of(config, self.space, without=self.space.specs[config.backend].scheduling_options)
 
+    def _drift_sequences(self, config: TrialConfig) -> int | None:
+        """The sequences a language model's drift holds for (it is measured at the timed ones); None for a
+        classifier, whose drift holds at any batch."""
+        return config.batch_size if self.spec.task == "generate" else None
+
     def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
         """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
         pruned before anything is launched."""
-        known = same_numerics_drift(trial.study, trial.user_attrs["numerics_key"], self.ctx.reference.digest)
+        known = same_numerics_drift(
+            trial.study, trial.user_attrs["numerics_key"], self.ctx.reference.digest, self._drift_sequences(config)
+        )
         if known is not None:
             trial.set_user_attr("drift", known.to_json())
             if self._drift_prunes(trial, known):
@@ -486,12 +497,18 @@ def numerics_key_of(config: TrialConfig, space: SearchSpace, without: tuple[str,
     return config.numerics_key(without=without, builder=builder)
 
 
-def same_numerics_drift(study: optuna.study.Study, numerics_key: str, reference_digest: str) -> Drift | None:
+def same_numerics_drift(
+    study: optuna.study.Study, numerics_key: str, reference_digest: str, sequences: int | None = None
+) -> Drift | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
     the drift an earlier trial measured for the same numerics against the same reference (a resumed study
-    whose reference was computed again, e.g. in a newer format, measures again), marked as reused, or None."""
+    whose reference was computed again, e.g. in a newer format, measures again), marked as reused, or None.
+    `sequences`: a language model's drift, measured at its timed sequences, is reused at the same only
+    (inductor da8w8 on a Xeon with AMX: garbage decode steps at 1 sequence, 0.045 at 8)."""
     for earlier in study.get_trials(deepcopy=False):
         if earlier.user_attrs.get("numerics_key") != numerics_key:
+            continue
+        if sequences is not None and (earlier.user_attrs.get("config") or {}).get("batch_size") != sequences:
             continue
         if earlier.user_attrs.get("drift_reference") != reference_digest:
             continue

@@ -80,11 +80,16 @@ def next_tokens(ids: Any, greedy: Any, positions: int | None = None) -> Any:
 
 
 def perplexity(logits: Any, targets: Any) -> float:
-    """exp of the mean cross entropy of `targets` under `logits` (aligned: one logit row per target)."""
+    """exp of the mean cross entropy of `targets` under `logits` (aligned: one logit row per target);
+    infinite past a float's range: a broken candidate's logits (inductor da8w8 on a Xeon with AMX: a mean
+    cross entropy over 709) must be pruned on its drift, not fail the trial."""
     import torch
 
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-    return float(math.exp(float(loss)))
+    loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)))
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
