@@ -602,6 +602,34 @@ def test_the_speed_gate_waits_its_time_then_judges_the_pace():
     with pytest.raises(GateTripped) as tripped:
         warming(50)  # 2.5 since the start, and this call 1.05
     assert tripped.value.verdict.instance == 1 and "in instance 1 over 20.0 s of its warm-up" in str(tripped.value)
+    # A first warm-up call that alone outlasts after_s (IPEX fusing for 12 s) is not judged alone; the next,
+    # fast, call keeps it going.
+    now[0] = 0.0
+    slow_start = GateWatch(gate, clock=lambda: now[0], stage="warm-up", min_calls=2)
+    slow_start(0)
+    now[0] = 12.0
+    slow_start(8)  # 0.67 samples/s, past after_s: the first call, not judged
+    now[0] = 12.5
+    slow_start(16)  # 1.28 since the start, but this call ran 16
+    now[0] = 30.0
+    with pytest.raises(GateTripped):
+        slow_start(24)  # and once a call is slow as well, it stops
+
+
+def test_the_ready_barrier_stops_a_trial_on_any_instances_gate_verdict():
+    """Every instance's warm-up is watched: instance 1 stopped while instance 0 warmed up to its end still
+    prunes the trial (instance 1 would otherwise wait for a stop that never comes, then fail), and of two
+    verdicts the lowest-numbered instance's is the one recorded."""
+    from autotune.search.study import first_too_slow
+
+    ready = {"pid": 1, "drift": None, "load_s": 1.0, "first_call_s": 0.1, "warmup_s": 3.0}
+    verdict = {"samples": 8, "seconds": 12.0, "samples_per_s": 0.67, "stage": "warm-up", "instance": 1}
+    assert first_too_slow([ready, {**ready, "too_slow": verdict}]) == verdict
+    assert (
+        first_too_slow([{**ready, "too_slow": {**verdict, "instance": 0}}, {**ready, "too_slow": verdict}])["instance"]
+        == 0
+    )
+    assert first_too_slow([ready, ready]) is None
 
 
 def load_bench_replay() -> Any:

@@ -73,7 +73,9 @@ class GateWatch:
     have passed since the first call (the first batch's end; a warm-up calls it with 0 before it starts)
     and both the pace since then and the latest batch's own pace are below the floor. The latest batch
     must be slow too: a warm-up's first call may carry a one-time cost (IPEX fuses its int8 graph
-    there) that drags the pace since the start below the floor while the calls after it are fast."""
+    there) that drags the pace since the start below the floor while the calls after it are fast; a
+    warm-up is judged from its second call on (`min_calls`), so a first call that alone outlasts `after_s`
+    is not the latest call judged either."""
 
     def __init__(
         self,
@@ -81,11 +83,14 @@ class GateWatch:
         clock: Callable[[], float] = time.monotonic,
         stage: str = "drift evaluation",
         instance: int = 0,
+        min_calls: int = 1,
     ) -> None:
         self.gate = gate
         self.clock = clock
         self.stage = stage
         self.instance = instance
+        self.min_calls = min_calls
+        self.calls = 0  # judged calls since the first
         self.first: tuple[float, int] | None = None  # when the first batch ended, and its samples
         self.last: tuple[float, int] | None = None  # when the latest batch ended, and the samples then
 
@@ -97,7 +102,8 @@ class GateWatch:
         seconds, samples = now - self.first[0], samples_done - self.first[1]
         latest_s, latest_samples = now - self.last[0], samples_done - self.last[1]
         self.last = (now, samples_done)
-        if seconds < self.gate.after_s:
+        self.calls += 1
+        if seconds < self.gate.after_s or self.calls < self.min_calls:
             return
         floor = self.gate.min_samples_per_s
         pace = samples / seconds

@@ -118,7 +118,8 @@ def run_finalists(
         number: timeout_s if ctx.server else finalist_timeout(measuring + preparing, timeout_s)
         for number, (measuring, preparing) in seconds.items()
     }
-    # Drift depends on numerics only: the search already measured it for every entry.
+    # Drift depends on numerics (a language model's also on its sequences, each entry's own): the search
+    # already measured it for every entry.
     known_drift = {number: _search_drift(trial) for number, trial in trials.items()}
     started = time.monotonic()
     log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")

@@ -60,7 +60,7 @@ def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> 
 
 
 def gate_pace_per_core(trial: optuna.trial.FrozenTrial) -> float | None:
-    """A trial the speed gate stopped: instance 0's pace over its own threads, samples/s per core."""
+    """A trial the speed gate stopped: the stopped instance's pace over its own threads, samples/s per core."""
     too_slow = trial.user_attrs.get("too_slow")
     if not too_slow:
         return None

@@ -294,10 +294,12 @@ class LayoutRound:
             study.set_user_attr(RELEASED_LAST_ATTR, "coverage")
 
     def _drifted_weights(self, study: optuna.study.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
-        """An earlier trial pruned on drift that loaded the weights this plan would load, or None. Text
+        """An earlier eager trial pruned on drift that loaded the weights this plan would load, or None. Text
         generation only: every backend there loads one quantized artifact per precision and its options,
-        so the drift is the weights' (a 100M decoder's woq_int4 drifted 0.409 against a bound of 0.05 in
-        eager, after 4.3 minutes, and inductor's trial of the same weights was next in the round)."""
+        so eager's drift is the weights' (a 100M decoder's woq_int4 drifted 0.409 against a bound of 0.05 in
+        eager, after 4.3 minutes, and inductor's trial of the same weights was next in the round). A compiled
+        trial's drift may be its compiler's own: inductor da8w8 decoded garbage at one sequence on a Xeon
+        with AMX while eager's trial of the same weights passed."""
         if self.space.task != "generate":
             return None
         try:
@@ -309,6 +311,8 @@ class LayoutRound:
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
             config = trial.user_attrs.get("config")
             if not (config and str(trial.user_attrs.get("prune_reason", "")).startswith("drift:")):
+                continue
+            if config.get("backend") != "eager":
                 continue
             try:
                 if artifact_identity(TrialConfig.from_dict(config)) == wanted:

@@ -293,7 +293,7 @@ class Objective:
             clock.reached(stage, payloads)
             if stage == "ready":  # drift first: a warm-up the gate stopped comes with it, kept for reuse
                 self._judge_drift(trial, payloads[0].get("drift"))
-                self._stop_too_slow(trial, config, next((p["too_slow"] for p in payloads if p.get("too_slow")), None))
+                self._stop_too_slow(trial, config, first_too_slow(payloads))
             elif stage == "screened":
                 self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
 
@@ -486,6 +486,12 @@ def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> t
             if precision.fallback:
                 return earlier.number, precision
     return None
+
+
+def first_too_slow(payloads: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """At the ready barrier: the lowest-numbered instance's gate verdict, if any instance was stopped (every
+    instance's warm-up is watched, and the barrier waits for all of them)."""
+    return next((p["too_slow"] for p in payloads if p.get("too_slow")), None)
 
 
 def numerics_key_of(config: TrialConfig, space: SearchSpace, without: tuple[str, ...] = ()) -> str:

@@ -272,7 +272,7 @@ def warm_up_gate(gate: SpeedGate | None, samples_per_call: int, instance: int) -
     instance keeps it: the ready barrier waits for all, and an unwatched one would warm up to its end."""
     if gate is None:
         return None
-    watch = GateWatch(gate, stage="warm-up", instance=instance)
+    watch = GateWatch(gate, stage="warm-up", instance=instance, min_calls=2)  # the first may still fuse, compile
     watch(0)
     return lambda calls: watch(calls * samples_per_call)
 
