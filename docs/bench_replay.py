@@ -57,7 +57,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.drift import DriftCriterion
-from autotune.search.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core
+from autotune.search.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core, gate_verdict
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import int8_first_backend, order_by_payoff
@@ -114,7 +114,9 @@ def far_losses(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> tu
     stopped it, and whether it was pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound."""
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None, False
-    return gate_pace_per_core(trial), drift_far_beyond(trial, criterion) is not None
+    verdict = gate_verdict(trial)
+    pace = gate_pace_per_core(trial, verdict) if verdict else None
+    return pace, drift_far_beyond(trial, criterion) is not None
 
 
 def merge_repeats(rows: list[Row]) -> list[Row]:

@@ -476,6 +476,16 @@ def test_speed_pruner_stops_a_clearly_slower_config_after_screening(workdir):
     assert budget["loading_s"] > 0 and budget["warmup_s"] > 0 and budget["screening_s"] > 0, budget
 
 
+def eager_fp32_and_bf16_space(workdir: Path, **extra: Any) -> Path:
+    """The speed gate's tests: an fp32 baseline and a bf16 configuration at batch 4 or 8."""
+    return write_space(
+        workdir / "space.yaml",
+        batch_size=[4, 8],
+        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
+        **extra,
+    )
+
+
 def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_speed_gate(workdir):
     """64 evaluation samples at batch 4, one second a call in bf16: a 16 s drift evaluation, hundreds of
     times slower than the baseline. The gate stops it after about 10 s, before drift is judged or anything
@@ -483,11 +493,7 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     much is not launched again when the sampler proposes it at another batch size."""
     from autotune.search.pruners import GATE_AFTER_S
 
-    space = write_space(
-        workdir / "space.yaml",
-        batch_size=[4, 8],
-        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
-    )
+    space = eager_fp32_and_bf16_space(workdir)
     model = tiny("crawls_in_bf16")
     samples = ("--eval-samples", "64")
     # the baseline, then the coverage round's bf16 trial
@@ -533,12 +539,7 @@ def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_war
     ready barrier waits for both: one left unwatched would warm up to its end)."""
     from autotune.search.pruners import GATE_AFTER_S
 
-    space = write_space(
-        workdir / "space.yaml",
-        batch_size=[4, 8],
-        instances=[1, 2],
-        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
-    )
+    space = eager_fp32_and_bf16_space(workdir, instances=[1, 2])
     model = tiny("crawls_6s_in_bf16")
     samples = ("--eval-samples", "4")
     assert search(workdir, "--trials", "3", *samples, model=model, space=space).returncode == 0

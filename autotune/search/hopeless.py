@@ -59,18 +59,16 @@ def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> 
     return None
 
 
-def gate_pace_per_core(trial: optuna.trial.FrozenTrial) -> float | None:
-    """A trial the speed gate stopped: the stopped instance's pace over its own threads, samples/s per core."""
+def gate_verdict(trial: optuna.trial.FrozenTrial) -> GateVerdict | None:
+    """Why the speed gate stopped the trial (its pace, stage and instance), or None if it did not."""
     too_slow = trial.user_attrs.get("too_slow")
-    if not too_slow:
-        return None
+    return GateVerdict.from_json(too_slow) if too_slow else None
+
+
+def gate_pace_per_core(trial: optuna.trial.FrozenTrial, verdict: GateVerdict) -> float:
+    """The stopped instance's pace over its own threads, samples/s per core."""
     threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
-    return GateVerdict.from_json(too_slow).samples_per_s / threads
-
-
-def gate_stage(trial: optuna.trial.FrozenTrial) -> str:
-    """Where the speed gate stopped the trial: its drift evaluation or its warm-up."""
-    return GateVerdict.from_json(trial.user_attrs["too_slow"]).stage
+    return verdict.samples_per_s / threads
 
 
 def drift_far_beyond(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> float | None:
@@ -93,12 +91,13 @@ def lost_by_far(
     samples/s per core (None: no clean trial, or an objective the gate's pace does not compare with)."""
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None
-    per_core = gate_pace_per_core(trial)
-    if per_core is not None:
+    verdict = gate_verdict(trial)
+    if verdict is not None:
+        per_core = gate_pace_per_core(trial, verdict)
         if not best_per_core or per_core >= FAR_SLOWER * best_per_core:
             return None
         return (
-            f"#{trial.number} ran {per_core:.3g} samples/s per core in its {gate_stage(trial)} against the best's "
+            f"#{trial.number} ran {per_core:.3g} samples/s per core in its {verdict.stage} against the best's "
             f"{best_per_core:.3g}"
         )
     same_numerics = trial.user_attrs.get("fallback_key") == proposal.fallback_key
