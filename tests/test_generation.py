@@ -26,11 +26,11 @@ def trained(tmp_path_factory) -> dict:
     return train_llama(tmp_path_factory.mktemp("lm"))
 
 
-def generation_space(path: Path, precisions: list[str]) -> Path:
+def generation_space(path: Path, precisions: list[str], sequences: tuple[int, ...] = (2,)) -> Path:
     path.write_text(
         yaml.safe_dump(
             {
-                "sequences": [2],
+                "sequences": list(sequences),
                 "allocator": ["glibc"],
                 "instances": [1],
                 "threads_per_instance": "auto",
@@ -186,6 +186,33 @@ def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timin
     assert kept.user_attrs["budget"]["warmup_s"] > 0.0, kept.user_attrs["budget"]
     assert kept.state.name == "COMPLETE" and kept.user_attrs["drift"]["perplexity_increase"] <= 0.05
     assert smoothed.state.name == "COMPLETE" and smoothed.user_attrs["drift"]["perplexity_increase"] <= 0.05
+
+
+def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, trained):
+    """A language model's drift is measured at the timed sequences (its decode steps run the batch's
+    kernels: inductor's one-row int8 GEMM decoded garbage where eight rows did not), so a trial of the same
+    numerics reuses it only at the same sequences and measures its own at others."""
+    space = generation_space(workdir / "space.yaml", ["fp32", "bf16"], sequences=(1, 2))
+    args = ["--model", f"{LM}:tiny_llama", "--weights", str(trained["weights"]), "--data", str(trained["text"])]
+    args += ["--space", str(space), "--budget", "6m", "--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
+    args += ["--drift-metric", "perplexity", "--max-drift", "5%", *GENERATE]
+    first = run_autotune("search", *args, "--trials", "2", cwd=workdir, timeout=600)  # the baseline, bf16's coverage
+    assert first.returncode in (0, 2), first.stdout + first.stderr
+    study = load_study(workdir, "tiny_llama")
+    measured = next(t for t in study.trials if t.user_attrs.get("config", {}).get("precision") == "bf16")
+    assert measured.user_attrs["drift"]["reused_from"] is None, measured.user_attrs
+    sequences = measured.params["sequences"]
+    for other in (3 - sequences, sequences):  # what the search enqueues itself always runs
+        study.enqueue_trial({**measured.params, "sequences": other}, user_attrs={"order": "enqueued by the search"})
+    again = run_autotune("search", *args, "--trials", "2", cwd=workdir, timeout=600)
+    assert again.returncode in (0, 2), again.stdout + again.stderr
+    trials = load_study(workdir, "tiny_llama").trials
+    later = [t for t in trials[measured.number + 1 :] if "drift" in t.user_attrs]
+    runs = [(t.number, t.params["sequences"], t.user_attrs["drift"]["reused_from"]) for t in later]
+    for _, at, reused_from in runs:  # reused only from a trial at its own sequences
+        assert reused_from is None or trials[reused_from].params["sequences"] == at, runs
+    assert any(at == 3 - sequences and reused_from is None for _, at, reused_from in runs), runs
+    assert any(at == sequences and reused_from == measured.number for _, at, reused_from in runs), runs
 
 
 @pytest.mark.parametrize(
