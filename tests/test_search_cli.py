@@ -664,6 +664,30 @@ def test_the_replay_values_a_configuration_by_the_median_of_its_measurements():
     assert replay.nearest_rank([16.2, 1.2], 0.9) == 16.2 and replay.nearest_rank([3.0], 0.9) == 3.0
 
 
+def test_the_replays_curve_is_what_its_best_configuration_is_worth_not_its_luckiest_draw():
+    """Batch 8 is worth 100 with a noise of 50%, batch 16 worth 104 measured exactly: forty random draws
+    of the two would credit the replay with batch 8's luckiest draw (above 104 almost half the time); the
+    curve is what the best configuration measured so far is worth, the value the table records for it."""
+    replay = load_bench_replay()
+    distributions = {
+        "backend": optuna.distributions.CategoricalDistribution(["eager"]),
+        "batch_size": optuna.distributions.CategoricalDistribution([8, 16]),
+    }
+    recorded = optuna.create_study(direction="maximize")
+    recorded.set_user_attr("spec", {"objective": "throughput"})
+    for batch_size, value, noise in ((8, 100.0, 0.5), (16, 104.0, 1e-9)):
+        attrs = {"budget": {"total_s": 1.0}, "measurement": {"throughput_ci_rel": noise}}
+        params = {"backend": "eager", "batch_size": batch_size}
+        recorded.add_trial(
+            optuna.trial.create_trial(params=params, distributions=distributions, value=value, user_attrs=attrs)
+        )
+    rows = replay.merge_repeats(replay.read_table(recorded))
+    curve = replay.replay("random", recorded, rows, 40.0, {}, 0)
+    assert len(curve) == 40
+    assert {worth for _, worth in curve} <= {100.0, 104.0}, curve
+    assert curve[-1][1] == 104.0 and [worth for _, worth in curve] == sorted(worth for _, worth in curve)
+
+
 def test_the_replay_runs_the_layout_round_on_what_the_recorded_study_measured():
     """The default replay runs the leader's layout variant right after the enqueued rounds; a variant the
     recorded study measured is answered by that measurement, one it never measured is pruned at the
