@@ -30,13 +30,15 @@ of fp32, as on every CPU before its int8 activations and eager's weight-only int
 without int8 dot products, though inductor's int8 activations were not first among them then),
 `layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
-`default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose
-every launched trial lost by far, as before search/hopeless.py), `tpe` (TPE from the start, no coverage
-round) and `random` (RandomSampler). Every strategy but the last three skips such proposals, at
-UNLAUNCHED_S each. The coverage trials replayed are the recorded study's own (their options as its
-search ran them: a study recorded before OpenVINO's int8 coverage ran its float layers in bf16 on a CPU
-with AMX-BF16 replays it with f32). A layout variant the
-recorded study never measured counts as pruned at its leader's cost (no value is guessed for it).
+`default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose every
+launched trial lost by far, as before search/hopeless.py), `default-capping-repeats` (the default not
+launching a sampled configuration measured REPEATS_CAP times already: TPE near its optimum measures the same
+one over and over), `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler). Every strategy
+but `default-relaunching-lost-families`, `tpe` and `random` skips such proposals, at UNLAUNCHED_S each. The
+coverage trials replayed are the recorded study's own (their options as its search ran them: a study recorded
+before OpenVINO's int8 coverage ran its float layers in bf16 on a CPU with AMX-BF16 replays it with f32). A
+layout variant the recorded study never measured counts as pruned at its leader's cost (no value is guessed
+for it).
 
     .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]
         [--reduction-depth 49]
@@ -233,6 +235,7 @@ LAYOUT_ROUND_WHEN_A_FAMILY_LEADS = frozenset(
     {
         "default",
         "default-relaunching-lost-families",
+        "default-capping-repeats",
         "int8-by-preparation-cost",
         "int8-by-cpu-alone",
         "quantized-first",
@@ -242,6 +245,7 @@ LAYOUT_ROUND_WHEN_A_FAMILY_LEADS = frozenset(
 WITH_LAYOUT_ROUND = LAYOUT_ROUND_WHEN_A_FAMILY_LEADS | {"layout-round-after-coverage"}
 WITH_COVERAGE_ROUND = WITH_LAYOUT_ROUND | {"default-without-layout-round", "coverage-in-space-order"}
 UNLAUNCHED_S = 0.5  # a config pruned before launch: the sampler's and the storage's time
+REPEATS_CAP = 3  # default-capping-repeats: a sampled configuration measured this often is not launched again
 
 
 def replay(
@@ -300,6 +304,8 @@ def replay(
             study.enqueue_trial(params)
     # the search's rule: a sampled config of a family whose every launched trial lost by far is not launched
     skip_lost = strategy not in ("default-relaunching-lost-families", "tpe", "random")
+    cap_repeats = strategy == "default-capping-repeats"
+    measured: dict[tuple[Any, ...], int] = {}
     throughput = recorded_objective(recorded) == "throughput"
     launched: dict[tuple[Any, Any], list[Row]] = {}
     best_per_core = 0.0  # the replay's own best so far, per core
@@ -323,6 +329,13 @@ def replay(
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             curve.append((clock, worth))
             continue
+        key = tuple(sorted(trial.params.items()))
+        if cap_repeats and sampled and measured.get(key, 0) >= REPEATS_CAP:
+            clock += UNLAUNCHED_S
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            curve.append((clock, worth))
+            continue
+        measured[key] = measured.get(key, 0) + 1
         row = answer(rows, trial.params)
         if trial.user_attrs.get("layout"):
             found = exact_row(rows, trial.params)
@@ -469,6 +482,7 @@ def main() -> int:
         "default-without-layout-round",
         "coverage-in-space-order",
         "default-relaunching-lost-families",
+        "default-capping-repeats",
     )
     for strategy in (*strategies, "tpe", "random"):
         reached, quarter, end = [], [], []
