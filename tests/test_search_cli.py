@@ -686,10 +686,10 @@ def recorded_batches(*rows: tuple[int, float, float]) -> optuna.study.Study:
 
 
 def test_the_replays_curve_is_what_its_answer_is_worth_not_its_luckiest_draw():
-    """Batch 8 is worth 100 with a noise of 50%, batch 16 worth 104 measured exactly: over forty draws
-    the luckiest of batch 8 is far above 104, and the old curve counted it. The curve is what the
-    answer is worth, the value the table records for a configuration: batch 8's from the first trial, the
-    baseline, then 104 once batch 16 is measured (the two both fit the finalist round)."""
+    """Batch 8 is worth 100 with a noise of 50%, batch 16 worth 104 measured almost exactly: the old curve
+    was the best draw so far, which is neither. The curve is what the answer is worth, the value the table
+    records for a configuration: batch 8's from the first trial, the baseline, then 104 once batch 16 is
+    measured (the two both fit the finalist round)."""
     replay = load_bench_replay()
     recorded = recorded_batches((8, 100.0, 0.5), (16, 104.0, 1e-9))
     rows = replay.merge_repeats(replay.read_table(recorded))
