@@ -328,13 +328,10 @@ def replay(
             trial = ask_like_the_search(study, distributions, keys)
             sampled = "fixed_params" not in study.get_trials(deepcopy=False)[trial.number].system_attrs
         earlier = launched.get(family(trial.params), [])
-        if skip_lost and sampled and earlier and all(lost(r, answer(rows, trial.params)) for r in earlier):
-            clock += UNLAUNCHED_S
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            curve.append((clock, worth))
-            continue
         key = tuple(sorted(trial.params.items()))
-        if cap_repeats and sampled and launches.get(key, 0) >= REPEATS_CAP:
+        hopeless = sampled and skip_lost and bool(earlier) and all(lost(r, answer(rows, trial.params)) for r in earlier)
+        capped = sampled and cap_repeats and launches.get(key, 0) >= REPEATS_CAP
+        if hopeless or capped:
             clock += UNLAUNCHED_S
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             curve.append((clock, worth))
