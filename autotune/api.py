@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
 from autotune.model.generation import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
+from autotune.search.spec import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
 
 if TYPE_CHECKING:
     import optuna
@@ -397,9 +398,9 @@ def search_spec(
     measure_seconds: Duration = "5s",
     speed_pruning: bool = True,
     cover_backends: bool = True,
-    finalists: int = 3,
-    finalist_repeats: int = 3,
-    finalist_share: float = 0.2,
+    finalists: int = DEFAULT_FINALISTS,
+    finalist_repeats: int = DEFAULT_FINALIST_REPEATS,
+    finalist_share: float = DEFAULT_FINALIST_SHARE,
     runtimes: Iterable[PathArg] = (),
     memory_limit: str = DEFAULT_TRIAL_MEMORY,
     cache_size: str = DEFAULT_CACHE_SIZE,
@@ -539,9 +540,9 @@ def search(
     measure_seconds: Duration = "5s",
     speed_pruning: bool = True,
     cover_backends: bool = True,
-    finalists: int = 3,
-    finalist_repeats: int = 3,
-    finalist_share: float = 0.2,
+    finalists: int = DEFAULT_FINALISTS,
+    finalist_repeats: int = DEFAULT_FINALIST_REPEATS,
+    finalist_share: float = DEFAULT_FINALIST_SHARE,
     runtimes: Iterable[PathArg] = (),
     memory_limit: str = DEFAULT_TRIAL_MEMORY,
     cache_size: str = DEFAULT_CACHE_SIZE,

@@ -15,6 +15,7 @@ from autotune.api import DEFAULT_SPACE
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
 from autotune.measure.drift import METRIC_HELP, METRICS
+from autotune.search.spec import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -489,11 +490,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure every trial fully (no screening window, no pruning of clearly slower configs)",
     )
     search.add_argument(
-        "--finalists", type=int, default=3, help="top configs re-measured at the end, interleaved (default 3; 0: none)"
+        "--finalists",
+        type=int,
+        default=DEFAULT_FINALISTS,
+        help=f"top configs re-measured at the end, interleaved (default {DEFAULT_FINALISTS}; 0: none)",
     )
-    search.add_argument("--finalist-repeats", type=int, default=3, help="runs of each finalist (default 3)")
     search.add_argument(
-        "--finalist-share", type=float, default=0.2, help="fraction of the budget kept for the finalists (default 0.2)"
+        "--finalist-repeats",
+        type=int,
+        default=DEFAULT_FINALIST_REPEATS,
+        help=f"runs of each finalist (default {DEFAULT_FINALIST_REPEATS})",
+    )
+    search.add_argument(
+        "--finalist-share",
+        type=float,
+        default=DEFAULT_FINALIST_SHARE,
+        help=f"fraction of the budget kept for the finalists (default {DEFAULT_FINALIST_SHARE})",
     )
     search.add_argument(
         "--memory-limit",

@@ -70,6 +70,7 @@ from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import int8_first_backend, order_by_payoff
 from autotune.search.space import family
+from autotune.search.spec import DEFAULT_FINALISTS as FINALISTS  # the configurations the finalist round re-measures
 from autotune.search.spec import default_storage
 
 
@@ -248,7 +249,6 @@ WITH_LAYOUT_ROUND = LAYOUT_ROUND_WHEN_A_FAMILY_LEADS | {"layout-round-after-cove
 WITH_COVERAGE_ROUND = WITH_LAYOUT_ROUND | {"default-without-layout-round", "coverage-in-space-order"}
 UNLAUNCHED_S = 0.5  # a config pruned before launch: the sampler's and the storage's time
 REPEATS_CAP = 3  # default-capping-repeats: a sampled configuration launched this often is not launched again
-FINALISTS = 3  # the search's --finalists default: the configurations its finalist round re-measures
 
 
 def replay(

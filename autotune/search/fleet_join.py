@@ -23,7 +23,7 @@ from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
-from autotune.search.spec import SearchSpec
+from autotune.search.spec import DEFAULT_FINALISTS, SearchSpec
 from autotune.search.storage import open_storage
 
 
@@ -83,7 +83,7 @@ def joining_spec(
             "trials": trials,
             "studies_root": str(studies_root.resolve()),
             "heartbeat_grace_s": heartbeat_grace_s,
-            "finalists": stored.get("finalists", 3) if finalists is None else finalists,
+            "finalists": stored.get("finalists", DEFAULT_FINALISTS) if finalists is None else finalists,
         }
     )
     return replace(spec, mixed_hardware=differences or None)

@@ -57,6 +57,11 @@ IDENTITY_DEFAULTS = {
     "tpot_slo_ms": None,
 }
 TASKS = ("classify", "generate")
+# The finalist round's defaults, shared by the CLI, the Python API and the replay benchmark (which replays
+# the round's choice of contenders).
+DEFAULT_FINALISTS = 3  # top configs re-measured at the end, interleaved (0: none)
+DEFAULT_FINALIST_REPEATS = 3  # runs of each
+DEFAULT_FINALIST_SHARE = 0.2  # of the budget, kept for them
 
 
 def validate_study_name(name: str) -> str:
@@ -93,9 +98,9 @@ class SearchSpec:
     calibration_samples: int = 64
     cover_backends: bool = True  # a new study first tries every backend x precision once
     speed_pruning: bool = True  # screen each trial and prune the clearly slower ones
-    finalists: int = 3  # top configs re-measured at the end (0: none)
-    finalist_repeats: int = 3
-    finalist_share: float = 0.2  # of the budget, kept for the finalists
+    finalists: int = DEFAULT_FINALISTS
+    finalist_repeats: int = DEFAULT_FINALIST_REPEATS
+    finalist_share: float = DEFAULT_FINALIST_SHARE
     studies_root: str = "studies"
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     runtimes: list[str] = field(default_factory=list)  # --runtime interpreters, besides main (and .venv-ipex)
