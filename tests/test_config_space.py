@@ -787,6 +787,48 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     assert not LayoutRound(classify, "throughput").more_sequences
 
 
+def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_each_instance():
+    """Text generation's throughput without a token latency bound: the coverage round runs every family
+    with the most sequences the space lists (at most 8x the baseline's one), since a decode step reads every
+    weight for all of them; a latency objective, a token bound or a classifier keep the baseline's batch.
+    A generation leader's splits keep its sequences on each instance (no halved batch), and no
+    most-sequences trial follows when the leader already runs the most."""
+    from autotune.search.layouts import LAYOUT_QUEUE_ATTR, SEQUENCES_ATTR, LayoutRound, coverage_batch
+
+    data = {"sequences": [1, 2, 4, 8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
+    space = SearchSpace.from_dict(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    assert coverage_batch(space, "throughput", more_sequences=True) == 8  # 16 is more than 8x the baseline's
+    assert coverage_batch(space, "throughput", more_sequences=False) == 1  # --ttft-slo-ms / --tpot-slo-ms
+    assert coverage_batch(space, "latency", more_sequences=True) == 1
+    assert coverage_batch(space, "pareto", more_sequences=True) == 1
+    classify_data = {"batch_size": [1, 8, 32], "instances": [1, 2], "backends": data["backends"]}
+    classify = SearchSpace.from_dict(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
+    assert coverage_batch(classify, "throughput", more_sequences=True) == classify.baseline_batch_size == 8
+    space = SearchSpace.from_dict(
+        {**data, "sequences": [1, 2, 4, 8]}, fake_machine(cores=2, smt=1), RUNTIMES, task="generate"
+    )
+    (plan,) = space.coverage_params(batch=coverage_batch(space, "throughput", more_sequences=True))
+    assert (plan["sequences"], space.baseline_params()["sequences"]) == (8, 1)
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(plan, user_attrs={"coverage": True})
+    layouts = LayoutRound(space, "throughput")
+    trial = study.ask()
+    space.suggest(trial)
+    trial.set_user_attr("valid", True)
+    layouts(study, study.tell(trial, 100.0))
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    fixed = [t.system_attrs["fixed_params"] for t in waiting]
+    assert [(p["instances"], p["threads_per_instance"], p["sequences"]) for p in fixed] == [(2, 1, 8)]
+    assert study.user_attrs[LAYOUT_QUEUE_ATTR] == []
+    trial = study.ask()
+    space.suggest(trial)
+    trial.set_user_attr("valid", True)
+    layouts(study, study.tell(trial, 150.0))
+    assert study.user_attrs[SEQUENCES_ATTR] == -1  # the leader already runs the most sequences
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
 def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_are_kept():
     """Text generation's splits run back to back even with coverage held (its most-sequences trial
     follows the splits of the leader it measures; a family leading in between would get none), then the

@@ -202,9 +202,14 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, t
     measured = next(t for t in study.trials if t.user_attrs.get("config", {}).get("precision") == "bf16")
     assert measured.user_attrs["drift"]["reused_from"] is None, measured.user_attrs
     sequences = measured.params["sequences"]
+    baseline = next(t for t in study.trials if t.user_attrs.get("baseline"))
+    # the baseline runs one sequence, the coverage round the most the space lists (search/layouts.coverage_batch)
+    assert (baseline.params["sequences"], sequences) == (1, 2), measured.user_attrs["order"]
+    assert "; 2 sequences, the most the space lists" in measured.user_attrs["order"]
     for other in (3 - sequences, sequences):  # what the search enqueues itself always runs
         study.enqueue_trial({**measured.params, "sequences": other}, user_attrs={"order": "enqueued by the search"})
-    again = run_autotune("search", *args, "--trials", "2", cwd=workdir, timeout=600)
+    # fp32's coverage trial (at 2 sequences, so not the baseline's) runs first, then the two enqueued here
+    again = run_autotune("search", *args, "--trials", "3", cwd=workdir, timeout=600)
     assert again.returncode in (0, 2), again.stdout + again.stderr
     trials = load_study(workdir, "tiny_llama").trials
     later = [t for t in trials[measured.number + 1 :] if "drift" in t.user_attrs]

@@ -23,8 +23,9 @@ ran for 2.5 minutes ahead of the two int8 families next in the coverage queue, a
 search measured no int8 in its first quarter). The coverage trials of families expected to lose
 (search/payoff.py) run after the round. For text generation, once the splits are measured, the best
 of the leader and its splits is measured again with the most concurrent sequences the space lists
-(most_sequences_variant), ahead of the coverage still held: the coverage round runs one sequence, and
-whether more pay depends on the machine.
+(most_sequences_variant), ahead of the coverage still held, when its coverage round ran fewer: it runs
+them already where throughput is searched without a token latency bound (coverage_batch), and one
+sequence otherwise.
 """
 
 from __future__ import annotations
@@ -96,6 +97,25 @@ def most_sequences_variant(
         return None
     most = max((size for size in batch_sizes if size <= 8 * batch), default=batch)
     return {**params, batch_key: most} if most > batch else None
+
+
+def coverage_batch(space: SearchSpace, objective: str, more_sequences: bool) -> int:
+    """The batch the coverage round measures every family with: the baseline's, except text generation's
+    throughput without a token latency bound (`more_sequences`), where it is the most concurrent sequences
+    the space lists (most_sequences_variant of the baseline's). A decode step reads every weight once for
+    all the sequences, so a family's rank at one sequence is not its rank where throughput is decided, and
+    a family may not even compute the same there. On a 2-core Xeon with AMX (a 100M decoder, 512-token
+    prompts): inductor bf16 decoded 58.7 tokens/s at one sequence against eager bf16's 40.5, and was pruned
+    at screening against eager bf16's 194.1 at 8 sequences, never measured there; inductor's int8
+    activations decoded garbage at one sequence (relative L2 in the thousands, pruned on drift after 2
+    minutes each) and drifted 0.042-0.045 at 8. At 8 sequences against one, the layout round's winner
+    made 194.1 tokens/s against 52.9 there, 170 against 98 on an EPYC with VNNI and 53.2 against 27.9 on an
+    AVX2-only EPYC (docs/BENCHMARKS.md). The sampler still searches every sequence count."""
+    batch = space.baseline_batch_size
+    if not (more_sequences and space.task == "generate" and objective == "throughput"):
+        return batch
+    most = most_sequences_variant({space.batch_param: batch}, space.batch_sizes, space.batch_param)
+    return batch if most is None else int(most[space.batch_param])
 
 
 def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.FrozenTrial | None:
@@ -207,8 +227,12 @@ class LayoutRound:
         the study; what is now held."""
         space = self.space
         summary = best.user_attrs.get("config_summary", "")
+        # A split keeps a generation leader's sequences on each instance: each instance's decode step reads
+        # every weight once for its own sequences, so halving them halves what each read serves (eager bf16
+        # on a 2-core Xeon with AMX as 2 x 1, Intel OpenMP: 239.5 tokens/s with 8 sequences each, 164.1 with 4).
+        same_in_flight = space.batch_sizes if space.task != "generate" else None
         variants = layout_variants(
-            dict(best.params), space.instances, space.threads, space.cores, space.batch_sizes, space.batch_param
+            dict(best.params), space.instances, space.threads, space.cores, same_in_flight, space.batch_param
         )
         held = list(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])  # as stored now (a fleet shares it)
         plans = []

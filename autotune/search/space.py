@@ -350,13 +350,15 @@ class SearchSpace:
             raise InfeasibleConfig(f"runtime {runtime} has no Intel OpenMP library (pip install intel-openmp there)")
         return config
 
-    def coverage_params(self, preferred: Mapping[tuple[str, str], Any] | None = None) -> list[dict[str, Any]]:
-        """One trial per backend x precision (baseline batch, first allocator and instance count, the most
-        threads that fit, first value of each backend option, or the `preferred` value of a (backend,
-        option) where the space lists it: search/payoff.coverage_preferences), so every backend is
-        measured once before the sampler concentrates."""
+    def coverage_params(
+        self, preferred: Mapping[tuple[str, str], Any] | None = None, batch: int | None = None
+    ) -> list[dict[str, Any]]:
+        """One trial per backend x precision (the baseline's batch unless given one, first allocator and
+        instance count, the most threads that fit, first value of each backend option, or the `preferred`
+        value of a (backend, option) where the space lists it: search/payoff.coverage_preferences), so
+        every backend is measured once before the sampler concentrates."""
         preferred = preferred or {}
-        batch = self.baseline_batch_size
+        batch = self.baseline_batch_size if batch is None else batch
         threads = most_threads(self.instances[0], self.threads, self.cores)
         if threads is None:
             return []

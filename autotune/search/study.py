@@ -16,7 +16,7 @@ import subprocess
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from autotune.search.fleet import (
     register_orchestrator,
 )
 from autotune.search.hopeless import Proposal, hopeless_family
-from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
+from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound, coverage_batch
 from autotune.search.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
@@ -566,6 +566,12 @@ class BudgetGuard:
             study.stop()
 
 
+def more_sequences_pay(spec: SearchSpec) -> bool:
+    """Whether the coverage and layout rounds may give a language model more sequences than the baseline's:
+    not under a token latency bound, since more sequences lengthen every prefill and decode step."""
+    return spec.ttft_slo_ms is None and spec.tpot_slo_ms is None
+
+
 def _enqueue_first_trials(
     study: optuna.study.Study,
     space: SearchSpace,
@@ -601,9 +607,10 @@ def _enqueue_first_trials(
     covered = {family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
         preferences = coverage_preferences(machine.isa)
+        batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
         plans = [
             p
-            for p in space.coverage_params({key: pref.value for key, pref in preferences.items()})
+            for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
             if p != baseline and family(p) not in covered
         ]
         if reference.attention_layers is None and space.task != "generate":
@@ -624,6 +631,12 @@ def _enqueue_first_trials(
         ordered = order_by_payoff(
             plans, machine.isa, space.task, prior.family_speedups, int8_first, reference.reduction_depth, preferences
         )
+        if batch != space.baseline_batch_size:
+            where = (
+                f"; {batch} {space.batch_param}, the most the space lists: a decode step reads every weight once "
+                "for all of them (search/layouts.coverage_batch)"
+            )
+            ordered = [replace(plan, order=plan.order + where) for plan in ordered]
         if LayoutRound.applies(space, spec.objective):
             # released one at a time, so the layout round can run as soon as a family leads; the families
             # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
@@ -764,8 +777,7 @@ def _optimize(
     def say(line: str) -> None:
         console.print(line, markup=False)
 
-    more_sequences = spec.ttft_slo_ms is None and spec.tpot_slo_ms is None  # more sequences lengthen each token
-    layouts = LayoutRound(objective.space, spec.objective, more_sequences)
+    layouts = LayoutRound(objective.space, spec.objective, more_sequences_pay(spec))
     layouts(study)  # a run resumed after the last enqueued trial was interrupted (no callback ran for it)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
