@@ -829,6 +829,47 @@ def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_e
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
 
 
+def test_a_generation_family_the_first_rounds_gain_would_put_in_the_lead_gets_its_split():
+    """Text generation has no round for each family that leads; instead a coverage family whose value,
+    times the gain the first round's best split made over its leader, would beat the best so far gets its
+    own split, once; one out of reach gets none, nor does any when the split did not gain."""
+    from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR
+    from autotune.search.layouts import LATER_ROUNDS_ATTR, ROUND_ATTR, LayoutRound
+
+    data = {"sequences": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16", "woq_int8"]}}}
+    space = SearchSpace.from_dict(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    waiting = (optuna.trial.TrialState.WAITING,)
+
+    def run(study, layouts, value):
+        trial = study.ask()
+        space.suggest(trial)
+        trial.set_user_attr("valid", True)
+        layouts(study, study.tell(trial, value))
+        return [(t.system_attrs["fixed_params"], t.user_attrs["order"]) for t in study.get_trials(states=waiting)]
+
+    for split_value, runner_up, expect_split in ((120.0, 105.0, True), (120.0, 95.0, False), (90.0, 99.0, False)):
+        fp32, bf16, woq = space.coverage_params()
+        study = optuna.create_study(direction="maximize")
+        study.enqueue_trial(fp32, user_attrs={"coverage": True})
+        queue = [{"params": p, "order": f"coverage {n}/3", "late": False} for n, p in ((2, bf16), (3, woq))]
+        study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+        layouts = LayoutRound(space, "throughput")
+        ((split, _),) = run(study, layouts, 100.0)  # the leader, 1 x 2
+        assert study.user_attrs[ROUND_ATTR] == 0 and split["instances"] == 2
+        ((released, _),) = run(study, layouts, split_value)  # its split; then bf16's coverage
+        assert released == bf16
+        ((after, order),) = run(study, layouts, runner_up)
+        if expect_split:  # 105 x 1.2 = 126 > 120: bf16 as 2 x 1, ahead of the coverage still held
+            assert {**bf16, "instances": 2, "threads_per_instance": 1} == after, order
+            assert order.startswith("layout round: the leader #2 ") and study.user_attrs[LATER_ROUNDS_ATTR] == [2]
+            ((last, _),) = run(study, layouts, 130.0)
+            assert last == woq
+            run(study, layouts, 50.0)
+            assert study.user_attrs[LATER_ROUNDS_ATTR] == [2]  # once
+        else:  # 95 x 1.2 = 114 < 120; or the split lost (0.9x)
+            assert after == woq and LATER_ROUNDS_ATTR not in study.user_attrs, order
+
+
 def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_are_kept():
     """Text generation's splits run back to back even with coverage held (its most-sequences trial
     follows the splits of the leader it measures; a family leading in between would get none), then the

@@ -10,7 +10,8 @@ than the baseline leads, the best clean configuration (the best noisy one when n
 clean) is held again with each other instance count, each with the most threads that fit beside its
 siblings, everything else as it is: a cheap trial (its artifact is cached, and the speed pruner stops
 a clearly slower layout after screening). Once per study, then again for each backend x precision
-whose coverage trial takes the lead later (not for text generation), for the objectives that sum
+whose coverage trial takes the lead later (text generation: whose coverage trial the first round's
+gain would put in the lead, LayoutRound._within_reach), for the objectives that sum
 work over instances (throughput, and the server scenario's sustained rate); a call's latency only
 grows when its cores are split.
 
@@ -155,6 +156,8 @@ class LayoutRound:
         # Text generation without a token latency bound (more sequences lengthen TTFT several times).
         self.more_sequences = self.active and more_sequences and space.task == "generate"
         self.later_rounds = self.active and space.task != "generate"  # a round for each family that leads
+        # Text generation: a round for each family the first round's gain would put in the lead (within_reach)
+        self.runner_up_rounds = self.active and space.task == "generate"
         # Splits in turn with the coverage; text generation's back to back, so that the most-sequences trial
         # measures the leader whose splits ran (a coverage family that led in between would get none).
         self.in_turn = space.task != "generate"
@@ -207,13 +210,51 @@ class LayoutRound:
         return "later" if self._enqueued_rounds_running(study) else "now"
 
     def _new_leading_family(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+        """The family whose splits run next after the first round: one that leads (a classifier's) or one
+        the first round's gain would put in the lead (text generation's, within_reach), or None."""
+        if ROUND_ATTR not in study.user_attrs:
+            return None
+        if self.runner_up_rounds:
+            return self._within_reach(study)
+        return self._leading_family(study)
+
+    def _within_reach(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
+        """Text generation: the best clean coverage (or prior) trial of a family no round has split yet whose
+        value, times the gain the first round's best layout made over its leader, beats the best so far, or
+        None. Its splits are likelier to lead than anything the sampler would try next: on a 2-core Xeon
+        with AMX, inductor da8w8 at 8 sequences made 185.9 tokens/s as 1 x 2 and 220.4 as 2 x 1 (1.19x); eager
+        bf16's coverage trial made 187.0 as 1 x 2, and its split, never measured in that 20-minute search,
+        239.5 in a 60-minute one (docs/BENCHMARKS.md). Only within reach, since each split of a compiled
+        family compiles again for minutes on two cores."""
+        first = study.user_attrs[ROUND_ATTR]
+        leader_trial = next((t for t in study.get_trials(deepcopy=False) if t.number == first), None)
+        best = best_layout(study, first)
+        if leader_trial is None or best is None or not is_valid(leader_trial) or not is_valid(best):
+            return None
+        gain = primary_value(best) / primary_value(leader_trial)
+        top = best_clean(study)
+        if gain <= 1.0 or top is None:
+            return None
+        leaders = first, *study.user_attrs.get(LATER_ROUNDS_ATTR, [])
+        split = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
+        candidates = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if (t.user_attrs.get("coverage") or t.user_attrs.get("prior"))
+            and is_valid(t)
+            and family(t.params) not in split
+            and primary_value(t) * gain > primary_value(top)
+        ]
+        return max(candidates, key=primary_value, default=None)
+
+    def _leading_family(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
         """A coverage (or prior) trial that leads the study once the first round ran, of a backend x
         precision whose layouts no round has measured yet, or None. Each family's best split is its own
         (ONNX Runtime int8 gained 5% as two one-thread instances on a random-init vit_b_16, OpenVINO
         int8 40%), and the family that leads after the first round would otherwise wait for the sampler:
         on an EPYC with VNNI OpenVINO int8 took the lead at 5.5 minutes, and TPE found its split at 21.
-        Not for text generation, where each split is a compile of minutes on two cores."""
-        if not self.later_rounds or ROUND_ATTR not in study.user_attrs:
+        Text generation's are within_reach's instead: each split there may compile for minutes."""
+        if not self.later_rounds:
             return None
         best = best_clean(study)
         if best is None or not (best.user_attrs.get("coverage") or best.user_attrs.get("prior")):
