@@ -385,15 +385,19 @@ def layout_round(
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The replay's leader with every other instance split (layout_variants), to enqueue with their user
     attributes, each charged its leader's cost when the recorded study never measured it; for text
-    generation the most-sequences trial follows (enqueue_most_sequences). Not replayed (search/layouts.py):
-    the generation coverage's drift deferral, and the later rounds for a family that takes the lead after
-    the first."""
+    generation the most-sequences trial follows (enqueue_most_sequences), and a split keeps the leader's
+    sequences. Not replayed (search/layouts.py): the generation coverage's drift deferral, the later rounds
+    for a family that takes the lead after the first (or, in text generation, comes within reach of it),
+    and a generation coverage round at more sequences than the recorded one's (the replay runs the
+    recorded coverage trials as they were)."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
     dims = instance_dims(distributions, recorded)
     if dims[4] == "sequences":  # then the best layout with the most sequences, as the search's callback does
         study.set_user_attr("sequences_round_due", leader.number)
-    return [(params, {"layout": True, "leader_cost_s": cost}) for params in layout_variants(leader.params, *dims)]
+    generation = dims[4] == "sequences"  # a split keeps a generation leader's sequences on each instance
+    variants = layout_variants(leader.params, *dims[:3], None if generation else dims[3], dims[4])
+    return [(params, {"layout": True, "leader_cost_s": cost}) for params in variants]
 
 
 def enqueue_most_sequences(

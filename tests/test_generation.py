@@ -196,7 +196,8 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, t
     args = ["--model", f"{LM}:tiny_llama", "--weights", str(trained["weights"]), "--data", str(trained["text"])]
     args += ["--space", str(space), "--budget", "6m", "--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
     args += ["--drift-metric", "perplexity", "--max-drift", "5%", *GENERATE]
-    first = run_autotune("search", *args, "--trials", "2", cwd=workdir, timeout=600)  # the baseline, bf16's coverage
+    # the baseline and both coverage trials (fp32's at 2 sequences is not the baseline's), in the CPU's order
+    first = run_autotune("search", *args, "--trials", "3", cwd=workdir, timeout=600)
     assert first.returncode in (0, 2), first.stdout + first.stderr
     study = load_study(workdir, "tiny_llama")
     measured = next(t for t in study.trials if t.user_attrs.get("config", {}).get("precision") == "bf16")
@@ -205,11 +206,10 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, t
     baseline = next(t for t in study.trials if t.user_attrs.get("baseline"))
     # the baseline runs one sequence, the coverage round the most the space lists (search/layouts.coverage_batch)
     assert (baseline.params["sequences"], sequences) == (1, 2), measured.user_attrs["order"]
-    assert "; 2 sequences, the most the space lists" in measured.user_attrs["order"]
+    assert "; 2 sequences, the most the space lists within 8x" in measured.user_attrs["order"]
     for other in (3 - sequences, sequences):  # what the search enqueues itself always runs
         study.enqueue_trial({**measured.params, "sequences": other}, user_attrs={"order": "enqueued by the search"})
-    # fp32's coverage trial (at 2 sequences, so not the baseline's) runs first, then the two enqueued here
-    again = run_autotune("search", *args, "--trials", "3", cwd=workdir, timeout=600)
+    again = run_autotune("search", *args, "--trials", "2", cwd=workdir, timeout=600)
     assert again.returncode in (0, 2), again.stdout + again.stderr
     trials = load_study(workdir, "tiny_llama").trials
     later = [t for t in trials[measured.number + 1 :] if "drift" in t.user_attrs]

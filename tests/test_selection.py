@@ -504,3 +504,26 @@ def test_lost_by_far_minimising_latency_compares_the_work_per_core():
     for best_ms, lost in ((5.66, True), (5000.0, False)):
         study = study_with(completed(best_ms, config=config), slow, direction="minimize")
         assert (hopeless_family(study, proposal, DriftCriterion(), "latency", 99) is not None) is lost, best_ms
+
+
+def test_a_prior_studys_baseline_says_nothing_of_its_family_only_its_other_trials_do():
+    """read_prior ranks each family by its best clean trial against the earlier study's baseline; the
+    baseline itself is 1.00x by definition and would put eager fp32 ahead of every ISA tier (tier -1,
+    "beat its baseline"), so it is left out: eager fp32 counts only through its other trials."""
+    from autotune.search.priors import read_prior
+
+    hardware = {"model_name": "a CPU", "physical_cores": 2}
+    storage = optuna.storages.InMemoryStorage()
+    earlier = optuna.create_study(study_name="earlier", storage=storage, direction="maximize")
+    earlier.set_user_attr("fingerprint", {"hardware": hardware})
+    earlier.set_user_attr("spec", {"task": "classify", "objective": "throughput"})
+
+    def trial(value: float, config: dict, **attrs) -> optuna.trial.FrozenTrial:
+        return completed(value, **full_metrics(value), config=config, **attrs)
+
+    earlier.add_trial(trial(10.0, EAGER, baseline=True))
+    earlier.add_trial(trial(30.0, OPENVINO))
+    prior = read_prior([storage], "later", hardware, "classify")
+    assert prior.family_speedups == {("openvino", "int8"): (3.0, "earlier")}
+    earlier.add_trial(trial(12.0, {**EAGER, "batch_size": 4}))
+    assert read_prior([storage], "later", hardware, "classify").family_speedups[("eager", "fp32")] == (1.2, "earlier")

@@ -10,8 +10,8 @@ than the baseline leads, the best clean configuration (the best noisy one when n
 clean) is held again with each other instance count, each with the most threads that fit beside its
 siblings, everything else as it is: a cheap trial (its artifact is cached, and the speed pruner stops
 a clearly slower layout after screening). Once per study, then again for each backend x precision
-whose coverage trial takes the lead later (text generation: whose coverage trial the first round's
-gain would put in the lead, LayoutRound._within_reach), for the objectives that sum
+whose coverage trial takes the lead later (not for text generation, whose coverage trials after the
+round run at the round's best layout instead: round_layout), for the objectives that sum
 work over instances (throughput, and the server scenario's sustained rate); a call's latency only
 grows when its cores are split.
 
@@ -23,10 +23,11 @@ on many cores it is long (a 16-core Xeon with AMX: seven splits of eager bf16, f
 ran for 2.5 minutes ahead of the two int8 families next in the coverage queue, and a 16-minute
 search measured no int8 in its first quarter). The coverage trials of families expected to lose
 (search/payoff.py) run after the round. For text generation, once the splits are measured, the best
-of the leader and its splits is measured again with the most concurrent sequences the space lists
-(most_sequences_variant), ahead of the coverage still held, when its coverage round ran fewer: it runs
-them already where throughput is searched without a token latency bound (coverage_batch), and one
-sequence otherwise.
+of the leader and its splits is measured again with more concurrent sequences, the most the space lists
+within 8x its own (most_sequences_variant), ahead of the coverage still held, when it runs fewer: with
+the default space only where the coverage ran one sequence (under a token latency bound, or the
+baseline leading), since throughput without such a bound runs its coverage at the most already
+(coverage_batch).
 """
 
 from __future__ import annotations
@@ -119,6 +120,33 @@ def coverage_batch(space: SearchSpace, objective: str, more_sequences: bool) -> 
     return batch if most is None else int(most[space.batch_param])
 
 
+def round_layout(study: optuna.study.Study, batch_param: str) -> dict[str, int] | None:
+    """Text generation: the instances and threads of the best clean trial among the first round's leader
+    and its splits at the leader's batch (not the most-sequences trial, whose gain is the sequences'),
+    once a split was measured clean; None before. The coverage trials released after the round run
+    there (LayoutRound._release): a family's rank at the leader's layout is not its rank at the winning
+    one (on a 2-core Xeon with AMX, 8 sequences: inductor da8w8 led at 185.9 tokens/s as 1 x 2 and made
+    220.4 as 2 x 1; eager bf16's coverage trial, 187.0 as 1 x 2, came after the round, and its 2 x 1,
+    239.5 in a 60-minute search, was never measured in that 20-minute one; docs/BENCHMARKS.md)."""
+    first = study.user_attrs.get(ROUND_ATTR)
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    leader_trial = next((t for t in study.get_trials(deepcopy=False) if t.number == first), None)
+    if leader_trial is None:
+        return None
+    measured = [
+        t
+        for t in trials
+        if (t.number == first or t.user_attrs.get("layout"))
+        and is_valid(t)
+        and family(t.params) == family(leader_trial.params)
+        and t.params.get(batch_param) == leader_trial.params.get(batch_param)
+    ]
+    if not any(t.number != first for t in measured):
+        return None
+    best = max(measured, key=primary_value)
+    return {"instances": best.params["instances"], "threads_per_instance": best.params["threads_per_instance"]}
+
+
 def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.FrozenTrial | None:
     """The best of the round's leader and its measured layout trials (clean ones first), or None."""
     layouts = [
@@ -145,7 +173,7 @@ class LayoutRound:
     self.in_turn) (efficientnet_b0 on a 2-core EPYC: its winning
     split had waited 3 minutes behind three fp32 families that could not win; a 16-core Xeon's seven
     splits held back int8 for 2.5 minutes). Once per study, and again for each family that leads later
-    (_new_leading_family), whose splits go ahead of those still held; when nothing but the families
+    (_new_leading_family; a classifier's), whose splits go ahead of those still held; when nothing but the families
     expected to lose is left and the baseline still leads, the round runs for the baseline once the
     enqueued rounds are through (none waiting, none running in another worker of a fleet). The families
     expected to lose run once no split is held."""
@@ -156,10 +184,10 @@ class LayoutRound:
         # Text generation without a token latency bound (more sequences lengthen TTFT several times).
         self.more_sequences = self.active and more_sequences and space.task == "generate"
         self.later_rounds = self.active and space.task != "generate"  # a round for each family that leads
-        # Text generation: a round for each family the first round's gain would put in the lead (within_reach)
-        self.runner_up_rounds = self.active and space.task == "generate"
+        # Text generation: the coverage after the round at the round's best layout (round_layout)
+        self.coverage_at_round_layout = self.active and space.task == "generate"
         # Splits in turn with the coverage; text generation's back to back, so that the most-sequences trial
-        # measures the leader whose splits ran (a coverage family that led in between would get none).
+        # measures the leader whose splits ran, and the coverage after them runs at the round's best layout.
         self.in_turn = space.task != "generate"
 
     @staticmethod
@@ -210,51 +238,14 @@ class LayoutRound:
         return "later" if self._enqueued_rounds_running(study) else "now"
 
     def _new_leading_family(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
-        """The family whose splits run next after the first round: one that leads (a classifier's) or one
-        the first round's gain would put in the lead (text generation's, within_reach), or None."""
-        if ROUND_ATTR not in study.user_attrs:
-            return None
-        if self.runner_up_rounds:
-            return self._within_reach(study)
-        return self._leading_family(study)
-
-    def _within_reach(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
-        """Text generation: the best clean coverage (or prior) trial of a family no round has split yet whose
-        value, times the gain the first round's best layout made over its leader, beats the best so far, or
-        None. Its splits are likelier to lead than anything the sampler would try next: on a 2-core Xeon
-        with AMX, inductor da8w8 at 8 sequences made 185.9 tokens/s as 1 x 2 and 220.4 as 2 x 1 (1.19x); eager
-        bf16's coverage trial made 187.0 as 1 x 2, and its split, never measured in that 20-minute search,
-        239.5 in a 60-minute one (docs/BENCHMARKS.md). Only within reach, since each split of a compiled
-        family compiles again for minutes on two cores."""
-        first = study.user_attrs[ROUND_ATTR]
-        leader_trial = next((t for t in study.get_trials(deepcopy=False) if t.number == first), None)
-        best = best_layout(study, first)
-        if leader_trial is None or best is None or not is_valid(leader_trial) or not is_valid(best):
-            return None
-        gain = primary_value(best) / primary_value(leader_trial)
-        top = best_clean(study)
-        if gain <= 1.0 or top is None:
-            return None
-        leaders = first, *study.user_attrs.get(LATER_ROUNDS_ATTR, [])
-        split = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
-        candidates = [
-            t
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if (t.user_attrs.get("coverage") or t.user_attrs.get("prior"))
-            and is_valid(t)
-            and family(t.params) not in split
-            and primary_value(t) * gain > primary_value(top)
-        ]
-        return max(candidates, key=primary_value, default=None)
-
-    def _leading_family(self, study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
         """A coverage (or prior) trial that leads the study once the first round ran, of a backend x
         precision whose layouts no round has measured yet, or None. Each family's best split is its own
         (ONNX Runtime int8 gained 5% as two one-thread instances on a random-init vit_b_16, OpenVINO
         int8 40%), and the family that leads after the first round would otherwise wait for the sampler:
         on an EPYC with VNNI OpenVINO int8 took the lead at 5.5 minutes, and TPE found its split at 21.
-        Text generation's are within_reach's instead: each split there may compile for minutes."""
-        if not self.later_rounds:
+        Not for text generation, where each split is a compile of minutes on two cores: its coverage after
+        the round runs at the round's best layout instead (round_layout)."""
+        if not self.later_rounds or ROUND_ATTR not in study.user_attrs:
             return None
         best = best_clean(study)
         if best is None or not (best.user_attrs.get("coverage") or best.user_attrs.get("prior")):
@@ -346,7 +337,14 @@ class LayoutRound:
                     queue = [*ahead, deferred, *(held for held in queue if held.get("late"))]
                 study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
                 continue
-            order = plan["order"]
+            params, order = plan["params"], plan["order"]
+            layout = round_layout(study, self.space.batch_param) if self.coverage_at_round_layout else None
+            if layout and any(params.get(key) != value for key, value in layout.items()):
+                params = {**params, **layout}
+                order += (
+                    f" (at the layout round's best layout: {layout['instances']} instance(s) x "
+                    f"{layout['threads_per_instance']} thread(s))"
+                )
             if plan.get("late"):
                 if ROUND_ATTR in study.user_attrs:
                     order += " (after the layout round)"
@@ -354,7 +352,7 @@ class LayoutRound:
                     order += " (no completed trial to lead a layout round)"
                 else:
                     order += " (after the enqueued rounds; no layout round in this process)"
-            study.enqueue_trial(plan["params"], user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
+            study.enqueue_trial(params, user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
             study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
             study.set_user_attr(RELEASED_LAST_ATTR, "coverage")
 

@@ -87,6 +87,8 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
         if not (base_value and maximize):
             continue
         for trial in clean:
+            if trial.user_attrs.get("baseline"):  # 1.00x by definition: says nothing of its family elsewhere
+                continue
             config = trial.user_attrs.get("config") or {}
             family = (str(config.get("backend")), str(config.get("precision")))
             speedup_value = metrics_of(trial).throughput_sps / base_value

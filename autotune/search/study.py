@@ -633,8 +633,8 @@ def _enqueue_first_trials(
         )
         if batch != space.baseline_batch_size:
             where = (
-                f"; {batch} {space.batch_param}, the most the space lists: a decode step reads every weight once "
-                "for all of them (search/layouts.coverage_batch)"
+                f"; {batch} {space.batch_param}, the most the space lists within 8x the baseline's: a decode step "
+                "reads every weight once for all of them (search/layouts.coverage_batch)"
             )
             ordered = [replace(plan, order=plan.order + where) for plan in ordered]
         if LayoutRound.applies(space, spec.objective):
