@@ -106,10 +106,13 @@ def deferral(
     backend: str, precision: str, earlier: list[tuple[int, str, TrialBudget]], remaining_s: float
 ) -> str | None:
     """Why a coverage trial of `backend` at `precision` should wait, or None: `earlier` are (trial number,
-    precision, budget) of this study's trials of the same backend; their costliest start (processes,
-    artifact, loading and compiling, drift) is the estimate. An artifact is built for its precision (an
-    int8 quantization says nothing of what an fp32 export costs), so another precision's preparation
-    is left out."""
+    precision, budget) of this study's trials of the same backend; the costliest start (processes,
+    artifact, loading and compiling, drift) of those at the same precision is the estimate, else the
+    cheapest of the others'. An artifact is built for its precision (an int8 quantization says nothing
+    of what an fp32 export costs), so another precision's preparation is left out; and its drift
+    evaluation runs at its precision's speed, so one slow precision says little of another (a language
+    model's int4 weights took eager 576 s to start and load on a Xeon with AMX, which deferred eager's
+    fp32 and SmoothQuant coverage trials; its bf16 had taken 20 s)."""
     if not earlier:
         return None
 
@@ -117,7 +120,8 @@ def deferral(
         _, other, budget = item
         return budget.starting_s + budget.loading_s + (budget.preparing_s if other == precision else 0.0)
 
-    costliest = max(earlier, key=cost)
+    same = [item for item in earlier if item[1] == precision]
+    costliest = max(same, key=cost) if same else min(earlier, key=cost)
     number, other, _ = costliest
     seconds = cost(costliest)
     if seconds <= DEFER_SHARE * remaining_s:

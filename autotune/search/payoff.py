@@ -20,27 +20,27 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   and resnet50's bf16 measured 3.6x eager fp32 against int8's 6.8x (OpenVINO, an AMD EPYC) and 1.0x
   against 7.3x (a Xeon without AMX; docs/BENCHMARKS.md); last (tier 3) where it is emulated; other
   fp32 backends are tier 2 (the baseline already measures fp32).
-- **Text generation** (decode is memory-bound: every token reads all weights): where the CPU has int8
-  dot products (AVX512-VNNI, AVX-VNNI or AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant)
-  compiled by inductor are tier 0: inductor lowers the quantized GEMMs to kernels on those instructions
-  (a 100M-parameter decoder on a Xeon with AMX, 8 sequences as 1 x 2: inductor da8w8 185.9 tokens/s,
-  eager da8w8 99.4, eager bf16 187.0, against the eager fp32 baseline's 33.2 at one sequence; at one
-  sequence inductor's int8 activations decode garbage there, search/layouts.coverage_batch).
-  int8 weights are tier 1, int4 weights tier 1 with AVX-512 and 2 without it (its CPU kernels are slow to
-  unpack there: on an AVX2-only EPYC its trial took 7 minutes without reaching a timed window), bf16
-  tier 1 where native (AVX512-BF16 or AMX: half the bytes of fp32 either way) and 3 otherwise, fp32
-  tier 2. Without int8 dot products two families are expected to lose (tier 3, after the layout round):
-  int8 activations (da8w8, SmoothQuant; da8w4 by the same reasoning, not measured), since the prompt's
-  prefill is compute-bound (a
-  100M-parameter decoder with 512-token prompts on an AVX2-only EPYC: eager da8w8 0.15x eager fp32 in
-  tokens/s, SmoothQuant 0.16x, the recipe compiled by inductor with max-autotune and freezing 0.15x, each
-  prefill about 20-26x fp32's; in a later search eager da8w8 was stopped at screening at 0.14x), and eager's
-  weight-only int8 (0.42x there, 0.66x in the later search; on a Xeon with AMX too the eager int8
-  families ran at 0.42-0.86x, and on an EPYC with VNNI they were stopped at screening; with int8 dot
-  products inductor's int8 activations lead anyway, so eager's stay in tier 1 there). Inductor's
-  weight-only int8 stays in tier 1: compiled with freezing it ran at 1.11x eager fp32 on the AVX2 EPYC
-  and led the families measured (0.47x on the Xeon with AMX). Those three int8 trials took 9.5 minutes of a
-  60-minute search there before inductor's ran.
+- **Text generation** (decode is memory-bound: every token reads all weights; the coverage round runs
+  the most sequences, search/layouts.coverage_batch): bf16 is tier 0 where the CPU has AMX-BF16 tiles
+  (the prompt's prefill runs on them, and each decode step reads half fp32's bytes), tier 1 where it has
+  AVX512-BF16 alone, 3 where emulated. Where the CPU has int8 dot products (AVX512-VNNI, AVX-VNNI or
+  AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant) compiled by inductor are tier 0 too:
+  inductor lowers the quantized GEMMs to kernels on those instructions. A 100M-parameter decoder with
+  512-token prompts on a Xeon with AMX, 8 sequences as 2 x 1: inductor bf16 349.9 tokens/s, eager bf16
+  270.5, inductor da8w8 215.9, against the eager fp32 baseline's 34.1 at one sequence (at one sequence
+  inductor's int8 activations decoded garbage there). Inductor's weight-only int8 is tier 1 (compiled
+  with freezing it ran at 1.11x eager fp32 on an AVX2-only EPYC and led the families measured there),
+  fp32 tier 2. Expected to lose on every CPU (tier 3, after the layout round): eager's int8 (weight-only,
+  da8w8, SmoothQuant), which decoded slower than eager bf16 or fp32 on every CPU recorded (the Xeon with
+  AMX at 8 sequences as 1 x 2: weight-only 89.4 tokens/s, da8w8 125.3, eager bf16 221.2; on an EPYC with
+  VNNI stopped at screening; on an AVX2-only EPYC da8w8 at 0.14-0.15x eager fp32 and weight-only int8 at
+  0.42-0.66x, three eager int8 trials taking 9.5 minutes of a 60-minute search before inductor's ran);
+  and int4 weights, whose trials took minutes before anything was timed on every CPU recorded (eager's on
+  the Xeon with AMX: 3.6 minutes at one sequence and 9.6 at 8, pruned on drift with random weights;
+  inductor's 4.2 minutes; on the AVX2-only EPYC 7 minutes without reaching a timed window). Without int8
+  dot products int8 activations are expected to lose too (da8w4 by the same reasoning, not measured),
+  since the prompt's prefill is compute-bound (the AVX2-only EPYC: SmoothQuant 0.16x eager fp32, the
+  recipe compiled by inductor with max-autotune and freezing 0.15x, each prefill about 20-26x fp32's).
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
   OpenVINO's first. In the offline searches recorded (docs/BENCHMARKS.md) where its int8 passed the
@@ -160,16 +160,17 @@ def expected_payoff(
                 "int8 activations expected to lose: no int8 dot products here, so the prompt's compute-bound "
                 "prefill runs its int8 GEMMs slower than fp32's",
             )
-        if backend == "eager" and kind == "int8" and not have:
+        if backend == "eager" and kind == "int8":
             return Payoff(
                 LATE_TIER,
-                "eager's int8 weights expected to lose: its weight-only int8 kernel decoded slower than fp32 eager "
-                "on every CPU recorded",
+                "eager's int8 expected to lose: it decoded slower than eager bf16 or fp32 on every CPU recorded",
             )
-        if kind == "int4" and not isa.get("avx512f"):
-            return Payoff(2, "int4 weights after int8 here: without AVX-512 the CPU int4 kernels are slow to unpack")
         if kind == "int4":
-            return Payoff(1, "int4 weights: decoding reads the fewest bytes per token")
+            return Payoff(
+                LATE_TIER,
+                "int4 weights expected to lose: their trials took minutes before anything was timed on every CPU "
+                "recorded",
+            )
         if kind == "int8":
             return Payoff(1, "int8 weights: decoding reads half the bytes of bf16 per token")
     elif kind == "int8":
@@ -184,10 +185,10 @@ def expected_payoff(
         return Payoff(1, "int8 second: no VNNI/AMX int8 dot products, but a quarter of fp32's memory traffic")
     if kind in NATIVE:
         native = [flag for flag in NATIVE[kind] if isa.get(flag)]
-        if native and task == "generate":
-            return Payoff(1, f"{kind} native on this CPU ({', '.join(native)})")
         if native and isa.get(TILES[kind]):
             return Payoff(0, f"{kind} native on this CPU ({', '.join(native)})")
+        if native and task == "generate":
+            return Payoff(1, f"{kind} native on this CPU ({', '.join(native)})")
         if native:
             return Payoff(1, f"{kind} after int8: {', '.join(native)} without {TILES[kind]} tiles")
         return Payoff(3, f"{kind} last: no native {kind} instructions here ({' or '.join(NATIVE[kind])}), emulated")
