@@ -27,9 +27,9 @@ the round ahead of the coverage still held, as before),
 before OpenVINO's int8 went first), `int8-by-cpu-alone` (the default without the model's reduction depth:
 a shallow model's int8 second on a CPU without int8 dot products, as before; the depth is the study's
 `reduction_depth`, or --reduction-depth for a study recorded before the reference measured it),
-`quantized-first` (the default ordered as on a CPU with AVX-VNNI: a language model's int8 families ahead
-of fp32, as on every CPU before its int8 activations and eager's weight-only int8 were expected to lose
-without int8 dot products, though inductor's int8 activations were not first among them then),
+`quantized-first` (the default ordered as on a CPU with AVX-VNNI: a language model's int8 activations
+compiled by inductor first, as on every CPU before they were expected to lose without int8 dot products;
+eager's int8 and int4 weights are expected to lose on every CPU now, so they stay last),
 `layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose every
@@ -387,9 +387,9 @@ def layout_round(
     attributes, each charged its leader's cost when the recorded study never measured it; for text
     generation the most-sequences trial follows (enqueue_most_sequences), and a split keeps the leader's
     sequences. Not replayed (search/layouts.py): the generation coverage's drift deferral, the later rounds
-    for a family that takes the lead after the first (or, in text generation, comes within reach of it),
-    and a generation coverage round at more sequences than the recorded one's (the replay runs the
-    recorded coverage trials as they were)."""
+    for a family that takes the lead after the first, and text generation's coverage at the most sequences
+    and, after the round, at its best layout (round_layout): the replay runs the recorded coverage trials
+    as they were."""
     leader = study.best_trial
     cost = answer(rows, leader.params).cost_s
     dims = instance_dims(distributions, recorded)

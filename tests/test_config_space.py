@@ -422,7 +422,7 @@ def test_the_int8_coverage_of_a_model_with_attention_layers_starts_with_the_fast
 
 def test_bf16_without_amx_tiles_comes_right_after_int8():
     """AVX512-BF16 alone: bf16 after int8 (VNNI does twice its work per instruction), before fp32; with
-    AMX-BF16 tiles it is tier 0 beside int8; a language model's bf16 (bytes per token) is unchanged."""
+    AMX-BF16 tiles it is tier 0 beside int8; a language model's bf16 (bytes per token) is tier 1 there."""
     from autotune.search.payoff import expected_payoff
 
     vector = {"avx512_vnni": True, "avx512_bf16": True}
@@ -882,6 +882,23 @@ def test_a_generation_studys_coverage_after_the_round_runs_at_the_rounds_best_la
         assert order.endswith("(at the layout round's best layout: 2 instance(s) x 1 thread(s))") == bool(layout)
         ((late, order),) = run(study, layouts, 50.0)  # the family expected to lose, after the round, alike
         assert late == {**woq, **layout} and "after the layout round" in order
+
+    # a leader at another layout (a prior winner as 2 x 1) whose split was pruned: its own layout
+    study, bf16, _ = started(space)
+    study.enqueue_trial(
+        {**bf16, "eager.precision": "woq_int8", **split_layout}, user_attrs={"prior": True, "order": "p"}
+    )
+    layouts = LayoutRound(space, "throughput")
+    run(study, layouts, 50.0)  # fp32's coverage; the prior next
+    ((split, _),) = run(study, layouts, 100.0)  # the prior leads; its split, 1 x 2, next
+    assert (split["instances"], split["threads_per_instance"]) == (1, 2)
+    pruned = study.ask()
+    space.suggest(pruned)
+    layouts(study, study.tell(pruned, state=optuna.trial.TrialState.PRUNED))
+    ((released, order),) = [
+        (t.system_attrs["fixed_params"], t.user_attrs["order"]) for t in study.get_trials(states=waiting)
+    ]
+    assert released == {**bf16, **split_layout} and order.endswith("2 instance(s) x 1 thread(s))"), order
 
 
 def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_are_kept():

@@ -792,13 +792,15 @@ def test_the_replay_asks_what_the_search_asks_so_a_measured_variant_matches_amon
 
 def test_the_replay_measures_a_language_models_split_before_its_quantized_families_without_int8_dot_products():
     """A generation table from a CPU without int8 dot products: the default replays the baseline's split
-    before weight-only int8 (expected to lose there), while `quantized-first` (as the rule ordered every
-    CPU before) spends 100 s on int8 first and has not reached the split when the 30 s budget ends."""
+    before inductor's int8 activations (expected to lose there), while `quantized-first` (ordered as on a
+    CPU with int8 dot products, where they go first) spends 100 s on them first and has not reached the
+    split when the 30 s budget ends."""
     replay = load_bench_replay()
     categorical = optuna.distributions.CategoricalDistribution
     distributions = {
-        "backend": categorical(["eager"]),
-        "eager.precision": categorical(["fp32", "woq_int8"]),
+        "backend": categorical(["eager", "inductor"]),
+        "eager.precision": categorical(["fp32"]),
+        "inductor.precision": categorical(["da8w8"]),
         "sequences": categorical([1]),
         "instances": categorical([1, 2]),
         "threads_per_instance": categorical([1, 2]),
@@ -809,12 +811,19 @@ def test_the_replay_measures_a_language_models_split_before_its_quantized_famili
     recorded.set_user_attr("fingerprint", {"hardware": {"physical_cores": 2}})
     for params, value, cost, attrs in (
         (base, 100.0, 10.0, {"baseline": True}),
-        ({**base, "eager.precision": "woq_int8"}, 40.0, 100.0, {"coverage": True}),
+        (
+            {"backend": "inductor", "inductor.precision": "da8w8", **{k: base[k] for k in list(base)[2:]}},
+            40.0,
+            100.0,
+            {"coverage": True},
+        ),
         ({**base, "instances": 2, "threads_per_instance": 1}, 180.0, 10.0, {}),
     ):
         attrs = {**attrs, "budget": {"total_s": cost}, "measurement": {"throughput_ci_rel": 0.01}}
         recorded.add_trial(
-            optuna.trial.create_trial(params=params, distributions=distributions, value=value, user_attrs=attrs)
+            optuna.trial.create_trial(
+                params=params, distributions={k: distributions[k] for k in params}, value=value, user_attrs=attrs
+            )
         )
     rows = replay.merge_repeats(replay.read_table(recorded))
 

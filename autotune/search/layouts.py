@@ -25,9 +25,9 @@ search measured no int8 in its first quarter). The coverage trials of families e
 (search/payoff.py) run after the round. For text generation, once the splits are measured, the best
 of the leader and its splits is measured again with more concurrent sequences, the most the space lists
 within 8x its own (most_sequences_variant), ahead of the coverage still held, when it runs fewer: with
-the default space only where the coverage ran one sequence (under a token latency bound, or the
-baseline leading), since throughput without such a bound runs its coverage at the most already
-(coverage_batch).
+the default space only where the round's leader runs one sequence (the baseline leading, or a study
+begun before), since throughput runs its coverage at the most already (coverage_batch); never under a
+token latency bound.
 """
 
 from __future__ import annotations
@@ -122,8 +122,9 @@ def coverage_batch(space: SearchSpace, objective: str, more_sequences: bool) -> 
 
 def round_layout(study: optuna.study.Study, batch_param: str) -> dict[str, int] | None:
     """Text generation: the instances and threads of the best clean trial among the first round's leader
-    and its splits at the leader's batch (not the most-sequences trial, whose gain is the sequences'),
-    once a split was measured clean; None before. The coverage trials released after the round run
+    and its splits at the leader's batch (not the most-sequences trial, whose gain is the sequences'):
+    the leader's own when no split was measured clean (a slower one is pruned at screening); None
+    without a round or a clean measurement. The coverage trials released after the round run
     there (LayoutRound._release): a family's rank at the leader's layout is not its rank at the winning
     one (on a 2-core Xeon with AMX, 8 sequences: inductor da8w8 led at 185.9 tokens/s as 1 x 2 and made
     220.4 as 2 x 1; eager bf16's coverage trial, 187.0 as 1 x 2, came after the round, and its 2 x 1,
@@ -141,7 +142,7 @@ def round_layout(study: optuna.study.Study, batch_param: str) -> dict[str, int] 
         and family(t.params) == family(leader_trial.params)
         and t.params.get(batch_param) == leader_trial.params.get(batch_param)
     ]
-    if not any(t.number != first for t in measured):
+    if not measured:
         return None
     best = max(measured, key=primary_value)
     return {"instances": best.params["instances"], "threads_per_instance": best.params["threads_per_instance"]}
@@ -325,6 +326,8 @@ class LayoutRound:
                 study.set_user_attr(LAYOUT_QUEUE_ATTR, splits)
                 study.set_user_attr(RELEASED_LAST_ATTR, "layout")
                 continue
+            if self.coverage_at_round_layout and ROUND_ATTR in study.user_attrs and self._layouts_running(study):
+                return  # a split still measured elsewhere (a fleet) may decide the layout: its callback releases
             plan, queue = queue[0], queue[1:]
             drifted = None if plan.get("deferred") else self._drifted_weights(study, plan["params"])
             if drifted is not None:  # once

@@ -96,8 +96,9 @@ INT8_FIRST_WHY = {
 DYNAMIC_INT8 = ("da8w8", "smoothquant_int8")
 # ... and every precision with int8 activations (da8w4's weights are int4)
 INT8_ACTIVATIONS = (*DYNAMIC_INT8, "da8w4")
-# emulated precisions, and without int8 dot products a shallow model's int8 and text generation's int8 activations
-# and eager int8 weights (3); families slower than fp32 eager in an earlier study (4)
+# emulated precisions, without int8 dot products a shallow model's int8 and text generation's int8 activations,
+# and text generation's eager int8 and int4 weights on every CPU (3); families slower than fp32 eager in an
+# earlier study (4)
 LATE_TIER = 3
 # Multiply-adds per output element of the convolutions and linear layers (torch_common.with_reduction_depth)
 # under which a classifier's int8 without int8 dot products is expected to lose. Counted on torchvision's
@@ -229,8 +230,9 @@ class CoveragePlan:
 
     @property
     def expected_to_lose(self) -> bool:
-        """Emulated precision, a shallow model's int8 or a language model's int8 activations and eager int8
-        weights without int8 dot products, or slower than fp32 eager in an earlier study here: measured
+        """Emulated precision, a shallow model's int8 or a language model's int8 activations without int8 dot
+        products, a language model's eager int8 or int4 weights, or slower than fp32 eager in an earlier
+        study here: measured
         after the layout round (search/layouts.py), which refines a likely winner instead."""
         return self.tier >= LATE_TIER
 
