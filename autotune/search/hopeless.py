@@ -89,7 +89,7 @@ def lost_by_far(
     """How a launched trial of the proposal's family lost by far, or None if it did not (completed,
     failed, lost narrowly, or drifted with other numerics). `best_per_core`: the best clean trial's
     samples/s per core (None: no clean trial, or an objective the gate's pace does not compare with). A
-    trial that failed by running out its whole trial timeout before anything was timed lost by far too
+    trial that failed by running out its whole trial timeout lost by far too (it recorded no measurement)
     (a language model's inductor int4 weights on a Xeon with AMX: 600 s preparing, then TPE's next
     inductor int4 proposal 377 s more until the budget ran out); one cut short by the budget did not."""
     cause = str(trial.user_attrs.get("fail_cause", ""))
