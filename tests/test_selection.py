@@ -481,6 +481,8 @@ def test_a_family_whose_every_launched_trial_lost_by_far_is_not_launched_again()
     assert "#1 timed out after 600s while preparing" in (verdict(timed_out) or "")
     cut_short = launched("FAIL", "inductor", "bf16", fail_cause="budget ran out: timed out after 377s while preparing")
     assert verdict(cut_short) is None
+    baseline = launched("FAIL", "inductor", "bf16", fail_cause="timed out after 600s while preparing", baseline=True)
+    assert verdict(baseline) is None  # the baseline's untuned settings are not the family's
     assert verdict(launched("PRUNED", "inductor", "fp32", **gated(0.4))) is None
     unlaunched = optuna.trial.create_trial(
         state=optuna.trial.TrialState.PRUNED, user_attrs={"config": {"backend": "inductor", "precision": "bf16"}}
