@@ -126,14 +126,27 @@ def main() -> int:
     rows = {
         "eager fp32": TrialConfig("eager", "fp32", args.sequences, threads_per_instance=cores),
         "eager bf16": TrialConfig("eager", "bf16", args.sequences, threads_per_instance=cores),
-        "eager woq_int8": TrialConfig("eager", "woq_int8", args.sequences, threads_per_instance=cores),
         "eager da8w8": TrialConfig("eager", "da8w8", args.sequences, threads_per_instance=cores),
         "eager smoothquant_int8": TrialConfig(
             "eager", "smoothquant_int8", args.sequences, threads_per_instance=cores, options={"alpha": 0.5}
         ),
-        "eager woq_int4": TrialConfig(
-            "eager", "woq_int4", args.sequences, threads_per_instance=cores, options={"group_size": 128}
-        ),
+    }
+    # Weight-only int8/int4 take their activations in bf16 (the space's first, A16W8 / A16W4) or fp32.
+    for activations in ("bf16", "fp32"):
+        for precision in ("woq_int8", "woq_int4"):
+            options = {"activations": activations, **({"group_size": 128} if precision == "woq_int4" else {})}
+            rows[f"eager {precision} {activations} activations"] = TrialConfig(
+                "eager", precision, args.sequences, threads_per_instance=cores, options=options
+            )
+    # What the coverage round compiles: static cache and freezing (the space's first values).
+    compiled = [("bf16", None)] + [(p, a) for p in ("woq_int8", "woq_int4") for a in ("bf16", "fp32")]
+    for precision, activations in compiled:
+        options: dict = {"kv_cache": "static", "freezing": True}
+        options |= {"activations": activations} if activations else {}
+        options |= {"group_size": 128} if precision == "woq_int4" else {}
+        name = f"inductor {precision} freezing" + (f" {activations} activations" if activations else "")
+        rows[name] = TrialConfig("inductor", precision, args.sequences, threads_per_instance=cores, options=options)
+    rows |= {
         # The recipe of PyTorch's quantized-LLM-on-Xeon write-up, applied by hand: DA8W8, max-autotune,
         # C++ wrapper, concatenated linears, freezing, one instance on all cores.
         "inductor da8w8 recipe": TrialConfig(

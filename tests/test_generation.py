@@ -265,7 +265,8 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
 def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdir, trained):
     """int4 weights quantized by the prepare process, cached by numerics: a second trial with another KV
     cache and batch loads them (no preparation), and its logits drift is the first one's (to float rounding:
-    the decode steps compared run with another batch and KV cache)."""
+    the decode steps compared run with another batch and KV cache). Both run the bf16 activations the
+    weights were quantized with (A16W4), and fp32 activations are other weights, built apart."""
     from autotune.machine.probe import probe_machine
     from autotune.measure.stopwatch import MeasureSettings
     from autotune.model.generation import GenerationWorkload
@@ -280,10 +281,12 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
     runs = []
     for sequences, kv_cache in ((2, "dynamic"), (1, "static")):
-        options = {"group_size": 32, "kv_cache": kv_cache}
+        options = {"group_size": 32, "kv_cache": kv_cache, "activations": "bf16"}
         config = TrialConfig("eager", "woq_int4", sequences, threads_per_instance=1, options=options)
         runs.append(run_config(config, ctx, workdir / f"trial-{kv_cache}", 600)[0])
     first, second = runs
+    assert first.backend_details is not None and second.backend_details is not None
+    assert first.backend_details["float_dtype"] == second.backend_details["float_dtype"] == "bfloat16"
     assert first.artifact is not None and second.artifact is not None
     assert not first.artifact["cached"] and first.prepare_s > 0
     assert second.artifact["cached"] and second.prepare_s == 0.0 and second.artifact["dir"] == first.artifact["dir"]
@@ -298,10 +301,20 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     import shutil
 
     shutil.rmtree(first.artifact["dir"])
-    config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options={"group_size": 32})
+    options = {"group_size": 32, "activations": "bf16"}
+    config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options=options)
     job = {"model": reference.model.to_dict(), "generation": workload, "artifact_dir": first.artifact["dir"]}
     from autotune.worker.generate import build_generation_runner
 
     runner = build_generation_runner(job, config)
     assert "load_quantized_s" not in runner.details and runner.details["quantize_s"] > 0
+    assert runner.details["float_dtype"] == "bfloat16"
+    # fp32 activations: other weights (quantized from the fp32 model), so another artifact
+    options = {"group_size": 32, "kv_cache": "static", "activations": "fp32"}
+    config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options=options)
+    third = run_config(config, ctx, workdir / "trial-fp32", 600)[0]
+    assert (
+        third.artifact is not None and not third.artifact["cached"] and third.artifact["dir"] != first.artifact["dir"]
+    )
+    assert third.backend_details is not None and third.backend_details["float_dtype"] == "float32"
     assert second.executed_precision is not None and second.executed_precision.counts.get("int4", 0) > 0

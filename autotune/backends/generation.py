@@ -23,12 +23,18 @@ from autotune.backends.base import BackendSpec
 
 PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
 INT4 = ("woq_int4", "da8w4")
+# Weight-only precisions: the GEMMs take the activations in the model's float dtype. bf16 is what the
+# write-ups' A16W8 / A16W4 mean; torchao's CPU int4 kernel has no fast path for fp32 activations (a
+# 100M decoder's 512-token prefill took 32.7 s with fp32 activations against 0.51 s with bf16 ones on a
+# Xeon with AMX, docs/BENCHMARKS.md), so fp32 is an option, not the default.
+WEIGHT_ONLY = ("woq_int8", "woq_int4")
 COMMON_OPTIONS: dict[str, tuple[Any, ...]] = {
     "kv_cache": ("dynamic", "static"),
     "group_size": (128, 64, 32),
     "alpha": (0.5, 0.25, 0.75),
+    "activations": ("bf16", "fp32"),
 }
-COMMON_OPTION_PRECISIONS = {"group_size": INT4, "alpha": ("smoothquant_int8",)}
+COMMON_OPTION_PRECISIONS = {"group_size": INT4, "alpha": ("smoothquant_int8",), "activations": WEIGHT_ONLY}
 # Quantized once by the prepare process, cached, and loaded by every trial with the same numerics.
 QUANTIZED = ("woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
 ARTIFACT_VERSION = 1
@@ -121,20 +127,29 @@ def quantization_config(precision: str, options: dict[str, Any]) -> Any:
     raise RuntimeError(f"precision {precision} is not a torchao quantize_ config")
 
 
+def activations_of(precision: str, options: dict[str, Any]) -> str:
+    """The float dtype a precision's activations run in: a weight-only precision's `activations` option
+    (fp32 where a config predates it, as it was measured then), bf16 for bf16, fp32 otherwise."""
+    if precision in WEIGHT_ONLY:
+        return str(options.get("activations", "fp32"))
+    return "bf16" if precision == "bf16" else "fp32"
+
+
 def apply_precision(model: Any, precision: str, options: dict[str, Any], calibration: Any = None) -> dict[str, Any]:
     """Convert the model in place to `precision`; returns what was done and how long it took."""
     import torch
 
     t0 = time.monotonic()
-    if precision == "bf16":
+    activations = activations_of(precision, options)
+    if activations == "bf16":  # a weight-only precision quantizes the bf16 model's weights
         model.to(torch.bfloat16)
-    elif precision == "smoothquant_int8":
+    if precision == "smoothquant_int8":
         smoothquant(model, float(options.get("alpha", 0.5)), calibration)
-    elif precision != "fp32":
+    elif precision not in ("fp32", "bf16"):
         from torchao.quantization import quantize_
 
         quantize_(model, quantization_config(precision, options))
-    return {"precision": precision, "quantize_s": time.monotonic() - t0}
+    return {"precision": precision, "activations": activations, "quantize_s": time.monotonic() - t0}
 
 
 def smoothquant(model: Any, alpha: float, calibration: Any) -> None:
@@ -223,6 +238,8 @@ def artifact_identity(config: Any) -> dict[str, Any]:
     """What the quantized weights depend on besides the model and calibration text: the precision and
     its own options (not the KV cache, the compile flags or the sequences)."""
     identity: dict[str, Any] = {"task": "generate", "precision": config.precision}
+    if config.precision in WEIGHT_ONLY:
+        identity["activations"] = activations_of(config.precision, dict(config.options))
     if config.precision in INT4:
         identity["group_size"] = int(config.options.get("group_size", 128))
     if config.precision == "smoothquant_int8":
@@ -283,6 +300,8 @@ def load_quantized(model: Any, artifact_dir: Any, details: dict[str, Any]) -> fl
     for module in details.get("tensor_modules", []):
         importlib.import_module(module)
     state = torch.load(artifact_dir / QUANTIZED_FILE, weights_only=True)
+    if details.get("activations") == "bf16":  # the buffers the state dict leaves out, as quantizing left them
+        model.to(torch.bfloat16)
     model.eval().requires_grad_(False)  # as quantize_ leaves them: the same model for torch.compile
     model.load_state_dict(state, assign=True)
     return time.monotonic() - t0
@@ -422,6 +441,8 @@ def prepare(
         if artifact is not None:
             details["cached_artifact_not_loaded"] = artifact["load_failed"]
     details["weight_bytes"] = weight_bytes(model)
+    # what the layers are fed, read off the prepared model (the embedding's output), not the config
+    details["float_dtype"] = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     generator = Generator(model, new_tokens, options.get("kv_cache", "dynamic"))
     if config.backend == "inductor":
         details["inductor"] = inductor_settings(options)
