@@ -111,8 +111,8 @@ def deferral(
     cheapest of the others'. An artifact is built for its precision (an int8 quantization says nothing
     of what an fp32 export costs), so another precision's preparation is left out; and its drift
     evaluation runs at its precision's speed, so one slow precision says little of another (a language
-    model's int4 weights took eager 576 s to start and load on a Xeon with AMX, which deferred eager's
-    fp32 and SmoothQuant coverage trials; its bf16 had taken 11 s)."""
+    model's int4 weights with fp32 activations took eager 576 s to start and load on a Xeon with AMX,
+    which deferred eager's fp32 and SmoothQuant coverage trials; its bf16 had taken 11 s)."""
     if not earlier:
         return None
 

@@ -90,7 +90,7 @@ def lost_by_far(
     failed, lost narrowly, or drifted with other numerics). `best_per_core`: the best clean trial's
     samples/s per core (None: no clean trial, or an objective the gate's pace does not compare with). A
     trial that failed by running out its whole trial timeout lost by far too (it recorded no measurement)
-    (a language model's inductor int4 weights on a Xeon with AMX: 600 s preparing, then TPE's next
+    (a language model's inductor int4 weights with fp32 activations on a Xeon with AMX: 600 s preparing, then TPE's next
     inductor int4 proposal 377 s more until the budget ran out); one cut short by the budget did not, nor
     the baseline, whose untuned settings are not the family's (a model that hangs there may not elsewhere)."""
     cause = str(trial.user_attrs.get("fail_cause", ""))

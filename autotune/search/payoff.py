@@ -32,12 +32,15 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   with freezing it ran at 1.11x eager fp32 on an AVX2-only EPYC and led the families measured there),
   fp32 tier 2. Expected to lose on every CPU (tier 3, after the layout round): eager's int8 (weight-only,
   da8w8, SmoothQuant), which decoded slower than eager bf16 or fp32 on every CPU recorded (the Xeon with
-  AMX at 8 sequences as 1 x 2: weight-only 89.4 tokens/s, da8w8 125.3, eager bf16 221.2; on an EPYC with
-  VNNI stopped at screening; on an AVX2-only EPYC da8w8 at 0.14-0.15x eager fp32 and weight-only int8 at
-  0.42-0.66x, three eager int8 trials taking 9.5 minutes of a 60-minute search before inductor's ran);
-  and int4 weights, whose trials took minutes before anything was timed on every CPU recorded (eager's on
-  the Xeon with AMX: 3.6 minutes at one sequence and 9.6 at 8, pruned on drift with random weights;
-  inductor's 4.2 minutes; on the AVX2-only EPYC 7 minutes without reaching a timed window). Without int8
+  AMX at 8 sequences as 1 x 2: weight-only 89.4 tokens/s with fp32 activations, 105.9 with bf16 ones,
+  da8w8 125.3, eager bf16 183.3-221.2; on an EPYC with VNNI stopped at screening; on an AVX2-only EPYC
+  da8w8 at 0.14-0.15x eager fp32 and weight-only int8 at 0.42-0.66x, three eager int8 trials taking 9.5
+  minutes of a 60-minute search before inductor's ran); and int4 weights, whose prompt prefill runs
+  torchao's CPU int4 kernel: with bf16 activations (A16W4) it decodes as fast as bf16 or faster, but a
+  512-token prefill at 8 sequences took 4.2 s in eager and 4.0 s compiled against bf16's 0.7 and 0.6 (the
+  Xeon with AMX: 82.2 and 101.7 tokens/s against eager bf16's 174.8 and inductor bf16's 285.7). With fp32
+  activations, the kernel's slow path, the trials took minutes before anything was timed (eager's 9.6 at
+  8 sequences on the Xeon with AMX, 7 without a timed window on the AVX2-only EPYC). Without int8
   dot products int8 activations are expected to lose too (da8w4 by the same reasoning, not measured),
   since the prompt's prefill is compute-bound (the AVX2-only EPYC: SmoothQuant 0.16x eager fp32, the
   recipe compiled by inductor with max-autotune and freezing 0.15x, each prefill about 20-26x fp32's).
@@ -169,8 +172,8 @@ def expected_payoff(
         if kind == "int4":
             return Payoff(
                 LATE_TIER,
-                "int4 weights expected to lose: their trials took minutes before anything was timed on every CPU "
-                "recorded",
+                "int4 weights expected to lose: the prompt's prefill runs the CPU int4 kernel, 6-7x bf16's time "
+                "on a Xeon with AMX",
             )
         if kind == "int8":
             return Payoff(1, "int8 weights: decoding reads half the bytes of bf16 per token")
