@@ -130,31 +130,34 @@ def round_layout(study: optuna.study.Study, batch_param: str) -> dict[str, int] 
     220.4 as 2 x 1; eager bf16's coverage trial, 187.0 as 1 x 2, came after the round, and its 2 x 1,
     239.5 in a 60-minute search, was never measured in that 20-minute one; docs/BENCHMARKS.md)."""
     first = study.user_attrs.get(ROUND_ATTR)
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     leader_trial = next((t for t in study.get_trials(deepcopy=False) if t.number == first), None)
     if leader_trial is None:
         return None
-    measured = [
+    at_its_batch = [
         t
-        for t in trials
-        if (t.number == first or t.user_attrs.get("layout"))
-        and is_valid(t)
+        for t in round_trials(study, leader_trial.number)
+        if is_valid(t)
         and family(t.params) == family(leader_trial.params)
         and t.params.get(batch_param) == leader_trial.params.get(batch_param)
     ]
-    if not measured:
+    if not at_its_batch:
         return None
-    best = max(measured, key=primary_value)
+    best = max(at_its_batch, key=primary_value)
     return {"instances": best.params["instances"], "threads_per_instance": best.params["threads_per_instance"]}
 
 
-def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.FrozenTrial | None:
-    """The best of the round's leader and its measured layout trials (clean ones first), or None."""
-    layouts = [
+def round_trials(study: optuna.study.Study, leader_number: int) -> list[optuna.trial.FrozenTrial]:
+    """The completed trials of a layout round: its leader and the layout trials measured so far."""
+    return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.number == leader_number or t.user_attrs.get("layout")
     ]
+
+
+def best_layout(study: optuna.study.Study, leader_number: int) -> optuna.trial.FrozenTrial | None:
+    """The best of the round's leader and its measured layout trials (clean ones first), or None."""
+    layouts = round_trials(study, leader_number)
     return max([t for t in layouts if is_valid(t)] or layouts, key=primary_value, default=None)
 
 
