@@ -172,7 +172,7 @@ def expected_payoff(
         if kind == "int4":
             return Payoff(
                 LATE_TIER,
-                "int4 weights expected to lose: the prompt's prefill runs the CPU int4 kernel, 6-7x bf16's time "
+                "int4 weights expected to lose: the prompt's prefill runs the CPU int4 kernel, 5.6-6.8x bf16's time "
                 "on a Xeon with AMX",
             )
         if kind == "int8":
