@@ -131,8 +131,18 @@ def activations_of(precision: str, options: dict[str, Any]) -> str:
     """The float dtype a precision's activations run in: a weight-only precision's `activations` option
     (fp32 where a config predates it, as it was measured then), bf16 for bf16, fp32 otherwise."""
     if precision in WEIGHT_ONLY:
-        return str(options.get("activations", "fp32"))
+        value = str(options.get("activations", "fp32"))
+        if value not in COMMON_OPTIONS["activations"]:
+            raise ValueError(f"activations {value!r} is not one of {list(COMMON_OPTIONS['activations'])}")
+        return value
     return "bf16" if precision == "bf16" else "fp32"
+
+
+def precision_variant(precision: str, options: dict[str, Any]) -> str:
+    """A precision as its kernels see it: a weight-only one with its activations (`woq_int4/fp32`), since
+    fp32 activations take another path (torchao's CPU int4 kernel: 35x slower), so what one of them cost
+    or how it lost says nothing of the other; any other precision as it is named."""
+    return f"{precision}/{activations_of(precision, options)}" if precision in WEIGHT_ONLY else precision
 
 
 def apply_precision(model: Any, precision: str, options: dict[str, Any], calibration: Any = None) -> dict[str, Any]:
@@ -204,9 +214,11 @@ def unavailable_precisions() -> dict[str, str]:
             else:
                 from torchao.quantization import quantize_
 
+                if precision in WEIGHT_ONLY:  # the activations its coverage runs (the space's first)
+                    layer.to(torch.bfloat16)
                 quantize_(layer, quantization_config(precision, {"group_size": 128}))
             with torch.no_grad():
-                layer(torch.randn(4, 256))
+                layer(torch.randn(4, 256, dtype=next(layer.parameters()).dtype))
         except Exception as exc:  # any failure means the precision cannot run here
             reasons[precision] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     return reasons
@@ -231,6 +243,19 @@ def weight_bytes(model: Any) -> int:
         seen.add(id(tensor))
         total += size(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor)
     return total
+
+
+def float_dtypes(model: Any) -> str:
+    """The dtypes of the model's plain floating-point parameters and buffers (quantized tensor
+    subclasses left out), comma-separated: `bfloat16` for a model cast to bf16 throughout."""
+    import torch
+
+    dtypes = {
+        str(t.dtype).removeprefix("torch.")
+        for t in [*(p.data for p in model.parameters()), *model.buffers()]
+        if type(t) is torch.Tensor and t.is_floating_point()
+    }
+    return ", ".join(sorted(dtypes))
 
 
 # ---- the quantized model, prepared once ------------------------------------------------------------
@@ -441,8 +466,9 @@ def prepare(
         if artifact is not None:
             details["cached_artifact_not_loaded"] = artifact["load_failed"]
     details["weight_bytes"] = weight_bytes(model)
-    # what the layers are fed, read off the prepared model (the embedding's output), not the config
-    details["float_dtype"] = str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
+    # what the model computes in, read off the prepared model, not the config: the dtypes of its plain
+    # floating-point parameters and buffers (a cast that missed the rotary embedding's shows as two)
+    details["float_dtype"] = float_dtypes(model)
     generator = Generator(model, new_tokens, options.get("kv_cache", "dynamic"))
     if config.backend == "inductor":
         details["inductor"] = inductor_settings(options)
