@@ -70,7 +70,8 @@ def perplexity_table() -> int:
             continue
         model = LlamaForCausalLM(llama_config())
         model.load_state_dict(torch.load(trained["weights"], weights_only=True))
-        apply_precision(model.eval(), precision, {"group_size": 32, "alpha": 0.5}, calibration)
+        options = {"group_size": 32, "alpha": 0.5, "activations": "bf16"}  # the space's first activations
+        apply_precision(model.eval(), precision, options, calibration)
         with torch.no_grad():
             value = float(torch.exp(model(input_ids=ids, labels=ids).loss.float()))
         reference = reference or value

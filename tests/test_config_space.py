@@ -384,7 +384,7 @@ def test_openvino_int8_coverage_runs_its_float_layers_as_openvino_itself_would_o
     # without the tiles (vector bf16 alone, or none) the space's first value, f32, and nothing said
     for isa in ({"avx512_vnni": True, "avx512_bf16": True}, {"avx2": True}):
         here = coverage_preferences(isa)
-        assert here == {}
+        assert ("openvino", "int8_float") not in here
         plans = space.coverage_params({key: preference.value for key, preference in here.items()})
         assert next(p for p in plans if p["openvino.precision"] == "int8")["openvino.int8_float"] == "f32"
         ordered = order_by_payoff(plans, isa, "classify", preferences=coverage_preferences(isa))
@@ -567,6 +567,17 @@ def test_the_generation_spaces_weight_only_coverage_runs_bf16_activations():
         weight_only, "bf16"
     )
     assert data["backends"]["inductor"]["activations"] == ["bf16", "fp32"]  # fp32 stays searchable
+    # where bf16 would be emulated (an AVX2-only EPYC), the coverage runs fp32 ones, as measured there
+    from autotune.search.payoff import coverage_preferences
+
+    for isa, expected in (({"avx2": True}, "fp32"), ({"avx512_bf16": True}, "bf16"), ({"amx_bf16": True}, "bf16")):
+        preferred = {key: pref.value for key, pref in coverage_preferences(isa).items()}
+        values = {
+            params.get(f"{params['backend']}.activations")
+            for params in space.coverage_params(preferred)
+            if params[f"{params['backend']}.precision"] in ("woq_int8", "woq_int4")
+        }
+        assert values == {expected}, isa
 
 
 def test_the_generation_space_covers_on_tcmalloc_from_a_glibc_baseline():

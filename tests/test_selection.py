@@ -499,6 +499,30 @@ def test_a_family_whose_every_launched_trial_lost_by_far_is_not_launched_again()
     assert verdict(launched("PRUNED", "inductor", "bf16", **drifted(0.242, drift_reference="older"))) is None
 
 
+def test_a_weight_only_family_lost_by_far_with_fp32_activations_is_still_launched_with_bf16_ones():
+    """fp32 activations take torchao's CPU int4 kernel's slow path (35x fewer tokens/s than bf16 ones on a
+    Xeon with AMX): an eager int4 trial that ran out its trial timeout with them says nothing of a proposal
+    with bf16 ones, and a recorded config without the option ran fp32 (before it was one)."""
+    from autotune.search.hopeless import Proposal, hopeless_family, precision_variant_of
+
+    def int4(activations: str | None) -> optuna.trial.FrozenTrial:
+        trial = launched("FAIL", "eager", "woq_int4", fail_cause="timed out after 600s while preparing")
+        options = {"group_size": 128} | ({"activations": activations} if activations else {})
+        config = {**trial.user_attrs["config"], "options": options}
+        return optuna.trial.create_trial(state=trial.state, user_attrs={**trial.user_attrs, "config": config})
+
+    best = completed(300.0, config={"backend": "inductor", "precision": "bf16", "batch_size": 8, "instances": 2})
+    for recorded in (int4("fp32"), int4(None)):
+        assert precision_variant_of(recorded.user_attrs["config"]) == "woq_int4/fp32"
+        study = study_with(best, recorded)
+        bf16 = Proposal("eager", "woq_int4/bf16", "static", "ref")
+        assert hopeless_family(study, bf16, DriftCriterion(), "throughput", 99) is None
+        fp32 = Proposal("eager", "woq_int4/fp32", "static", "ref")
+        assert "every eager woq_int4/fp32 trial so far lost by far" in (
+            hopeless_family(study, fp32, DriftCriterion(), "throughput", 99) or ""
+        )
+
+
 def test_lost_by_far_minimising_latency_compares_the_work_per_core():
     """The latency objective's value is ms per call: 8 samples a call at 0.43 samples/s on 2 threads is
     0.215 samples/s per core, lost by far against a best of 5.66 ms per call of 4 samples on 2 threads
@@ -534,3 +558,41 @@ def test_a_prior_studys_baseline_says_nothing_of_its_family_only_its_other_trial
     assert prior.family_speedups == {("openvino", "int8"): (3.0, "earlier")}
     earlier.add_trial(trial(12.0, {**EAGER, "batch_size": 4}))
     assert read_prior([storage], "later", hardware, "classify").family_speedups[("eager", "fp32")] == (1.2, "earlier")
+
+
+def test_a_prior_winner_with_weight_only_int8_is_enqueued_with_the_activations_it_ran():
+    """A language model's weight-only winner from before `activations` was an option ran fp32 activations:
+    it is enqueued with them (Optuna would sample the missing value, and bf16 ones run other kernels),
+    and its speed does not rank the family, whose coverage trial now runs another kernel path."""
+    from autotune.search.priors import read_prior
+
+    hardware = {"model_name": "a CPU", "physical_cores": 2}
+    storage = optuna.storages.InMemoryStorage()
+    earlier = optuna.create_study(study_name="earlier", storage=storage, direction="maximize")
+    earlier.set_user_attr("fingerprint", {"hardware": hardware})
+    earlier.set_user_attr("spec", {"task": "generate", "objective": "throughput"})
+    base = {"backend": "eager", "precision": "fp32", "batch_size": 1, "instances": 1, "threads_per_instance": 2}
+    earlier.add_trial(completed(10.0, **full_metrics(10.0), config=base, baseline=True))
+    winner = {**base, "backend": "inductor", "precision": "woq_int8", "options": {"freezing": True}}
+    params = {"backend": "inductor", "inductor.precision": "woq_int8", "inductor.freezing": True}
+    distributions = {
+        "backend": optuna.distributions.CategoricalDistribution(["eager", "inductor"]),
+        "inductor.precision": optuna.distributions.CategoricalDistribution(["woq_int8", "bf16"]),
+        "inductor.freezing": optuna.distributions.CategoricalDistribution([True, False]),
+    }
+    earlier.add_trial(
+        optuna.trial.create_trial(
+            value=20.0,
+            params=params,
+            distributions=distributions,
+            user_attrs={
+                "valid": True,
+                "measurement": {"throughput_ci_rel": 0.01},
+                "config": winner,
+                **full_metrics(20.0),
+            },
+        )
+    )
+    prior = read_prior([storage], "later", hardware, "generate")
+    assert prior.winners and prior.winners[0][0] == {**params, "inductor.activations": "fp32"}
+    assert ("inductor", "woq_int8") not in prior.family_speedups

@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna
 
+from autotune.backends.generation import precision_variant
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.speed_gate import GateVerdict
 from autotune.results.selection import clean_trials, primary_value
@@ -39,13 +40,18 @@ class Proposal:
     """What the sampler proposed, as far as the rule reads it: its family and its numerics."""
 
     backend: str
-    precision: str
+    precision: str  # as its kernels see it (backends/generation.precision_variant): `woq_int4/bf16`
     fallback_key: str  # the numerics without the scheduling options (search.study's _fallback_key)
     drift_reference: str  # the reference digest its drift would be measured against
     # A language model's drift is measured at its timed sequences (the graphs the timed calls run), so a
     # drift at other sequences says nothing of it: inductor da8w8 on a Xeon with AMX computed garbage decode
     # steps at 1 sequence and drifted 0.045 at 8. None: a classifier, whose drift holds at any batch.
     sequences: int | None = None
+
+
+def precision_variant_of(config: dict[str, Any]) -> str:
+    """A recorded trial config's precision as its kernels see it (backends/generation.precision_variant)."""
+    return precision_variant(str(config.get("precision", "")), config.get("options") or {})
 
 
 def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> float | None:
@@ -139,7 +145,7 @@ def hopeless_family(
         if t.number < before
         and "budget" in t.user_attrs  # launched: the orchestrator split its time
         and (t.user_attrs.get("config") or {}).get("backend") == proposal.backend
-        and (t.user_attrs.get("config") or {}).get("precision") == proposal.precision
+        and precision_variant_of(t.user_attrs.get("config") or {}) == proposal.precision
         and (host is None or t.user_attrs.get("host") == host)
     ]
     if not launched:

@@ -32,8 +32,9 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   with freezing it ran at 1.11x eager fp32 on an AVX2-only EPYC and led the families measured there),
   fp32 tier 2. Expected to lose on every CPU (tier 3, after the layout round): eager's int8 (weight-only,
   da8w8, SmoothQuant), which decoded slower than eager bf16 or fp32 on every CPU recorded (the Xeon with
-  AMX at 8 sequences as 1 x 2: weight-only 89.4 tokens/s with fp32 activations, 105.9 with bf16 ones,
-  da8w8 125.3, eager bf16 183.3-221.2; on an EPYC with VNNI stopped at screening; on an AVX2-only EPYC
+  AMX at 8 sequences as 1 x 2: weight-only 89.4 tokens/s (a search's trial) and 61.8
+  (docs/bench_generation.py) with fp32 activations, 105.9 with bf16 ones, da8w8 125.3, eager bf16
+  183.3-221.2; on an EPYC with VNNI stopped at screening; on an AVX2-only EPYC
   da8w8 at 0.14-0.15x eager fp32 and weight-only int8 at 0.42-0.66x, three eager int8 trials taking 9.5
   minutes of a 60-minute search before inductor's ran); and int4 weights, whose prompt prefill runs
   torchao's CPU int4 kernel: with bf16 activations (A16W4) it decodes as fast as bf16 or faster, but a
@@ -126,10 +127,17 @@ def coverage_preferences(isa: dict[str, bool]) -> dict[tuple[str, str], Preferen
     makes it run them in f32. On a 2-core Xeon with AMX (`autotune bench`, batch 8, 1 x 2, medians of 3
     interleaved runs), vit_b_16's OpenVINO int8 ran at 43.4 samples/s with f32, the coverage trial's
     then, and 56.2 with bf16 (1.30x; a 20-minute search had found bf16 at 54% of its budget); resnet50,
-    a CNN with little left in float, at 419.5 and 412.2 (0.98x, the runs overlapping) (docs/BENCHMARKS.md)."""
+    a CNN with little left in float, at 419.5 and 412.2 (0.98x, the runs overlapping) (docs/BENCHMARKS.md).
+    A language model's weight-only int8 and int4 take their activations in bf16 (the space's first) where
+    the CPU computes bf16 natively, and in fp32 where it would emulate it: there bf16 is expected to lose
+    (tier 3), and inductor's weight-only int8, which led an AVX2-only EPYC's search at 1.11x eager fp32, was
+    measured with fp32 activations."""
     if isa.get(TILES["bf16"]):
         why = f"int8_float=bf16: what OpenVINO runs the float layers in by itself on this CPU ({TILES['bf16']})"
         return {("openvino", "int8_float"): Preference("bf16", why)}
+    if not any(isa.get(flag) for flag in NATIVE["bf16"]):
+        why = f"activations=fp32: no native bf16 here ({' or '.join(NATIVE['bf16'])}), so bf16 ones would be emulated"
+        return {(backend, "activations"): Preference("fp32", why) for backend in ("eager", "inductor")}
     return {}
 
 

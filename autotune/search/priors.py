@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 
+from autotune.backends.generation import WEIGHT_ONLY, activations_of
 from autotune.machine.fingerprint import fingerprint_differences
 from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
@@ -83,18 +84,31 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
         if len(prior.winners) < MAX_PRIOR_WINNERS and clean[0].params:
             best = clean[0]
             speedup = f", {metrics_of(best).throughput_sps / base_value:.2f}x its baseline" if base_value else ""
-            prior.winners.append((dict(best.params), f"prior: the winner of study {name} on this machine{speedup}"))
+            params = as_measured(dict(best.params), best.user_attrs.get("config") or {})
+            prior.winners.append((params, f"prior: the winner of study {name} on this machine{speedup}"))
         if not (base_value and maximize):
             continue
         for trial in clean:
             if trial.user_attrs.get("baseline"):  # 1.00x by definition: says nothing of its family elsewhere
                 continue
             config = trial.user_attrs.get("config") or {}
+            if config.get("precision") in WEIGHT_ONLY and "activations" not in (config.get("options") or {}):
+                continue  # fp32 activations, measured before they were an option: not what its coverage runs
             family = (str(config.get("backend")), str(config.get("precision")))
             speedup_value = metrics_of(trial).throughput_sps / base_value
             if speedup_value > prior.family_speedups.get(family, (0.0, ""))[0]:
                 prior.family_speedups[family] = (speedup_value, name)
     return prior
+
+
+def as_measured(params: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """A winner's parameters with what its config ran but its study did not sample: a weight-only
+    precision's fp32 activations from before they were an option (Optuna would sample the missing
+    value, and the enqueued winner would not be the one measured)."""
+    backend = params.get("backend")
+    if params.get(f"{backend}.precision") in WEIGHT_ONLY and f"{backend}.activations" not in params:
+        params[f"{backend}.activations"] = activations_of(str(config.get("precision")), config.get("options") or {})
+    return params
 
 
 def prior_kind(spec: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 
 from autotune.backends import backend_module
+from autotune.backends.generation import precision_variant
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
@@ -49,7 +50,7 @@ from autotune.search.fleet import (
     orchestrator_record,
     register_orchestrator,
 )
-from autotune.search.hopeless import Proposal, hopeless_family
+from autotune.search.hopeless import Proposal, hopeless_family, precision_variant_of
 from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound, coverage_batch
 from autotune.search.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
@@ -174,11 +175,12 @@ class Objective:
         if not trial.user_attrs.get("coverage"):
             return
         earlier = [
-            (t.number, t.user_attrs["config"].get("precision", ""), TrialBudget.from_json(t.user_attrs["budget"]))
+            (t.number, precision_variant_of(t.user_attrs["config"]), TrialBudget.from_json(t.user_attrs["budget"]))
             for t in trial.study.get_trials(deepcopy=False)
             if "budget" in t.user_attrs and (t.user_attrs.get("config") or {}).get("backend") == config.backend
         ]
-        reason = deferral(config.backend, config.precision, earlier, self.deadline - time.monotonic())
+        precision = precision_variant(config.precision, config.options)
+        reason = deferral(config.backend, precision, earlier, self.deadline - time.monotonic())
         if reason:
             trial.set_user_attr("prune_reason", reason)
             trial.set_user_attr("deferred", True)
@@ -190,7 +192,7 @@ class Objective:
         that came without an `order`, which everything the search enqueues itself carries."""
         proposal = Proposal(
             config.backend,
-            config.precision,
+            precision_variant(config.precision, config.options),
             trial.user_attrs["fallback_key"],
             trial.user_attrs["drift_reference"],
             self._drift_sequences(config),
