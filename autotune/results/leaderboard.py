@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -99,42 +100,69 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
 def cause_group(cause: str) -> str:
     """Causes that differ only in numbers (instance, pid, seconds, MiB, layer counts) fall in one group;
     digits that end a name (int8, f32, bf16) are not numbers."""
-    return re.sub(r"(?<![A-Za-z\d])\d+(\.\d+)?", "N", cause.splitlines()[0] if cause else "unknown")
+    return re.sub(r"(?<![A-Za-z\d])\d+(\.\d+)?", "N", cause)
 
 
-def outcome_groups(study: optuna.study.Study) -> dict[str, Counter]:
-    """FAIL causes and PRUNED reasons, each grouped, with how often they occurred."""
-    groups: dict[str, Counter] = {"FAIL": Counter(), "PRUNED": Counter()}
+@dataclass
+class OutcomeGroup:
+    """Failed or pruned trials whose causes differ only in numbers: the first one's cause as it was
+    recorded (its numbers kept, as an example) and every trial number in the group."""
+
+    state: str  # FAIL or PRUNED
+    example: str
+    trials: list[int] = field(default_factory=list)
+
+    @property
+    def trial_list(self) -> str:
+        """The trial numbers, the first ones when there are many."""
+        shown = ", ".join(map(str, self.trials[:MAX_LISTED_TRIALS]))
+        return shown + (f" and {len(self.trials) - MAX_LISTED_TRIALS} more" if len(self.trials) > MAX_LISTED_TRIALS else "")
+
+
+MAX_LISTED_TRIALS = 8
+
+
+def _outcome_cause(trial: optuna.trial.FrozenTrial) -> tuple[str, str]:
+    """(group key, the trial's own cause) of a failed or pruned trial."""
+    if trial.state == optuna.trial.TrialState.FAIL:
+        cause = (trial.user_attrs.get("fail_cause") or "unknown (no cause recorded)").splitlines()[0]
+        return cause_group(cause), cause
+    reason = (trial.user_attrs.get("prune_reason") or "pruned").splitlines()[0]
+    for prefix, kind in PRUNE_KINDS:
+        if reason.startswith(prefix):
+            return kind, reason
+    return cause_group(reason), reason
+
+
+PRUNE_KINDS = (
+    ("drift", "drift beyond the bound"),
+    ("screening", "clearly slower at screening"),
+    ("server:", "server: no rate sustained at the bound"),
+)
+
+
+def outcome_groups(study: optuna.study.Study) -> list[OutcomeGroup]:
+    """FAIL causes, then PRUNED reasons, each grouped, the largest group first."""
+    groups: dict[tuple[str, str], OutcomeGroup] = {}
     for trial in study.get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
     ):
-        if trial.state == optuna.trial.TrialState.FAIL:
-            groups["FAIL"][cause_group(trial.user_attrs.get("fail_cause", "unknown (no cause recorded)"))] += 1
-        else:
-            reason = trial.user_attrs.get("prune_reason", "pruned")
-            kind = (
-                "drift beyond the bound"
-                if reason.startswith("drift")
-                else "clearly slower at screening"
-                if reason.startswith("screening")
-                else "server: no rate sustained at the bound"
-                if reason.startswith("server:")
-                else cause_group(reason)
-            )
-            groups["PRUNED"][kind] += 1
-    return groups
+        key, cause = _outcome_cause(trial)
+        group = groups.setdefault((trial.state.name, key), OutcomeGroup(trial.state.name, cause))
+        group.trials.append(trial.number)
+    order = {"FAIL": 0, "PRUNED": 1}
+    return sorted(groups.values(), key=lambda g: (order[g.state], -len(g.trials)))
 
 
 def outcome_table(study: optuna.study.Study) -> Table | None:
     groups = outcome_groups(study)
-    if not any(groups.values()):
+    if not groups:
         return None
-    table = Table(title="failed and pruned trials, by cause")
-    for column in ("state", "trials", "cause"):
-        table.add_column(column, no_wrap=column != "cause")
-    for state, counter in groups.items():
-        for cause, count in counter.most_common():
-            table.add_row(state, str(count), cause)
+    table = Table(title="failed and pruned trials, by cause (the first trial's cause shown)")
+    for column in ("state", "count", "trials", "cause"):
+        table.add_column(column, no_wrap=column not in ("cause", "trials"))
+    for group in groups:
+        table.add_row(group.state, str(len(group.trials)), group.trial_list, group.example)
     return table
 
 

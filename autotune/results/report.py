@@ -267,11 +267,7 @@ def build_report(study: optuna.study.Study) -> str:
         ]
         for r in leaders
     ]
-    outcomes = [
-        [state, count, cause]
-        for state, counter in outcome_groups(study).items()
-        for cause, count in counter.most_common()
-    ]
+    outcomes = [[g.state, len(g.trials), g.trial_list, g.example] for g in outcome_groups(study)]
     cpu = html.escape(str(hardware.get("cpu_model", "?")))
     winner = "".join(f"<p>{html.escape(line.strip())}</p>" for line in winner_lines(study)) or "<p>None yet.</p>"
     leader_headers = [
@@ -285,7 +281,7 @@ def build_report(study: optuna.study.Study) -> str:
         "vs baseline",
     ]
     leaderboard = _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
-    failures = _table(["state", "trials", "cause"], outcomes) if outcomes else "<p>None.</p>"
+    failures = _table(["state", "count", "trials", "cause (the first trial's)"], outcomes) if outcomes else "<p>None.</p>"
     spent = budget_breakdown(study)
     total = sum(seconds for _, seconds in spent) or 1.0
     budget = (

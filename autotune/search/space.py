@@ -7,7 +7,7 @@ sampler never sees options of other backends. Impossible combinations are never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,6 +349,45 @@ class SearchSpace:
         if config.openmp == "intel" and "intel" not in self.runtime_openmp.get(runtime, ["intel"]):
             raise InfeasibleConfig(f"runtime {runtime} has no Intel OpenMP library (pip install intel-openmp there)")
         return config
+
+    def choices(self, name: str) -> Sequence[Any] | None:
+        """The values this space offers for the Optuna parameter `name`; None: it has no such parameter."""
+        backend, _, option = name.partition(".")
+        if option:
+            dims = self.backends.get(backend)
+            if dims is None:
+                return None
+            return self.runtimes.get(backend, ["main"]) if option == "runtime" else dims.get(option)
+        pool = self.thread_pool
+        offered: dict[str, Sequence[Any] | None] = {
+            "backend": list(self.backends),
+            self.batch_param: self.batch_sizes,
+            "allocator": self.allocators,
+            "instances": self.instances,
+            "threads_per_instance": self.threads or range(1, self.cores + 1),
+            "openmp": pool.openmp,
+            "kmp_affinity": pool.kmp_affinity,
+            "kmp_blocktime": pool.kmp_blocktime,
+            "thp": pool.thp,
+            "max_wait_ms": self.max_waits,
+        }
+        return offered.get(name)
+
+    def offered_params(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """`params` (an earlier study's winner) narrowed to the values this space offers, and the ones left
+        out as 'name=value'. Optuna raises on an enqueued categorical value outside its choices; a parameter
+        left out is sampled instead. Empty when its backend is not offered: nothing of it would be tried."""
+        kept: dict[str, Any] = {}
+        dropped: list[str] = []
+        for name, value in params.items():
+            offered = self.choices(name)
+            if offered is not None and value in offered:
+                kept[name] = value
+            else:
+                dropped.append(f"{name}={value}")
+        if "backend" not in kept:
+            return {}, dropped
+        return kept, dropped
 
     def coverage_params(
         self, preferred: Mapping[tuple[str, str], Any] | None = None, batch: int | None = None

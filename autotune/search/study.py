@@ -599,12 +599,22 @@ def _enqueue_first_trials(
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
     prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
     enqueued = [baseline]
-    for params, why in prior.winners:
+    for winner, why in prior.winners:
+        params, dropped = space.offered_params(winner)
+        if not params:
+            console.print(
+                f"note: {why.removeprefix('prior: ')} runs {winner.get('backend')}, which this space does not "
+                "offer: not tried",
+                markup=False,
+            )
+            continue
+        if dropped:
+            why += f" (sampled here: {', '.join(dropped)}, outside this space)"
         if params not in enqueued:
             study.enqueue_trial(params, user_attrs={"prior": True, "order": why}, skip_if_exists=True)
             enqueued.append(params)
-    if prior.winners:
-        console.print(f"{len(prior.winners)} winner(s) of earlier studies on this machine tried first", markup=False)
+    if len(enqueued) > 1:
+        console.print(f"{len(enqueued) - 1} winner(s) of earlier studies on this machine tried first", markup=False)
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
     covered = {family(params) for params in enqueued[1:] if params is not None}
     if spec.cover_backends:
