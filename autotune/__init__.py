@@ -11,13 +11,14 @@ names: `from autotune.search.study import run_search`.
 """
 
 __version__ = "0.1.0"
-__all__ = ["BestJson", "Result", "UserError", "load", "search"]
+__all__ = ["BestJson", "Result", "SearchOptions", "UserError", "load", "search"]
 
 # name -> (module, attribute), imported on first access
 _LAZY = {
     "search": ("autotune.api", "search"),
     "Result": ("autotune.api", "Result"),
     "BestJson": ("autotune.records.best", "BestJson"),
+    "SearchOptions": ("autotune.records.options", "SearchOptions"),
     "UserError": ("autotune.common.errors", "UserError"),
 }
 

@@ -28,15 +28,13 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.common.errors import UserError
-from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
-from autotune.model.generation import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
-from autotune.search.spec import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
+from autotune.records.options import DEFAULT_SPACE, GENERATION_SPACE, TASKS, Duration, PathArg, SearchOptions
 
 if TYPE_CHECKING:
     import optuna
@@ -50,11 +48,6 @@ if TYPE_CHECKING:
     from autotune.records.best import BestJson
     from autotune.search.spec import SearchSpec
 
-DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
-GENERATION_SPACE = DEFAULT_SPACE.with_name("generate.yaml")
-TASKS = ("auto", "classify", "generate")
-Duration = str | float  # "90s", "20m", "2h", "1h30m", or seconds
-PathArg = str | os.PathLike[str]
 FACTORY_HINT = (
     "pass a factory function defined at the top level of a module (def build(): return MyNet()), or its "
     "reference as a string: 'path/to/file.py:build' or 'package.module:build'"
@@ -368,122 +361,111 @@ def _say_generation(workload: GenerationWorkload, console: Console) -> None:
         )
 
 
-def search_spec(
-    model: PathArg | Callable[..., Any],
-    *,
-    budget: Duration = "20m",
-    trials: int | None = None,
-    study: str | None = None,
-    storage: str | None = None,
-    space: PathArg | None = None,
-    objective: str = "throughput",
-    scenario: str | None = None,
-    data: PathArg | None = None,
-    calibration_data: PathArg | None = None,
-    eval_samples: int = 32,
-    calibration_samples: int = 64,
-    drift_metric: str = "relative_l2",
-    max_drift: str | float = "0.05",
-    slo_ms: float | None = None,
-    task: str = "auto",
-    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
-    new_tokens: int = DEFAULT_NEW_TOKENS,
-    sequences: Sequence[int] | None = None,
-    ttft_slo_ms: float | None = None,
-    tpot_slo_ms: float | None = None,
-    weights: PathArg | None = None,
-    input_shape: str | Sequence[int] | None = None,
-    allow_pickle: bool = False,
-    trial_timeout: Duration = "10m",
-    measure_seconds: Duration = "5s",
-    speed_pruning: bool = True,
-    cover_backends: bool = True,
-    finalists: int = DEFAULT_FINALISTS,
-    finalist_repeats: int = DEFAULT_FINALIST_REPEATS,
-    finalist_share: float = DEFAULT_FINALIST_SHARE,
-    runtimes: Iterable[PathArg] = (),
-    memory_limit: str = DEFAULT_TRIAL_MEMORY,
-    cache_size: str = DEFAULT_CACHE_SIZE,
-    heartbeat_grace: Duration = "60s",
-    studies_dir: PathArg = "studies",
-    console: Console | None = None,
-) -> SearchSpec:
+def search_spec(options: SearchOptions, console: Console | None = None) -> SearchSpec:
     """The options of `autotune search` (see `search`), validated into the SearchSpec a study runs with.
 
     Resolves the model and the data (printing where the weights come from and what drift is measured
     on); raises UserError, one line naming the option, on bad input."""
     from autotune.common.sizes import machine_memory_mib, parse_size_mib
     from autotune.machine.runtimes import interpreter_of
-    from autotune.model.dataset import DataSource
-    from autotune.search.space import load_space_file
     from autotune.search.spec import SearchSpec, default_storage, validate_study_name
 
     _refuse_nested_search()
     console = console or default_console()
-    reference = model_reference(model)
-    budget_s = seconds(budget)
-    study = validate_study_name(study or Path(reference.rpartition(":")[2]).stem or "model")
-    window, window_cap = measure_window(measure_seconds)
-    criterion = _drift_criterion(drift_metric, max_drift)
-    workload = _generation_workload(
-        reference, task, prompt_tokens, new_tokens, _optional_path(data), _optional_path(weights), input_shape
-    )
-    space_path = Path(space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
-    space_dict = load_space_file(space_path)
-    if workload:
-        space_dict = _with_sequences(space_dict, sequences)
-        vocab = f"0-{workload.vocab_size}"
-        source = _resolve_model_source(
-            reference, _optional_path(weights), f"input_ids:int64:{workload.prompt_tokens}:{vocab}", False, console
-        )
-        _say_generation(workload, console)
-        drift_data, calibration = DataSource(), None
-    else:
-        if sequences is not None or ttft_slo_ms is not None or tpot_slo_ms is not None:
-            raise UserError("--sequences, --ttft-slo-ms and --tpot-slo-ms are for generation (--task generate)")
-        source = _resolve_model_source(
-            reference, _optional_path(weights), _input_shape(input_shape), allow_pickle, console
-        )
-        drift_data, calibration = _resolve_drift_data(
-            source, _optional_path(data), _optional_path(calibration_data), eval_samples, calibration_samples, console
-        )
-    objective = _scenario_objective(scenario, objective)
+    reference = model_reference(options.model)
+    study = validate_study_name(options.study or Path(reference.rpartition(":")[2]).stem or "model")
+    window, window_cap = measure_window(options.measure_seconds)
+    criterion = _drift_criterion(options.drift_metric, options.max_drift)
+    inputs = _resolve_inputs(options, reference, console)
+    objective = _scenario_objective(options.scenario, options.objective)
     pareto = objective == "pareto"
-    many_calls = (slo_ms is not None and objective == "throughput") or pareto or ttft_slo_ms is not None
+    many_calls = (options.slo_ms is not None and objective == "throughput") or pareto or options.ttft_slo_ms is not None
+    workload = inputs.workload
+    studies_dir = os.fspath(options.studies_dir)
     return SearchSpec(
         study=study,
-        model=source,
-        storage=storage or os.environ.get("AUTOTUNE_STORAGE") or default_storage(os.fspath(studies_dir), study),
-        space_path=str(space_path),
-        space=space_dict,
+        model=inputs.source,
+        storage=options.storage or os.environ.get("AUTOTUNE_STORAGE") or default_storage(studies_dir, study),
+        space_path=str(inputs.space_path),
+        space=inputs.space,
         objective=objective,
         max_drift=criterion.max_drop,
         drift_metric=criterion.metric,
         drift_relative=criterion.relative,
-        data=drift_data,
-        calibration_data=calibration,
-        budget_s=budget_s,
-        trials=trials,
-        trial_timeout_s=seconds(trial_timeout),
-        eval_samples=eval_samples,
+        data=inputs.drift_data,
+        calibration_data=inputs.calibration,
+        budget_s=seconds(options.budget),
+        trials=options.trials,
+        trial_timeout_s=seconds(options.trial_timeout),
+        eval_samples=options.eval_samples,
         studies_root=str(Path(studies_dir).resolve()),
-        calibration_samples=calibration_samples,
-        cover_backends=cover_backends,
+        calibration_samples=options.calibration_samples,
+        cover_backends=options.cover_backends,
         measure=measure_settings(window, min_iterations=100 if many_calls else 5, max_s=window_cap),
-        finalists=0 if pareto else finalists,
-        finalist_repeats=finalist_repeats,
-        finalist_share=finalist_share,
-        speed_pruning=speed_pruning and not pareto,
-        runtimes=[str(interpreter_of(os.fspath(path))) for path in runtimes],
-        memory_limit_mib=parse_size_mib(memory_limit, "--memory-limit", machine_memory_mib()),
-        cache_size_mib=parse_size_mib(cache_size, "--cache-size"),
-        slo_ms=slo_ms,
-        heartbeat_grace_s=heartbeat_grace_s(heartbeat_grace),
+        finalists=0 if pareto else options.finalists,
+        finalist_repeats=options.finalist_repeats,
+        finalist_share=options.finalist_share,
+        speed_pruning=options.speed_pruning and not pareto,
+        runtimes=[str(interpreter_of(os.fspath(path))) for path in options.runtimes],
+        memory_limit_mib=parse_size_mib(options.memory_limit, "--memory-limit", machine_memory_mib()),
+        cache_size_mib=parse_size_mib(options.cache_size, "--cache-size"),
+        slo_ms=options.slo_ms,
+        heartbeat_grace_s=heartbeat_grace_s(options.heartbeat_grace),
         task="generate" if workload else "classify",
         generation=workload.to_json() if workload else None,
-        ttft_slo_ms=ttft_slo_ms,
-        tpot_slo_ms=tpot_slo_ms,
+        ttft_slo_ms=options.ttft_slo_ms,
+        tpot_slo_ms=options.tpot_slo_ms,
     )
+
+
+@dataclass
+class _ResolvedInputs:
+    """The model, the space and the data a study runs on, resolved from the options."""
+
+    source: ModelSource
+    space_path: Path
+    space: dict[str, Any]
+    drift_data: DataSource
+    calibration: DataSource | None
+    workload: GenerationWorkload | None
+
+
+def _resolve_inputs(options: SearchOptions, reference: str, console: Console) -> _ResolvedInputs:
+    """A language model's workload and token inputs, or a classifier's inputs and drift data; the space
+    file for the task (the generation space for a language model)."""
+    from autotune.model.dataset import DataSource
+    from autotune.search.space import load_space_file
+
+    weights = _optional_path(options.weights)
+    workload = _generation_workload(
+        reference,
+        options.task,
+        options.prompt_tokens,
+        options.new_tokens,
+        _optional_path(options.data),
+        weights,
+        options.input_shape,
+    )
+    space_path = Path(options.space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
+    space = load_space_file(space_path)
+    if workload:
+        space = _with_sequences(space, options.sequences)
+        token_inputs = f"input_ids:int64:{workload.prompt_tokens}:0-{workload.vocab_size}"
+        source = _resolve_model_source(reference, weights, token_inputs, False, console)
+        _say_generation(workload, console)
+        return _ResolvedInputs(source, space_path, space, DataSource(), None, workload)
+    if options.sequences is not None or options.ttft_slo_ms is not None or options.tpot_slo_ms is not None:
+        raise UserError("--sequences, --ttft-slo-ms and --tpot-slo-ms are for generation (--task generate)")
+    source = _resolve_model_source(reference, weights, _input_shape(options.input_shape), options.allow_pickle, console)
+    drift_data, calibration = _resolve_drift_data(
+        source,
+        _optional_path(options.data),
+        _optional_path(options.calibration_data),
+        options.eval_samples,
+        options.calibration_samples,
+        console,
+    )
+    return _ResolvedInputs(source, space_path, space, drift_data, calibration, None)
 
 
 def _scenario_objective(scenario: str | None, objective: str) -> str:
@@ -510,55 +492,17 @@ def default_console() -> Console:
 
 
 # ---- the search --------------------------------------------------------------------------------------------
-def search(
-    model: PathArg | Callable[..., Any],
-    *,
-    budget: Duration = "20m",
-    trials: int | None = None,
-    study: str | None = None,
-    storage: str | None = None,
-    space: PathArg | None = None,
-    objective: str = "throughput",
-    scenario: str | None = None,
-    data: PathArg | None = None,
-    calibration_data: PathArg | None = None,
-    eval_samples: int = 32,
-    calibration_samples: int = 64,
-    drift_metric: str = "relative_l2",
-    max_drift: str | float = "0.05",
-    slo_ms: float | None = None,
-    task: str = "auto",
-    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
-    new_tokens: int = DEFAULT_NEW_TOKENS,
-    sequences: Sequence[int] | None = None,
-    ttft_slo_ms: float | None = None,
-    tpot_slo_ms: float | None = None,
-    weights: PathArg | None = None,
-    input_shape: str | Sequence[int] | None = None,
-    allow_pickle: bool = False,
-    trial_timeout: Duration = "10m",
-    measure_seconds: Duration = "5s",
-    speed_pruning: bool = True,
-    cover_backends: bool = True,
-    finalists: int = DEFAULT_FINALISTS,
-    finalist_repeats: int = DEFAULT_FINALIST_REPEATS,
-    finalist_share: float = DEFAULT_FINALIST_SHARE,
-    runtimes: Iterable[PathArg] = (),
-    memory_limit: str = DEFAULT_TRIAL_MEMORY,
-    cache_size: str = DEFAULT_CACHE_SIZE,
-    heartbeat_grace: Duration = "60s",
-    studies_dir: PathArg = "studies",
-    console: Console | None = None,
-) -> Result:
+def search(model: PathArg | Callable[..., Any], *, console: Console | None = None, **options: Any) -> Result:
     """Run (or resume) a study, as `autotune search` does, and return its Result.
 
     `model`: a torchvision classification model name, "path/to/file.py:function" or
     "package.module:function" (a function returning an nn.Module, or (model, example_inputs)), a
     TorchScript (.pt) or exported program (.pt2) file, or the factory function itself, defined at
     the top level of a module (trials run in fresh processes, which import it; an nn.Module instance
-    is refused). Every other option is the CLI's of the same name (--no-speed-pruning is
-    speed_pruning=False, --no-cover-backends cover_backends=False, --runtime runtimes=[...]);
-    durations are strings ("90s", "20m", "2h") or seconds; input_shape may be a tuple, (3, 224, 224).
+    is refused). Every other option is a field of `autotune.SearchOptions`, the CLI's option of the
+    same name and default (--no-speed-pruning is speed_pruning=False, --no-cover-backends
+    cover_backends=False, --runtime runtimes=[...]); durations are strings ("90s", "20m", "2h") or
+    seconds; input_shape may be a tuple, (3, 224, 224). An unknown option raises UserError.
     Progress goes to `console` (default: a rich Console on stdout). Bad input raises UserError (its
     message names the CLI option); Ctrl-C stops the search cleanly and the Result says `interrupted`
     (the same call resumes the study). Runs in the main thread only (it handles SIGTERM and SIGHUP
@@ -573,45 +517,7 @@ def search(
     if threading.current_thread() is not threading.main_thread():
         raise UserError("autotune.search must run in the main thread (it stops cleanly on Ctrl-C, SIGTERM and SIGHUP)")
     console = console or default_console()
-    spec = search_spec(
-        model,
-        budget=budget,
-        trials=trials,
-        study=study,
-        storage=storage,
-        space=space,
-        objective=objective,
-        scenario=scenario,
-        data=data,
-        calibration_data=calibration_data,
-        eval_samples=eval_samples,
-        calibration_samples=calibration_samples,
-        drift_metric=drift_metric,
-        max_drift=max_drift,
-        slo_ms=slo_ms,
-        task=task,
-        prompt_tokens=prompt_tokens,
-        new_tokens=new_tokens,
-        sequences=sequences,
-        ttft_slo_ms=ttft_slo_ms,
-        tpot_slo_ms=tpot_slo_ms,
-        weights=weights,
-        input_shape=input_shape,
-        allow_pickle=allow_pickle,
-        trial_timeout=trial_timeout,
-        measure_seconds=measure_seconds,
-        speed_pruning=speed_pruning,
-        cover_backends=cover_backends,
-        finalists=finalists,
-        finalist_repeats=finalist_repeats,
-        finalist_share=finalist_share,
-        runtimes=runtimes,
-        memory_limit=memory_limit,
-        cache_size=cache_size,
-        heartbeat_grace=heartbeat_grace,
-        studies_dir=studies_dir,
-        console=console,
-    )
+    spec = search_spec(SearchOptions.from_keywords(model, options), console)
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         outcome = run_search(spec, console)

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
-from autotune.api import DEFAULT_SPACE
 from autotune.common.errors import UserError
-from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
-from autotune.measure.drift import METRIC_HELP, METRICS
-from autotune.search.spec import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
+from autotune.records.options import SearchOptions, add_arguments
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -44,59 +42,6 @@ def _heartbeat_grace(args: argparse.Namespace) -> float:
     from autotune.api import heartbeat_grace_s
 
     return heartbeat_grace_s(args.heartbeat_grace)
-
-
-def _count_list(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (argparse turns the ValueError into one line and exit 2)."""
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"give counts separated by commas, e.g. 1,2,4 (got {text!r})") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"counts must be 1 or more (got {text!r})")
-    return values
-
-
-def search_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`autotune search`'s words as the keyword arguments of autotune.search (the same names and defaults)."""
-    return {
-        "model": args.model,
-        "budget": args.budget,
-        "trials": args.trials,
-        "study": args.study,
-        "storage": args.storage,
-        "space": args.space,
-        "objective": args.objective,
-        "scenario": args.scenario,
-        "data": args.data,
-        "calibration_data": args.calibration_data,
-        "eval_samples": args.eval_samples,
-        "calibration_samples": args.calibration_samples,
-        "drift_metric": args.drift_metric,
-        "max_drift": args.max_drift,
-        "slo_ms": args.slo_ms,
-        "task": args.task,
-        "prompt_tokens": args.prompt_tokens,
-        "new_tokens": args.new_tokens,
-        "sequences": args.sequences,
-        "ttft_slo_ms": args.ttft_slo_ms,
-        "tpot_slo_ms": args.tpot_slo_ms,
-        "weights": args.weights,
-        "input_shape": args.input_shape,
-        "allow_pickle": args.allow_pickle,
-        "trial_timeout": args.trial_timeout,
-        "measure_seconds": args.measure_seconds,
-        "speed_pruning": not args.no_speed_pruning,
-        "cover_backends": not args.no_cover_backends,
-        "finalists": args.finalists,
-        "finalist_repeats": args.finalist_repeats,
-        "finalist_share": args.finalist_share,
-        "runtimes": args.runtime or (),
-        "memory_limit": args.memory_limit,
-        "cache_size": args.cache_size,
-        "heartbeat_grace": args.heartbeat_grace,
-        "studies_dir": args.studies_dir,
-    }
 
 
 def search_summary(result: Result) -> str:
@@ -128,7 +73,7 @@ def search_summary(result: Result) -> str:
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from autotune.api import search
 
-    result = search(**search_options(args), console=console)
+    result = search(console=console, **dataclasses.asdict(SearchOptions.from_arguments(args)))
     print_study(result.study, console, top=5)
     console.print(search_summary(result), markup=False)
     return EXIT_INTERRUPTED if result.interrupted else 0
@@ -266,7 +211,9 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace, console: Console) -> int:
+def cmd_join(args: argparse.Namespace, console: Console) -> int:
+    if args.alias == "worker":
+        console.print("note: 'autotune worker' is now 'autotune join'; the old name still works", markup=False)
     from autotune.common.durations import parse_duration
     from autotune.search.fleet_join import joining_spec
     from autotune.search.study import run_search
@@ -348,23 +295,8 @@ def cmd_models(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _add_heartbeat_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--heartbeat-grace",
-        default="60s",
-        help="a trial whose worker sent no heartbeat this long is failed and queued again (default 60s; "
-        "each running trial beats every quarter of it)",
-    )
-
-
 def _add_study_args(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("--study", required=required, help="study name (default: the model name)")
-    parser.add_argument(
-        "--storage",
-        help="Optuna storage URL, e.g. postgresql://user@host/db (default: $AUTOTUNE_STORAGE, "
-        "else sqlite:///studies/<study>/study.db); a password is best kept in $AUTOTUNE_STORAGE",
-    )
-    parser.add_argument("--studies-dir", default="studies", help="where study folders live (default: ./studies)")
+    add_arguments(parser, ("study", "storage", "studies_dir"), required=("study",) if required else ())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -374,167 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     search = sub.add_parser("search", help="run (or resume) a study")
-    search.add_argument(
-        "--model",
-        required=True,
-        help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
-        "or a TorchScript (.pt) or exported program (.pt2) file",
-    )
-    search.add_argument("--weights", help="state_dict file (loaded with weights_only)")
-    search.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="load an exported program (.pt2) although its loader may unpickle Python objects (trusted files only)",
-    )
-    search.add_argument(
-        "--input-shape",
-        "--inputs",
-        dest="input_shape",
-        help="one sample's shape, e.g. 3x224x224 (default: the model's); several or integer inputs as "
-        "name:dtype:shape[:low-high],..., e.g. input_ids:int64:128:0-30522,attention_mask:int64:128:1-2",
-    )
-    search.add_argument("--budget", default="20m", help="wall-clock budget: 90s, 20m, 2h (default 20m)")
-    search.add_argument("--trials", type=int, help="stop after this many trials in this run")
-    search.add_argument(
-        "--space", help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)})"
-    )
-    search.add_argument(
-        "--objective",
-        default="throughput",
-        choices=("throughput", "latency", "pareto"),
-        help="maximize samples/s; minimize median latency per call; or pareto: samples/s up and p99 latency "
-        "down together (a multi-objective study; best.json lists the Pareto front)",
-    )
-    search.add_argument(
-        "--scenario",
-        choices=("offline", "server", "single-stream"),
-        help="what is measured (MLPerf Inference's names): offline, full batches back to back (samples/s, the "
-        "default, as --objective throughput); server, the highest Poisson request rate whose p99 latency from "
-        "arrival to answer stays within --slo-ms, with dynamic batching searched (max_batch, max_wait_ms); "
-        "single-stream, one request at a time (median latency, as --objective latency)",
-    )
-    search.add_argument(
-        "--slo-ms",
-        type=float,
-        metavar="MS",
-        help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
-        "(slower configs are measured, then pruned; every measurement takes at least 100 calls); with "
-        "--scenario server, the bound on each request's p99 latency, queueing included",
-    )
-    generation = search.add_argument_group(
-        "text generation (a factory returning a causal language model, e.g. a transformers *ForCausalLM)"
-    )
-    generation.add_argument(
-        "--task",
-        choices=("auto", "classify", "generate"),
-        default="auto",
-        help="generate: time text generation (TTFT, TPOT, generated tokens/s); classify: one forward pass; "
-        "auto (default): generate when the factory returns a causal language model",
-    )
-    generation.add_argument(
-        "--prompt-tokens", type=int, default=512, metavar="N", help="prompt length in tokens (default 512)"
-    )
-    generation.add_argument(
-        "--new-tokens", type=int, default=64, metavar="N", help="tokens generated per sequence (default 64)"
-    )
-    generation.add_argument(
-        "--sequences",
-        type=_count_list,
-        metavar="1,2,4",
-        help="concurrent sequences per instance to search (the batch; default: the space's)",
-    )
-    generation.add_argument("--ttft-slo-ms", type=float, metavar="MS", help="p99 bound on time to first token")
-    generation.add_argument("--tpot-slo-ms", type=float, metavar="MS", help="p99 bound on time per output token")
-    search.add_argument(
-        "--max-drift",
-        default="0.05",
-        help="largest drop from FP32 on --drift-metric: a number (absolute, default 0.05) or a percentage "
-        "of FP32's value, e.g. 1%% (accuracy)",
-    )
-    search.add_argument(
-        "--drift-metric",
-        default="relative_l2",
-        choices=METRICS,
-        help="what --max-drift bounds: "
-        + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items()).replace("%", "%%")
-        + " (default relative_l2)",
-    )
-    search.add_argument(
-        "--data",
-        help="drift (and calibration) data: an image folder (one subfolder per class gives labels) or a "
-        "tensor file ({'inputs', 'labels'} or a tensor); default: synthetic inputs",
-    )
-    search.add_argument(
-        "--calibration-data", help="calibrate int8 on this image folder or tensor file instead of a split of --data"
-    )
-    search.add_argument(
-        "--trial-timeout", default="10m", help="a trial running longer is killed and failed (default 10m)"
-    )
-    search.add_argument(
-        "--measure-seconds",
-        default="5s",
-        metavar="MIN[-MAX]",
-        help="measurement window per trial: at least MIN (default 5s), growing while its interval is wider than "
-        "the target up to MAX (default 4x MIN, at least MIN+10s)",
-    )
-    search.add_argument("--eval-samples", type=int, default=32, help="inputs in the drift evaluation set (default 32)")
-    search.add_argument(
-        "--calibration-samples",
-        type=int,
-        default=64,
-        help="inputs int8 quantization is calibrated on, disjoint from the evaluation set (default 64)",
-    )
-    search.add_argument(
-        "--no-speed-pruning",
-        action="store_true",
-        help="measure every trial fully (no screening window, no pruning of clearly slower configs)",
-    )
-    search.add_argument(
-        "--finalists",
-        type=int,
-        default=DEFAULT_FINALISTS,
-        help=f"top configs re-measured at the end, interleaved (default {DEFAULT_FINALISTS}; 0: none)",
-    )
-    search.add_argument(
-        "--finalist-repeats",
-        type=int,
-        default=DEFAULT_FINALIST_REPEATS,
-        help=f"runs of each finalist (default {DEFAULT_FINALIST_REPEATS})",
-    )
-    search.add_argument(
-        "--finalist-share",
-        type=float,
-        default=DEFAULT_FINALIST_SHARE,
-        help=f"fraction of the budget kept for the finalists (default {DEFAULT_FINALIST_SHARE})",
-    )
-    search.add_argument(
-        "--memory-limit",
-        default=DEFAULT_TRIAL_MEMORY,
-        metavar="SIZE",
-        help=f"a trial whose processes together hold more memory is killed and failed: 8G, 800M, or a share "
-        f"of this machine's memory (default {DEFAULT_TRIAL_MEMORY.replace('%', '%%')})",
-    )
-    search.add_argument(
-        "--cache-size",
-        default=DEFAULT_CACHE_SIZE,
-        metavar="SIZE",
-        help=f"cap of the artifact cache (<studies-dir>/.cache/artifacts); the least recently used are evicted "
-        f"(default {DEFAULT_CACHE_SIZE})",
-    )
-    search.add_argument(
-        "--runtime",
-        action="append",
-        metavar="PATH",
-        help="another Python environment (virtual environment folder or its python) trials may run in, "
-        "e.g. another torch version; repeatable. The main one and .venv-ipex are always used",
-    )
-    search.add_argument(
-        "--no-cover-backends",
-        action="store_true",
-        help="do not start a new study with one trial per backend x precision",
-    )
-    _add_study_args(search, required=False)
-    _add_heartbeat_arg(search)
+    add_arguments(search)
     search.set_defaults(func=cmd_search)
 
     export = sub.add_parser("export", help="write best.json from a stored study")
@@ -588,22 +360,31 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)
 
-    worker = sub.add_parser("worker", help="join an existing study from this machine, with the settings stored in it")
-    _add_study_args(worker, required=True)
-    worker.add_argument("--budget", default="20m", help="this worker's wall-clock budget (default 20m)")
-    worker.add_argument("--trials", type=int, help="stop after this many trials")
-    worker.add_argument(
-        "--finalists",
-        type=int,
-        help="top configs this worker re-measures at its end (default: the study's; 0 leaves it to another worker)",
-    )
-    worker.add_argument(
-        "--allow-mixed-hardware",
-        action="store_true",
-        help="join although this machine's hardware or software differs from the study's (recorded in each trial)",
-    )
-    _add_heartbeat_arg(worker)
-    worker.set_defaults(func=cmd_worker)
+    for name in ("join", "worker"):  # `worker`: the command's name before `join`, kept for scripts that use it
+        join = sub.add_parser(
+            name,
+            help="join an existing study from this machine, with the settings stored in it"
+            + ("" if name == "join" else " (the old name of 'autotune join')"),
+        )
+        _add_study_args(join, required=True)
+        add_arguments(
+            join,
+            ("budget", "trials", "finalists", "heartbeat_grace"),
+            overrides={
+                "budget": {"help": "this worker's wall-clock budget (default 20m)"},
+                "finalists": {
+                    "default": None,
+                    "help": "top configs this worker re-measures at its end (default: the study's; 0 leaves it to "
+                    "another worker)",
+                },
+            },
+        )
+        join.add_argument(
+            "--allow-mixed-hardware",
+            action="store_true",
+            help="join although this machine's hardware or software differs from the study's (recorded in each trial)",
+        )
+        join.set_defaults(func=cmd_join, alias=name)
 
     verify = sub.add_parser(
         "verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed"

@@ -65,12 +65,12 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.drift import DriftCriterion
+from autotune.records.options import DEFAULT_FINALISTS as FINALISTS  # the configurations the finalist round re-measures
 from autotune.search.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core, gate_verdict
 from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
 from autotune.search.payoff import int8_first_backend, order_by_payoff
 from autotune.search.space import family
-from autotune.search.spec import DEFAULT_FINALISTS as FINALISTS  # the configurations the finalist round re-measures
 from autotune.search.spec import default_storage
 
 

@@ -4,7 +4,7 @@ back as a typed record (autotune.records.best.BestJson)."""
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import io
 import json
 import os
@@ -21,10 +21,11 @@ from tiny_models import TinyCNN
 
 import autotune
 from autotune.api import model_reference
-from autotune.cli import build_parser, search_options, search_summary
+from autotune.cli import build_parser, search_summary
 from autotune.common.records import RecordError
 from autotune.records.best import BestJson
 from autotune.records.config import TrialConfig
+from autotune.records.options import SearchOptions, options_table
 
 # The CLI tests' FAST settings (tests/conftest.py), as keyword arguments; a measurement window in seconds.
 FAST = {"input_shape": "3x16x16", "measure_seconds": 0.3, "eval_samples": 8, "finalists": 0, "budget": "3m"}
@@ -186,17 +187,23 @@ def test_an_in_memory_model_is_refused_with_what_to_pass_instead(tmp_path, make,
     assert not (tmp_path / "studies").exists()  # refused before anything was created
 
 
-def test_the_api_takes_every_cli_option_with_the_same_default():
+def test_the_cli_and_the_api_take_the_options_of_one_record_with_its_defaults():
+    """SearchOptions is the one place an option is written: the CLI's parser is made from it (every option
+    there, with its default), autotune.search takes its fields and refuses any other keyword in one line,
+    and the README's option table is the one made from it."""
     args = build_parser().parse_args(["search", "--model", "resnet18"])
-    options = search_options(args)
-    parameters = inspect.signature(autotune.search).parameters
-    assert set(options) == set(parameters) - {"console"}
-    renamed = {"no_speed_pruning": "speed_pruning", "no_cover_backends": "cover_backends", "runtime": "runtimes"}
-    assert {renamed.get(dest, dest) for dest in vars(args)} - {"command", "func"} == set(options)
-    for name, value in options.items():
-        if name != "model":
-            assert parameters[name].default == value, name
-    assert list(inspect.signature(autotune.api.search_spec).parameters) == list(parameters)
+    assert set(vars(args)) - {"command", "func"} == {f.name for f in dataclasses.fields(SearchOptions)}
+    assert SearchOptions.from_arguments(args) == SearchOptions(model="resnet18")
+    given = build_parser().parse_args(
+        ["search", "--model", "m", "--no-speed-pruning", "--runtime", "a", "--runtime", "b", "--sequences", "1,4"]
+    )
+    options = SearchOptions.from_arguments(given)
+    assert (options.speed_pruning, options.runtimes, options.sequences) == (False, ("a", "b"), [1, 4])
+    with pytest.raises(autotune.UserError, match=r"unknown option 'budgett'; its options are weights, ") as refused:
+        autotune.search("resnet18", budgett="1m")
+    assert "\n" not in str(refused.value)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert options_table() in readme, "README's option table differs: paste `python -m autotune.records.options`"
 
 
 def test_best_json_needs_its_required_fields_and_keeps_fields_it_does_not_know(searched):

@@ -69,7 +69,7 @@ def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed
     assert "created study 'fleet' in postgresql://autotune@127.0.0.1" in out
 
     grace = ["--heartbeat-grace", "4s"]
-    worker = ["worker", *STUDY, "--storage", url, *grace]
+    worker = ["join", *STUDY, "--storage", url, *grace]
     doomed = pinned("0", *worker, "--trials", "3", "--studies-dir", "studies-a", cwd=workdir)
     survivor = pinned("1", *worker, "--trials", "5", "--studies-dir", "studies-b", cwd=workdir)
     killed = running_trial_of(url, doomed.pid)

@@ -25,7 +25,7 @@ def test_a_worker_joins_with_the_study_settings_and_a_different_machine_is_refus
         cwd=workdir,
     )
     assert created.returncode == 0, created.stderr
-    joined = run_autotune("worker", "--study", "s", "--trials", "2", "--budget", "3m", cwd=workdir)  # nothing re-typed
+    joined = run_autotune("join", "--study", "s", "--trials", "2", "--budget", "3m", cwd=workdir)  # nothing re-typed
     assert joined.returncode == 0, joined.stderr
     assert "resuming study 's'" in joined.stdout
     study = load_study(workdir, "s")
@@ -35,11 +35,12 @@ def test_a_worker_joins_with_the_study_settings_and_a_different_machine_is_refus
     fingerprint = study.user_attrs["fingerprint"]
     fingerprint["hardware"]["cpu_model"] = "Another CPU"
     study.set_user_attr("fingerprint", fingerprint)  # as if a different kind of machine had created it
-    refused = run_autotune("worker", "--study", "s", "--trials", "1", cwd=workdir)
+    refused = run_autotune("worker", "--study", "s", "--trials", "1", cwd=workdir)  # the old name still works
+    assert "'autotune worker' is now 'autotune join'" in refused.stdout
     assert refused.returncode == 2 and "differs from the one that created study 's'" in refused.stderr
     assert "cpu_model 'Another CPU'" in refused.stderr and "--allow-mixed-hardware" in refused.stderr
     assert len(load_study(workdir, "s").trials) == 3
-    allowed = run_autotune("worker", "--study", "s", "--trials", "1", "--allow-mixed-hardware", cwd=workdir)
+    allowed = run_autotune("join", "--study", "s", "--trials", "1", "--allow-mixed-hardware", cwd=workdir)
     assert allowed.returncode == 0, allowed.stderr
     last = load_study(workdir, "s").trials[-1]
     assert any("cpu_model" in line for line in last.user_attrs["mixed_hardware"])
@@ -47,7 +48,7 @@ def test_a_worker_joins_with_the_study_settings_and_a_different_machine_is_refus
 
 def test_joining_a_study_that_does_not_exist_is_one_line(workdir):
     optuna.create_study(study_name="plain", storage=f"sqlite:///{workdir / 'plain.db'}")
-    missing = run_autotune("worker", "--study", "nothing", cwd=workdir)
+    missing = run_autotune("join", "--study", "nothing", cwd=workdir)
     assert missing.returncode == 2 and "no study 'nothing'" in missing.stderr
-    foreign = run_autotune("worker", "--study", "plain", "--storage", f"sqlite:///{workdir / 'plain.db'}", cwd=workdir)
+    foreign = run_autotune("join", "--study", "plain", "--storage", f"sqlite:///{workdir / 'plain.db'}", cwd=workdir)
     assert foreign.returncode == 2 and "not created by 'autotune search'" in foreign.stderr

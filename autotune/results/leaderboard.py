@@ -116,7 +116,9 @@ class OutcomeGroup:
     def trial_list(self) -> str:
         """The trial numbers, the first ones when there are many."""
         shown = ", ".join(map(str, self.trials[:MAX_LISTED_TRIALS]))
-        return shown + (f" and {len(self.trials) - MAX_LISTED_TRIALS} more" if len(self.trials) > MAX_LISTED_TRIALS else "")
+        return shown + (
+            f" and {len(self.trials) - MAX_LISTED_TRIALS} more" if len(self.trials) > MAX_LISTED_TRIALS else ""
+        )
 
 
 MAX_LISTED_TRIALS = 8

@@ -281,7 +281,9 @@ def build_report(study: optuna.study.Study) -> str:
         "vs baseline",
     ]
     leaderboard = _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
-    failures = _table(["state", "count", "trials", "cause (the first trial's)"], outcomes) if outcomes else "<p>None.</p>"
+    failures = (
+        _table(["state", "count", "trials", "cause (the first trial's)"], outcomes) if outcomes else "<p>None.</p>"
+    )
     spent = budget_breakdown(study)
     total = sum(seconds for _, seconds in spent) or 1.0
     budget = (

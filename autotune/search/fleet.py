@@ -135,7 +135,7 @@ def register_orchestrator(study: optuna.study.Study) -> dict[str, Any]:
                 f"on CPUs {format_cpu_ranges(other['cpus'])}, which overlap this one's "
                 f"({format_cpu_ranges(me['cpus'])}): "
                 "parallel timing on shared cores corrupts both; pin each to its own cores (e.g. 'taskset -c 0-7 "
-                "autotune worker ...' "
-                "and 'taskset -c 8-15 autotune worker ...') or wait for it to finish"
+                "autotune join ...' "
+                "and 'taskset -c 8-15 autotune join ...') or wait for it to finish"
             )
     return me

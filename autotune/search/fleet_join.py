@@ -1,6 +1,6 @@
-"""`autotune worker`: join an existing study from this machine, with the settings stored in the study.
+"""`autotune join`: join an existing study from this machine, with the settings stored in the study.
 
-In the code a process that runs a study's trials (`autotune search` or `autotune worker`) is an
+In the code a process that runs a study's trials (`autotune search` or `autotune join`) is an
 *orchestrator*; "worker" names only the trial process (`python -m autotune.worker`). The command keeps
 its name, which fleet set-ups already use.
 
@@ -23,7 +23,8 @@ from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
-from autotune.search.spec import DEFAULT_FINALISTS, SearchSpec
+from autotune.records.options import DEFAULT_FINALISTS
+from autotune.search.spec import SearchSpec
 from autotune.search.storage import open_storage
 
 

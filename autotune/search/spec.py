@@ -1,6 +1,6 @@
 """Everything the user asked for, validated once and stored on the study.
 
-A resumed study (or a later joining orchestrator, `autotune worker`) reads it back; the fields that decide what is being
+A resumed study (or a later joining orchestrator, `autotune join`) reads it back; the fields that decide what is being
 compared must not change between runs of one study.
 """
 
@@ -16,6 +16,7 @@ from autotune.measure.drift import DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
+from autotune.records.options import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
 
 OBJECTIVES = ("throughput", "latency", "pareto", "server")
 # MLPerf Inference's scenarios, as objectives: closed-loop throughput, one request at a time, and the
@@ -57,11 +58,6 @@ IDENTITY_DEFAULTS = {
     "tpot_slo_ms": None,
 }
 TASKS = ("classify", "generate")
-# The finalist round's defaults, shared by the CLI, the Python API and the replay benchmark (which replays
-# the round's choice of contenders).
-DEFAULT_FINALISTS = 3  # top configs re-measured at the end, interleaved (0: none)
-DEFAULT_FINALIST_REPEATS = 3  # runs of each
-DEFAULT_FINALIST_SHARE = 0.2  # of the budget, kept for them
 
 
 def validate_study_name(name: str) -> str:
@@ -111,7 +107,7 @@ class SearchSpec:
         60.0  # a trial whose orchestrator is silent this long is failed and retried (per process)
     )
     mixed_hardware: list[str] | None = (
-        None  # a worker joined from a machine that differs (autotune worker --allow-mixed-hardware)
+        None  # a worker joined from a machine that differs (autotune join --allow-mixed-hardware)
     )
     task: str = "classify"  # "generate": a causal language model generating text (TTFT, TPOT, tokens/s)
     generation: dict[str, Any] | None = None  # the GenerationWorkload every trial runs (task generate)
