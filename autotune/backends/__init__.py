@@ -1,29 +1,64 @@
-"""Backend registry. Adding a backend: one module here with SPEC and prepare(), plus its YAML entry;
-optionally `unsupported(config) -> reason | None` for combinations that cannot run (refused before launch).
+"""Backend registry: one for every task. Adding an engine: one module that satisfies the interface in
+backends/base.py (its SPEC, `unsupported`, and `prepare` / `build_artifact` / `load` as its kind needs),
+registered below, plus its YAML entry.
 
 May import common only: a backend is called by the worker and knows nothing above it; heavy
-libraries (onnxruntime, openvino, torchao, IPEX) are imported inside functions, so the registry
-loads in any runtime."""
+libraries (onnxruntime, openvino, torchao, IPEX, transformers) are imported inside functions, so the
+registry loads in any runtime."""
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import cast
 
-from autotune.backends import eager, generation, inductor, ipex, onnxruntime, openvino, torchao
-from autotune.backends.base import BackendSpec
+from autotune.backends import eager, inductor, ipex, onnxruntime, openvino, torchao
+from autotune.backends.base import (
+    Backend,
+    BackendSpec,
+    ClassifyArtifactBackend,
+    GenerateBackend,
+    ModuleBackend,
+    missing_members,
+)
+from autotune.backends.generation import eager as generation_eager
+from autotune.backends.generation import inductor as generation_inductor
 
-_MODULES: dict[str, ModuleType] = {m.SPEC.name: m for m in (eager, inductor, ipex, onnxruntime, openvino, torchao)}
-BACKENDS: dict[str, BackendSpec] = {name: module.SPEC for name, module in _MODULES.items()}
+TASKS = ("classify", "generate")
+_MODULES: dict[str, dict[str, Backend]] = {task: {} for task in TASKS}
+_SPECS: dict[str, dict[str, BackendSpec]] = {task: {} for task in TASKS}
 
 
-def backend_module(name: str) -> ModuleType:
-    """The module with `prepare()` for a backend name."""
+def register(module: Backend) -> None:
+    """Make a backend module known under its SPEC's name, for its SPEC's task."""
+    missing = missing_members(module)
+    if missing:
+        name = getattr(module, "__name__", module)
+        raise TypeError(f"backend module {name} lacks {', '.join(missing)} (its interface: autotune/backends/base.py)")
+    spec = module.SPEC
+    if spec.task not in _MODULES:
+        raise ValueError(f"backend {spec.name}: unknown task {spec.task!r}; known: {', '.join(TASKS)}")
+    _MODULES[spec.task][spec.name] = module
+    _SPECS[spec.task][spec.name] = spec
+
+
+# Grouped by the interface each satisfies, which mypy checks (base.py); ipex does both, int8 from a file.
+MODULE_BACKENDS: tuple[ModuleBackend, ...] = (eager, inductor, ipex)
+ARTIFACT_BACKENDS: tuple[ClassifyArtifactBackend, ...] = (ipex, onnxruntime, openvino, torchao)
+GENERATE_BACKENDS: tuple[GenerateBackend, ...] = (generation_eager, generation_inductor)
+for _backend in dict.fromkeys((*MODULE_BACKENDS, *ARTIFACT_BACKENDS, *GENERATE_BACKENDS)):
+    register(_backend)
+
+BACKENDS: dict[str, BackendSpec] = _SPECS["classify"]
+
+
+def backend_module(name: str, task: str = "classify") -> ModuleType:
+    """The module of a task's backend (`prepare`, `build_artifact`, `load`, `unsupported`: base.py)."""
     try:
-        return _MODULES[name]
+        return cast(ModuleType, _MODULES[task][name])
     except KeyError:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+        raise KeyError(f"unknown {task} backend {name!r}; known: {', '.join(_MODULES.get(task, {}))}") from None
 
 
 def backend_specs(task: str) -> dict[str, BackendSpec]:
     """The backends of a task: one forward pass ("classify", the default) or text generation."""
-    return generation.SPECS if task == "generate" else BACKENDS
+    return _SPECS["generate"] if task == "generate" else _SPECS["classify"]

@@ -1,10 +1,23 @@
-"""What every backend declares and returns. Kept free of heavy imports: the search reads it too."""
+"""What every backend declares and returns. Kept free of heavy imports: the search reads it too.
+
+A backend is a module that satisfies one of the protocols below and is registered by name in
+autotune/backends/__init__.py:
+
+- every backend: `SPEC` (its name, task, precisions, options, what it needs installed, whether it builds
+  an artifact) and `unsupported(config)` (why a configuration cannot run, refused before launch);
+- a classification backend: `prepare` (the callable from the torch module) where it builds no artifact,
+  and `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (once, in its own process) and `load`
+  (the callable from that artifact) where it builds one;
+- a generation backend: `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (the quantized weights)
+  and `prepare` (the generator, from those weights when the artifact loads).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from autotune.backends.precision import ExecutedPrecision
@@ -19,6 +32,8 @@ class BackendSpec:
     name: str
     description: str
     precisions: tuple[str, ...]
+    # What the backend serves: "classify" (one forward pass per batch) or "generate" (text generation).
+    task: str = "classify"
     options: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     requires: tuple[str, ...] = ()  # importable modules
     # Options that only mean something at some precisions (sampled only there), e.g. {"int8_float": ("int8",)}.
@@ -71,3 +86,93 @@ def numpy_batch(batch: tuple[Any, ...]) -> tuple[Any, ...]:
 
     arrays = (x if isinstance(x, np.ndarray) else x.numpy() for x in batch)
     return tuple(np.asarray(a, dtype=np.float32 if a.dtype.kind == "f" else None, order="C") for a in arrays)
+
+
+class BackendConfig(Protocol):
+    """What a backend reads of a trial's configuration (autotune.records.config.TrialConfig, which the
+    layers keep backends from importing, satisfies it)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def threads_per_instance(self) -> int: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def openmp(self) -> str: ...
+    @property
+    def kmp_affinity(self) -> str | None: ...
+
+
+class Backend(Protocol):
+    """What every backend module declares."""
+
+    SPEC: BackendSpec
+
+    def unsupported(self, config: BackendConfig) -> str | None:
+        """Why this configuration cannot run (refused before launch), or None."""
+
+
+class ModuleBackend(Backend, Protocol):
+    """A classification backend that runs the torch module itself (no artifact at some precision)."""
+
+    def prepare(self, model: Any, example: Any, config: BackendConfig, workdir: Path) -> Runner:
+        """The timed callable, built from the model in the timing process."""
+
+
+class ArtifactBackend(Backend, Protocol):
+    """A backend that builds a file once (export, conversion, quantization) for its timing processes."""
+
+    ARTIFACT_VERSION: int  # bumped when build_artifact changes what it writes: older caches are not reused
+
+    def artifact_identity(self, config: BackendConfig) -> dict[str, Any]:
+        """What the artifact depends on besides the model and calibration data (its cache key)."""
+
+
+class ClassifyArtifactBackend(ArtifactBackend, Protocol):
+    """A classification backend's artifact: built from the model and calibration batches, then loaded."""
+
+    def build_artifact(
+        self, model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
+    ) -> dict[str, Any]:
+        """Write the artifact into `out_dir`; returns what was done."""
+
+    def load(self, example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
+        """The timed callable, from the artifact."""
+
+
+class GenerateBackend(ArtifactBackend, Protocol):
+    """A text-generation backend: quantized weights built once, and a generator that decodes."""
+
+    def build_artifact(self, model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
+        """Quantize once into `out_dir`; returns what was done."""
+
+    def prepare(
+        self, model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: Any = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """The generator (the prepared weights of `artifact` when they load, else quantized here) and what
+        was done."""
+
+
+# The members a backend module must define beyond `Backend`'s, by task and by whether it builds artifacts.
+REQUIRED_MEMBERS = {
+    ("classify", False): ("prepare",),
+    ("classify", True): ("ARTIFACT_VERSION", "artifact_identity", "build_artifact", "load"),
+    ("generate", True): ("ARTIFACT_VERSION", "artifact_identity", "build_artifact", "prepare"),
+}
+
+
+def missing_members(module: Any) -> list[str]:
+    """The members of its interface a backend module lacks (empty when it is complete)."""
+    spec = getattr(module, "SPEC", None)
+    if not isinstance(spec, BackendSpec):
+        return ["SPEC"]
+    artifact = bool(spec.uses_artifact)
+    wanted = ["unsupported", *REQUIRED_MEMBERS.get((spec.task, artifact), ("prepare",))]
+    if spec.task == "classify" and isinstance(spec.uses_artifact, tuple):  # artifact at some precisions only
+        wanted += REQUIRED_MEMBERS["classify", False]
+    return [name for name in wanted if not hasattr(module, name)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner
+from autotune.backends.base import BackendConfig, BackendSpec, Runner
 
 SPEC = BackendSpec(
     name="eager",
@@ -17,7 +17,12 @@ SPEC = BackendSpec(
 )
 
 
-def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
+def unsupported(config: BackendConfig) -> str | None:
+    """Every combination of its space runs: nothing is refused before launch."""
+    return None
+
+
+def prepare(model: Any, example: Any, config: BackendConfig, workdir: Path) -> Runner:
     from autotune.backends.torch_common import convert_for, module_runner
 
     return module_runner(convert_for(model, config.options), config.precision, config.options)

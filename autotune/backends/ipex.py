@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner
+from autotune.backends.base import BackendConfig, BackendSpec, Runner
 
 SPEC = BackendSpec(
     name="ipex",
@@ -29,7 +29,7 @@ SPEC = BackendSpec(
 PROGRAM_FILE = "quantized.pt"
 
 
-def unsupported(config: Any) -> str | None:
+def unsupported(config: BackendConfig) -> str | None:
     """Combinations that cannot run, refused before launch. IPEX builds a CPU pool from Intel OpenMP's
     affinity when it is imported; with KMP_AFFINITY=disabled that pool is empty and the import fails
     ("Can't find available core id ... CPUPool construction"), seen on every such trial."""
@@ -47,7 +47,7 @@ def _example(batch: tuple[Any, ...], options: dict[str, Any]) -> tuple[Any, ...]
     return input_converter(options)(batch)
 
 
-def prepare(model: Any, example: Any, config: Any, workdir: Path) -> Runner:
+def prepare(model: Any, example: Any, config: BackendConfig, workdir: Path) -> Runner:
     """ipex.optimize at the trial's precision, then the graph mode the trial asked for."""
     import intel_extension_for_pytorch as ipex
     import torch
@@ -83,7 +83,7 @@ def _optimize(ipex: Any, model: Any, dtype: Any) -> tuple[Any, bool]:
         return ipex.optimize(model, dtype=dtype, weights_prepack=False), False
 
 
-def artifact_identity(config: Any) -> dict[str, Any]:
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """The traced int8 graph is specialised to the batch size and memory format."""
     return {
         "precision": config.precision,
@@ -92,7 +92,9 @@ def artifact_identity(config: Any) -> dict[str, Any]:
     }
 
 
-def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
+def build_artifact(
+    model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
+) -> dict[str, Any]:
     """IPEX static int8: observers from the default static qconfig, calibration, convert, trace, freeze."""
     import intel_extension_for_pytorch as ipex
     import torch
@@ -121,7 +123,7 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     }
 
 
-def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
+def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import intel_extension_for_pytorch as ipex  # registers the int8 kernels the saved graph calls
     import torch
 

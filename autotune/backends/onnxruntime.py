@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner, numpy_batch
+from autotune.backends.base import BackendConfig, BackendSpec, Runner, numpy_batch
 
 SPEC = BackendSpec(
     name="onnxruntime",
@@ -27,6 +27,12 @@ SPEC = BackendSpec(
     scheduling_options=("execution_mode", "inter_op_threads"),
 )
 
+
+def unsupported(config: BackendConfig) -> str | None:
+    """Every combination of its space runs: nothing is refused before launch."""
+    return None
+
+
 MODEL_FILE = "model.onnx"
 PREPROCESSED_FILE = "pre.onnx"  # a scratch file of the int8 build
 
@@ -35,12 +41,14 @@ PREPROCESSED_FILE = "pre.onnx"  # a scratch file of the int8 build
 ARTIFACT_VERSION = 3
 
 
-def artifact_identity(config: Any) -> dict[str, Any]:
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """Only the precision changes the file: session options apply when it is loaded."""
     return {"precision": config.precision}
 
 
-def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
+def build_artifact(
+    model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
+) -> dict[str, Any]:
     from autotune.backends.onnx_export import export_onnx
 
     fp32_path = out_dir / "fp32.onnx"
@@ -139,7 +147,7 @@ def _preprocessed(fp32_path: Path, out_dir: Path) -> str:
         return str(fp32_path)
 
 
-def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
+def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import onnxruntime as ort
 
     options = ort.SessionOptions()

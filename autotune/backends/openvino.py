@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner, numpy_batch
+from autotune.backends.base import BackendConfig, BackendSpec, Runner, numpy_batch
 from autotune.backends.precision import ExecutedPrecision
 
 SPEC = BackendSpec(
@@ -25,6 +25,12 @@ SPEC = BackendSpec(
     scheduling_options=("hint", "streams"),
 )
 
+
+def unsupported(config: BackendConfig) -> str | None:
+    """Every combination of its space runs: nothing is refused before launch."""
+    return None
+
+
 MODEL_FILE = "model.xml"
 
 
@@ -32,7 +38,7 @@ MODEL_FILE = "model.xml"
 ARTIFACT_VERSION = 3
 
 
-def artifact_identity(config: Any) -> dict[str, Any]:
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """fp32 and bf16 share one IR (precision is a compile-time hint); int8 is its own quantized IR."""
     return {"weights": "int8" if config.precision == "int8" else "float"}
 
@@ -52,7 +58,9 @@ def convert_to_ir(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
         return converted, "onnx"
 
 
-def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
+def build_artifact(
+    model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
+) -> dict[str, Any]:
     import openvino as ov
 
     ov_model, source = convert_to_ir(model, example, out_dir)
@@ -132,13 +140,13 @@ def _feed(arrays: tuple[Any, ...]) -> dict[int, Any]:
     return dict(enumerate(arrays))
 
 
-def _float_precision(config: Any) -> str:
+def _float_precision(config: BackendConfig) -> str:
     if config.precision == "int8":
         return config.options.get("int8_float", "f32")
     return "bf16" if config.precision == "bf16" else "f32"
 
 
-def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
+def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints

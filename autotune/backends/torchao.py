@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendSpec, Runner
+from autotune.backends.base import BackendConfig, BackendSpec, Runner
 
 SPEC = BackendSpec(
     name="torchao",
@@ -22,6 +22,12 @@ SPEC = BackendSpec(
     torch_threads=True,
 )
 
+
+def unsupported(config: BackendConfig) -> str | None:
+    """Every combination of its space runs: nothing is refused before launch."""
+    return None
+
+
 PROGRAM_FILE = "quantized.pt2"
 
 
@@ -29,7 +35,7 @@ PROGRAM_FILE = "quantized.pt2"
 ARTIFACT_VERSION = 2
 
 
-def artifact_identity(config: Any) -> dict[str, Any]:
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """The exported program is specialised to the batch size and memory format."""
     return {
         "scheme": config.options.get("scheme", "static"),
@@ -38,7 +44,9 @@ def artifact_identity(config: Any) -> dict[str, Any]:
     }
 
 
-def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any, out_dir: Path) -> dict[str, Any]:
+def build_artifact(
+    model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
+) -> dict[str, Any]:
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
@@ -70,7 +78,7 @@ def build_artifact(model: Any, example: Any, calibration: list[Any], config: Any
     }
 
 
-def load(example: Any, config: Any, artifact_dir: Path) -> Runner:
+def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import torch
     import torch._inductor.config as inductor_config
 

@@ -341,9 +341,7 @@ class SearchSpace:
         config = TrialConfig(backend, precision, batch_size, allocator, instances, threads, chosen, runtime, **pool)
         if config.total_cores > self.cores:
             raise InfeasibleConfig(f"{instances} instances x {threads} threads exceeds the {self.cores} physical cores")
-        refusal = (
-            getattr(backend_module(backend), "unsupported", lambda _: None)(config) if self.task != "generate" else None
-        )
+        refusal = backend_module(backend, self.task).unsupported(config)
         if refusal:
             raise InfeasibleConfig(refusal)
         if config.openmp == "intel" and "intel" not in self.runtime_openmp.get(runtime, ["intel"]):

@@ -210,10 +210,10 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
 
 def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
     """Artifact backends load what the prepare step built; the others wrap the torch module."""
-    from autotune.backends import BACKENDS, backend_module
+    from autotune.backends import backend_module
 
     module = backend_module(config.backend)
-    if BACKENDS[config.backend].builds_artifact(config.precision):
+    if module.SPEC.builds_artifact(config.precision):
         return module.load(example, config, Path(job["artifact_dir"]))
     # The model itself is not kept: a backend may convert a copy (IPEX), and the runner holds what it uses.
     return module.prepare(build_model(source), example, config, Path(job["workdir"]))

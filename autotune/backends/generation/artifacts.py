@@ -1,0 +1,88 @@
+"""Generation's artifact: the quantized weights, built once by the prepare process, cached, and loaded
+by every trial with the same numerics (eager and inductor load the same ones)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.generation.quantization import INT4, WEIGHT_ONLY, activations_of, apply_precision, weight_bytes
+
+if TYPE_CHECKING:
+    from autotune.backends.base import BackendConfig
+
+ARTIFACT_VERSION = 1
+QUANTIZED_FILE = "quantized.pt"
+
+
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
+    """What the quantized weights depend on besides the model and calibration text: the precision and
+    its own options (not the KV cache, the compile flags or the sequences)."""
+    identity: dict[str, Any] = {"task": "generate", "precision": config.precision}
+    if config.precision in WEIGHT_ONLY:
+        identity["activations"] = activations_of(config.precision, dict(config.options))
+    if config.precision in INT4:
+        identity["group_size"] = int(config.options.get("group_size", 128))
+    if config.precision == "smoothquant_int8":
+        identity["alpha"] = float(config.options.get("alpha", 0.5))
+    return identity
+
+
+def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
+    """Quantize once and save the state dict (torchao's quantized tensors serialise with it and load
+    with `weights_only=True`); returns what was done, with the quantization time and weight bytes."""
+    import torch
+
+    details = apply_precision(model.eval(), config.precision, dict(config.options), calibration)
+    details["weight_bytes"] = weight_bytes(model)
+    # The modules of the quantized tensor types: torch.load(weights_only=True) accepts a type only once
+    # its module has been imported (torchao registers them as safe globals on import).
+    details["tensor_modules"] = sorted(
+        {type(p).__module__ for p in model.parameters() if type(p) not in (torch.Tensor, torch.nn.Parameter)}
+        | {type(p.data).__module__ for p in model.parameters() if type(p.data) is not torch.Tensor}
+    )
+    torch.save(model.state_dict(), out_dir / QUANTIZED_FILE)
+    return details
+
+
+def cached_artifact(artifact_dir: str | Path) -> dict[str, Any] | None:
+    """The prepared quantized model in `artifact_dir` when it is complete and was built by this
+    process's torch, torchao and transformers; None otherwise (evicted, or other versions: quantize
+    here instead)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+
+    directory = Path(artifact_dir)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())  # the artifact cache's META_FILE
+    except (OSError, ValueError):
+        return None
+    for package, built_with in (meta.get("key", {}).get("versions") or {}).items():
+        try:
+            here = version(package)
+        except PackageNotFoundError:
+            here = None
+        if package in ("torch", "torchao", "transformers") and here != built_with:
+            return None
+    if not (directory / QUANTIZED_FILE).is_file():
+        return None
+    return {"dir": directory, "details": meta["details"]}
+
+
+def load_quantized(model: Any, artifact_dir: Path, details: dict[str, Any]) -> float:
+    """Put the prepared quantized weights in place of the model's (assigned, not copied into the float
+    parameters); returns the seconds it took. Raises when they cannot be loaded here."""
+    import importlib
+
+    import torch
+
+    t0 = time.monotonic()
+    for module in details.get("tensor_modules", []):
+        importlib.import_module(module)
+    state = torch.load(artifact_dir / QUANTIZED_FILE, weights_only=True)
+    if details.get("activations") == "bf16":  # the buffers the state dict leaves out, as quantizing left them
+        model.to(torch.bfloat16)
+    model.eval().requires_grad_(False)  # as quantize_ leaves them: the same model for torch.compile
+    model.load_state_dict(state, assign=True)
+    return time.monotonic() - t0

@@ -1,0 +1,78 @@
+"""torch.compile (inductor) of the decoder's forward: the eager generator's model, quantized the same way
+(the same artifact), with the inductor flags the configuration asks for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.base import BackendSpec
+from autotune.backends.generation import artifacts, eager
+
+if TYPE_CHECKING:
+    from autotune.backends.base import BackendConfig
+    from autotune.backends.generation.decode_loop import Generator
+
+INDUCTOR_FLAGS = ("max_autotune", "cpp_wrapper", "concat_linear", "freezing")
+
+SPEC = BackendSpec(
+    name="inductor",
+    description="torch.compile (inductor) of the decoder's forward, torchao quantization",
+    precisions=eager.SPEC.precisions,
+    task="generate",
+    options={**eager.SPEC.options, **{flag: (False, True) for flag in INDUCTOR_FLAGS}},
+    option_precisions=eager.SPEC.option_precisions,
+    requires=eager.SPEC.requires,
+    uses_artifact=eager.SPEC.uses_artifact,
+    torch_threads=True,
+)
+
+ARTIFACT_VERSION = artifacts.ARTIFACT_VERSION
+artifact_identity = artifacts.artifact_identity
+build_artifact = artifacts.build_artifact
+
+
+def unsupported(config: BackendConfig) -> str | None:
+    """Every combination of the space runs (a flag this torch lacks is reported in the details)."""
+    return None
+
+
+def prepare(
+    model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
+) -> tuple[Generator, dict[str, Any]]:
+    """The eager generator with its forward compiled under the configuration's inductor flags."""
+    import torch
+
+    generator, details = eager.prepare(model, config, new_tokens, calibration, artifact)
+    options = dict(config.options)
+    details["inductor"] = inductor_settings(options)
+    mode = "max-autotune-no-cudagraphs" if options.get("max_autotune") else None
+    generator.forward = torch.compile(generator.model.forward, mode=mode, dynamic=None)
+    return generator, details
+
+
+def inductor_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """Set the inductor flags this config asks for; returns what was set (flags this torch lacks are
+    reported, not silently dropped)."""
+    import torch._inductor.config as inductor_config
+
+    wanted = {
+        "max_autotune": ("max_autotune", bool(options.get("max_autotune", False))),
+        "cpp_wrapper": ("cpp_wrapper", bool(options.get("cpp_wrapper", False))),
+        "freezing": ("freezing", bool(options.get("freezing", False))),
+        "concat_linear": ("cpp.enable_concat_linear", bool(options.get("concat_linear", False))),
+    }
+    applied: dict[str, Any] = {}
+    for name, (path, value) in wanted.items():
+        target: Any = inductor_config
+        *parents, leaf = path.split(".")
+        for parent in parents:
+            target = getattr(target, parent)
+        if not hasattr(target, leaf):
+            applied[name] = "not in this torch"
+            continue
+        setattr(target, leaf, value)
+        applied[name] = value
+    if options.get("max_autotune") and hasattr(inductor_config.cpp, "use_small_dequant_buffer"):
+        inductor_config.cpp.use_small_dequant_buffer = True  # what the int4 recipe pairs with max-autotune
+        applied["use_small_dequant_buffer"] = True
+    return applied

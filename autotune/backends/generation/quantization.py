@@ -1,0 +1,218 @@
+"""Generation's precisions: torchao weight-only and dynamic int8/int4, SmoothQuant and bf16, applied to a
+causal language model in place, and which of them this runtime's torch/torchao can run on CPU. Imports
+torch and torchao inside functions only, so the registry loads in any runtime."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
+INT4 = ("woq_int4", "da8w4")
+# Weight-only precisions: the GEMMs take the activations in the model's float dtype. bf16 is what the
+# write-ups' A16W8 / A16W4 mean; torchao's CPU int4 kernel has no fast path for fp32 activations (a
+# 100M decoder's 512-token prefill took 32.7 s with fp32 activations against 0.51 s with bf16 ones on a
+# Xeon with AMX, docs/BENCHMARKS.md), so fp32 is an option, not the default.
+WEIGHT_ONLY = ("woq_int8", "woq_int4")
+COMMON_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "kv_cache": ("dynamic", "static"),
+    "group_size": (128, 64, 32),
+    "alpha": (0.5, 0.25, 0.75),
+    "activations": ("bf16", "fp32"),
+}
+COMMON_OPTION_PRECISIONS = {"group_size": INT4, "alpha": ("smoothquant_int8",), "activations": WEIGHT_ONLY}
+# Quantized once by the prepare process, cached, and loaded by every trial with the same numerics.
+QUANTIZED = ("woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
+CALIBRATION_LENGTH = 128  # tokens per SmoothQuant calibration window (fewer when the prompt is shorter)
+
+
+def quantization_config(precision: str, options: dict[str, Any]) -> Any:
+    """torchao's config for a precision, in the API of the torchao this runtime has. Raises
+    RuntimeError saying why when this torchao cannot run it on CPU."""
+    from torchao.quantization import (
+        Int4WeightOnlyConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+    )
+
+    group_size = int(options.get("group_size", 128))
+    if precision == "woq_int8":
+        return Int8WeightOnlyConfig()
+    if precision == "da8w8":
+        return Int8DynamicActivationInt8WeightConfig()
+    if precision == "woq_int4":
+        try:  # torchao <= 0.13: the CPU packing is a layout
+            from torchao.dtypes import Int4CPULayout
+
+            return Int4WeightOnlyConfig(group_size=group_size, layout=Int4CPULayout(), version=1)
+        except (ImportError, TypeError):
+            pass
+        try:  # torchao 0.18: the CPU packing (Int4OpaqueTensor) lives in the prototype workflow
+            from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+
+            return PrototypeInt4WeightOnlyConfig(group_size=group_size)
+        except ImportError:
+            pass
+        import inspect
+
+        formats = inspect.signature(Int4WeightOnlyConfig).parameters.get("int4_packing_format")
+        if formats is not None:
+            for name in ("opaque", "tile_packed_to_4d"):
+                try:
+                    return Int4WeightOnlyConfig(group_size=group_size, int4_packing_format=name)
+                except (ValueError, TypeError, AttributeError):
+                    continue
+        raise RuntimeError("this torchao has no CPU packing for int4 weights (Int4CPULayout / 'opaque')")
+    if precision == "da8w4":
+        try:  # torchao 0.18: a prototype config; it asserts when the wheel lacks the CPU kernel
+            from torchao.prototype.quantization.int4 import Int8DynamicActivationInt4WeightConfig as Prototype
+            from torchao.quantization.quant_primitives import MappingType
+
+            return Prototype(group_size=group_size, act_mapping_type=MappingType.SYMMETRIC)
+        except ImportError:
+            pass
+        try:
+            from torchao.dtypes import Int8DynamicActInt4WeightCPULayout
+            from torchao.quantization import Int8DynamicActivationInt4WeightConfig
+            from torchao.quantization.quant_primitives import MappingType
+        except ImportError as exc:
+            raise RuntimeError(f"this torchao has no CPU layout for DA8W4 ({exc})") from None
+        import torch
+
+        if not hasattr(torch.ops.torchao, "da8w4_linear_prepack_cpu"):
+            raise RuntimeError("the torchao wheel has no DA8W4 CPU kernel (torchao::da8w4_linear_prepack_cpu)")
+        return Int8DynamicActivationInt4WeightConfig(
+            group_size=group_size, layout=Int8DynamicActInt4WeightCPULayout(), act_mapping_type=MappingType.SYMMETRIC
+        )
+    raise RuntimeError(f"precision {precision} is not a torchao quantize_ config")
+
+
+def activations_of(precision: str, options: dict[str, Any]) -> str:
+    """The float dtype a precision's activations run in: a weight-only precision's `activations` option
+    (fp32 where a config predates it, as it was measured then), bf16 for bf16, fp32 otherwise."""
+    if precision in WEIGHT_ONLY:
+        value = str(options.get("activations", "fp32"))
+        if value not in COMMON_OPTIONS["activations"]:
+            raise ValueError(f"activations {value!r} is not one of {list(COMMON_OPTIONS['activations'])}")
+        return value
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+def precision_variant(precision: str, options: dict[str, Any]) -> str:
+    """A precision as its kernels see it: a weight-only one with its activations (`woq_int4/fp32`), since
+    fp32 activations take another path (torchao's CPU int4 kernel: 35x slower), so what one of them cost
+    or how it lost says nothing of the other; any other precision as it is named."""
+    return f"{precision}/{activations_of(precision, options)}" if precision in WEIGHT_ONLY else precision
+
+
+def apply_precision(model: Any, precision: str, options: dict[str, Any], calibration: Any = None) -> dict[str, Any]:
+    """Convert the model in place to `precision`; returns what was done and how long it took."""
+    import torch
+
+    t0 = time.monotonic()
+    activations = activations_of(precision, options)
+    if activations == "bf16":  # a weight-only precision quantizes the bf16 model's weights
+        model.to(torch.bfloat16)
+    if precision == "smoothquant_int8":
+        smoothquant(model, float(options.get("alpha", 0.5)), calibration)
+    elif precision not in ("fp32", "bf16"):
+        from torchao.quantization import quantize_
+
+        quantize_(model, quantization_config(precision, options))
+    return {"precision": precision, "activations": activations, "quantize_s": time.monotonic() - t0}
+
+
+def smoothquant(model: Any, alpha: float, calibration: Any) -> None:
+    """torchao's SmoothQuant: observers on every Linear, calibrated on `calibration` (token ids), then
+    int8 dynamic-activation weights with the smoothing factors folded in."""
+    import torch
+    from torchao.quantization import quantize_
+
+    if calibration is None:
+        raise RuntimeError("SmoothQuant needs calibration text")
+    quantize_(model, smoothquant_config("prepare", alpha))
+    with torch.no_grad():
+        model(input_ids=calibration, use_cache=False)
+    quantize_(model, smoothquant_config("convert", alpha))
+
+
+def smoothquant_config(step: str, alpha: float) -> Any:
+    """torchao's SmoothQuantConfig in the form this torchao takes: on top of int8 dynamic activation and
+    weight quantization (newer torchao names it `base_config`; older ones quantize to that themselves)."""
+    import inspect
+
+    from torchao.prototype.smoothquant import SmoothQuantConfig
+
+    if "base_config" in inspect.signature(SmoothQuantConfig).parameters:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        return SmoothQuantConfig(base_config=Int8DynamicActivationInt8WeightConfig(), step=step, alpha=alpha)
+    return SmoothQuantConfig(step=step, alpha=alpha)
+
+
+def unavailable_precisions() -> dict[str, str]:
+    """Each precision this runtime's torch/torchao cannot run on CPU, with the reason (a tiny Linear is
+    quantized and called: an API that exists but has no CPU kernel is caught too)."""
+    reasons: dict[str, str] = {}
+    try:
+        import torch
+        import torchao  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return {p: f"{exc.name} is not installed" for p in PRECISIONS}
+    for precision in PRECISIONS:
+        if precision in ("fp32", "bf16"):
+            continue
+        try:
+            layer = torch.nn.Sequential(torch.nn.Linear(256, 256))
+            if precision == "smoothquant_int8":
+                from torchao.quantization import quantize_
+
+                quantize_(layer, smoothquant_config("prepare", 0.5))
+                layer(torch.randn(4, 256))
+                quantize_(layer, smoothquant_config("convert", 0.5))
+            else:
+                from torchao.quantization import quantize_
+
+                if precision in WEIGHT_ONLY:  # the activations its coverage runs (the space's first)
+                    layer.to(torch.bfloat16)
+                quantize_(layer, quantization_config(precision, {"group_size": 128}))
+            with torch.no_grad():
+                layer(torch.randn(4, 256, dtype=next(layer.parameters()).dtype))
+        except Exception as exc:  # any failure means the precision cannot run here
+            reasons[precision] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return reasons
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes the model's parameters and buffers hold, quantized tensor subclasses counted by their
+    inner tensors (int4 weights count half a byte each, plus scales)."""
+    import torch
+
+    def size(tensor: Any) -> int:
+        if hasattr(tensor, "__tensor_flatten__") and type(tensor) is not torch.Tensor:
+            names, _ = tensor.__tensor_flatten__()
+            return sum(size(getattr(tensor, name)) for name in names if getattr(tensor, name) is not None)
+        return int(tensor.numel() * tensor.element_size())
+
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) in seen:  # tied weights count once
+            continue
+        seen.add(id(tensor))
+        total += size(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor)
+    return total
+
+
+def float_dtypes(model: Any) -> str:
+    """The dtypes of the model's plain floating-point parameters and buffers (quantized tensor
+    subclasses left out), comma-separated: `bfloat16` for a model cast to bf16 throughout."""
+    import torch
+
+    dtypes = {
+        str(t.dtype).removeprefix("torch.")
+        for t in [*(p.data for p in model.parameters()), *model.buffers()]
+        if type(t) is torch.Tensor and t.is_floating_point()
+    }
+    return ", ".join(sorted(dtypes))

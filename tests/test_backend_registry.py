@@ -1,0 +1,86 @@
+"""One registry for every task's backends: each registered module has the members of its interface
+(backends/base.py), lookups go by task and name, and an incomplete module is refused when registered."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from autotune import backends
+from autotune.backends import BACKENDS, TASKS, backend_module, backend_specs, register
+from autotune.backends.base import BackendSpec, missing_members
+from autotune.records.config import TrialConfig
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_registered_backend_has_its_interface_and_serves_its_task(task):
+    specs = backend_specs(task)
+    assert specs
+    for name, spec in specs.items():
+        module = backend_module(name, task)
+        assert module.SPEC is spec and spec.task == task and spec.name == name
+        assert missing_members(module) == []
+
+
+def test_classification_and_generation_backends_of_one_name_are_told_apart():
+    assert backend_specs("classify") is BACKENDS
+    assert backend_module("inductor").SPEC.precisions == ("fp32", "bf16")
+    generate = backend_module("inductor", "generate").SPEC
+    assert "woq_int4" in generate.precisions and "max_autotune" in generate.options
+    with pytest.raises(KeyError, match="unknown generate backend 'onnxruntime'"):
+        backend_module("onnxruntime", "generate")
+
+
+def test_unsupported_answers_for_every_backend_and_ipex_refuses_intel_openmp_without_affinity():
+    refused = TrialConfig("ipex", "fp32", batch_size=1, openmp="intel", kmp_affinity="disabled")
+    assert "KMP_AFFINITY=disabled" in (backend_module("ipex").unsupported(refused) or "")
+    for task in TASKS:
+        for name in backend_specs(task):
+            assert backend_module(name, task).unsupported(TrialConfig(name, "fp32", batch_size=1)) is None
+
+
+def test_a_module_lacking_its_interface_is_refused():
+    module = ModuleType("half_done")
+    module.SPEC = BackendSpec(name="half_done", description="", precisions=("fp32",), uses_artifact=True)  # type: ignore[attr-defined]
+    module.unsupported = lambda config: None  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="lacks ARTIFACT_VERSION, artifact_identity, build_artifact, load"):
+        register(module)  # type: ignore[arg-type]
+    assert "half_done" not in BACKENDS
+
+
+def test_generation_entry_point_prints_the_unavailable_precisions():
+    result = subprocess.run(
+        [sys.executable, "-m", "autotune.backends.generation"], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert isinstance(json.loads(result.stdout)["unavailable"], dict)
+
+
+def test_no_backend_function_runs_over_80_lines():
+    package = Path(backends.__file__).parent
+    long = [
+        f"{path.relative_to(package)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert not long, long
+
+
+def test_generation_prepare_goes_to_the_configurations_backend():
+    """Eager runs the model's own forward; inductor the same prepared model, its forward compiled with
+    the flags asked for (compiled lazily: nothing runs here)."""
+    from tiny_lm import tiny_llama
+
+    from autotune.backends.generation import prepare
+
+    eager, details = prepare(tiny_llama(), TrialConfig("eager", "fp32", batch_size=1), 2)
+    assert "inductor" not in details and eager.forward == eager.model.forward
+    config = TrialConfig("inductor", "bf16", batch_size=1, options={"kv_cache": "static", "freezing": False})
+    compiled, details = prepare(tiny_llama(), config, 2)
+    assert details["inductor"]["freezing"] is False and details["float_dtype"] == "bfloat16"
+    assert compiled.forward != compiled.model.forward and compiled.kv_cache == "static"
