@@ -392,6 +392,20 @@ def _enqueue_first_trials(
     (search/priors.py), then one trial per backend x precision, highest expected payoff on this machine
     first (search/payoff.py), each recording why it runs where it does; where a layout round runs, the
     coverage waits on the study, released a trial at a time (search/layouts.py)."""
+    baseline = _enqueue_baseline(study, space, console)
+    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
+    storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
+    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
+    winners = _enqueue_prior_winners(study, space, prior.winners, baseline, console)
+    # a prior winner covers its backend x precision: the coverage round does not measure that family again
+    covered = {family(params) for params in winners}
+    if spec.cover_backends:
+        _enqueue_coverage(study, space, spec, machine, reference, console, baseline, covered, prior.family_speedups)
+    study.set_user_attr("seeded", True)
+
+
+def _enqueue_baseline(study: optuna.study.Study, space: SearchSpace, console: Console) -> dict[str, Any] | None:
+    """The eager fp32 baseline, first: every speedup is relative to it. None (said so) when the space has none."""
     baseline = space.baseline_params()
     if baseline is None:
         console.print(
@@ -401,11 +415,20 @@ def _enqueue_first_trials(
         study.enqueue_trial(
             baseline, user_attrs={"baseline": True, "order": "baseline: first, every speedup is relative to it"}
         )
-    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
-    storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
-    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
+    return baseline
+
+
+def _enqueue_prior_winners(
+    study: optuna.study.Study,
+    space: SearchSpace,
+    winners: list[tuple[dict[str, Any], str]],
+    baseline: dict[str, Any] | None,
+    console: Console,
+) -> list[dict[str, Any]]:
+    """The earlier studies' winners, narrowed to the values this space offers (one whose backend it does
+    not offer is left out, said so), each once and not again as the baseline; returns those enqueued."""
     enqueued = [baseline]
-    for winner, why in prior.winners:
+    for winner, why in winners:
         params, dropped = space.offered_params(winner)
         if not params:
             console.print(
@@ -421,49 +444,67 @@ def _enqueue_first_trials(
             enqueued.append(params)
     if len(enqueued) > 1:
         console.print(f"{len(enqueued) - 1} winner(s) of earlier studies on this machine tried first", markup=False)
-    # a prior winner covers its backend x precision: the coverage round does not measure that family again
-    covered = {family(params) for params in enqueued[1:] if params is not None}
-    if spec.cover_backends:
-        preferences = coverage_preferences(machine.isa)
-        batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
-        plans = [
-            p
-            for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
-            if p != baseline and family(p) not in covered
-        ]
-        if reference.attention_layers is None and space.task != "generate":
-            console.print(
-                "note: this study's reference was computed before attention layers were counted, so its int8 "
-                "coverage starts with OpenVINO's (a new study counts them)",
-                markup=False,
-            )
-        if reference.reduction_depth is None and space.task != "generate":
-            console.print(
-                "note: the model's reduction depth was not measured (a reference from before it was, or no "
-                "convolution or linear layer ran as a Python module), so its int8 coverage is ordered by the CPU alone",
-                markup=False,
-            )
-        study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
-        study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
-        int8_first = int8_first_backend(machine.isa, reference.attention_layers)
-        ordered = order_by_payoff(
-            plans, machine.isa, space.task, prior.family_speedups, int8_first, reference.reduction_depth, preferences
+    return [params for params in enqueued[1:] if params is not None]
+
+
+def _enqueue_coverage(
+    study: optuna.study.Study,
+    space: SearchSpace,
+    spec: SearchSpec,
+    machine: MachineProbe,
+    reference: Reference,
+    console: Console,
+    baseline: dict[str, Any] | None,
+    covered: set[tuple[Any, Any]],
+    family_speedups: dict[tuple[str, str], tuple[float, str]],
+) -> None:
+    """One trial per backend x precision not yet covered, highest expected payoff first; queued on the
+    study for the layout round to release one at a time where it runs, enqueued at once otherwise."""
+    preferences = coverage_preferences(machine.isa)
+    batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
+    plans = [
+        p
+        for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
+        if p != baseline and family(p) not in covered
+    ]
+    _note_int8_ordering(reference, space, console)
+    study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
+    study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
+    int8_first = int8_first_backend(machine.isa, reference.attention_layers)
+    ordered = order_by_payoff(
+        plans, machine.isa, space.task, family_speedups, int8_first, reference.reduction_depth, preferences
+    )
+    if batch != space.baseline_batch_size:
+        where = (
+            f"; {batch} {space.batch_param}, the most the space lists within 8x the baseline's: a decode step "
+            "reads every weight once for all of them (search/layouts.coverage_batch)"
         )
-        if batch != space.baseline_batch_size:
-            where = (
-                f"; {batch} {space.batch_param}, the most the space lists within 8x the baseline's: a decode step "
-                "reads every weight once for all of them (search/layouts.coverage_batch)"
-            )
-            ordered = [replace(plan, order=plan.order + where) for plan in ordered]
-        if LayoutRound.applies(space, spec.objective):
-            # released one at a time, so the layout round can run as soon as a family leads; the families
-            # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
-            queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
-            study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
-        else:
-            for plan in ordered:
-                study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
-    study.set_user_attr("seeded", True)
+        ordered = [replace(plan, order=plan.order + where) for plan in ordered]
+    if LayoutRound.applies(space, spec.objective):
+        # released one at a time, so the layout round can run as soon as a family leads; the families
+        # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
+        queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
+        study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+    else:
+        for plan in ordered:
+            study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
+
+
+def _note_int8_ordering(reference: Reference, space: SearchSpace, console: Console) -> None:
+    """Says when the int8 coverage is ordered on less than usual: a reference from before attention layers
+    or the reduction depth were measured."""
+    if reference.attention_layers is None and space.task != "generate":
+        console.print(
+            "note: this study's reference was computed before attention layers were counted, so its int8 "
+            "coverage starts with OpenVINO's (a new study counts them)",
+            markup=False,
+        )
+    if reference.reduction_depth is None and space.task != "generate":
+        console.print(
+            "note: the model's reduction depth was not measured (a reference from before it was, or no "
+            "convolution or linear layer ran as a Python module), so its int8 coverage is ordered by the CPU alone",
+            markup=False,
+        )
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
