@@ -93,7 +93,7 @@ def run_finalists(
     trials = {e["trial"]: stored[e["trial"]] for e in entries}
     started = time.monotonic()
     log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
-    rounds = _Rounds(ctx, work_dir, deadline, timeout_s, objective_value, server_rates, log)
+    rounds = _InterleavedRounds(ctx, work_dir, deadline, timeout_s, objective_value, server_rates, log)
     rounds.run(entries, trials, repeats)
     record: dict[str, Any] = {
         "repeats": repeats,
@@ -114,7 +114,7 @@ def finalist_entries(
     picked: list[optuna.trial.FrozenTrial], baseline: optuna.trial.FrozenTrial | None
 ) -> list[dict[str, Any]]:
     """The round's entries, each to collect its runs: the candidates in their order, then the baseline
-    when it is not among them (it runs every round for the interleaved speedup, as no candidate)."""
+    when it is not among them (it runs every round for the interleaved speedup without being a candidate)."""
     base_number = baseline.number if baseline is not None else None
     entries = [
         {
@@ -142,7 +142,7 @@ def finalist_entries(
 
 
 @dataclass
-class _Rounds:
+class _InterleavedRounds:
     """The interleaved rounds' settings, shared by every run in them."""
 
     ctx: TrialContext

@@ -164,7 +164,7 @@ class Objective:
         self._known_fallback(trial, config)
         # its own numerics' drift, beyond the bound, prunes first
         known_drift = reuse_known_drift(
-            trial, self.spec.criterion, self.ctx.reference.digest, self._drift_sequences(config)
+            trial, self.spec.criterion, self.ctx.reference.digest, drift_sequences(self.spec.task, config.batch_size)
         )
         if sampled:
             self._skip_hopeless_family(trial, config)
@@ -208,7 +208,7 @@ class Objective:
             precision_variant(config.precision, config.options),
             trial.user_attrs["fallback_key"],
             trial.user_attrs["drift_reference"],
-            self._drift_sequences(config),
+            drift_sequences(self.spec.task, config.batch_size),
         )
         host = socket.gethostname() if self.spec.mixed_hardware else None  # other CPUs' verdicts do not apply
         reason = hopeless_family(trial.study, proposal, self.spec.criterion, self.spec.objective, trial.number, host)
@@ -253,9 +253,6 @@ class Objective:
         bf16 falls back to f32 whatever its hint and streams (an efficientnet_b0 search launched each of
         its combinations once, to fail 4-8 s later)."""
         return numerics_key_of(config, self.space, without=self.space.specs[config.backend].scheduling_options)
-
-    def _drift_sequences(self, config: TrialConfig) -> int | None:
-        return drift_sequences(self.spec.task, config.batch_size)
 
     def _measure(
         self,
