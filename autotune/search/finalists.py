@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,6 @@ def run_finalists(
     picked = pick_candidates(study, count)
     if not picked:
         return None
-    base_number = baseline.number if baseline is not None else None
     time_left_s = deadline - time.monotonic()
     picked, left_out = fit_round(picked, baseline, repeats, time_left_s)
     if left_out:
@@ -84,6 +84,38 @@ def run_finalists(
             f"finalists: {len(picked)} candidate(s) fit {repeats} interleaved rounds in the {time_left_s:.0f} s left; "
             f"left out: {', '.join('#' + str(t.number) for t in left_out)}"
         )
+    entries = finalist_entries(picked, baseline)
+    # The server scenario: every entry is probed first at the leading trial's rate and +-10%, so their
+    # latency-against-rate curves meet at the same rates; the rate search then narrows in between.
+    lead = picked[0].value or 0.0
+    server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
+    stored = study.get_trials(deepcopy=False)  # one read of the storage: `study.trials` reads them all each time
+    trials = {e["trial"]: stored[e["trial"]] for e in entries}
+    started = time.monotonic()
+    log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
+    rounds = _InterleavedRounds(ctx, work_dir, deadline, timeout_s, objective_value, server_rates, log)
+    rounds.run(entries, trials, repeats)
+    record: dict[str, Any] = {
+        "repeats": repeats,
+        "seconds": time.monotonic() - started,
+        "candidates": entries,
+        "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
+        "order": "rounds over the candidates and the baseline, each starting one entry later, fresh processes per run",
+        "left_out": [t.number for t in left_out],  # candidates whose rounds would not have fit the time left
+        **({"server_rates": server_rates} if server_rates else {}),
+        "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
+    }
+    decide(record, maximize)
+    study.set_user_attr("finalists", record)
+    return record
+
+
+def finalist_entries(
+    picked: list[optuna.trial.FrozenTrial], baseline: optuna.trial.FrozenTrial | None
+) -> list[dict[str, Any]]:
+    """The round's entries, each to collect its runs: the candidates in their order, then the baseline
+    when it is not among them (it runs every round for the interleaved speedup without being a candidate)."""
+    base_number = baseline.number if baseline is not None else None
     entries = [
         {
             "trial": t.number,
@@ -106,63 +138,66 @@ def run_finalists(
                 "baseline": True,
             }
         )
-    # The server scenario: every entry is probed first at the leading trial's rate and +-10%, so their
-    # latency-against-rate curves meet at the same rates; the rate search then narrows in between.
-    lead = picked[0].value or 0.0
-    server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
-    stored = study.get_trials(deepcopy=False)  # one read of the storage: `study.trials` reads them all each time
-    trials = {e["trial"]: stored[e["trial"]] for e in entries}
-    seconds = {number: _trial_seconds(trial) for number, trial in trials.items()}
-    # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
-    timeouts = {
-        number: timeout_s if ctx.server else finalist_timeout(measuring + preparing, timeout_s)
-        for number, (measuring, preparing) in seconds.items()
-    }
-    # Drift depends on numerics (a language model's also on its sequences, each entry's own): the search
-    # already measured it for every entry.
-    known_drift = {number: _search_drift(trial) for number, trial in trials.items()}
-    started = time.monotonic()
-    log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
-    for round_index, entry in interleaved_schedule(entries, repeats):
-        if not run_fits(trials[entry["trial"]], deadline - time.monotonic()):
-            log("finalists: budget reached; deciding on the runs made so far")
-            break
-        run_dir = work_dir / f"round{round_index}-trial{entry['trial']:05d}"
+    return entries
+
+
+@dataclass
+class _InterleavedRounds:
+    """The interleaved rounds' settings, shared by every run in them."""
+
+    ctx: TrialContext
+    work_dir: Path
+    deadline: float
+    timeout_s: float
+    objective_value: Callable[[TrialMetrics], float]
+    server_rates: list[float] | None
+    log: Callable[[str], None]
+
+    def run(self, entries: list[dict[str, Any]], trials: dict[int, optuna.trial.FrozenTrial], repeats: int) -> None:
+        """Every entry once per round, `repeats` rounds, each run appended to its entry's runs; stops
+        when the next run would not fit the time left."""
+        seconds = {number: _trial_seconds(trial) for number, trial in trials.items()}
+        # A rate search stops early, not with a failure, when its time runs short: it keeps the full timeout.
+        timeouts = {
+            number: self.timeout_s if self.ctx.server else finalist_timeout(measuring + preparing, self.timeout_s)
+            for number, (measuring, preparing) in seconds.items()
+        }
+        # Drift depends on numerics (a language model's also on its sequences, each entry's own): the search
+        # already measured it for every entry.
+        known_drift = {number: _search_drift(trial) for number, trial in trials.items()}
+        for round_index, entry in interleaved_schedule(entries, repeats):
+            if not run_fits(trials[entry["trial"]], self.deadline - time.monotonic()):
+                self.log("finalists: budget reached; deciding on the runs made so far")
+                break
+            self._run_once(entry, round_index, timeouts[entry["trial"]], known_drift[entry["trial"]])
+
+    def _run_once(self, entry: dict[str, Any], round_index: int, timeout: float, known_drift: Drift | None) -> None:
+        """One re-measurement of the entry in fresh processes, appended to its runs (a failed one with its
+        cause) and logged."""
+        run_dir = self.work_dir / f"round{round_index}-trial{entry['trial']:05d}"
+        label = f"finalists: round {round_index + 1} trial #{entry['trial']}"
         try:
             metrics, _, _ = run_config(
                 TrialConfig.from_dict(entry["config"]),
-                ctx,
+                self.ctx,
                 run_dir,
-                timeouts[entry["trial"]],
-                known_drift=known_drift[entry["trial"]],
-                server_rates=server_rates,
+                timeout,
+                known_drift=known_drift,
+                server_rates=self.server_rates,
                 server_round=round_index + 1,  # fresh arrivals each round, the same for every candidate in it
             )
         except TrialFailed as exc:
             entry["runs"].append(FinalistRun(failed=exc.cause).to_json())
-            log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {exc.cause}")
-            continue
-        value = objective_value(metrics)
+            self.log(f"{label} FAILED: {exc.cause}")
+            return
+        value = self.objective_value(metrics)
         if metrics.server is not None and value <= 0:  # no rate sustained this time: a failed run, not a value
             cause = f"no rate sustained: {metrics.server.verdict}"
             entry["runs"].append(FinalistRun(failed=cause).to_json())
-            log(f"finalists: round {round_index + 1} trial #{entry['trial']} FAILED: {cause}")
-            continue
+            self.log(f"{label} FAILED: {cause}")
+            return
         entry["runs"].append(FinalistRun.of(value, metrics).to_json())
-        log(f"finalists: round {round_index + 1} trial #{entry['trial']} {value:.2f}{metrics.noisy_note()}")
-    record: dict[str, Any] = {
-        "repeats": repeats,
-        "seconds": time.monotonic() - started,
-        "candidates": entries,
-        "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
-        "order": "rounds over the candidates and the baseline, each starting one entry later, fresh processes per run",
-        "left_out": [t.number for t in left_out],  # candidates whose rounds would not have fit the time left
-        **({"server_rates": server_rates} if server_rates else {}),
-        "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
-    }
-    decide(record, maximize)
-    study.set_user_attr("finalists", record)
-    return record
+        self.log(f"{label} {value:.2f}{metrics.noisy_note()}")
 
 
 def fit_round(

@@ -120,6 +120,100 @@ class ThreadPoolDims:
         return cls(openmp, affinity, blocktime, thp)
 
 
+def _batch_sizes(data: dict[str, Any], task: str, batch_key: str) -> list[int]:
+    """The batch sizes, or for generation the concurrent sequences (`sequences`, or `batch_size` as before)."""
+    if task != "generate" and "sequences" in data:
+        raise UserError("search space: 'sequences' is for generation (--task generate); use batch_size")
+    batch_sizes = _choices(batch_key, data.get(batch_key, data.get("batch_size", [1, 8, 32])), int)
+    if any(b <= 0 for b in batch_sizes):
+        raise UserError(f"search space: {batch_key} values must be positive")
+    return batch_sizes
+
+
+def _max_waits(data: dict[str, Any]) -> list[float]:
+    """The server scenario's max_wait_ms values, checked in every scenario so a typo is never silent."""
+    raw_waits = data.get("max_wait_ms", list(MAX_WAITS_MS))
+    raw_waits = raw_waits if isinstance(raw_waits, list) else [raw_waits]
+    if not raw_waits or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in raw_waits):
+        raise UserError(f"search space: max_wait_ms must be a list of milliseconds, got {raw_waits!r}")
+    max_waits = list(dict.fromkeys(float(w) for w in raw_waits))
+    if any(w < 0 for w in max_waits):
+        raise UserError(
+            f"search space: max_wait_ms values are milliseconds a request may wait for a fuller batch, 0 or more; "
+            f"got {max_waits}"
+        )
+    return max_waits
+
+
+def _allocators(data: dict[str, Any], machine: MachineProbe, notes: list[str]) -> list[str]:
+    """The allocators asked for that this machine has (glibc's always); those missing are noted."""
+    allocators = _choices("allocator", data.get("allocator", list(ALLOCATORS)), str)
+    for name in allocators:
+        if name not in ALLOCATORS:
+            raise UserError(f"search space: unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+    missing = [a for a in allocators if a != "glibc" and a not in machine.allocators]
+    if missing:
+        notes.append(f"allocator(s) {', '.join(missing)} not found on this machine: left out")
+    return [a for a in allocators if a == "glibc" or a in machine.allocators]
+
+
+def _instances_and_threads(data: dict[str, Any], cores: int) -> tuple[list[int], list[int] | None]:
+    """Instances and threads per instance ('auto': chosen from the cores; threads None: any that fit),
+    refused when a value exceeds the physical cores or no combination fits them."""
+    instances = (
+        _auto_instances(cores)
+        if data.get("instances", "auto") == "auto"
+        else _choices("instances", data["instances"], int)
+    )
+    threads_raw = data.get("threads_per_instance", "auto")
+    threads = None if threads_raw == "auto" else _choices("threads_per_instance", threads_raw, int)
+    for label, values in (("instances", instances), ("threads_per_instance", threads or [1])):
+        if any(v < 1 or v > cores for v in values):
+            raise UserError(
+                f"search space: {label} values {values} must lie between 1 and the {cores} physical cores here"
+            )
+    if threads and not any(i * t <= cores for i in instances for t in threads):
+        raise UserError(
+            f"search space: no instances x threads_per_instance combination fits the {cores} physical cores here"
+        )
+    return instances, threads
+
+
+def _check_explicit_runtimes_run_a_backend(
+    data: dict[str, Any], runtimes: dict[str, Runtime], routes: dict[str, list[str]]
+) -> None:
+    """A runtime named with --runtime that runs none of the space's backends is refused with the reasons,
+    rather than silently never used."""
+    for runtime in runtimes.values():
+        if runtime.role == "explicit" and not any(runtime.name in names for names in routes.values()):
+            reasons = (
+                "; ".join(why for name, why in runtime.backends.items() if why and name in (data.get("backends") or {}))
+                or "-"
+            )
+            raise UserError(
+                f"runtime {runtime.name} ({runtime.python}, torch {runtime.torch or 'missing'}) runs none of the "
+                f"space's backends ({reasons}): install them there, or drop --runtime"
+            )
+
+
+def _baseline_batch_size(data: dict[str, Any], task: str, batch_key: str, batch_sizes: list[int], server: bool) -> int:
+    """The baseline's batch (or sequences): the `baseline` mapping's, else 8 (1 for generation) where listed,
+    else the first listed; a server's smallest, since a first server answers one request per call."""
+    baseline = data.get("baseline", {}) or {}
+    if not isinstance(baseline, dict):
+        raise UserError("search space: 'baseline' must be a mapping, e.g. {batch_size: 8}")
+    unknown = sorted(set(baseline) - set(BASELINE_KEYS))
+    if unknown:
+        raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
+    usual = 1 if task == "generate" else 8
+    baseline_bs = baseline.get(batch_key, usual if usual in batch_sizes else batch_sizes[0])
+    if server:  # a first server answers one request per call: the smallest batch, whatever `baseline` says
+        baseline_bs = min(batch_sizes)
+    if baseline_bs not in batch_sizes:
+        raise UserError(f"search space: baseline {batch_key} {baseline_bs!r} must be one of {batch_key} {batch_sizes}")
+    return baseline_bs
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     batch_sizes: list[int]
@@ -161,79 +255,16 @@ class SearchSpace:
         notes: list[str] = []
         cores = machine.physical_cores
         batch_key = "sequences" if task == "generate" else "batch_size"
-        if task != "generate" and "sequences" in data:
-            raise UserError("search space: 'sequences' is for generation (--task generate); use batch_size")
-        batch_sizes = _choices(batch_key, data.get(batch_key, data.get("batch_size", [1, 8, 32])), int)
-        if any(b <= 0 for b in batch_sizes):
-            raise UserError(f"search space: {batch_key} values must be positive")
-
-        raw_waits = data.get("max_wait_ms", list(MAX_WAITS_MS))
-        raw_waits = raw_waits if isinstance(raw_waits, list) else [raw_waits]
-        if not raw_waits or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in raw_waits):
-            raise UserError(f"search space: max_wait_ms must be a list of milliseconds, got {raw_waits!r}")
-        max_waits = list(dict.fromkeys(float(w) for w in raw_waits))
-        if any(w < 0 for w in max_waits):
-            raise UserError(
-                f"search space: max_wait_ms values are milliseconds a request may wait for a fuller batch, 0 or more; "
-                f"got {max_waits}"
-            )
-
-        allocators = _choices("allocator", data.get("allocator", list(ALLOCATORS)), str)
-        for name in allocators:
-            if name not in ALLOCATORS:
-                raise UserError(f"search space: unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
-        missing = [a for a in allocators if a != "glibc" and a not in machine.allocators]
-        if missing:
-            notes.append(f"allocator(s) {', '.join(missing)} not found on this machine: left out")
-        allocators = [a for a in allocators if a == "glibc" or a in machine.allocators]
-
-        instances = (
-            _auto_instances(cores)
-            if data.get("instances", "auto") == "auto"
-            else _choices("instances", data["instances"], int)
-        )
-        threads_raw = data.get("threads_per_instance", "auto")
-        threads = None if threads_raw == "auto" else _choices("threads_per_instance", threads_raw, int)
-        for label, values in (("instances", instances), ("threads_per_instance", threads or [1])):
-            if any(v < 1 or v > cores for v in values):
-                raise UserError(
-                    f"search space: {label} values {values} must lie between 1 and the {cores} physical cores here"
-                )
-        if threads and not any(i * t <= cores for i in instances for t in threads):
-            raise UserError(
-                f"search space: no instances x threads_per_instance combination fits the {cores} physical cores here"
-            )
-
+        batch_sizes = _batch_sizes(data, task, batch_key)
+        max_waits = _max_waits(data)
+        allocators = _allocators(data, machine, notes)
+        instances, threads = _instances_and_threads(data, cores)
         thread_pool = ThreadPoolDims.from_dict(data, machine, runtimes, notes)
         backends, routes = cls._backends(
             data.get("backends", {"eager": {}}), runtimes, notes, backend_specs(task), unavailable or {}
         )
-        for runtime in runtimes.values():
-            if runtime.role == "explicit" and not any(runtime.name in names for names in routes.values()):
-                reasons = (
-                    "; ".join(
-                        why for name, why in runtime.backends.items() if why and name in (data.get("backends") or {})
-                    )
-                    or "-"
-                )
-                raise UserError(
-                    f"runtime {runtime.name} ({runtime.python}, torch {runtime.torch or 'missing'}) runs none of the "
-                    f"space's backends ({reasons}): install them there, or drop --runtime"
-                )
-        baseline = data.get("baseline", {}) or {}
-        if not isinstance(baseline, dict):
-            raise UserError("search space: 'baseline' must be a mapping, e.g. {batch_size: 8}")
-        unknown = sorted(set(baseline) - set(BASELINE_KEYS))
-        if unknown:
-            raise UserError(f"search space: unknown baseline key {unknown[0]!r}; allowed: {', '.join(BASELINE_KEYS)}")
-        usual = 1 if task == "generate" else 8
-        baseline_bs = baseline.get(batch_key, usual if usual in batch_sizes else batch_sizes[0])
-        if server:  # a first server answers one request per call: the smallest batch, whatever `baseline` says
-            baseline_bs = min(batch_sizes)
-        if baseline_bs not in batch_sizes:
-            raise UserError(
-                f"search space: baseline {batch_key} {baseline_bs!r} must be one of {batch_key} {batch_sizes}"
-            )
+        _check_explicit_runtimes_run_a_backend(data, runtimes, routes)
+        baseline_bs = _baseline_batch_size(data, task, batch_key, batch_sizes, server)
         return cls(
             batch_sizes,
             allocators,

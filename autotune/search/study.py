@@ -33,16 +33,18 @@ from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
-from autotune.measure.speed_gate import GateVerdict, SpeedGate
-from autotune.records.config import TrialConfig, clean_environment, pin_prefix
-from autotune.records.metrics import Screening, TrialBudget, TrialMetrics
+from autotune.measure.speed_gate import SpeedGate
+from autotune.records.config import TrialConfig, clean_environment
+from autotune.records.metrics import TrialBudget, TrialMetrics
 from autotune.results.best_json import closest_candidate, export_best
-from autotune.results.optuna_artifacts import attach_to_study, attach_trial_log
+from autotune.results.optuna_artifacts import attach_to_study
 from autotune.results.progress import LiveStatus, ProgressPrinter
-from autotune.results.selection import baseline_trial, drift_of, metrics_of
+from autotune.results.selection import baseline_trial, metrics_of
 from autotune.runner.launch import InstanceLaunch
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
 from autotune.search.budget import FinalistReserve, StageClock, deferral
+from autotune.search.drift_check import drift_sequences, judge_measured_drift, reuse_known_drift
+from autotune.search.drift_check import same_numerics_drift as same_numerics_drift  # where callers look for it
 from autotune.search.finalists import run_finalists
 from autotune.search.fleet import (
     AbandonedTrialsCheck,
@@ -55,8 +57,17 @@ from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound, coverage_b
 from autotune.search.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.search.priors import prior_kind, read_prior, sibling_storages
 from autotune.search.pruners import DriftPruner, SpeedPruner
+from autotune.search.recording import (
+    record_completed,
+    record_failure,
+    record_interrupted,
+    record_pruned,
+    record_suggested,
+)
+from autotune.search.slos import check_latency_bounds
 from autotune.search.space import InfeasibleConfig, SearchSpace, family
 from autotune.search.spec import SearchSpec, identity_differences
+from autotune.search.speed_screening import first_too_slow, judge_screening, speed_gate_for, stop_too_slow
 from autotune.search.storage import open_storage
 
 MIN_TRIAL_S = 10.0
@@ -124,7 +135,11 @@ def open_study(
 
 
 class Objective:
-    """Optuna objective: suggest a config, measure it in fresh processes, record everything."""
+    """Optuna objective: suggest a config, measure it in fresh processes, record everything.
+
+    It orders the steps of a trial; the checks live in their own modules: drift (search/drift_check.py),
+    speed pruning (search/speed_screening.py), latency bounds (search/slos.py), and what a trial stores
+    (search/recording.py)."""
 
     def __init__(
         self, spec: SearchSpec, space: SearchSpace, ctx: TrialContext, search_deadline: Callable[[], float]
@@ -147,26 +162,24 @@ class Objective:
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
         trial_dir = self.spec.dir / "trials" / f"{trial.number:05d}"
         self._known_fallback(trial, config)
-        known_drift = self._reused_drift(trial, config)  # its own numerics' drift, beyond the bound, prunes first
+        # its own numerics' drift, beyond the bound, prunes first
+        known_drift = reuse_known_drift(
+            trial, self.spec.criterion, self.ctx.reference.digest, drift_sequences(self.spec.task, config.batch_size)
+        )
         if sampled:
             self._skip_hopeless_family(trial, config)
-        gate = self._speed_gate(trial, config)
+        gate = speed_gate_for(trial, config, self.spec.task)
         metrics, launches, template = self._measure(trial, config, trial_dir, timeout, known_drift, gate)
         if metrics.drift is None:  # never reached the ready barrier's check: not kept, whatever its speed
-            self._record_failure(trial, trial_dir, timeout, TrialFailed("its drift from FP32 was not measured"))
+            record_failure(trial, self.spec, trial_dir, timeout, TrialFailed("its drift from FP32 was not measured"))
             raise TrialFailed("its drift from FP32 was not measured")
         try:
             value = objective_value(self.spec.objective, metrics)
         except TrialFailed as exc:
-            self._record_failure(trial, trial_dir, timeout, exc)
+            record_failure(trial, self.spec, trial_dir, timeout, exc)
             raise
-        self._record(trial, config, trial_dir, metrics, launches, template)
-        if self.spec.objective == "server":
-            self._check_sustained(trial, metrics)
-        elif self.spec.slo_ms is not None:
-            self._check_slo(trial, metrics)
-        if self.spec.ttft_slo_ms is not None or self.spec.tpot_slo_ms is not None:
-            self._check_token_slos(trial, metrics)
+        record_completed(trial, self.spec, self.ctx.machine, config, trial_dir, metrics, launches, template)
+        check_latency_bounds(trial, self.spec, metrics)
         return value
 
     def _defer_costly_coverage(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
@@ -195,7 +208,7 @@ class Objective:
             precision_variant(config.precision, config.options),
             trial.user_attrs["fallback_key"],
             trial.user_attrs["drift_reference"],
-            self._drift_sequences(config),
+            drift_sequences(self.spec.task, config.batch_size),
         )
         host = socket.gethostname() if self.spec.mixed_hardware else None  # other CPUs' verdicts do not apply
         reason = hopeless_family(trial.study, proposal, self.spec.criterion, self.spec.objective, trial.number, host)
@@ -210,16 +223,16 @@ class Objective:
         except InfeasibleConfig as exc:
             trial.set_user_attr("prune_reason", f"not launched: {exc}")
             raise optuna.TrialPruned(str(exc)) from None
-        trial.set_user_attr("config", config.to_dict())
-        trial.set_user_attr("config_summary", config.summary())
+        record_suggested(
+            trial,
+            config,
+            numerics_key=numerics_key_of(config, self.space),
+            drift_reference=self.ctx.reference.digest,
+            fallback_key=self._fallback_key(config),
+            mixed_hardware=self.spec.mixed_hardware,
+        )
         if self.status is not None:
             self.status.running = f"trial {trial.number}: {config.summary()}"
-        trial.set_user_attr("numerics_key", numerics_key_of(config, self.space))
-        trial.set_user_attr("drift_reference", self.ctx.reference.digest)  # what its drift is measured against
-        trial.set_user_attr("fallback_key", self._fallback_key(config))
-        trial.set_user_attr("host", socket.gethostname())
-        if self.spec.mixed_hardware:
-            trial.set_user_attr("mixed_hardware", self.spec.mixed_hardware)
         return config
 
     def _known_fallback(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
@@ -241,42 +254,6 @@ class Objective:
         its combinations once, to fail 4-8 s later)."""
         return numerics_key_of(config, self.space, without=self.space.specs[config.backend].scheduling_options)
 
-    def _drift_sequences(self, config: TrialConfig) -> int | None:
-        """The sequences a language model's drift holds for (it is measured at the timed ones); None for a
-        classifier, whose drift holds at any batch."""
-        return config.batch_size if self.spec.task == "generate" else None
-
-    def _reused_drift(self, trial: optuna.trial.Trial, config: TrialConfig) -> Drift | None:
-        """The drift an earlier trial of the same numerics measured; beyond the bound, the trial is
-        pruned before anything is launched."""
-        known = same_numerics_drift(
-            trial.study, trial.user_attrs["numerics_key"], self.ctx.reference.digest, self._drift_sequences(config)
-        )
-        if known is not None:
-            trial.set_user_attr("drift", known.to_json())
-            if self._drift_prunes(trial, known):
-                verdict = self.spec.criterion.verdict(known)
-                reason = f"{verdict}, as measured by trial {known.reused_from} (same numerics): not launched"
-                trial.set_user_attr("prune_reason", reason)
-                raise optuna.TrialPruned(reason)
-        return known
-
-    def _speed_gate(self, trial: optuna.trial.Trial, config: TrialConfig) -> SpeedGate | None:
-        """The pace this trial's drift evaluation and warm-up must keep (none for the baseline, which is never
-        pruned, a generation study, whose drift is judged on generated text, or without speed pruning)."""
-        speed = getattr(trial.study.pruner, "wrapped", None)
-        if (
-            not isinstance(speed, SpeedPruner)
-            or self.spec.task == "generate"
-            or trial.user_attrs.get("baseline")
-            or len(trial.study.directions) > 1
-        ):
-            return None
-        gate = speed.drift_gate(trial.study, config.batch_size, config.instances)
-        if gate is not None:
-            trial.set_user_attr("speed_gate", gate.to_json())
-        return gate
-
     def _measure(
         self,
         trial: optuna.trial.Trial,
@@ -294,10 +271,11 @@ class Objective:
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
             clock.reached(stage, payloads)
             if stage == "ready":  # drift first: a warm-up the gate stopped comes with it, kept for reuse
-                self._judge_drift(trial, payloads[0].get("drift"))
-                self._stop_too_slow(trial, config, first_too_slow(payloads))
+                judge_measured_drift(trial, payloads[0].get("drift"), self.spec.criterion)
+                stop_too_slow(trial, config, self.spec.objective, first_too_slow(payloads))
             elif stage == "screened":
-                self._judge_screening(trial, screening_value(payloads, self.spec.measure.ci_confidence))
+                screening = screening_value(payloads, self.spec.measure.ci_confidence)
+                judge_screening(trial, screening, self.spec.objective, self.spec.task)
 
         metrics: TrialMetrics | None = None
         try:
@@ -314,164 +292,16 @@ class Objective:
             )
             return metrics, launches, template
         except TrialFailed as exc:
-            self._record_failure(trial, trial_dir, timeout, exc)
+            record_failure(trial, self.spec, trial_dir, timeout, exc)
             raise
         except optuna.TrialPruned:
-            attach_trial_log(trial, self.spec.dir, trial_dir, {})
+            record_pruned(trial, self.spec, trial_dir)
             raise
         except KeyboardInterrupt:
-            trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
+            record_interrupted(trial)
             raise
         finally:
             trial.set_user_attr("budget", clock.spent(metrics).to_json())
-
-    def _record_failure(self, trial: optuna.trial.Trial, trial_dir: Path, timeout: float, exc: TrialFailed) -> None:
-        cause = exc.cause
-        if "timed out" in cause and timeout < self.spec.trial_timeout_s:
-            cause = f"budget ran out: {cause}"
-        trial.set_user_attr("fail_cause", cause)
-        for key, value in exc.attrs.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
-        trial.set_user_attr("trial_dir", str(trial_dir))
-        attach_trial_log(trial, self.spec.dir, trial_dir, {"fail_cause": cause})
-
-    def _stop_too_slow(self, trial: optuna.trial.Trial, config: TrialConfig, payload: dict[str, Any] | None) -> None:
-        """At the ready barrier: instance 0's drift evaluation or an instance's warm-up fell below the speed gate's pace
-        (the lowest-numbered instance's verdict, where several did). Its pace is
-        reported as the trial's first-rung value (as screening's would be), so the sampler learns from it."""
-        if payload is None:
-            return
-        verdict = GateVerdict.from_json(payload)
-        trial.set_user_attr("too_slow", verdict.to_json())
-        if self.spec.objective in ("throughput", "server"):
-            trial.report(verdict.samples_per_s * config.instances, step=0)
-        elif verdict.samples_per_s > 0:  # latency: ms per call
-            trial.report(config.batch_size * 1e3 / verdict.samples_per_s, step=0)
-        trial.set_user_attr("prune_reason", verdict.reason())
-        raise optuna.TrialPruned(verdict.reason())
-
-    def _judge_drift(self, trial: optuna.trial.Trial, payload: dict[str, Any] | None) -> None:
-        """At the ready barrier: the drift instance 0 measured (None when reused: judged before launch)."""
-        if payload is None:
-            return
-        drift = Drift.from_json(payload)
-        trial.set_user_attr("drift", drift.to_json())
-        if self._drift_prunes(trial, drift):
-            reason = self.spec.criterion.verdict(drift)
-            trial.set_user_attr("prune_reason", reason)
-            raise optuna.TrialPruned(reason)
-
-    def _judge_screening(self, trial: optuna.trial.Trial, screening: Screening) -> None:
-        """At the screened barrier: the speed pruner compares the screening with the best clean trial."""
-        trial.set_user_attr("screening", screening.to_json())
-        # The server scenario's screening is closed loop: its throughput bounds the sustainable rate from above.
-        value = screening.throughput_sps if self.spec.objective in ("throughput", "server") else screening.p50_ms
-        trial.report(value, step=0)
-        if not trial.should_prune():
-            return
-        speed = getattr(trial.study.pruner, "wrapped", None)
-        verdict = speed.verdict(trial.study, value, screening.ci_rel) if isinstance(speed, SpeedPruner) else None
-        counted = "tokens/s" if self.spec.task == "generate" else "samples/s"  # generated tokens, for a language model
-        unit = {"throughput": counted, "server": f"{counted} (closed loop; best: requests/s sustained)"}.get(
-            self.spec.objective, "ms"
-        )
-        reason = (
-            f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
-            f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin "
-            f"{verdict['margin']:.0%} with its noise)"
-            if verdict
-            else f"screening {value:.3g} {unit}: pruned"
-        )
-        trial.set_user_attr("prune_reason", reason)
-        raise optuna.TrialPruned(reason)
-
-    def _record(
-        self,
-        trial: optuna.trial.Trial,
-        config: TrialConfig,
-        trial_dir: Path,
-        metrics: TrialMetrics,
-        launches: list[InstanceLaunch],
-        template: dict[str, Any],
-    ) -> None:
-        """Everything a completed trial stores: its metrics field by field, and how to launch it again."""
-        for key, value in metrics.to_json().items():
-            trial.set_user_attr(key, value)
-        commands = [launch.shell_command() for launch in launches]
-        machine = self.ctx.machine
-        trial.set_user_attr("env", launches[0].set_env)
-        trial.set_user_attr("commands", commands)
-        trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, machine) for cpus in config.instance_cpus(machine)])
-        trial.set_user_attr("job", template)
-        trial.set_user_attr("pinning", machine.pinning)
-        trial.set_user_attr("measure_settings", self.spec.measure.to_dict())
-        trial.set_user_attr("trial_dir", str(trial_dir))
-        attach_trial_log(trial, self.spec.dir, trial_dir, {"commands": commands})
-
-    def _drift_prunes(self, trial: optuna.trial.Trial, drift: Drift) -> bool:
-        """Optuna's pruner decides (DriftPruner); a multi-objective study cannot ask it, so the same
-        criterion is applied directly there."""
-        if len(trial.study.directions) > 1:
-            return self.spec.criterion.exceeded(drift)
-        return trial.should_prune()
-
-    def _check_slo(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
-        """--slo-ms: a config whose p99 latency per call exceeds the bound is measured and kept in the
-        study, but PRUNED, so it never wins, becomes a finalist or sets the speed pruner's bar."""
-        bound = self.spec.slo_ms
-        assert bound is not None
-        p99 = metrics.latency_ms.p99
-        slo = {"bound_ms": bound, "p99_ms": p99, "met": p99 is not None and p99 <= bound}
-        trial.set_user_attr("slo", slo)
-        if not slo["met"]:
-            reason = (
-                f"latency SLO: p99 {p99:.1f} ms > {bound:g} ms"
-                if p99 is not None
-                else "latency SLO: too few calls for a p99 (needs 100)"
-            )
-            trial.set_user_attr("prune_reason", reason)
-            raise optuna.TrialPruned(reason)
-
-    def _check_sustained(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
-        """The server scenario: a configuration that sustained no rate at the bound (even 1/64 of its
-        closed-loop throughput) is measured, recorded and pruned, so it never wins."""
-        server = metrics.server
-        assert server is not None
-        if server.sustained_rps > 0:
-            return
-        reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms: {server.verdict or 'no probe ran'}"
-        trial.set_user_attr("prune_reason", reason)
-        raise optuna.TrialPruned(reason)
-
-    def _check_token_slos(self, trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
-        """--ttft-slo-ms / --tpot-slo-ms: over a p99 bound is measured, recorded and pruned, as --slo-ms."""
-        generation = metrics.generation
-        assert generation is not None
-        bounds = {
-            "ttft": (self.spec.ttft_slo_ms, generation.ttft_ms),
-            "tpot": (self.spec.tpot_slo_ms, generation.tpot_ms),
-        }
-        slo: dict[str, Any] = {}
-        failed = []
-        for name, (bound, summary) in bounds.items():
-            if bound is None:
-                continue
-            p99 = summary.p99
-            met = p99 is not None and p99 <= bound
-            slo[name] = {"bound_ms": bound, "p99_ms": p99, "met": met}
-            if not met:
-                failed.append(
-                    f"{name.upper()} p99 {p99:.1f} ms > {bound:g} ms"
-                    if p99 is not None
-                    else f"{name.upper()}: too few samples for a p99 (needs 100)"
-                )
-        slo["met"] = not failed
-        trial.set_user_attr("slo", slo)
-        if failed:
-            reason = "latency SLO: " + "; ".join(failed)
-            trial.set_user_attr("prune_reason", reason)
-            raise optuna.TrialPruned(reason)
 
 
 def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> tuple[int, ExecutedPrecision] | None:
@@ -490,12 +320,6 @@ def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> t
     return None
 
 
-def first_too_slow(payloads: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """At the ready barrier: the lowest-numbered instance's gate verdict, if any instance was stopped (every
-    instance's warm-up is watched, and the barrier waits for all of them)."""
-    return next((p["too_slow"] for p in payloads if p.get("too_slow")), None)
-
-
 def numerics_key_of(config: TrialConfig, space: SearchSpace, without: tuple[str, ...] = ()) -> str:
     """config.numerics_key with the version of its artifact's builder, where it has one: a study resumed
     after a builder changed (vit_b_16's int8 moved from static to transformer schemes) must measure the
@@ -503,27 +327,6 @@ def numerics_key_of(config: TrialConfig, space: SearchSpace, without: tuple[str,
     builds = space.task != "generate" and space.specs[config.backend].builds_artifact(config.precision)
     builder = backend_module(config.backend).ARTIFACT_VERSION if builds else None
     return config.numerics_key(without=without, builder=builder)
-
-
-def same_numerics_drift(
-    study: optuna.study.Study, numerics_key: str, reference_digest: str, sequences: int | None = None
-) -> Drift | None:
-    """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
-    the drift an earlier trial measured for the same numerics against the same reference (a resumed study
-    whose reference was computed again, e.g. in a newer format, measures again), marked as reused, or None.
-    `sequences`: a language model's drift, measured at its timed sequences, is reused at the same only
-    (inductor da8w8 on a Xeon with AMX: garbage decode steps at 1 sequence, 0.045 at 8)."""
-    for earlier in study.get_trials(deepcopy=False):
-        if earlier.user_attrs.get("numerics_key") != numerics_key:
-            continue
-        if sequences is not None and (earlier.user_attrs.get("config") or {}).get("batch_size") != sequences:
-            continue
-        if earlier.user_attrs.get("drift_reference") != reference_digest:
-            continue
-        drift = drift_of(earlier)
-        if drift is not None and drift.reused_from is None:
-            return drift.reused_by_another(earlier.number)
-    return None
 
 
 def objective_value(objective: str, metrics: TrialMetrics) -> float | tuple[float, float]:
@@ -586,6 +389,20 @@ def _enqueue_first_trials(
     (search/priors.py), then one trial per backend x precision, highest expected payoff on this machine
     first (search/payoff.py), each recording why it runs where it does; where a layout round runs, the
     coverage waits on the study, released a trial at a time (search/layouts.py)."""
+    baseline = _enqueue_baseline(study, space, console)
+    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
+    storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
+    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
+    winners = _enqueue_prior_winners(study, space, prior.winners, baseline, console)
+    # a prior winner covers its backend x precision: the coverage round does not measure that family again
+    covered = {family(params) for params in winners}
+    if spec.cover_backends:
+        _enqueue_coverage(study, space, spec, machine, reference, console, baseline, covered, prior.family_speedups)
+    study.set_user_attr("seeded", True)
+
+
+def _enqueue_baseline(study: optuna.study.Study, space: SearchSpace, console: Console) -> dict[str, Any] | None:
+    """The eager fp32 baseline, first: every speedup is relative to it. None (said so) when the space has none."""
     baseline = space.baseline_params()
     if baseline is None:
         console.print(
@@ -595,11 +412,20 @@ def _enqueue_first_trials(
         study.enqueue_trial(
             baseline, user_attrs={"baseline": True, "order": "baseline: first, every speedup is relative to it"}
         )
-    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
-    storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
-    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
+    return baseline
+
+
+def _enqueue_prior_winners(
+    study: optuna.study.Study,
+    space: SearchSpace,
+    winners: list[tuple[dict[str, Any], str]],
+    baseline: dict[str, Any] | None,
+    console: Console,
+) -> list[dict[str, Any]]:
+    """The earlier studies' winners, narrowed to the values this space offers (one whose backend it does
+    not offer is left out, said so), each once and not again as the baseline; returns those enqueued."""
     enqueued = [baseline]
-    for winner, why in prior.winners:
+    for winner, why in winners:
         params, dropped = space.offered_params(winner)
         if not params:
             console.print(
@@ -615,49 +441,67 @@ def _enqueue_first_trials(
             enqueued.append(params)
     if len(enqueued) > 1:
         console.print(f"{len(enqueued) - 1} winner(s) of earlier studies on this machine tried first", markup=False)
-    # a prior winner covers its backend x precision: the coverage round does not measure that family again
-    covered = {family(params) for params in enqueued[1:] if params is not None}
-    if spec.cover_backends:
-        preferences = coverage_preferences(machine.isa)
-        batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
-        plans = [
-            p
-            for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
-            if p != baseline and family(p) not in covered
-        ]
-        if reference.attention_layers is None and space.task != "generate":
-            console.print(
-                "note: this study's reference was computed before attention layers were counted, so its int8 "
-                "coverage starts with OpenVINO's (a new study counts them)",
-                markup=False,
-            )
-        if reference.reduction_depth is None and space.task != "generate":
-            console.print(
-                "note: the model's reduction depth was not measured (a reference from before it was, or no "
-                "convolution or linear layer ran as a Python module), so its int8 coverage is ordered by the CPU alone",
-                markup=False,
-            )
-        study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
-        study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
-        int8_first = int8_first_backend(machine.isa, reference.attention_layers)
-        ordered = order_by_payoff(
-            plans, machine.isa, space.task, prior.family_speedups, int8_first, reference.reduction_depth, preferences
+    return [params for params in enqueued[1:] if params is not None]
+
+
+def _enqueue_coverage(
+    study: optuna.study.Study,
+    space: SearchSpace,
+    spec: SearchSpec,
+    machine: MachineProbe,
+    reference: Reference,
+    console: Console,
+    baseline: dict[str, Any] | None,
+    covered: set[tuple[Any, Any]],
+    family_speedups: dict[tuple[str, str], tuple[float, str]],
+) -> None:
+    """One trial per backend x precision not yet covered, highest expected payoff first; queued on the
+    study for the layout round to release one at a time where it runs, enqueued at once otherwise."""
+    preferences = coverage_preferences(machine.isa)
+    batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
+    plans = [
+        p
+        for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
+        if p != baseline and family(p) not in covered
+    ]
+    _note_int8_ordering(reference, space, console)
+    study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
+    study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
+    int8_first = int8_first_backend(machine.isa, reference.attention_layers)
+    ordered = order_by_payoff(
+        plans, machine.isa, space.task, family_speedups, int8_first, reference.reduction_depth, preferences
+    )
+    if batch != space.baseline_batch_size:
+        where = (
+            f"; {batch} {space.batch_param}, the most the space lists within 8x the baseline's: a decode step "
+            "reads every weight once for all of them (search/layouts.coverage_batch)"
         )
-        if batch != space.baseline_batch_size:
-            where = (
-                f"; {batch} {space.batch_param}, the most the space lists within 8x the baseline's: a decode step "
-                "reads every weight once for all of them (search/layouts.coverage_batch)"
-            )
-            ordered = [replace(plan, order=plan.order + where) for plan in ordered]
-        if LayoutRound.applies(space, spec.objective):
-            # released one at a time, so the layout round can run as soon as a family leads; the families
-            # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
-            queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
-            study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
-        else:
-            for plan in ordered:
-                study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
-    study.set_user_attr("seeded", True)
+        ordered = [replace(plan, order=plan.order + where) for plan in ordered]
+    if LayoutRound.applies(space, spec.objective):
+        # released one at a time, so the layout round can run as soon as a family leads; the families
+        # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
+        queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
+        study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+    else:
+        for plan in ordered:
+            study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
+
+
+def _note_int8_ordering(reference: Reference, space: SearchSpace, console: Console) -> None:
+    """Says when the int8 coverage is ordered on less than usual: a reference from before attention layers
+    or the reduction depth were measured."""
+    if reference.attention_layers is None and space.task != "generate":
+        console.print(
+            "note: this study's reference was computed before attention layers were counted, so its int8 "
+            "coverage starts with OpenVINO's (a new study counts them)",
+            markup=False,
+        )
+    if reference.reduction_depth is None and space.task != "generate":
+        console.print(
+            "note: the model's reduction depth was not measured (a reference from before it was, or no "
+            "convolution or linear layer ran as a Python module), so its int8 coverage is ordered by the CPU alone",
+            markup=False,
+        )
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
