@@ -700,6 +700,8 @@ def load(
     from autotune.records.best import BestJson
 
     path = Path(best_path or os.environ.get("AUTOTUNE_BEST") or "best.json")
+    if not path.is_file():  # as open() says it, not as a best.json that does not read
+        raise FileNotFoundError(f"no best.json at {path}")
     best = BestJson.read(path)
     job = best.job
     if not best.meets_drift or not job:

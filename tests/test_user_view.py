@@ -134,10 +134,37 @@ def test_verify_remeasures_and_says_when_it_regressed_or_the_machine_differs(tun
     assert "hardware: cpu_model 'Some Other CPU' -> " in second.stdout and "REGRESSED" in second.stdout
 
 
+def test_compare_times_the_winner_under_an_independent_stopwatch_too(tuned):
+    best_path = tuned / "studies" / "s" / "best.json"
+    compared = run_autotune("compare", "--best", str(best_path), "--repeats", "1", "--independent", "1s", cwd=tuned)
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "winner, independent" in compared.stdout and "plain timing loop, 1 s" in compared.stdout
+    logs = sorted((tuned / "studies" / "s" / "compare").glob("*independent/logs/instance-*.log"))
+    results = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
+    assert len(results) == 2 and all(r["calls"] > 0 and r["samples_per_s"] > 0 for r in results)
+
+
 def test_verify_refuses_what_it_cannot_remeasure(workdir):
-    (workdir / "nothing.json").write_text(json.dumps({"meets_drift": False, "config": {}}))
+    from autotune.records.config import TrialConfig
+
+    closest = {  # what a study where no configuration met the drift bound exports: never timed
+        "schema": "autotune.best/2",
+        "meets_drift": False,
+        "study": {"name": "s", "trial": 0},
+        "objective": {"name": "throughput"},
+        "selection": "NO configuration met the drift bound",
+        "model": {},
+        "config": TrialConfig("eager", "bf16", 1).to_dict(),
+        "drift": {},
+        "job": None,
+    }
+    (workdir / "nothing.json").write_text(json.dumps(closest))
     result = run_autotune("verify", str(workdir / "nothing.json"), cwd=workdir)
     assert result.returncode == 2 and "no timed winner" in result.stderr and "Traceback" not in result.stderr
+    (workdir / "other.json").write_text(json.dumps({"meets_drift": False, "config": {}}))
+    result = run_autotune("verify", str(workdir / "other.json"), cwd=workdir)
+    assert result.returncode == 2 and "best.json lacks its required 'schema'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def _run_on_a_terminal(args: list[str], cwd, timeout: float = 300) -> str:
