@@ -21,9 +21,23 @@ def tuned(tmp_path_factory):
     space = write_space(
         workdir / "space.yaml", batch_size=[4], instances=[2], threads_per_instance=[1], allocator=["jemalloc"]
     )
-    result = run_autotune(
-        "search", "--model", tiny(), *ARGS, "--space", str(space), "--trials", "1", "--budget", "3m", *FAST, cwd=workdir
-    )
+    for _ in range(3):  # a trial flagged noisy (another process on its cores) never wins: resume, one more trial
+        result = run_autotune(
+            "search",
+            "--model",
+            tiny(),
+            *ARGS,
+            "--space",
+            str(space),
+            "--trials",
+            "1",
+            "--budget",
+            "3m",
+            *FAST,
+            cwd=workdir,
+        )
+        if result.returncode == 0 or "flagged as noisy" not in result.stderr:
+            break
     assert result.returncode == 0, result.stderr
     exported = run_autotune("export", "--study", "s", "--format", "sh", cwd=workdir)
     assert exported.returncode == 0, exported.stderr
