@@ -148,14 +148,17 @@ def test_verify_remeasures_and_says_when_it_regressed_or_the_machine_differs(tun
     assert "hardware: cpu_model 'Some Other CPU' -> " in second.stdout and "REGRESSED" in second.stdout
 
 
-def test_compare_times_the_winner_under_an_independent_stopwatch_too(tuned):
-    best_path = tuned / "studies" / "s" / "best.json"
-    compared = run_autotune("compare", "--best", str(best_path), "--repeats", "1", "--independent", "1s", cwd=tuned)
-    assert compared.returncode == 0, compared.stdout + compared.stderr
-    assert "winner, independent" in compared.stdout and "plain timing loop, 1 s" in compared.stdout
-    logs = sorted((tuned / "studies" / "s" / "compare").glob("*independent/logs/instance-*.log"))
-    results = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
-    assert len(results) == 2 and all(r["calls"] > 0 and r["samples_per_s"] > 0 for r in results)
+def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned):
+    """`compare --independent`'s measurement of a non-OpenVINO winner: one stopwatch process per instance."""
+    from autotune.checks.crosscheck import independent_winner
+    from autotune.results.best_json import context_from_best, read_best
+
+    best = read_best(tuned / "studies" / "s" / "best.json")
+    ctx = context_from_best(best)
+    measured = independent_winner(best, tuned / "independent", 1.0, ctx.runtime(best.config.runtime))
+    assert "autotune.stopwatch_process" in measured["tool"] and len(measured["commands"]) == 2
+    assert len(measured["per_instance_sps"]) == 2 and all(sps > 0 for sps in measured["per_instance_sps"])
+    assert measured["throughput_sps"] == sum(measured["per_instance_sps"])
 
 
 def test_verify_refuses_what_it_cannot_remeasure(workdir):
