@@ -567,7 +567,7 @@ class TunedEnvironmentMismatch(RuntimeError):
     """The process was not started with the environment the winner was tuned with."""
 
 
-def environment_differences(best: dict[str, Any]) -> list[str]:
+def environment_differences(best: BestJson) -> list[str]:
     """What this process's environment lacks of the tuned one (libraries preloaded, variables, threads)."""
     import torch
 
@@ -575,13 +575,13 @@ def environment_differences(best: dict[str, Any]) -> list[str]:
 
     differences = []
     mapped = {os.path.realpath(p) for p in mapped_libraries()}
-    for name, value in (best.get("environment") or {}).items():
+    for name, value in (best.environment or {}).items():
         if name == "LD_PRELOAD":
             missing = [lib for lib in value.split(":") if lib and os.path.realpath(lib) not in mapped]
             differences += [f"{lib} is not preloaded" for lib in missing]
         elif name != "TORCHINDUCTOR_CACHE_DIR" and os.environ.get(name) != value:
             differences.append(f"{name}={os.environ.get(name)!r}, tuned with {value!r}")
-    threads = best["config"]["threads_per_instance"]
+    threads = best.config.threads_per_instance
     if torch.get_num_threads() != threads:
         differences.append(f"torch runs {torch.get_num_threads()} threads, tuned with {threads}")
     return differences
@@ -601,14 +601,16 @@ def load(
     TunedEnvironmentMismatch when the process was not started as tuned (see the launch script).
     """
     from autotune.backends import BACKENDS, backend_module
-    from autotune.common.files import read_json
     from autotune.model.inputs import as_batch, synthetic
     from autotune.model.sources import ModelSource, build_model
-    from autotune.records.config import TrialConfig
+    from autotune.records.best import BestJson
 
     path = Path(best_path or os.environ.get("AUTOTUNE_BEST") or "best.json")
-    best = read_json(path)
-    if not best.get("meets_drift", True) or not best.get("job"):
+    if not path.is_file():  # as open() says it, not as a best.json that does not read
+        raise FileNotFoundError(f"no best.json at {path}")
+    best = BestJson.read(path)
+    job = best.job
+    if not best.meets_drift or not job:
         raise ValueError(f"{path} holds no timed winner (no configuration met the drift bound)")
     if check_environment:
         differences = environment_differences(best)
@@ -617,22 +619,19 @@ def load(
                 f"this process was not started as tuned ({'; '.join(differences)}): start it with the script from "
                 f"'autotune export --format sh', e.g. ./launch.sh python your_program.py"
             )
-    config = TrialConfig.from_dict(best["config"])
-    source = ModelSource.from_dict(best["job"]["model"])
-    if best["job"].get("generation"):
+    config = best.config
+    source = ModelSource.from_dict(job["model"])
+    if job.get("generation"):
         return _load_generator(
-            best["job"]["generation"],
-            config,
-            model if model is not None else build_model(source),
-            best["job"].get("artifact_dir"),
+            job["generation"], config, model if model is not None else build_model(source), job.get("artifact_dir")
         )
     example = synthetic(source.specs, config.batch_size, 0)
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):
-        runner = module.load(example, config, Path(best["job"]["artifact_dir"]))
+        runner = module.load(example, config, Path(job["artifact_dir"]))
     else:
         runner = module.prepare(
-            model if model is not None else build_model(source), example, config, Path(best["job"]["workdir"])
+            model if model is not None else build_model(source), example, config, Path(job["workdir"])
         )
 
     import numpy as np

@@ -23,7 +23,6 @@ from rich.console import Console
 
 from autotune.checks.bench import config_measure, measure_side_by_side, print_results
 from autotune.common.errors import UserError
-from autotune.records.config import TrialConfig
 from autotune.results.best_json import context_from_best, read_best
 
 OBJECTIVES = (None, "throughput", "server")  # what a re-measurement compares (as `autotune verify`)
@@ -49,20 +48,20 @@ def side_by_side(bests: list[tuple[str, Path]], with_baseline: bool) -> tuple[di
     seen: set[tuple[str, str]] = set()
     for label, path in bests:
         best = read_best(path)
-        objective = best.get("objective", {}).get("name")
+        objective = best.objective.name
         if objective not in OBJECTIVES:
             raise UserError(f"{path} was tuned for {objective}; this compares throughput or a sustained rate")
-        seen.add((best["model"]["name"], objective or "throughput"))
+        seen.add((best.model["name"], objective or "throughput"))
         if len(seen) > 1:
             raise UserError(f"{path} is another model or objective than the first: compare like with like")
         ctx = context_from_best(best)
-        config = TrialConfig.from_dict(best["config"])
+        config = best.config
         measures[label], settings[label] = config_measure(config, ctx), config.summary()
         if with_baseline and "baseline" not in measures:
-            baseline = (best.get("baseline") or {}).get("config")
+            baseline = best.baseline.config if best.baseline else None
             if baseline is None:
                 raise UserError(f"{path} names no baseline configuration: run without --baseline")
-            config = TrialConfig.from_dict(baseline)
+            config = baseline
             measures["baseline"], settings["baseline"] = config_measure(config, ctx), config.summary()
     return measures, settings, next(iter(seen))[0]
 

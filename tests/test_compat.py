@@ -11,7 +11,6 @@ import sys
 import torch
 from conftest import TESTS
 
-from autotune.records.config import TrialConfig
 from autotune.results.best_json import read_best
 
 
@@ -28,8 +27,9 @@ def test_a_best_json_from_before_the_layers_replays_by_its_own_command(tmp_path)
     torch.save(tiny_cnn().state_dict(), weights)
 
     best = read_best(best_path)  # today's reader takes it: a timed winner with a job
-    assert best["schema"] == "autotune.best/2" and TrialConfig.from_dict(best["config"]).batch_size == 2
-    command = best["launch"]["commands"][0]
+    assert best.schema == "autotune.best/2" and best.config.batch_size == 2
+    assert best.launch is not None
+    command = best.launch.commands[0]
     assert "-m autotune.worker --best" in command
     replay = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0, replay.stderr[-2000:]

@@ -26,7 +26,7 @@ LAYERS = {
     "search": 7,
     "api": 8,
     "cli": 9,
-    "load_loop": 9,  # a user's program, timed (python -m autotune.load_loop): calls autotune.load()
+    "stopwatch_process": 9,  # a plain process, timed (python -m autotune.stopwatch_process): calls autotune.load()
     "__init__": 9,
 }
 

@@ -166,7 +166,7 @@ def test_best_json_says_whether_the_winner_meets_the_bound_instead_of_assuming_i
         trial = optuna.trial.create_trial(value=10.0, user_attrs={**full_metrics(10.0), **attrs})
         study = study_with(trial)
         study.set_user_attr("spec", {"drift_metric": "relative_l2", "max_drift": 0.05})
-        assert build_best(study, Path("best.json"))["meets_drift"] is meets
+        assert build_best(study, Path("best.json")).meets_drift is meets
 
 
 def test_a_finalist_with_one_clean_run_of_three_cannot_win():

@@ -180,10 +180,10 @@ def compare_with_baseline(
     from autotune.checks.crosscheck import independent_winner, one_command_openvino
 
     best = read_best(best_path)
-    if not best.get("baseline"):
+    if best.baseline is None or best.baseline.config is None:
         raise UserError(f"{best_path} has no baseline trial to compare with")
     ctx = context_from_best(best)
-    baseline, winner = TrialConfig.from_dict(best["baseline"]["config"]), TrialConfig.from_dict(best["config"])
+    baseline, winner = best.baseline.config, best.config
     measures: dict[str, Measure] = {"baseline": config_measure(baseline, ctx), "winner": config_measure(winner, ctx)}
     settings = {"baseline": baseline.summary(), "winner": winner.summary()}
     ratios_to = ["baseline"]
@@ -195,17 +195,15 @@ def compare_with_baseline(
         settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
         measures["benchmark_app, one command"] = lambda work: BenchRun.of_stopwatch(
-            one_command_openvino(ctx, best["model"]["input_shape"], work, vs_benchmark_app_s)
+            one_command_openvino(ctx, best.model["input_shape"], work, vs_benchmark_app_s)
         )
         settings["benchmark_app, one command"] = (
             f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
         )
         ratios_to.append("benchmark_app, one command")
     runs = measure_side_by_side(measures, repeats, best_path.parent / "compare", console)
-    shape = "x".join(map(str, best["model"]["input_shape"]))
-    print_results(
-        console, f"{best['model']['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to
-    )
+    shape = "x".join(map(str, best.model["input_shape"]))
+    print_results(console, f"{best.model['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to)
     return runs
 
 

@@ -2,7 +2,7 @@
 
 - The winner under an independent stopwatch: OpenVINO's own benchmark_app on the same IR with the
   same streams, threads, precision, environment and pinning when the winner is OpenVINO; otherwise a
-  plain timing loop (autotune.worker.plain_loop) in fresh processes started exactly as best.json says.
+  plain timing loop (autotune.stopwatch_process job) in fresh processes started exactly as best.json says.
 - What a user gets today with one command: `benchmark_app -hint throughput` on the NNCF int8 IR
   (the same quantized IR the search uses, batch 1 as exported models usually are), unpinned, in a
   clean environment.
@@ -23,6 +23,7 @@ from autotune.common.errors import TrialFailed
 from autotune.common.files import write_json_atomic
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import Runtime, runtime_env
+from autotune.records.best import BestJson
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.runner.trials import TrialContext, ensure_artifact
 
@@ -96,19 +97,19 @@ def _openvino_flags(config: TrialConfig, details: dict[str, Any]) -> list[str]:
 
 
 def independent_winner(
-    best: dict[str, Any], work: Path, seconds: float, runtime: Runtime, timeout_s: float = 900.0
+    best: BestJson, work: Path, seconds: float, runtime: Runtime, timeout_s: float = 900.0
 ) -> dict[str, Any]:
     """Throughput of best.json's winner, summed over its instances, under an independent stopwatch."""
-    config = TrialConfig.from_dict(best["config"])
+    config = best.config
     machine = probe_machine()
-    env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **best["environment"]})
-    job = best["job"]
-    if best["model"].get("inputs"):
+    env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **(best.environment or {})})
+    job = best.job or {}
+    if best.model.get("inputs"):
         raise TrialFailed("the independent cross-check feeds one input tensor; this model takes several")
-    shape = f"[{config.batch_size},{','.join(map(str, best['model']['input_shape']))}]"
+    shape = f"[{config.batch_size},{','.join(map(str, best.model['input_shape']))}]"
     commands = []
     if config.backend == "openvino":
-        flags = _openvino_flags(config, best["metrics"].get("backend_details") or {})
+        flags = _openvino_flags(config, best.backend_details)
         for cpus in config.instance_cpus(machine):
             commands.append(
                 [
@@ -135,13 +136,14 @@ def independent_winner(
                     *pin_prefix(cpus, machine),
                     runtime.python,
                     "-m",
-                    "autotune.worker.plain_loop",
+                    "autotune.stopwatch_process",
+                    "job",
                     str(job_path),
                     str(seconds),
                     str(ready),
                 ]
             )
-        tool = "plain timing loop (autotune.worker.plain_loop), fresh processes, same environment and pinning"
+        tool = "plain timing loop (autotune.stopwatch_process), fresh processes, same environment and pinning"
     outputs = _run_together(commands, env, timeout_s, work / "logs")
     if config.backend == "openvino":
         per_instance = [parse_benchmark_app(out)["throughput_sps"] for out in outputs]

@@ -1,7 +1,7 @@
 """The winner timed the way a user's program runs it: through the exported launch script and `autotune.load()`.
 
 `verify --through-load` runs this after each protocol run: the launch script `autotune export --format sh`
-writes (generated from the same best.json by the same function) starts `python -m autotune.load_loop`
+writes (generated from the same best.json by the same function) starts `python -m autotune.stopwatch_process load`
 once per instance, with the tuned environment and pinning, and each process times a plain loop of
 calls to `autotune.load()`'s callable. The gap between the tuned figure and what a program gets is then
 a number measured side by side, not a guess.
@@ -20,6 +20,7 @@ from typing import Any
 from autotune.common.errors import TrialFailed
 from autotune.common.files import read_json, tail, write_text_atomic
 from autotune.machine.runtimes import replay_env
+from autotune.records.best import BestJson
 from autotune.records.metrics import TrialMetrics
 from autotune.results.launch_script import launch_script
 from autotune.runner.launch import kill_process_tree
@@ -27,7 +28,7 @@ from autotune.runner.launch import kill_process_tree
 
 @dataclass(frozen=True)
 class LoadRun:
-    """One run through autotune.load(): each instance's result (autotune/load_loop.py) and where its log is."""
+    """One run through autotune.load(): each instance's result (autotune/stopwatch_process.py) and where its log is."""
 
     instances: list[dict[str, Any]]
     log: Path
@@ -63,16 +64,19 @@ class LoadRun:
 
 
 def run_through_load(
-    best: dict[str, Any], best_path: Path, work: Path, window_s: float, warmup_s: float, timeout_s: float
+    best: BestJson, best_path: Path, work: Path, window_s: float, warmup_s: float, timeout_s: float
 ) -> LoadRun:
-    """Start the launch script with `python -m autotune.load_loop` as the user's program; raises TrialFailed
-    (with the output's tail) when it does not run to the end."""
+    """Start the launch script with `python -m autotune.stopwatch_process load` as the user's program; raises
+    TrialFailed (with the output's tail) when it does not run to the end."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     script = write_text_atomic(work / "launch.sh", launch_script(best, best_path.resolve()), mode=0o755)
-    python, _ = replay_env(best.get("runtime"), {})
-    argv = ["bash", str(script), python, "-m", "autotune.load_loop", f"{window_s:.3f}", f"{warmup_s:.3f}", str(work)]
+    python, _ = replay_env(best.runtime, {})
+    argv = [
+        *("bash", str(script), python, "-m", "autotune.stopwatch_process", "load"),
+        *(f"{window_s:.3f}", f"{warmup_s:.3f}", str(work)),
+    ]
     log = work / "output.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -92,7 +96,8 @@ def run_through_load(
     if code != 0:
         raise TrialFailed(f"the launch script exited with {code} (log: {log})", tail(log))
     try:
-        results = [read_json(work / f"result-{i}.json") for i in range(len(best["launch"]["pin_prefixes"]))]
+        instances = len(best.launch.pin_prefixes or []) if best.launch else 0
+        results = [read_json(work / f"result-{i}.json") for i in range(instances)]
     except (OSError, ValueError) as exc:
         raise TrialFailed(f"an instance left no result ({exc}; log: {log})", tail(log)) from None
     return LoadRun(results, log)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -18,7 +17,7 @@ from autotune.checks.through_load import LoadRun, pinning_differences, run_throu
 from autotune.common.errors import TrialFailed, UserError
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.measure.serving import RELATIVE_TOLERANCE
-from autotune.records.config import TrialConfig
+from autotune.records.best import BestJson
 from autotune.records.metrics import TrialMetrics
 from autotune.results.best_json import context_from_best, read_best
 from autotune.runner.trials import run_config
@@ -29,11 +28,14 @@ EXIT_REGRESSED = 1
 EXIT_NO_VERDICT = 3  # every run was disturbed: nothing to judge
 
 
-def recorded_throughput(best: dict[str, Any]) -> float:
+def recorded_throughput(best: BestJson) -> float:
     """What best.json promises: the finalists' interleaved median when there was a round, else the trial's
     (the server scenario: the sustained request rate)."""
-    measured = best["server"]["sustained_rps"] if best.get("server") else best["metrics"]["throughput_sps"]
-    return best["objective"].get("revalidated_median") or measured
+    measured = best.server.sustained_rps if best.server else best.throughput_sps
+    recorded = best.objective.revalidated_median or measured
+    if recorded is None:
+        raise UserError("best.json records no throughput for its winner: nothing to compare with")
+    return recorded
 
 
 def value_of(metrics: TrialMetrics) -> float:
@@ -68,23 +70,23 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
     """Re-measure the winner `repeats` times; with `through_load`, each protocol run is followed by a run
     through autotune.load() with the same window. Returns the exit code (see the EXIT_ constants)."""
     best = read_best(best_path)
-    if best.get("objective", {}).get("name") not in (None, "throughput", "server"):
+    if best.objective.name not in (None, "throughput", "server"):
         raise UserError(
-            f"{best_path} was tuned for {best['objective']['name']}; verify compares throughput or a sustained rate"
+            f"{best_path} was tuned for {best.objective.name}; verify compares throughput or a sustained rate"
         )
-    if through_load and best.get("server"):
+    if through_load and best.server:
         raise UserError("--through-load times closed-loop calls; a server-scenario winner is verified without it")
-    if through_load and not (best.get("launch") or {}).get("pin_prefixes"):
+    if through_load and not (best.launch and best.launch.pin_prefixes):
         raise UserError(f"{best_path} names no launch (pin_prefixes): export it again with 'autotune export'")
     ctx = context_from_best(best)
-    differences = fingerprint_differences(best.get("fingerprint"), fingerprint(ctx.machine, ctx.runtimes))
+    differences = fingerprint_differences(best.fingerprint, fingerprint(ctx.machine, ctx.runtimes))
     if differences:
         console.print("this is not the machine or software it was tuned on:", markup=False)
         for line in differences:
             console.print(f"  {line}", markup=False)
     else:
         console.print("same hardware and software as when it was tuned", markup=False)
-    config = TrialConfig.from_dict(best["config"])
+    config = best.config
     runs: list[TrialMetrics] = []
     loads: list[LoadRun] = []
     for i in range(repeats):
@@ -101,11 +103,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
             for line in pinning_differences(runs[-1], loads[-1]):
                 console.print(f"  pinned differently: {line}", markup=False)
     recorded = recorded_throughput(best)
-    recorded_ci = (
-        RELATIVE_TOLERANCE
-        if best.get("server")
-        else (best["metrics"].get("measurement") or {}).get("throughput_ci_rel")
-    )
+    recorded_ci = RELATIVE_TOLERANCE if best.server else best.throughput_ci_rel
     verdict, here, margin = judge(recorded, runs, recorded_ci)
     clean = sum(1 for m in runs if m.valid)
     if here is None:
@@ -126,9 +124,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
     return EXIT_REGRESSED if verdict == "REGRESSED" else 0
 
 
-def _through_load(
-    best: dict[str, Any], best_path: Path, min_warmup_s: float, protocol: TrialMetrics, i: int
-) -> LoadRun:
+def _through_load(best: BestJson, best_path: Path, min_warmup_s: float, protocol: TrialMetrics, i: int) -> LoadRun:
     window_s, warmup_s = window_of(protocol, min_warmup_s)
     try:
         return run_through_load(

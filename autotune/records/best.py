@@ -62,13 +62,13 @@ def config_from_json(data: Any, where: str = "config") -> TrialConfig:
     return TrialConfig.from_dict({k: v for k, v in data.items() if k in known})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StudyInfo(OpenRecord):
     """Which study, and which of its trials, the file comes from."""
 
     name: str
-    trial: int  # the winning (or closest) trial's number
     storage: str | None = None  # password hidden
+    trial: int  # the winning (or closest) trial's number
     trials: dict[str, int] = field(default_factory=dict)  # per state: complete, pruned, fail, ...
 
 
@@ -81,8 +81,8 @@ class ObjectiveInfo(OpenRecord):
     name: str | None = None  # throughput, latency or pareto
     direction: str | list[str] = "maximize"
     value: float | None = None
-    revalidated_median: float | None = None  # median of the winner's finalist runs
     values: list[float] | None = None  # pareto: (samples/s, p99 ms)
+    revalidated_median: float | None = None  # median of the winner's finalist runs
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,13 @@ class Launch(OpenRecord):
 class Baseline(OpenRecord):
     """The eager fp32 baseline trial the speedup is measured against."""
 
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sustained_rps",)
+
     trial: int
     config: TrialConfig | None = None
     throughput_sps: float | None = None
     latency_ms: dict[str, Any] | None = None
+    sustained_rps: float | None = None  # the server scenario: its sustained request rate
 
     @classmethod
     def from_json(cls, data: Any) -> Baseline:
@@ -115,6 +118,56 @@ class Baseline(OpenRecord):
         if self.config is not None:
             data["config"] = self.config.to_dict()
         return data
+
+
+@dataclass(frozen=True)
+class FinalistCandidate(OpenRecord):
+    """One candidate of the finalist round: its interleaved runs and their spread (over the clean runs)."""
+
+    trial: int
+    winner: bool = False
+    candidate: bool = True
+    baseline: bool = False
+    config: dict[str, Any] | None = None
+    search_value: float | None = None
+    values: list[float | None] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    spread_rel: float | None = None
+    noise_rel: float | None = None
+    clean_runs: int | None = None
+    eligible: bool = True
+
+
+@dataclass(frozen=True)
+class Finalists(OpenRecord):
+    """The finalist round that chose the winner: every candidate's repeats and how it was decided."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"candidates": FinalistCandidate}
+
+    selection: str = ""
+    order: Any = None
+    repeats: int | None = None
+    seconds: float | None = None
+    left_out: list[Any] = field(default_factory=list)  # candidates the time left had no room for
+    candidates: list[FinalistCandidate] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServerSummary(OpenRecord):
+    """The server scenario: the sustained rate at the bound, the batching policy and the rate search's probes."""
+
+    sustained_rps: float
+    slo_ms: float
+    max_batch: int | None = None
+    max_wait_ms: float | None = None
+    upper_bound_rps: float | None = None
+    batching: Any = None
+    routing: Any = None
+    rule: Any = None
+    probes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +184,8 @@ class BestJson(OpenRecord):
         "objective": ObjectiveInfo,
         "launch": Launch,
         "baseline": Baseline,
+        "finalists": Finalists,
+        "server": ServerSummary,
     }
     OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server")
 
@@ -141,9 +196,9 @@ class BestJson(OpenRecord):
     objective: ObjectiveInfo
     selection: str  # why this trial won (or why there is no winner)
     scenario: str | None = None  # offline, single-stream or server (None in files written before it existed)
-    server: dict[str, Any] | None = None  # the server scenario: sustained rate, bound, batching policy, probes
+    server: ServerSummary | None = None  # the server scenario: sustained rate, bound, batching policy, probes
     pareto_front: list[dict[str, Any]] | None = None  # pareto studies: every non-dominated clean trial
-    finalists: dict[str, Any] | None = None  # the finalist round, when one decided
+    finalists: Finalists | None = None  # the finalist round, when one decided
     model: dict[str, Any]  # how trials built the model (kind, name, input shape, weights)
     config: TrialConfig
     runtime: dict[str, Any] | None = None  # the Python environment the winner ran in
@@ -221,6 +276,16 @@ class BestJson(OpenRecord):
     def latency_ms(self) -> dict[str, Any] | None:
         """The winner's latency per call: p50, p90, p99, mean (ms) and samples."""
         return (self.metrics or {}).get("latency_ms")
+
+    @property
+    def throughput_ci_rel(self) -> float | None:
+        """The relative half-width of the confidence interval of the winner's throughput in its search trial."""
+        return ((self.metrics or {}).get("measurement") or {}).get("throughput_ci_rel")
+
+    @property
+    def backend_details(self) -> dict[str, Any]:
+        """What the backend reported it compiled for the winner (effective streams, precision, ...)."""
+        return (self.metrics or {}).get("backend_details") or {}
 
     @property
     def speedup(self) -> float | None:

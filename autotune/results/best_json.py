@@ -12,12 +12,24 @@ from typing import Any
 import optuna
 
 from autotune.common.errors import UserError
-from autotune.common.files import read_json, write_json_atomic
+from autotune.common.files import write_json_atomic
+from autotune.common.records import RecordError
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
+from autotune.records.best import (
+    Baseline,
+    BestJson,
+    FinalistCandidate,
+    Finalists,
+    Launch,
+    ObjectiveInfo,
+    ServerSummary,
+    StudyInfo,
+    config_from_json,
+)
 from autotune.records.config import UNSET_IN_COMMANDS
 from autotune.results.selection import (
     baseline_trial,
@@ -108,97 +120,120 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
     return clean[0], None, "best clean single measurement (no finalist round after the last trial)"
 
 
-def _finalist_view(record: dict[str, Any] | None, winner: int) -> dict[str, Any] | None:
+def _finalist_view(record: dict[str, Any] | None, winner: int) -> Finalists | None:
     """best.json's summary of the finalist round: every candidate's repeats and their spread."""
     if record is None:
         return None
-    return {
-        "selection": record["selection"],
-        "order": record["order"],
-        "repeats": record["repeats"],
-        "seconds": record["seconds"],
-        "left_out": record.get("left_out", []),  # candidates the time left had no room for
-        "candidates": [
-            {
-                "trial": c["trial"],
-                "winner": c["trial"] == winner,
-                "candidate": c["candidate"],
-                "baseline": c["baseline"],
-                "config": c.get("config"),
-                "search_value": c["search_value"],
-                "values": [r.get("value") for r in c["runs"]],
-                "runs": c["runs"],
-                **{k: c["summary"][k] for k in ("median", "min", "max", "spread_rel", "noise_rel")},
-                "clean_runs": c["summary"]["runs"],  # the median and range are over these only
-                "eligible": c["summary"].get("eligible", True),
-            }
-            for c in record["candidates"]
-        ],
-    }
+    return Finalists(
+        selection=record["selection"],
+        order=record["order"],
+        repeats=record["repeats"],
+        seconds=record["seconds"],
+        left_out=record.get("left_out", []),  # candidates the time left had no room for
+        candidates=[_finalist_candidate(c, winner) for c in record["candidates"]],
+    )
 
 
-def build_best(study: optuna.study.Study, best_path: Path) -> dict[str, Any]:
-    """The best.json document: the winner chosen by the finalist round, or the best clean trial."""
+def _finalist_candidate(c: dict[str, Any], winner: int) -> FinalistCandidate:
+    summary = c["summary"]
+    return FinalistCandidate(
+        trial=c["trial"],
+        winner=c["trial"] == winner,
+        candidate=c["candidate"],
+        baseline=c["baseline"],
+        config=c.get("config"),
+        search_value=c["search_value"],
+        values=[r.get("value") for r in c["runs"]],
+        runs=c["runs"],
+        median=summary["median"],
+        min=summary["min"],
+        max=summary["max"],
+        spread_rel=summary["spread_rel"],
+        noise_rel=summary["noise_rel"],
+        clean_runs=summary["runs"],  # the median and range are over these only
+        eligible=summary.get("eligible", True),
+    )
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _study_info(study: optuna.study.Study, spec: dict[str, Any], trial: int) -> StudyInfo:
+    return StudyInfo(name=study.study_name, storage=spec.get("storage"), trial=trial, trials=_counts(study))
+
+
+def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
+    """The eager fp32 baseline as best.json records it (the server scenario: with its sustained rate)."""
+    if baseline is None:
+        return None
+    metrics = metrics_of(baseline)
+    config = baseline.user_attrs.get("config")
+    return Baseline(
+        trial=baseline.number,
+        config=None if config is None else config_from_json(config, "baseline.config"),
+        throughput_sps=metrics.throughput_sps,
+        latency_ms=metrics.latency_ms.to_json(),
+        sustained_rps=baseline.values[0] if metrics.server else None,
+    )
+
+
+def _study_drift(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    return drift_report(
+        drift_of(trial),
+        study.user_attrs.get("spec", {}),
+        study.user_attrs.get("evaluation"),
+        study.user_attrs.get("calibration"),
+        study.user_attrs.get("reference_note"),
+    )
+
+
+def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
+    """The best.json record: the winner chosen by the finalist round, or the best clean trial."""
     best, record, why = choose_winner(study)
     spec = study.user_attrs.get("spec", {})
     attrs = best.user_attrs
     baseline = baseline_trial(study)
     base_sps = metrics_of(baseline).throughput_sps if baseline else None
     metrics = metrics_of(best).to_json()
-    return {
-        "schema": SCHEMA,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "meets_drift": not criterion_of(spec).exceeded(drift_of(best)),
-        "study": {
-            "name": study.study_name,
-            "storage": spec.get("storage"),
-            "trial": best.number,
-            "trials": _counts(study),
-        },
-        "objective": {
-            "name": spec.get("objective"),
-            "direction": _directions(study),
-            "value": primary_value(best),
-            **({"values": best.values} if len(study.directions) > 1 else {}),
-            "revalidated_median": _revalidated(record, best.number),
-        },
-        "selection": why,
-        "scenario": {"latency": "single-stream", "server": "server"}.get(spec.get("objective") or "", "offline"),
-        **({"server": server_summary(metrics["server"])} if metrics.get("server") else {}),
-        **({"pareto_front": pareto_front(study)} if len(study.directions) > 1 else {}),
-        "finalists": _finalist_view(record, best.number),
-        "model": study.user_attrs.get("model_for_trials", spec.get("model")),
-        "config": attrs["config"],
-        "runtime": attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
-        "environment": attrs.get("env", {}),
-        "launch": {
-            "pinning": attrs.get("pinning"),
-            "pin_prefixes": attrs.get("pin_prefixes"),
-            "commands": replay_commands(attrs, best_path),
-            "note": "one command per instance, started together; each re-measures its instance and prints JSON",
-        },
-        "job": attrs.get("job"),
-        "metrics": {key: metrics[key] for key in METRIC_KEYS},
-        "measure_settings": attrs.get("measure_settings"),
-        "drift": drift_report(
-            drift_of(best),
-            spec,
-            study.user_attrs.get("evaluation"),
-            study.user_attrs.get("calibration"),
-            study.user_attrs.get("reference_note"),
+    pareto = len(study.directions) > 1
+    speedup, source = _speedup(record, best, base_sps, spec.get("objective"), baseline.values[0] if baseline else None)
+    return BestJson(
+        schema=SCHEMA,
+        created=_now(),
+        meets_drift=not criterion_of(spec).exceeded(drift_of(best)),
+        study=_study_info(study, spec, best.number),
+        objective=ObjectiveInfo(
+            name=spec.get("objective"),
+            direction=_directions(study),
+            value=primary_value(best),
+            values=best.values if pareto else None,
+            revalidated_median=_revalidated(record, best.number),
         ),
-        "baseline": None
-        if baseline is None
-        else {
-            "trial": baseline.number,
-            "config": baseline.user_attrs.get("config"),
-            "throughput_sps": base_sps,
-            "latency_ms": metrics_of(baseline).latency_ms.to_json(),
-            **({"sustained_rps": baseline.values[0]} if metrics_of(baseline).server else {}),
-        },
-        **_speedup(record, best, base_sps, spec.get("objective"), baseline.values[0] if baseline else None),
-        "fingerprint": study.user_attrs.get("fingerprint"),
-    }
+        selection=why,
+        scenario={"latency": "single-stream", "server": "server"}.get(spec.get("objective") or "", "offline"),
+        server=server_summary(metrics["server"]) if metrics.get("server") else None,
+        pareto_front=pareto_front(study) if pareto else None,
+        finalists=_finalist_view(record, best.number),
+        model=study.user_attrs.get("model_for_trials", spec.get("model")),
+        config=config_from_json(attrs["config"]),
+        runtime=attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
+        environment=attrs.get("env", {}),
+        launch=Launch(
+            pinning=attrs.get("pinning"),
+            pin_prefixes=attrs.get("pin_prefixes"),
+            commands=replay_commands(attrs, best_path),
+            note="one command per instance, started together; each re-measures its instance and prints JSON",
+        ),
+        job=attrs.get("job"),
+        metrics={key: metrics[key] for key in METRIC_KEYS},
+        measure_settings=attrs.get("measure_settings"),
+        drift=_study_drift(study, best),
+        baseline=_baseline(baseline),
+        speedup_vs_baseline=speedup,
+        speedup_source=source,
+        fingerprint=study.user_attrs.get("fingerprint"),
+    )
 
 
 def drift_report(
@@ -244,21 +279,19 @@ def _speedup(
     base_sps: float | None,
     objective: str | None,
     base_value: float | None = None,
-) -> dict[str, Any]:
-    """Throughput over the baseline's: from the interleaved finalist runs when both were re-measured."""
+) -> tuple[float | None, str]:
+    """Throughput over the baseline's, and how it was measured: from the interleaved finalist runs when
+    both were re-measured."""
     if objective == "server":  # the sustained request rates, the winner's over the baseline's
         return _server_speedup(record, best, base_value)
     alike = _finalist_speedup(record, best) if objective == "throughput" else None
     if alike is not None:
-        return {
-            "speedup_vs_baseline": alike,
-            "speedup_source": "medians of the interleaved finalist runs (winner and baseline re-measured alike)",
-        }
+        return alike, "medians of the interleaved finalist runs (winner and baseline re-measured alike)"
     sps = metrics_of(best).throughput_sps
-    return {
-        "speedup_vs_baseline": sps / base_sps if base_sps and sps else None,
-        "speedup_source": "one search measurement each (winner and baseline trials)",
-    }
+    return (
+        sps / base_sps if base_sps and sps else None,
+        "one search measurement each (winner and baseline trials)",
+    )
 
 
 def _finalist_speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial) -> float | None:
@@ -272,35 +305,32 @@ def _finalist_speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTr
 
 def _server_speedup(
     record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_value: float | None
-) -> dict[str, Any]:
+) -> tuple[float | None, str]:
     """The server scenario's speedup: sustained rate over the baseline's, from the interleaved finalist
     runs when both were re-measured, else from their search trials."""
     alike = _finalist_speedup(record, best)
     if alike is not None:
-        return {
-            "speedup_vs_baseline": alike,
-            "speedup_source": "sustained rates, medians of the interleaved finalist runs (re-measured alike)",
-        }
-    return {
-        "speedup_vs_baseline": best.value / base_value if base_value and best.value else None,
-        "speedup_source": "sustained rates, one search measurement each (winner and baseline trials)",
-    }
+        return alike, "sustained rates, medians of the interleaved finalist runs (re-measured alike)"
+    return (
+        best.value / base_value if base_value and best.value else None,
+        "sustained rates, one search measurement each (winner and baseline trials)",
+    )
 
 
-def server_summary(server: dict[str, Any]) -> dict[str, Any]:
+def server_summary(server: dict[str, Any]) -> ServerSummary:
     """best.json's `server`: the sustained rate at the bound, the batching policy a server should use,
     and the rate search's probes (each: offered and achieved rate, p50/p90/p99, the model's call time
     under that load, queue at start and end)."""
-    return {
-        "sustained_rps": server["sustained_rps"],
-        "slo_ms": server["slo_ms"],
-        "max_batch": server["max_batch"],
-        "max_wait_ms": server["max_wait_ms"],
-        "upper_bound_rps": server["upper_bound_rps"],
-        "batching": server["batching"],
-        "routing": server["routing"],
-        "rule": server["rule"],
-        "probes": [
+    return ServerSummary(
+        sustained_rps=server["sustained_rps"],
+        slo_ms=server["slo_ms"],
+        max_batch=server["max_batch"],
+        max_wait_ms=server["max_wait_ms"],
+        upper_bound_rps=server["upper_bound_rps"],
+        batching=server["batching"],
+        routing=server["routing"],
+        rule=server["rule"],
+        probes=[
             {
                 "rate_rps": p["rate_rps"],
                 "achieved_rps": p["achieved_rps"],
@@ -318,7 +348,7 @@ def server_summary(server: dict[str, Any]) -> dict[str, Any]:
             }
             for p in server["probes"]
         ],
-    }
+    )
 
 
 def _directions(study: optuna.study.Study) -> str | list[str]:
@@ -356,54 +386,31 @@ def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | N
     return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
 
 
-def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> BestJson:
     """best.json for a study where no configuration met the drift bound: the closest one, marked so,
     with its drift and how to run it, but no speed (it was never timed)."""
     spec = study.user_attrs.get("spec", {})
     attrs = trial.user_attrs
-    drift = drift_report(
-        drift_of(trial),
-        spec,
-        study.user_attrs.get("evaluation"),
-        study.user_attrs.get("calibration"),
-        study.user_attrs.get("reference_note"),
-    )
-    return {
-        "schema": SCHEMA,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "meets_drift": False,
-        "study": {
-            "name": study.study_name,
-            "storage": spec.get("storage"),
-            "trial": trial.number,
-            "trials": _counts(study),
-        },
-        "objective": {
-            "name": spec.get("objective"),
-            "direction": _directions(study),
-            "value": None,
-            "revalidated_median": None,
-        },
-        "selection": (
+    drift = _study_drift(study, trial)
+    return BestJson(
+        schema=SCHEMA,
+        created=_now(),
+        meets_drift=False,
+        study=_study_info(study, spec, trial.number),
+        objective=ObjectiveInfo(name=spec.get("objective"), direction=_directions(study)),
+        selection=(
             f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
             f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen "
             "--max-drift, "
             "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
         ),
-        "finalists": None,
-        "model": study.user_attrs.get("model_for_trials", spec.get("model")),
-        "config": attrs["config"],
-        "runtime": attrs.get("runtime"),
-        "environment": attrs.get("env"),
-        "launch": None,
-        "job": None,
-        "metrics": None,
-        "measure_settings": None,
-        "drift": drift,
-        "baseline": None,
-        "speedup_vs_baseline": None,
-        "fingerprint": study.user_attrs.get("fingerprint"),
-    }
+        model=study.user_attrs.get("model_for_trials", spec.get("model")),
+        config=config_from_json(attrs["config"]),
+        runtime=attrs.get("runtime"),
+        environment=attrs.get("env"),
+        drift=drift,
+        fingerprint=study.user_attrs.get("fingerprint"),
+    )
 
 
 def export_best(study: optuna.study.Study, path: str | Path) -> Path:
@@ -412,29 +419,28 @@ def export_best(study: optuna.study.Study, path: str | Path) -> Path:
     if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         closest = closest_candidate(study)
         if closest is not None:
-            return write_json_atomic(path, build_closest(study, closest))
-    return write_json_atomic(path, build_best(study, Path(path)))
+            return write_json_atomic(path, build_closest(study, closest).to_json())
+    return write_json_atomic(path, build_best(study, Path(path)).to_json())
 
 
-def read_best(best_path: Path) -> dict[str, Any]:
+def read_best(best_path: Path) -> BestJson:
     """A best.json with a timed winner, or one line saying what is wrong with it."""
     try:
-        best = read_json(best_path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {best_path}: {exc}") from None
-    if not isinstance(best, dict) or "config" not in best:
-        raise UserError(f"{best_path} is not an autotune best.json")
-    if not best.get("meets_drift", True) or not best.get("job"):
+        best = BestJson.read(best_path)
+    except RecordError as exc:
+        raise UserError(str(exc)) from None
+    if not best.meets_drift or not best.job:
         raise UserError(
             f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure"
         )
     return best
 
 
-def context_from_best(best: dict[str, Any]) -> TrialContext:
+def context_from_best(best: BestJson | dict[str, Any]) -> TrialContext:
     """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
     measurement settings, caches and runtime."""
-    job = best["job"]
+    best = BestJson.from_json(best)
+    job = best.job or {}
     return TrialContext(
         probe_machine(),
         Reference(
@@ -446,6 +452,6 @@ def context_from_best(best: dict[str, Any]) -> TrialContext:
         MeasureSettings.from_dict(job["measure"]),
         Path(job["workdir"]),
         job["calibration_samples"],
-        runtimes=runtimes_with(best.get("runtime")),
+        runtimes=runtimes_with(best.runtime),
         server={k: v for k, v in job["server"].items() if k != "first_rates"} if job.get("server") else None,
     )

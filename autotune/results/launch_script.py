@@ -14,27 +14,32 @@ from pathlib import Path
 from typing import Any
 
 from autotune.machine.runtimes import MAIN, replay_env
+from autotune.records.best import BestJson, ServerSummary
 from autotune.records.config import UNSET_IN_COMMANDS
 
 
-def launch_script(best: dict[str, Any], best_path: Path) -> str:
-    config = best["config"]
-    pin_prefixes = best["launch"]["pin_prefixes"]
-    runtime = best.get("runtime") or {"name": MAIN}
-    python, env = replay_env(runtime, best.get("environment") or {})
-    generation = (best.get("job") or {}).get("generation")
+def launch_script(best: BestJson | dict[str, Any], best_path: Path) -> str:
+    """The script's text; `best` is best.json's record (or its JSON, as read from the file)."""
+    best = BestJson.from_json(best)
+    config = best.config
+    if best.launch is None or best.launch.pin_prefixes is None:
+        raise ValueError(f"{best_path} names no launch (pin_prefixes): nothing to start")
+    pin_prefixes = best.launch.pin_prefixes
+    runtime = best.runtime or {"name": MAIN}
+    python, env = replay_env(runtime, best.environment or {})
+    generation = (best.job or {}).get("generation")
     batch = (
-        f"{config['batch_size']} sequence(s) of {generation['prompt_tokens']} prompt tokens, "
+        f"{config.batch_size} sequence(s) of {generation['prompt_tokens']} prompt tokens, "
         f"{generation['new_tokens']} new tokens each"
         if generation
-        else f"batch {config['batch_size']}"
+        else f"batch {config.batch_size}"
     )
-    threads = f"{config['instances']} x {config['threads_per_instance']} threads"
-    summary = f"{config['backend']}/{config['precision']} {batch}, {threads}"
+    threads = f"{config.instances} x {config.threads_per_instance} threads"
+    summary = f"{config.backend}/{config.precision} {batch}, {threads}"
     lines = [
         "#!/usr/bin/env bash",
-        f"# autotune launch script: {best['model']['name']} as tuned in study {best['study']['name']} (trial "
-        f"{best['study']['trial']}),",
+        f"# autotune launch script: {best.model['name']} as tuned in study {best.study.name} (trial "
+        f"{best.study.trial}),",
         f"# {summary}, runtime {runtime.get('name', MAIN)} (torch {runtime.get('torch', '?')}).",
         "# Usage: ./launch.sh [COMMAND ARGS...]   one pinned process per instance runs COMMAND with the tuned",
         "# environment; each gets AUTOTUNE_INSTANCE (0..N-1), AUTOTUNE_INSTANCES and AUTOTUNE_BEST.",
@@ -44,7 +49,7 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
         *(f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())),
         f"export AUTOTUNE_BEST={shlex.quote(str(best_path.resolve()))}",
         f"export AUTOTUNE_INSTANCES={len(pin_prefixes)}",
-        *server_variables(best.get("server"), best["objective"].get("revalidated_median")),
+        *server_variables(best.server, best.objective.revalidated_median),
         f"PYTHON={shlex.quote(python)}",
         "pids=()",
         "trap 'kill \"${pids[@]}\" 2>/dev/null' INT TERM",
@@ -60,15 +65,15 @@ def launch_script(best: dict[str, Any], best_path: Path) -> str:
     return "\n".join(lines)
 
 
-def server_variables(server: dict[str, Any] | None, revalidated: float | None = None) -> list[str]:
+def server_variables(server: ServerSummary | None, revalidated: float | None = None) -> list[str]:
     """The server scenario's batching policy, as variables the user's server reads: send a batch when
     AUTOTUNE_MAX_BATCH requests wait or the oldest has waited AUTOTUNE_MAX_WAIT_MS (none otherwise)."""
     if not server:
         return []
     return [
-        f"# server scenario: {revalidated or server['sustained_rps']:.1f} requests/s sustained at p99 <= "
-        f"{server['slo_ms']:g} ms with this batching policy{' (finalists median)' if revalidated else ''}",
-        f"export AUTOTUNE_MAX_BATCH={server['max_batch']}",
-        f"export AUTOTUNE_MAX_WAIT_MS={server['max_wait_ms']:g}",
-        f"export AUTOTUNE_SLO_MS={server['slo_ms']:g}",
+        f"# server scenario: {revalidated or server.sustained_rps:.1f} requests/s sustained at p99 <= "
+        f"{server.slo_ms:g} ms with this batching policy{' (finalists median)' if revalidated else ''}",
+        f"export AUTOTUNE_MAX_BATCH={server.max_batch}",
+        f"export AUTOTUNE_MAX_WAIT_MS={server.max_wait_ms:g}",
+        f"export AUTOTUNE_SLO_MS={server.slo_ms:g}",
     ]

@@ -224,27 +224,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def build_report(study: optuna.study.Study) -> str:
-    spec = study.user_attrs.get("spec", {})
-    model = (spec.get("model") or {}).get("name", "?")
-    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
-    server = is_server(study)
-    charts = [
-        (
-            "Throughput against p99 latency (TPOT for text generation): the Pareto front",
-            None if server else pareto_chart(study),  # closed-loop figures: the server chart replaces it
-        ),
-        ("Parameter importances", importance_chart(study)),
-        ("Speedup by backend and precision", speedup_chart(study)),
-        ("Drift against speed", drift_chart(study)),
-        ("Best so far against time", best_so_far_chart(study)),
-    ]
-    if server:
-        charts.insert(0, ("p99 latency against offered request rate (server scenario)", server_chart(study)))
-    figures = "".join(
-        f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
-    )
-    missing = [title for title, svg in charts if not svg]
+def _leaderboard(study: optuna.study.Study, server: bool) -> str:
+    """The report's leaderboard table: the ten best trials, with the columns of the study's scenario."""
     leaders = leaderboard_rows(study, 10)
 
     def fmt(v: float | None, d: int = 1) -> str:
@@ -267,9 +248,6 @@ def build_report(study: optuna.study.Study) -> str:
         ]
         for r in leaders
     ]
-    outcomes = [[g.state, len(g.trials), g.trial_list, g.example] for g in outcome_groups(study)]
-    cpu = html.escape(str(hardware.get("cpu_model", "?")))
-    winner = "".join(f"<p>{html.escape(line.strip())}</p>" for line in winner_lines(study)) or "<p>None yet.</p>"
     leader_headers = [
         "#",
         "trial",
@@ -280,7 +258,34 @@ def build_report(study: optuna.study.Study) -> str:
         "drift (rel. L2)",
         "vs baseline",
     ]
-    leaderboard = _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
+    return _table(leader_headers, leader_rows) if leader_rows else "<p>No completed trial.</p>"
+
+
+def build_report(study: optuna.study.Study) -> str:
+    spec = study.user_attrs.get("spec", {})
+    model = (spec.get("model") or {}).get("name", "?")
+    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
+    server = is_server(study)
+    charts = [
+        (
+            "Throughput against p99 latency (TPOT for text generation): the Pareto front",
+            None if server else pareto_chart(study),  # closed-loop figures: the server chart replaces it
+        ),
+        ("Parameter importances", importance_chart(study)),
+        ("Speedup by backend and precision", speedup_chart(study)),
+        ("Drift against speed", drift_chart(study)),
+        ("Best so far against time", best_so_far_chart(study)),
+    ]
+    if server:
+        charts.insert(0, ("p99 latency against offered request rate (server scenario)", server_chart(study)))
+    figures = "".join(
+        f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
+    )
+    missing = [title for title, svg in charts if not svg]
+    outcomes = [[g.state, len(g.trials), g.trial_list, g.example] for g in outcome_groups(study)]
+    cpu = html.escape(str(hardware.get("cpu_model", "?")))
+    winner = "".join(f"<p>{html.escape(line.strip())}</p>" for line in winner_lines(study)) or "<p>None yet.</p>"
+    leaderboard = _leaderboard(study, server)
     failures = (
         _table(["state", "count", "trials", "cause (the first trial's)"], outcomes) if outcomes else "<p>None.</p>"
     )

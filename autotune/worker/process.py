@@ -438,12 +438,14 @@ TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
 
 def replay_job(best_path: str, instance: int, scratch: str) -> dict[str, Any]:
     """A job that re-measures one instance of an exported winner, without barrier or drift."""
-    best = read_json(best_path)
+    from autotune.records.best import BestJson
+
+    best = BestJson.read(best_path)
     return {
-        **best["job"],
+        **(best.job or {}),
         "reference_path": None,
         "instance": instance,
-        "instances": best["config"]["instances"],
+        "instances": best.config.instances,
         "result_path": os.path.join(scratch, "result.json"),
         "stamps_path": os.path.join(scratch, "stamps.npy"),
     }
