@@ -187,3 +187,28 @@ def test_a_job_without_its_task_or_config_says_so():
     reference = WorkerJob.from_json({"task": "reference", "model": STORED_TRIAL_JOB["model"]})
     with pytest.raises(RecordError, match="'config'"):
         reference.trial_config()
+
+
+def test_the_trial_job_template_keeps_the_layout_best_json_stores():
+    from types import SimpleNamespace
+
+    from autotune.runner.trials import job_template
+
+    config = TrialConfig("eager", "fp32", 4)
+    model = ModelSource("factory", "tiny_models.py:mlp", (16,))
+    calibration = {"data": "synthetic", "samples": 64}
+    reference = SimpleNamespace(model=model, outputs_path="/r.pt", calibration=calibration, generation=None)
+    ctx = SimpleNamespace(
+        reference=reference, measure=MeasureSettings(), cache_dir="/c", calibration_samples=64, server=None
+    )
+    assert list(job_template(config, ctx, None).to_json().items()) == [  # type: ignore[arg-type]
+        ("task", "trial"),
+        ("model", model.to_dict()),
+        ("config", config.to_dict()),
+        ("measure", MeasureSettings().to_dict()),
+        ("reference_path", "/r.pt"),
+        ("workdir", "/c"),
+        ("artifact_dir", None),
+        ("calibration_samples", 64),
+        ("calibration", calibration),
+    ]
