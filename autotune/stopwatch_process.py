@@ -33,7 +33,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.records.job import WorkerJob
 
 MIN_WARMUP_CALLS = 3
 JOB_WARMUP_S = 3.0  # the independent stopwatch's fixed warm-up
@@ -127,18 +130,14 @@ def time_load(seconds: float, warmup_s: float, run_dir: Path, instance: int, ins
     }
 
 
-def time_job(job: dict[str, Any], seconds: float, run_dir: Path) -> dict[str, Any]:
+def time_job(job: WorkerJob, seconds: float, run_dir: Path) -> dict[str, Any]:
     """The independent stopwatch: the worker's model loading, then the plainest possible timing loop."""
     from autotune.model.inputs import synthetic
     from autotune.model.seeds import TIMING_SEED
-    from autotune.model.sources import ModelSource
-    from autotune.records.config import TrialConfig
     from autotune.worker.process import build_runner
     from autotune.worker.teardown import keep_until_exit
 
-    config = TrialConfig.from_dict(job["config"])
-    instance = int(job.get("instance", 0))
-    source = ModelSource.from_dict(job["model"])
+    config, instance, source = job.trial_config(), job.instance, job.model
     example = synthetic(source.specs, config.batch_size, TIMING_SEED + instance)
     runner = keep_until_exit(build_runner(job, config, source, example))
     x = runner.convert_input(example)
@@ -173,10 +172,11 @@ def _run(argv: list[str]) -> dict[str, Any] | None:
         return result
     if len(argv) == 4 and argv[0] == "job":
         from autotune.common.files import read_json
+        from autotune.records.job import WorkerJob
 
-        job = read_json(argv[1])
+        job = WorkerJob.from_json(read_json(argv[1]))
         seconds, run_dir = float(argv[2]), Path(argv[3])
-        with _failure_marked(run_dir, int(job.get("instance", 0))):
+        with _failure_marked(run_dir, job.instance):
             return time_job(job, seconds, run_dir)
     return None
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import TESTS, load_study, run_autotune, tiny
 
+from autotune.records.job import WorkerJob
 from autotune.records.metrics import TrialMetrics
 
 LM = TESTS / "tiny_lm.py"
@@ -303,7 +304,7 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     shutil.rmtree(first.artifact["dir"])
     options = {"group_size": 32, "activations": "bf16"}
     config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options=options)
-    job = {"model": reference.model.to_dict(), "generation": workload, "artifact_dir": first.artifact["dir"]}
+    job = WorkerJob(task="trial", model=reference.model, generation=workload, artifact_dir=first.artifact["dir"])
     from autotune.worker.generate import build_generation_runner
 
     runner = build_generation_runner(job, config)

@@ -15,6 +15,7 @@ from conftest import TESTS
 from autotune.backends.generation import Generator
 from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
+from autotune.records.job import WorkerJob
 from autotune.worker.generate import (
     DRIFT_ROWS,
     GenerationRunner,
@@ -66,15 +67,16 @@ class FedLog:
         return self.model.forward(input_ids=input_ids, **kwargs)
 
 
-def reference_job(tmp_path: Path, prompt: int = PROMPT) -> dict:
+def reference_job(tmp_path: Path, prompt: int = PROMPT) -> WorkerJob:
     source = ModelSource("factory", f"{TESTS / 'tiny_lm.py'}:tiny_llama", (prompt,))
     workload = GenerationWorkload(prompt_tokens=prompt, new_tokens=NEW, vocab_size=256)
-    return {
-        "model": source.to_dict(),
-        "generation": workload.to_json(),
-        "weights_out": str(tmp_path / "weights.pt"),
-        "reference_path": str(tmp_path / "reference.pt"),
-    }
+    return WorkerJob(
+        task="reference",
+        model=source,
+        generation=workload.to_json(),
+        weights_out=str(tmp_path / "weights.pt"),
+        reference_path=str(tmp_path / "reference.pt"),
+    )
 
 
 def saved_model(tmp_path: Path) -> torch.nn.Module:

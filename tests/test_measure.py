@@ -164,12 +164,12 @@ def _stamps(start: float, durations: np.ndarray) -> np.ndarray:
 def test_common_window_ci_brackets_the_throughput_and_straggler_ratio():
     fast, slow = _stamps(0.0, np.full(100, 0.05) + RNG.normal(0, 0.001, 100)), _stamps(0.2, np.full(50, 0.1))
     result = common_window_throughput([fast, slow], batch_size=2)
-    low, high = result["ci_sps"]
-    assert (low + high) / 2 == pytest.approx(result["throughput_sps"])  # batch means average to the total
-    assert 0.001 < result["ci_rel"] < 0.05  # steady calls: a narrow interval, but not a zero-width one
-    fast_share, slow_share = result["per_instance_sps"]
+    low, high = result.ci_sps
+    assert (low + high) / 2 == pytest.approx(result.throughput_sps)  # batch means average to the total
+    assert 0.001 < result.ci_rel < 0.05  # steady calls: a narrow interval, but not a zero-width one
+    fast_share, slow_share = result.per_instance_sps
     assert fast_share == pytest.approx(2 * slow_share, rel=0.1)
-    assert straggler_ratio(result["per_instance_sps"]) == pytest.approx(2.0, rel=0.1)
+    assert straggler_ratio(result.per_instance_sps) == pytest.approx(2.0, rel=0.1)
     assert straggler_ratio([0.0, 3.0]) is None
 
 
@@ -179,10 +179,10 @@ def test_calls_cut_by_the_common_window_count_by_their_fraction_inside():
     a = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 3.0], [3.0, 4.0]])
     b = np.array([[0.9, 3.1]])
     result = common_window_throughput([a, b], batch_size=1)
-    assert result["window_s"] == pytest.approx(2.2)
-    assert result["per_instance_sps"][0] == pytest.approx(1.0)
-    assert result["per_instance_sps"][1] == pytest.approx(1 / 2.2)
-    assert result["throughput_sps"] == pytest.approx(1.0 + 1 / 2.2)
+    assert result.window_s == pytest.approx(2.2)
+    assert result.per_instance_sps[0] == pytest.approx(1.0)
+    assert result.per_instance_sps[1] == pytest.approx(1 / 2.2)
+    assert result.throughput_sps == pytest.approx(1.0 + 1 / 2.2)
 
 
 def test_percentiles_and_counts_describe_only_the_common_window():
@@ -194,7 +194,7 @@ def test_percentiles_and_counts_describe_only_the_common_window():
     b_starts = 5 + np.arange(0, 10, 0.01)
     b = np.stack([b_starts, b_starts + 0.01], axis=1)
     window = common_window_throughput([a, b], batch_size=1)
-    latencies, counted = window_calls([a, b], window["start"], window["end"])
+    latencies, counted = window_calls([a, b], window.start, window.end)
     assert np.median(latencies[: len(shared)]) == pytest.approx(0.004)  # none of A's solo 1 ms calls
     assert latency_summary(latencies).p50 == pytest.approx(4.0)  # ms: B's calls and A's shared ones only
     assert len(latencies) == len(shared) + len(b_starts) and counted == pytest.approx(len(shared) + len(b_starts))
@@ -239,7 +239,7 @@ def test_the_throughput_interval_covers_the_true_rate():
         durations = np.where(rng.random(5000) < 0.05, rng.uniform(0.030, 0.050, 5000), rng.normal(0.010, 0.0005, 5000))
         clock = FakeClock(durations)
         stamps = timed_window(clock.step, MeasureSettings(window_min_s=1.0, window_max_s=4.0), clock=clock)
-        low, high = common_window_throughput([stamps], batch_size=1)["ci_sps"]
+        low, high = common_window_throughput([stamps], batch_size=1).ci_sps
         covered += low <= true_rate <= high
     assert covered / 300 >= 0.90
 
@@ -261,15 +261,15 @@ def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
     (a few calls just after warm-up) keeps none, and the t quantile at 2 degrees of freedom is exact. The
     window's cap waits for three calls (a screening's for one), so every such measurement gets one."""
     window = common_window_throughput(EIGHT_SEQUENCES, batch_size=512)
-    assert window["ci_method"] == CALL_RATES_METHOD and 0.0 < window["ci_rel"] < 0.5
-    low, high = window["ci_sps"]
-    assert low < window["throughput_sps"] < high
-    assert common_window_throughput(EIGHT_SEQUENCES, batch_size=512, whole_calls=False)["ci_sps"] is None  # screening
+    assert window.ci_method == CALL_RATES_METHOD and 0.0 < window.ci_rel < 0.5
+    low, high = window.ci_sps
+    assert low < window.throughput_sps < high
+    assert common_window_throughput(EIGHT_SEQUENCES, batch_size=512, whole_calls=False).ci_sps is None  # screening
     assert student_t_quantile(0.975, 2) == pytest.approx(4.303, abs=1e-3)  # the tables' value, not 4.17
     assert [round(student_t_quantile(0.975, df), 3) for df in (1, 3, 4, 10)] == [12.706, 3.182, 2.776, 2.228]
     three = [EIGHT_SEQUENCES[0], EIGHT_SEQUENCES[1][:1]]
-    assert common_window_throughput(three, batch_size=512)["ci_sps"] is None
-    assert common_window_throughput(three, batch_size=512)["ci_method"] == NO_INTERVAL_METHOD
+    assert common_window_throughput(three, batch_size=512).ci_sps is None
+    assert common_window_throughput(three, batch_size=512).ci_method == NO_INTERVAL_METHOD
 
     rng = np.random.default_rng(5)
     settings = MeasureSettings(window_min_s=5.0, window_min_iters=5, window_max_s=20.0)
@@ -283,9 +283,9 @@ def test_a_few_long_calls_get_an_interval_from_the_rates_of_the_whole_calls():
             clock.now = float(rng.uniform(0.0, 19.0))  # the instances start out of step
             stamps.append(timed_window(clock.step, settings, clock=clock))
         window = common_window_throughput(stamps, batch_size=tokens)
-        if window["ci_sps"] is not None:
+        if window.ci_sps is not None:
             stated += 1
-            covered += window["ci_sps"][0] <= true_rate <= window["ci_sps"][1]
+            covered += window.ci_sps[0] <= true_rate <= window.ci_sps[1]
     # the cap waits for 3 calls: before, an instance whose first call passed the 20 s cap made one call (1
     # degree of freedom with its sibling's 2: no interval), 15 of the 300 measurements
     assert stated == 300 and covered / stated >= 0.90, (stated, covered)
@@ -345,7 +345,7 @@ def flags_of(stamps: list[np.ndarray], together: bool) -> list[str]:
     """The noise check's verdict on instances' stamps, judged together over their common window or
     one instance at a time (the rule before instances were judged together)."""
     window = common_window_throughput(stamps, batch_size=1)
-    combined = combined_early_late(stamps, window["start"], window["end"]) if together else None
+    combined = combined_early_late(stamps, window.start, window.end) if together else None
     instances = [{"signals": {}, "latency": latency_summary(s[:, 1] - s[:, 0])} for s in stamps]
     return [f for f in noise_flags(instances, None, None, 2, combined_drift=combined) if "drifted" in f]
 
@@ -361,7 +361,7 @@ def test_instances_that_trade_speed_are_judged_by_their_sum_not_one_by_one():
     assert drifts[0] < -0.10 and drifts[1] > 0.10  # what the old rule flagged, one instance each way
     assert any("instance 1: call times drifted" in f for f in flags_of(stamps, together=False))
     window = common_window_throughput(stamps, batch_size=1)
-    combined = combined_early_late(stamps, window["start"], window["end"])
+    combined = combined_early_late(stamps, window.start, window.end)
     assert combined is not None and abs(combined) < 0.05
     assert flags_of(stamps, together=True) == []
 
@@ -376,7 +376,7 @@ def test_instances_that_slow_down_together_are_still_flagged():
         ends = s[0, 0] + np.cumsum(durations)
         slowed.append(np.stack([ends - durations, ends], axis=1))
     window = common_window_throughput(slowed, batch_size=1)
-    assert (combined_early_late(slowed, window["start"], window["end"]) or 0.0) > 0.15
+    assert (combined_early_late(slowed, window.start, window.end) or 0.0) > 0.15
     assert any("the instances together: time per call drifted" in f for f in flags_of(slowed, together=True))
 
 

@@ -2,12 +2,17 @@
 error rather than a silent None, and a stored record missing a field says which one."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from autotune.common.records import RecordError
 from autotune.measure.drift import Drift, DriftCriterion
-from autotune.measure.stopwatch import LatencySummary, latency_summary
+from autotune.measure.speed_gate import SpeedGate
+from autotune.measure.stopwatch import LatencySummary, MeasureSettings, latency_summary
+from autotune.model.sources import ModelSource
+from autotune.records.config import TrialConfig
+from autotune.records.job import WorkerJob
 from autotune.records.metrics import FinalistRun, InstanceShare, Measurement, Screening, TrialMetrics
 
 
@@ -121,3 +126,89 @@ def test_screening_counts_over_the_common_window_as_the_full_measurement_does(tm
     screening = combine_screens(screens)
     assert screening.throughput_sps == pytest.approx(20.0) and screening.calls == 10
     assert screening.p50_ms == pytest.approx(100.0)  # the shared calls' 100 ms, not the solo 50 ms
+
+
+# ---- WorkerJob: the runner's job for a worker process -------------------------------------------
+# A trial job's JSON as best.json has kept it (the layout an older best.json replays from).
+STORED_TRIAL_JOB = {
+    "task": "trial",
+    "model": ModelSource("factory", "tiny_models.py:mlp", (16,)).to_dict(),
+    "config": {
+        "backend": "eager",
+        "precision": "fp32",
+        "batch_size": 4,
+        "allocator": "glibc",
+        "instances": 1,
+        "threads_per_instance": 1,
+        "options": {},
+        "runtime": "main",
+        "openmp": "gnu",
+        "kmp_affinity": None,
+        "kmp_blocktime": None,
+        "thp": False,
+    },
+    "measure": MeasureSettings().to_dict(),
+    "reference_path": "/study/reference/reference.pt",
+    "workdir": "/study/cache",
+    "artifact_dir": None,
+    "calibration_samples": 64,
+    "calibration": {"data": "synthetic", "samples": 64},
+}
+
+
+def test_a_stored_trial_job_reads_typed_and_writes_back_the_same_layout():
+    job = WorkerJob.from_json(STORED_TRIAL_JOB)
+    assert isinstance(job.config, TrialConfig) and job.config.batch_size == 4
+    assert isinstance(job.model, ModelSource) and isinstance(job.measure, MeasureSettings)
+    assert job.instance == 0 and job.measure_drift and not job.screen and job.speed_gate is None
+    assert job.to_json() == json.loads(json.dumps(STORED_TRIAL_JOB))
+
+
+def test_an_instance_job_round_trips_its_nested_records():
+    gate = SpeedGate(min_samples_per_s=10.0, after_s=1.0, basis="the best trial's pace")
+    job = replace(
+        WorkerJob.from_json(STORED_TRIAL_JOB),
+        screen=True,
+        measure_drift=False,
+        speed_gate=gate,
+        drift_bound=DriftCriterion("accuracy", 0.01),
+        instance=1,
+        instances=2,
+        stamps_path="/t/stamps-1.npy",
+    )
+    data = json.loads(json.dumps(job.to_json()))
+    assert data["drift_bound"] == {"metric": "accuracy", "max_drop": 0.01, "relative": False}
+    assert WorkerJob.from_json(data) == job
+
+
+def test_a_job_without_its_task_or_config_says_so():
+    with pytest.raises(RecordError, match="'task'"):
+        WorkerJob.from_json({"model": STORED_TRIAL_JOB["model"]})
+    reference = WorkerJob.from_json({"task": "reference", "model": STORED_TRIAL_JOB["model"]})
+    with pytest.raises(RecordError, match="'config'"):
+        reference.trial_config()
+
+
+def test_the_trial_job_template_keeps_the_layout_best_json_stores():
+    from types import SimpleNamespace
+
+    from autotune.runner.trials import job_template
+
+    config = TrialConfig("eager", "fp32", 4)
+    model = ModelSource("factory", "tiny_models.py:mlp", (16,))
+    calibration = {"data": "synthetic", "samples": 64}
+    reference = SimpleNamespace(model=model, outputs_path="/r.pt", calibration=calibration, generation=None)
+    ctx = SimpleNamespace(
+        reference=reference, measure=MeasureSettings(), cache_dir="/c", calibration_samples=64, server=None
+    )
+    assert list(job_template(config, ctx, None).to_json().items()) == [  # type: ignore[arg-type]
+        ("task", "trial"),
+        ("model", model.to_dict()),
+        ("config", config.to_dict()),
+        ("measure", MeasureSettings().to_dict()),
+        ("reference_path", "/r.pt"),
+        ("workdir", "/c"),
+        ("artifact_dir", None),
+        ("calibration_samples", 64),
+        ("calibration", calibration),
+    ]

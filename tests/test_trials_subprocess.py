@@ -15,6 +15,7 @@ from autotune.machine.runtimes import discover_runtimes
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
+from autotune.records.job import WorkerJob
 from autotune.runner.launch import run_instances
 from autotune.runner.trials import TrialContext, compute_reference, plan_instances, run_config
 
@@ -73,16 +74,16 @@ def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
 def _launch_with_env(reference, tmp_path, config, change):
     trial_dir = tmp_path / "t"
     (trial_dir / "barrier").mkdir(parents=True)
-    job = {
-        "task": "trial",
-        "model": reference.model.to_dict(),
-        "config": config.to_dict(),
-        "measure": QUICK.to_dict(),
-        "reference_path": None,
-        "workdir": str(tmp_path),
-        "barrier_dir": str(trial_dir / "barrier"),
-        "barrier_timeout_s": 30,
-    }
+    job = WorkerJob(
+        task="trial",
+        model=reference.model,
+        config=config,
+        measure=QUICK,
+        reference_path=None,
+        workdir=str(tmp_path),
+        barrier_dir=str(trial_dir / "barrier"),
+        barrier_timeout_s=30,
+    )
     launch = plan_instances(config, MACHINE, trial_dir, job, tmp_path, discover_runtimes()["main"])[0]
     return run_instances([replace(launch, env=change(dict(launch.env)))], 60, trial_dir / "barrier")
 

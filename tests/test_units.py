@@ -47,14 +47,14 @@ def test_common_window_counts_only_overlap():
     # instance A runs 0..10s at 1 it/s; B starts late (5s) and runs to 15s at 2 it/s.
     a, b = _stamps(0.0, 1.0, 10), _stamps(5.0, 0.5, 20)
     result = common_window_throughput([a, b], batch_size=4)
-    assert result["window_s"] == pytest.approx(5.0)
+    assert result.window_s == pytest.approx(5.0)
     # in (5, 10]: A finishes 5 iterations, B finishes 10.
-    assert result["throughput_sps"] == pytest.approx(4 * 15 / 5.0)
+    assert result.throughput_sps == pytest.approx(4 * 15 / 5.0)
 
 
 def test_common_window_without_overlap_is_invalid():
     result = common_window_throughput([_stamps(0, 1, 3), _stamps(10, 1, 3)], batch_size=1)
-    assert result["valid"] is False and result["throughput_sps"] == 0
+    assert result.valid is False and result.throughput_sps == 0
 
 
 def test_drift_metrics():

@@ -16,7 +16,7 @@ import math
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from statistics import NormalDist
 from typing import Any
 
@@ -299,9 +299,32 @@ def instance_throughput(stamps: np.ndarray, batch_size: int) -> float:
     return batch_size * len(stamps) / span if span > 0 else 0.0
 
 
+BATCH_MEANS_METHOD = "batch means over 5-10 equal sub-windows of the common window (one per 20 calls), Student t"
+CALL_RATES_METHOD = (
+    "the rates of each instance's whole calls (fewer than 10 calls in the common window), their pooled spread "
+    "around each instance's mean, Student t with calls - instances degrees of freedom"
+)
+NO_INTERVAL_METHOD = "none: too few calls (batch means needs 10 in the common window, call rates 2 more than instances)"
+
+
+@dataclass(frozen=True)
+class CommonWindow(Record):
+    """The throughput of N instances over the window all of them were running, and its interval."""
+
+    throughput_sps: float = 0.0
+    window_s: float = 0.0
+    valid: bool = False  # False: no instance stamps, no overlap, or nothing done in it
+    per_instance_sps: list[float] = field(default_factory=list)
+    ci_sps: list[float] | None = None  # [low, high]; None where too few calls for an interval
+    ci_rel: float | None = None  # the interval's larger half-width over the throughput
+    start: float = 0.0  # the window's bounds, on the stamps' clock
+    end: float = 0.0
+    ci_method: str = NO_INTERVAL_METHOD
+
+
 def common_window_throughput(
     per_instance: list[np.ndarray], batch_size: int, confidence: float = 0.95, whole_calls: bool = True
-) -> dict[str, Any]:
+) -> CommonWindow:
     """Throughput of N instances counted only while all of them were running.
 
     The common window runs from the latest first-start to the earliest last-end. Each call counts by
@@ -312,14 +335,7 @@ def common_window_throughput(
     from the rates of the whole calls each instance made (call_rate_interval), unless `whole_calls` is
     False (a screening: a few calls just after warm-up, whose unknown noise keeps the speed pruner wide).
     """
-    invalid = {
-        "throughput_sps": 0.0,
-        "window_s": 0.0,
-        "valid": False,
-        "per_instance_sps": [],
-        "ci_sps": None,
-        "ci_rel": None,
-    }
+    invalid = CommonWindow()
     if not per_instance or any(len(s) == 0 for s in per_instance):
         return invalid
     start = max(float(s[0, 0]) for s in per_instance)
@@ -335,25 +351,17 @@ def common_window_throughput(
         half_rel = call_rate_interval(per_instance, confidence) if whole_calls else None
         interval = None if half_rel is None else [max(0.0, total * (1 - half_rel)), total * (1 + half_rel)]
         method = CALL_RATES_METHOD if interval else NO_INTERVAL_METHOD
-    return {
-        "throughput_sps": total,
-        "window_s": window,
-        "start": start,
-        "end": end,
-        "valid": total > 0,
-        "per_instance_sps": shares,
-        "ci_sps": interval,
-        "ci_rel": max(total - interval[0], interval[1] - total) / total if interval and total > 0 else None,
-        "ci_method": method,
-    }
-
-
-BATCH_MEANS_METHOD = "batch means over 5-10 equal sub-windows of the common window (one per 20 calls), Student t"
-CALL_RATES_METHOD = (
-    "the rates of each instance's whole calls (fewer than 10 calls in the common window), their pooled spread "
-    "around each instance's mean, Student t with calls - instances degrees of freedom"
-)
-NO_INTERVAL_METHOD = "none: too few calls (batch means needs 10 in the common window, call rates 2 more than instances)"
+    return CommonWindow(
+        throughput_sps=total,
+        window_s=window,
+        start=start,
+        end=end,
+        valid=total > 0,
+        per_instance_sps=shares,
+        ci_sps=interval,
+        ci_rel=max(total - interval[0], interval[1] - total) / total if interval and total > 0 else None,
+        ci_method=method,
+    )
 
 
 def call_rate_interval(per_instance: list[np.ndarray], confidence: float = 0.95) -> float | None:

@@ -164,30 +164,10 @@ def run_instances(
     stage = "starting"
     next_memory_check = 0.0
     try:
-        for inst in instances:
-            with open(inst.stdout_path, "wb") as out, open(inst.stderr_path, "wb") as err:
-                try:
-                    procs.append(
-                        subprocess.Popen(
-                            inst.argv,
-                            env=inst.env,
-                            stdout=out,
-                            stderr=err,
-                            stdin=subprocess.DEVNULL,
-                            start_new_session=True,
-                            preexec_fn=_die_with_parent,
-                        )
-                    )
-                except OSError as exc:
-                    raise TrialFailed(f"cannot start instance {len(procs)}: {exc}") from exc
+        start_instances(instances, procs)
         stage = "preparing"
         while True:
-            for i, proc in enumerate(procs):
-                code = proc.poll()
-                if code is not None and code != 0:
-                    raise TrialFailed(
-                        f"instance {i} {_exit_cause(code, instances[i].stderr_path)}", tail(instances[i].stderr_path)
-                    )
+            raise_on_failed_exit(instances, procs)
             if pending and barrier_dir is not None:
                 arrived = [barrier_dir / f"{pending[0]}-{i}.json" for i in range(len(instances))]
                 if all(p.exists() for p in arrived):
@@ -204,25 +184,67 @@ def run_instances(
                 )
             if memory_limit_mib is not None and time.monotonic() >= next_memory_check:
                 next_memory_check = time.monotonic() + MEMORY_POLL_S
-                used = tree_rss_mib(procs)
-                if used > memory_limit_mib:
-                    raise TrialFailed(
-                        f"used {used:.0f} MiB while {stage}, over the trial memory limit of {memory_limit_mib:.0f} MiB "
-                        "(--memory-limit): killed",
-                        tail(instances[0].stderr_path),
-                    )
+                check_memory(instances, procs, memory_limit_mib, stage)
             time.sleep(POLL_S)
-        results = []
-        for i, inst in enumerate(instances):
-            try:
-                results.append(read_json(inst.result_path))
-            except (OSError, ValueError) as exc:
-                raise TrialFailed(
-                    f"instance {i} exited without a valid result ({exc})", tail(inst.stderr_path)
-                ) from exc
-        return results
+        return read_results(instances)
     finally:
         if barrier_dir is not None and not released:
             (barrier_dir / "abort").touch()
         for proc in procs:  # also when the leader exited: its group may hold compile workers
             kill_process_tree(proc)
+
+
+def start_instances(instances: list[InstanceLaunch], procs: list[subprocess.Popen]) -> None:
+    """Start every instance in its own session, appending to `procs` as they start so that the caller
+    kills the ones already started when a later one cannot start."""
+    for inst in instances:
+        with open(inst.stdout_path, "wb") as out, open(inst.stderr_path, "wb") as err:
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        inst.argv,
+                        env=inst.env,
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
+            except OSError as exc:
+                raise TrialFailed(f"cannot start instance {len(procs)}: {exc}") from exc
+
+
+def raise_on_failed_exit(instances: list[InstanceLaunch], procs: list[subprocess.Popen]) -> None:
+    """One instance that exited with an error fails the trial at once: the others would wait at a barrier."""
+    for i, proc in enumerate(procs):
+        code = proc.poll()
+        if code is not None and code != 0:
+            raise TrialFailed(
+                f"instance {i} {_exit_cause(code, instances[i].stderr_path)}", tail(instances[i].stderr_path)
+            )
+
+
+def check_memory(
+    instances: list[InstanceLaunch], procs: list[subprocess.Popen], memory_limit_mib: float, stage: str
+) -> None:
+    """The processes together (with their children) over the trial memory limit are killed before the
+    machine swaps or the kernel's OOM killer picks a victim."""
+    used = tree_rss_mib(procs)
+    if used > memory_limit_mib:
+        raise TrialFailed(
+            f"used {used:.0f} MiB while {stage}, over the trial memory limit of {memory_limit_mib:.0f} MiB "
+            "(--memory-limit): killed",
+            tail(instances[0].stderr_path),
+        )
+
+
+def read_results(instances: list[InstanceLaunch]) -> list[dict[str, Any]]:
+    """Every instance's result file, in instance order; one missing or unreadable fails the trial."""
+    results = []
+    for i, inst in enumerate(instances):
+        try:
+            results.append(read_json(inst.result_path))
+        except (OSError, ValueError) as exc:
+            raise TrialFailed(f"instance {i} exited without a valid result ({exc})", tail(inst.stderr_path)) from exc
+    return results

@@ -27,6 +27,7 @@ from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import (
+    CommonWindow,
     MeasureSettings,
     combined_early_late,
     common_window_throughput,
@@ -39,6 +40,7 @@ from autotune.model.dataset import DataSource
 from autotune.model.generation import REFERENCE_FORMAT
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
+from autotune.records.job import WorkerJob
 from autotune.records.metrics import (
     Attempt,
     GenerationMetrics,
@@ -136,7 +138,7 @@ def plan_instances(
     config: TrialConfig,
     machine: MachineProbe,
     trial_dir: Path,
-    job: dict[str, Any],
+    job: WorkerJob,
     cache_dir: Path,
     runtime: Runtime,
 ) -> list[InstanceLaunch]:
@@ -149,17 +151,15 @@ def plan_instances(
     launches = []
     for i, cpus in enumerate(config.instance_cpus(machine)):
         job_path = trial_dir / f"job-{i}.json"
-        write_json_atomic(
-            job_path,
-            {
-                **job,
-                "instance": i,
-                "instances": config.instances,
-                "result_path": str(trial_dir / f"result-{i}.json"),
-                "stamps_path": str(trial_dir / f"stamps-{i}.npy"),
-                "precision_path": str(trial_dir / f"precision-{i}.json"),
-            },
+        instance_job = replace(
+            job,
+            instance=i,
+            instances=config.instances,
+            result_path=str(trial_dir / f"result-{i}.json"),
+            stamps_path=str(trial_dir / f"stamps-{i}.npy"),
+            precision_path=str(trial_dir / f"precision-{i}.json"),
         )
+        write_json_atomic(job_path, instance_job.to_json())
         launches.append(
             InstanceLaunch(
                 argv=[*pin_prefix(cpus, machine), *worker_argv(job_path, runtime.python)],
@@ -179,13 +179,13 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
     stamps = [np.load(r.stamps_path) for r in results]
     samples_per_call = results[0].samples_per_call
     window = common_window_throughput(stamps, samples_per_call, settings.ci_confidence)
-    if not window["valid"]:
+    if not window.valid:
         raise TrialFailed("the instances' measurement windows did not overlap: no common throughput")
-    latencies, counted_calls = window_calls(stamps, window["start"], window["end"])
-    ci_rel = window["ci_rel"]
+    latencies, counted_calls = window_calls(stamps, window.start, window.end)
+    ci_rel = window.ci_rel
     return TrialMetrics(
-        throughput_sps=window["throughput_sps"],
-        throughput_ci_sps=window["ci_sps"],
+        throughput_sps=window.throughput_sps,
+        throughput_ci_sps=window.ci_sps,
         latency_ms=latency_summary(latencies, settings.ci_confidence),
         peak_rss_mib=max(r.peak_rss_mib for r in results),
         peak_rss_mib_total=sum(r.peak_rss_mib for r in results),
@@ -212,20 +212,20 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
                 latency_ms=r.latency_ms,
                 noise=r.noise,
             )
-            for r, share in zip(results, window["per_instance_sps"])
+            for r, share in zip(results, window.per_instance_sps)
         ],
         measurement=Measurement(
-            common_window_s=window["window_s"],
+            common_window_s=window.window_s,
             calls=len(latencies),
             samples=round(counted_calls * samples_per_call),
             throughput_ci_rel=ci_rel,
             ci_confidence=settings.ci_confidence,
             ci_target_rel=settings.ci_target_rel,
             ci_target_met=ci_rel is not None and ci_rel <= settings.ci_target_rel,
-            throughput_ci_method=window["ci_method"],
-            straggler_ratio=straggler_ratio(window["per_instance_sps"]),
+            throughput_ci_method=window.ci_method,
+            straggler_ratio=straggler_ratio(window.per_instance_sps),
             combined_early_late_rel=(
-                combined_early_late(stamps, window["start"], window["end"]) if len(stamps) > 1 else None
+                combined_early_late(stamps, window.start, window.end) if len(stamps) > 1 else None
             ),
             samples_per_call=samples_per_call,
             warmup={"iters": min(r.warmup_iters for r in results), "s": min(r.warmup_s for r in results)},
@@ -238,18 +238,18 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
 
 
 def generation_of(
-    results: list[InstanceResult], stamps: list[np.ndarray], window: dict[str, Any], settings: MeasureSettings
+    results: list[InstanceResult], stamps: list[np.ndarray], window: CommonWindow, settings: MeasureSettings
 ) -> GenerationMetrics | None:
     """A language model's TTFT, TPOT and tokens/s over the common window (None for other models)."""
     if not results[0].tokens_path:
         return None
     tokens = [np.load(r.tokens_path) for r in results if r.tokens_path]
-    times = token_times(stamps, tokens, window["start"], window["end"])
+    times = token_times(stamps, tokens, window.start, window.end)
     new_tokens = tokens[0].shape[1]
     sequences = results[0].samples_per_call // new_tokens
     details = results[0].backend_details or {}
     prompt_tokens = int(details.get("prompt_tokens", 0))
-    tokens_per_s = window["throughput_sps"]
+    tokens_per_s = window.throughput_sps
     mean_ttft = float(np.mean(times.ttft_s)) if len(times.ttft_s) else 0.0
     return GenerationMetrics(
         ttft_ms=latency_summary(times.ttft_s, settings.ci_confidence),
@@ -284,21 +284,21 @@ def judge_noise(
     return replace(metrics, measurement=measurement)
 
 
-def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> dict[str, Any]:
-    """What every instance's job holds in common (best.json keeps it to replay the winner)."""
-    return {
-        "task": "trial",
-        "model": ctx.reference.model.to_dict(),
-        "config": config.to_dict(),
-        "measure": ctx.measure.to_dict(),
-        "reference_path": str(ctx.reference.outputs_path),
-        "workdir": str(ctx.cache_dir),
-        "artifact_dir": artifact["dir"] if artifact else None,
-        "calibration_samples": ctx.calibration_samples,
-        "calibration": ctx.reference.calibration,
-        **({"generation": ctx.reference.generation} if ctx.reference.generation else {}),
-        **({"server": ctx.server} if ctx.server else {}),
-    }
+def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> WorkerJob:
+    """What every instance's job holds in common (best.json keeps its JSON to replay the winner)."""
+    return WorkerJob(
+        task="trial",
+        model=ctx.reference.model,
+        config=config,
+        measure=ctx.measure,
+        reference_path=str(ctx.reference.outputs_path),
+        workdir=str(ctx.cache_dir),
+        artifact_dir=artifact["dir"] if artifact else None,
+        calibration_samples=ctx.calibration_samples,
+        calibration=ctx.reference.calibration,
+        generation=ctx.reference.generation or None,
+        server=ctx.server or None,
+    )
 
 
 def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
@@ -337,20 +337,18 @@ def _cached_or_built_artifact(
         shutil.rmtree(directory, ignore_errors=True)  # an unreadable or incomplete one
         work_dir.mkdir(parents=True, exist_ok=True)
         job_path = work_dir / "prepare-job.json"
-        write_json_atomic(
-            job_path,
-            {
-                "task": "prepare",
-                "model": ctx.reference.model.to_dict(),
-                "config": config.to_dict(),
-                "artifact_dir": str(building),
-                "calibration_samples": ctx.calibration_samples,
-                "reference_path": str(ctx.reference.outputs_path),
-                "calibration_description": ctx.reference.calibration["data"],
-                "result_path": str(work_dir / "prepare-result.json"),
-                "generation": generation,
-            },
+        job = WorkerJob(
+            task="prepare",
+            model=ctx.reference.model,
+            config=config,
+            artifact_dir=str(building),
+            calibration_samples=ctx.calibration_samples,
+            reference_path=str(ctx.reference.outputs_path),
+            calibration_description=ctx.reference.calibration["data"],
+            result_path=str(work_dir / "prepare-result.json"),
+            generation=generation,
         )
+        write_json_atomic(job_path, job.to_json())
         launch = InstanceLaunch(
             argv=worker_argv(job_path, runtime.python),
             env=runtime_env(runtime, clean_environment(dict(os.environ))),
@@ -427,14 +425,7 @@ def run_config(
                 raise TrialFailed(f"timed out after {timeout_s:.0f}s while preparing")
             break  # keep the attempts made; the last one stays flagged
         first = attempt == 0
-        job = {**template, "screen": screen and first, "measure_drift": known_drift is None and first}
-        if speed_gate is not None and first:
-            job["speed_gate"] = speed_gate.to_json()
-        if drift_bound is not None and job["measure_drift"]:
-            job["drift_bound"] = drift_bound.to_dict()
-        if "server" in job and (server_rates or server_round):
-            seed = job["server"]["seed"] + 104_729 * server_round
-            job["server"] = {**job["server"], "first_rates": server_rates or [], "seed": seed}
+        job = attempt_job(template, first, screen, known_drift, speed_gate, drift_bound, server_rates, server_round)
         attempt_dir = trial_dir if first else trial_dir / f"retry-{attempt}"
         metrics, launches = measure_attempt(config, ctx, attempt_dir, job, remaining, on_stage if first else None)
         attempts.append(metrics)
@@ -451,14 +442,40 @@ def run_config(
         prepare_s=artifact["prepare_s"] if artifact else 0.0,
         artifact=artifact,
     )
-    return metrics, launches, template
+    return metrics, launches, template.to_json()
+
+
+def attempt_job(
+    template: WorkerJob,
+    first: bool,
+    screen: bool,
+    known_drift: Drift | None,
+    speed_gate: SpeedGate | None,
+    drift_bound: DriftCriterion | None,
+    server_rates: list[float] | None,
+    server_round: int,
+) -> WorkerJob:
+    """One attempt's job: only the first screens, measures drift (unless known) and keeps the speed
+    gate; a server round draws its own arrival stream from the template's seed."""
+    measure_drift = known_drift is None and first
+    server = template.server
+    if server is not None and (server_rates or server_round):
+        server = {**server, "first_rates": server_rates or [], "seed": server["seed"] + 104_729 * server_round}
+    return replace(
+        template,
+        screen=screen and first,
+        measure_drift=measure_drift,
+        speed_gate=speed_gate if first else None,
+        drift_bound=drift_bound if measure_drift else None,
+        server=server,
+    )
 
 
 def measure_attempt(
     config: TrialConfig,
     ctx: TrialContext,
     attempt_dir: Path,
-    job: dict[str, Any],
+    job: WorkerJob,
     timeout_s: float,
     on_stage: OnStage | None,
 ) -> tuple[TrialMetrics, list[InstanceLaunch]]:
@@ -466,7 +483,7 @@ def measure_attempt(
     results and judge the noise around them."""
     barrier = attempt_dir / "barrier"
     barrier.mkdir(parents=True)
-    job = {**job, "barrier_dir": str(barrier), "barrier_timeout_s": timeout_s}
+    job = replace(job, barrier_dir=str(barrier), barrier_timeout_s=timeout_s)
     launches = plan_instances(config, ctx.machine, attempt_dir, job, ctx.cache_dir, ctx.runtime(config.runtime))
     before = machine_snapshot()
     try:
@@ -475,7 +492,7 @@ def measure_attempt(
             timeout_s,
             barrier_dir=barrier,
             on_stage=on_stage,
-            stages=("ready", "screened") if job["screen"] else ("ready",),
+            stages=("ready", "screened") if job.screen else ("ready",),
             memory_limit_mib=ctx.memory_limit_mib,
         )
     except TrialFailed as exc:
@@ -525,13 +542,13 @@ def combine_screens(screens: list[InstanceScreen], confidence: float = 0.95) -> 
         )
     stamps = [np.load(str(s.stamps_path)) for s in screens]
     window = common_window_throughput(stamps, screens[0].samples_per_call, confidence, whole_calls=False)
-    if not window["valid"]:
+    if not window.valid:
         raise TrialFailed("the instances' screening windows did not overlap")
-    latencies, _ = window_calls(stamps, window["start"], window["end"])
+    latencies, _ = window_calls(stamps, window.start, window.end)
     return Screening(
-        throughput_sps=window["throughput_sps"],
+        throughput_sps=window.throughput_sps,
         p50_ms=latency_summary(latencies, confidence).p50 or 0.0,
-        ci_rel=window["ci_rel"],
+        ci_rel=window.ci_rel,
         calls=len(latencies),
     )
 
@@ -570,45 +587,66 @@ def compute_reference(
     except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     if not fresh:
-        ref_dir.mkdir(parents=True, exist_ok=True)
-        job_path = ref_dir / "job.json"
-        write_json_atomic(
-            job_path,
-            {
-                "task": "reference",
-                "model": model.to_dict(),
-                "eval_samples": eval_samples,
-                "workdir": str(study_dir),
-                "calibration_samples": calibration_samples,
-                **sources,
-                "reference_path": str(outputs_path),
-                "result_path": str((ref_dir / "result.json").resolve()),
-                "weights_out": None if model.has_own_weights else str(weights_path),
-                **({"generation": generation} if generation else {}),
-            },
+        job = WorkerJob(
+            task="reference",
+            model=model,
+            eval_samples=eval_samples,
+            workdir=str(study_dir),
+            calibration_samples=calibration_samples,
+            data=sources["data"],
+            calibration_data=sources["calibration_data"],
+            reference_path=str(outputs_path),
+            result_path=str((ref_dir / "result.json").resolve()),
+            weights_out=None if model.has_own_weights else str(weights_path),
+            generation=generation or None,
         )
-        launch = InstanceLaunch(
-            argv=worker_argv(job_path),
-            env=clean_environment(dict(os.environ)),
-            set_env={},
-            result_path=ref_dir / "result.json",
-            stdout_path=ref_dir / "stdout.log",
-            stderr_path=ref_dir / "stderr.log",
-        )
-        result = run_instances([launch], timeout_s)[0]
+        result = run_reference_process(job, ref_dir, timeout_s)
         write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})
     result = read_json(ref_dir / "meta.json")["result"]
-    calibration_source = calibration_data or data
-    if calibration_source.kind == "synthetic":
-        calibration = {"data": "synthetic", "samples": calibration_samples}
-    else:
-        calibration = {
-            "data": calibration_source.describe(),
-            "digest": calibration_source.digest,
-            "samples": result["calibration_samples"],
-            "after_eval": None if calibration_data is not None else result["eval_samples"],
-        }  # where the split starts
-    evaluation = {
+    calibration = calibration_record(data, calibration_data, calibration_samples, result)
+    evaluation = evaluation_record(data, result, bool(generation))
+    shared = model if model.has_own_weights else model.with_weights(str(weights_path))
+    note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
+    digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
+    attention = result.get("attention_layers")
+    depth = result.get("reduction_depth")
+    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest, attention, depth)
+
+
+def run_reference_process(job: WorkerJob, ref_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """The reference computed in a fresh process of the main runtime, as trials are measured: its result."""
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    job_path = ref_dir / "job.json"
+    write_json_atomic(job_path, job.to_json())
+    launch = InstanceLaunch(
+        argv=worker_argv(job_path),
+        env=clean_environment(dict(os.environ)),
+        set_env={},
+        result_path=ref_dir / "result.json",
+        stdout_path=ref_dir / "stdout.log",
+        stderr_path=ref_dir / "stderr.log",
+    )
+    return run_instances([launch], timeout_s)[0]
+
+
+def calibration_record(
+    data: DataSource, calibration_data: DataSource | None, samples: int, result: dict[str, Any]
+) -> dict[str, Any]:
+    """Which calibration set the artifacts were built from: it belongs to their cache key and best.json."""
+    source = calibration_data or data
+    if source.kind == "synthetic":
+        return {"data": "synthetic", "samples": samples}
+    return {
+        "data": source.describe(),
+        "digest": source.digest,
+        "samples": result["calibration_samples"],
+        "after_eval": None if calibration_data is not None else result["eval_samples"],  # where the split starts
+    }
+
+
+def evaluation_record(data: DataSource, result: dict[str, Any], generation: bool) -> dict[str, Any]:
+    """What drift was measured on, as the report shows it."""
+    return {
         "data": data.describe(),
         "samples": result["eval_samples"],
         "labels": result["labels"],
@@ -616,9 +654,3 @@ def compute_reference(
         "synthetic": data.kind == "synthetic",
         **({"reference_perplexity": result["reference_perplexity"]} if generation else {}),
     }
-    shared = model if model.has_own_weights else model.with_weights(str(weights_path))
-    note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
-    digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
-    attention = result.get("attention_layers")
-    depth = result.get("reduction_depth")
-    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest, attention, depth)

@@ -19,8 +19,9 @@ import numpy as np
 from autotune.measure.drift import Drift, compute_generation_drift
 from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload, prompts
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
-from autotune.model.sources import ModelSource, build_model
+from autotune.model.sources import build_model
 from autotune.records.config import TrialConfig
+from autotune.records.job import WorkerJob
 from autotune.worker.teardown import keep_until_exit
 
 DRIFT_ROWS = 4  # prompts drift is measured on; a trial of fewer sequences makes more calls, of more repeats them
@@ -92,22 +93,21 @@ def perplexity(logits: Any, targets: Any) -> float:
         return math.inf
 
 
-def run_generation_reference(job: dict[str, Any], save: Any) -> dict[str, Any]:
+def run_generation_reference(job: WorkerJob, save: Any) -> dict[str, Any]:
     """FP32 eager: greedy tokens and the logits of the prefill and every decode step on the drift prompts,
     all rows in one call; saves the random init so every trial uses it."""
     import torch
 
     from autotune.backends.generation import Generator
 
-    source = ModelSource.from_dict(job["model"])
-    workload = GenerationWorkload.from_json(job["generation"])
+    workload = GenerationWorkload.from_json(job.generation)
     t0 = time.monotonic()
-    model = keep_until_exit(build_model(source))
-    if job.get("weights_out"):
-        save(model.state_dict(), job["weights_out"])
+    model = keep_until_exit(build_model(job.model))
+    if job.weights_out:
+        save(model.state_dict(), job.weights_out)
     ids = drift_prompts(workload)
     greedy, logits = evaluate(Generator(model, workload.new_tokens), ids, ids.shape[0])
-    save({"prompts": ids, "logits": logits, "greedy": greedy, "format": REFERENCE_FORMAT}, job["reference_path"])
+    save({"prompts": ids, "logits": logits, "greedy": greedy, "format": REFERENCE_FORMAT}, job.reference_path)
     return {
         "pid": os.getpid(),
         "output_shape": list(logits.shape),
@@ -152,17 +152,16 @@ class GenerationRunner:
         return batch
 
 
-def build_generation_runner(job: dict[str, Any], config: TrialConfig) -> GenerationRunner:
+def build_generation_runner(job: WorkerJob, config: TrialConfig) -> GenerationRunner:
     """Build the model, convert it to the config's precision (timed apart) and wrap it."""
     from autotune.backends.generation import cached_artifact, prepare
 
-    source = ModelSource.from_dict(job["model"])
-    workload = GenerationWorkload.from_json(job["generation"])
+    workload = GenerationWorkload.from_json(job.generation)
     t0 = time.monotonic()
-    model = build_model(source)  # not kept: a conversion may replace it, and the runner holds what it uses
+    model = build_model(job.model)  # not kept: a conversion may replace it, and the runner holds what it uses
     build_s = time.monotonic() - t0
     # Quantized once by the prepare step: only loaded here (quantized here if it was evicted since).
-    artifact = cached_artifact(job["artifact_dir"]) if job.get("artifact_dir") else None
+    artifact = cached_artifact(job.artifact_dir) if job.artifact_dir else None
     calibration = (
         calibration_ids(workload) if config.precision == "smoothquant_int8" else None
     )  # a fallback may need it
@@ -172,17 +171,17 @@ def build_generation_runner(job: dict[str, Any], config: TrialConfig) -> Generat
     )
 
 
-def run_generation_prepare(job: dict[str, Any]) -> dict[str, Any]:
+def run_generation_prepare(job: WorkerJob) -> dict[str, Any]:
     """Quantize the language model once into the artifact folder (SmoothQuant calibrated on the
     calibration text), for every trial with the same numerics to load."""
     from autotune.backends.generation import build_artifact
 
-    config = TrialConfig.from_dict(job["config"])
-    workload = GenerationWorkload.from_json(job["generation"])
+    config = job.trial_config()
+    workload = GenerationWorkload.from_json(job.generation)
     t0 = time.monotonic()
-    model = keep_until_exit(build_model(ModelSource.from_dict(job["model"])))
+    model = keep_until_exit(build_model(job.model))
     calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" else None
-    out_dir = Path(job["artifact_dir"])
+    out_dir = Path(str(job.artifact_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     details = build_artifact(model, calibration, config, out_dir)
     return {
@@ -196,8 +195,8 @@ def run_generation_prepare(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def timing_prompts(job: dict[str, Any], config: TrialConfig, instance: int) -> Any:
-    workload = GenerationWorkload.from_json(job["generation"])
+def timing_prompts(job: WorkerJob, config: TrialConfig, instance: int) -> Any:
+    workload = GenerationWorkload.from_json(job.generation)
     return prompts(workload, config.batch_size, TIMING_SEED + instance)
 
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy as np
 from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.records import Record
-from autotune.measure.drift import Drift, DriftCriterion, compute_drift, constant_across_samples, top1_accuracy
+from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
@@ -37,10 +37,11 @@ from autotune.model.inputs import as_batch, batch_len, fixed_batches, synthetic,
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_numpy
 from autotune.model.sources import ModelSource, build_model, primary_output
 from autotune.records.config import TrialConfig
+from autotune.records.job import WorkerJob
 from autotune.records.metrics import InstanceResult, InstanceScreen
 from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
-from autotune.worker.serve import Peers, run_rate_search
+from autotune.worker.serve import Peers, ServerMetrics, run_rate_search
 from autotune.worker.teardown import keep_until_exit
 
 EXIT_CHECK_FAILED = 3
@@ -102,36 +103,36 @@ def save_atomic(obj: Any, path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def run_reference(job: dict[str, Any]) -> dict[str, Any]:
+def run_reference(job: WorkerJob) -> dict[str, Any]:
     """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it (with
     an all-zero head redrawn when the outputs would otherwise be the same for every input)."""
     import torch
 
     from autotune.backends import backend_module
 
-    if job.get("generation"):
+    if job.generation:
         from autotune.worker.generate import run_generation_reference
 
         return run_generation_reference(job, save_atomic)
     from autotune.backends.torch_common import attention_layers, with_reduction_depth
 
-    source = ModelSource.from_dict(job["model"])
+    source = job.model
     t0 = time.monotonic()
     model = keep_until_exit(build_model(source))
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
-        DataSource.from_dict(job.get("data")),
-        DataSource.from_dict(job["calibration_data"]) if job.get("calibration_data") else None,
+        DataSource.from_dict(job.data),
+        DataSource.from_dict(job.calibration_data) if job.calibration_data else None,
         source,
-        job["eval_samples"],
-        job.get("calibration_samples", 0),
+        job.eval_samples,
+        job.calibration_samples,
         lambda count, purpose: synthetic(source.specs, count, seeds[purpose]),
     )
     inputs = sets["inputs"]
     config = TrialConfig("eager", "fp32", batch_size=min(8, batch_len(inputs)))
 
     def fp32_outputs() -> np.ndarray:
-        runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(job["workdir"]))
+        runner = backend_module("eager").prepare(model, take(inputs, slice(0, 1)), config, Path(str(job.workdir)))
         return run_in_batches(runner, inputs, config.batch_size)
 
     outputs, depth = with_reduction_depth(model, fp32_outputs)
@@ -143,11 +144,11 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
             outputs = fp32_outputs()
             if constant_across_samples(outputs):
                 note = reference_check.still_constant(note, not np.any(outputs))
-    if job.get("weights_out"):  # after any redraw: every trial loads exactly the model the reference ran
-        save_atomic(model.state_dict(), job["weights_out"])
+    if job.weights_out:  # after any redraw: every trial loads exactly the model the reference ran
+        save_atomic(model.state_dict(), job.weights_out)
     save_atomic(
         {**{k: v for k, v in sets.items() if v is not None}, "outputs": torch.from_numpy(outputs)},
-        job["reference_path"],
+        str(job.reference_path),
     )
     labels = sets["labels"]
     accuracy = top1_accuracy(outputs, labels.numpy()) if labels is not None and outputs.ndim == 2 else None
@@ -167,17 +168,17 @@ def run_reference(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
+def run_prepare(job: WorkerJob) -> dict[str, Any]:
     """Build a backend's artifact (export, conversion, quantization) once, into a fresh folder."""
     from autotune.backends import backend_module
 
-    if job.get("generation"):
+    if job.generation:
         from autotune.worker.generate import run_generation_prepare
 
         return run_generation_prepare(job)
 
-    config = TrialConfig.from_dict(job["config"])
-    source = ModelSource.from_dict(job["model"])
+    config = job.trial_config()
+    source = job.model
     module = backend_module(config.backend)
     # The artifact must depend only on its identity: a fixed batch unless the artifact is batch-specialised.
     batch = config.batch_size if "batch_size" in module.artifact_identity(config) else CALIBRATION_BATCH
@@ -187,14 +188,12 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     # The calibration set the reference process drew (the user's data, disjoint from evaluation), else synthetic.
-    saved = (
-        torch.load(job["reference_path"], weights_only=True).get("calibration") if job.get("reference_path") else None
-    )
+    saved = torch.load(job.reference_path, weights_only=True).get("calibration") if job.reference_path else None
     calibration_inputs = (
-        as_batch(saved) if saved is not None else synthetic(source.specs, job["calibration_samples"], CALIBRATION_SEED)
+        as_batch(saved) if saved is not None else synthetic(source.specs, job.calibration_samples, CALIBRATION_SEED)
     )
     calibration = fixed_batches(calibration_inputs, batch)
-    out_dir = Path(job["artifact_dir"])
+    out_dir = Path(str(job.artifact_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     details = module.build_artifact(model, example, calibration, config, out_dir)
     return {
@@ -202,21 +201,21 @@ def run_prepare(job: dict[str, Any]) -> dict[str, Any]:
         "prepare_s": time.monotonic() - t0,
         "details": details,
         "calibration": {
-            "data": job.get("calibration_description", "synthetic"),
+            "data": job.calibration_description,
             "samples": batch_len(calibration_inputs),
         },
     }
 
 
-def build_runner(job: dict[str, Any], config: TrialConfig, source: ModelSource, example: Any):
+def build_runner(job: WorkerJob, config: TrialConfig, source: ModelSource, example: Any):
     """Artifact backends load what the prepare step built; the others wrap the torch module."""
     from autotune.backends import backend_module
 
     module = backend_module(config.backend)
     if module.SPEC.builds_artifact(config.precision):
-        return module.load(example, config, Path(job["artifact_dir"]))
+        return module.load(example, config, Path(str(job.artifact_dir)))
     # The model itself is not kept: a backend may convert a copy (IPEX), and the runner holds what it uses.
-    return module.prepare(build_model(source), example, config, Path(job["workdir"]))
+    return module.prepare(build_model(source), example, config, Path(str(job.workdir)))
 
 
 @dataclass(frozen=True)
@@ -234,12 +233,12 @@ class LoadedModel:
         return self.runner(self.native_input)
 
 
-def load_model(job: dict[str, Any], config: TrialConfig, instance: int) -> LoadedModel:
+def load_model(job: WorkerJob, config: TrialConfig, instance: int) -> LoadedModel:
     """Build (or load the prepared artifact of) the model, check OpenMP once torch is loaded, and make
     the first call, timed apart: it includes compilation for compiled backends."""
-    source = ModelSource.from_dict(job["model"])
+    source = job.model
     t0 = time.monotonic()
-    if job.get("generation"):
+    if job.generation:
         from autotune.worker.generate import build_generation_runner, timing_prompts
 
         example = timing_prompts(job, config, instance)
@@ -294,24 +293,25 @@ class PrecisionFallback(RuntimeError):
     """The model does not execute the precision its configuration claims: nothing is measured."""
 
 
-def probe_precision(job: dict[str, Any], config: TrialConfig, model: LoadedModel) -> ExecutedPrecision:
+def probe_precision(job: WorkerJob, config: TrialConfig, model: LoadedModel) -> ExecutedPrecision:
     """What the loaded model really executes against its claimed precision, before anything is timed
     (one call at most); saved for the orchestrator, which fails the trial on a fallback."""
     precision = check_precision(model.runner, model.native_input, config.precision)
-    if job.get("precision_path"):
-        write_json_atomic(job["precision_path"], precision.to_json())
+    if job.precision_path:
+        write_json_atomic(job.precision_path, precision.to_json())
     if precision.fallback:
         raise PrecisionFallback(precision.cause)
     return precision
 
 
-def run_trial(job: dict[str, Any]) -> InstanceResult:
+def run_trial(job: WorkerJob) -> InstanceResult:
     """Check the environment, load, check the executed precision, measure drift, warm up, wait at the
     barrier, screen, time the window."""
     t_start = time.monotonic()
-    config = TrialConfig.from_dict(job["config"])
-    settings = MeasureSettings.from_dict(job["measure"])
-    instance = int(job["instance"])
+    config, settings, instance = job.trial_config(), job.measure_settings(), job.instance
+    if job.stamps_path is None:
+        raise ValueError("a trial job needs its 'stamps_path' field")
+    stamps_path = job.stamps_path
     allocator = check_allocator(config.allocator)
     threads = check_threads(config.threads_per_instance)
 
@@ -319,88 +319,35 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
 
     model = load_model(job, config, instance)
     precision = probe_precision(job, config, model) if instance == 0 else None
-    generation = job.get("generation")
-    # Instance 0 keeps the gate's pace through its drift evaluation; every instance, through its warm-up.
-    gate = SpeedGate.from_json(job["speed_gate"]) if job.get("speed_gate") else None
-    drift = None
-    too_slow: GateVerdict | None = None
-    if instance == 0 and job.get("reference_path") and job.get("measure_drift", True):
-        if generation:
-            from autotune.worker.generate import measure_generation_drift
-
-            drift = measure_generation_drift(job["reference_path"], model.runner, config.batch_size)
-        else:
-            try:
-                drift = measure_drift(job["reference_path"], model.runner, config.batch_size, gate)
-            except GateTripped as exc:  # straight to the barrier: the orchestrator prunes there
-                too_slow = exc.verdict
-    barrier = Path(job["barrier_dir"]) if job.get("barrier_dir") else None
-    timeout_s = job.get("barrier_timeout_s", 0.0)
-    # What reaching the barrier cost, so a trial pruned there still says where its time went.
-    loaded = {"load_s": model.load_s, "first_call_s": model.first_call_s}
     # What throughput counts: samples, or for a language model the tokens one call generates.
-    samples_per_call = config.batch_size * (generation["new_tokens"] if generation else model.runner.batches_per_call)
+    new_tokens = int(job.generation["new_tokens"]) if job.generation else 0
+    samples_per_call = config.batch_size * (new_tokens if job.generation else model.runner.batches_per_call)
+    drift, too_slow = drift_before_timing(job, config, model)
     # Drift already beyond the bound: the orchestrator prunes at the ready barrier, so the warm-up (three
     # calls at least: 106 s of a 256 s woq_int4 decoder trial pruned on drift) is not spent.
-    bound = job.get("drift_bound")
-    beyond = drift is not None and bound is not None and DriftCriterion(**bound).exceeded(drift)
+    beyond = drift is not None and job.drift_bound is not None and job.drift_bound.exceeded(drift)
     warmup = NO_WARMUP
     if too_slow is None and not beyond:
-        try:
-            warmup = warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call, instance))
-        except GateTripped as exc:
-            too_slow = exc.verdict
-            warmup = {**NO_WARMUP, "warmup_s": exc.verdict.seconds}
-    if too_slow is not None:
-        if barrier:
-            drift_json = drift.to_json() if drift else None  # measured before a warm-up that tripped: kept
-            ready = {"pid": os.getpid(), "drift": drift_json, "too_slow": too_slow.to_json(), **loaded}
-            ready["warmup_s"] = warmup["warmup_s"]
-            wait_at_barrier(barrier, "ready", instance, ready, timeout_s)  # the orchestrator aborts: exits here
-        raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
-    if barrier:
-        drift_json = drift.to_json() if drift else None
-        ready = {"pid": os.getpid(), "drift": drift_json, **loaded, "warmup_s": warmup["warmup_s"]}
-        wait_at_barrier(barrier, "ready", instance, ready, timeout_s)
+        warmup, too_slow = gated_warm_up(model, settings, job.speed_gate, samples_per_call, instance)
+    barrier = Path(job.barrier_dir) if job.barrier_dir else None
+    report_ready(job, barrier, model, drift, too_slow, warmup["warmup_s"])
     if beyond:  # the pruner judges by the same criterion: a kept trial would time an instance never warmed up
         raise RuntimeError("drift beyond the bound, but the trial was not stopped")
     screening = None
-    if barrier and job.get("screen") and settings.screen_s > 0:
-        screening = screen(model, settings, samples_per_call, job["stamps_path"])
-        wait_at_barrier(barrier, "screened", instance, screening.to_json(), timeout_s)
+    if barrier and job.screen and settings.screen_s > 0:
+        screening = screen(model, settings, samples_per_call, stamps_path)
+        wait_at_barrier(barrier, "screened", instance, screening.to_json(), job.barrier_timeout_s)
     cpus = sorted(os.sched_getaffinity(0))
-    agree = StopTogether(barrier, instance, int(job["instances"])) if barrier else (lambda satisfied: satisfied)
     before = process_snapshot(cpus)
-    server = None
-    if job.get("server"):  # the server scenario: a short closed-loop window bounds the rate search from above
-        stamps = timed_window(model.step, settings.screening())
-        peers = Peers(barrier, instance, int(job["instances"]), timeout_s or 600.0)
-        server_job = {**job["server"], "max_wait_ms": config.max_wait_ms or 0.0}
-        own_upper = instance_throughput(stamps, samples_per_call)
-        call_ms = float(np.median(stamps[:, 1] - stamps[:, 0])) * 1e3
-        server = run_rate_search(
-            model.step,
-            server_job,
-            own_upper,
-            call_ms,
-            config.batch_size,
-            samples_per_call,
-            peers,
-            settings.window_min_s,
-            settings.window_max_s,
-            t_start + (timeout_s or 600.0) * 0.95,  # the trial's own timeout, less a margin to report
-            settings.ci_confidence,
-        )
-    else:
-        stamps = timed_window(model.step, settings, agree_to_stop=agree)
+    stamps, server = timed_calls(job, config, settings, model, barrier, samples_per_call, t_start)
     signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
-    np.save(job["stamps_path"], stamps)
+    np.save(stamps_path, stamps)
     tokens = None
-    if generation:
+    if job.generation:
         from autotune.worker.generate import save_token_stamps, tokens_path
 
-        tokens = tokens_path(job["stamps_path"])
-        save_token_stamps(model.runner, len(stamps), generation["new_tokens"], tokens)
+        tokens = tokens_path(stamps_path)
+        save_token_stamps(model.runner, len(stamps), new_tokens, tokens)
     return InstanceResult(
         pid=os.getpid(),
         instance=instance,
@@ -424,7 +371,7 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
         latency_ms=latency_summary(stamps[:, 1] - stamps[:, 0], settings.ci_confidence),
         noise=signals,
         screening=screening,
-        stamps_path=job["stamps_path"],
+        stamps_path=stamps_path,
         peak_rss_mib=peak_rss_mib(),
         startup_to_ready_s=time.monotonic() - t_start,
         backend_details=model.runner.details,
@@ -433,22 +380,104 @@ def run_trial(job: dict[str, Any]) -> InstanceResult:
     )
 
 
+def drift_before_timing(
+    job: WorkerJob, config: TrialConfig, model: LoadedModel
+) -> tuple[Drift | None, GateVerdict | None]:
+    """Instance 0's drift against the FP32 reference, before anything is timed; it keeps the speed gate's
+    pace (a classifier's evaluation), and a verdict of too slow goes straight to the barrier, where the
+    orchestrator prunes."""
+    if job.instance != 0 or not job.reference_path or not job.measure_drift:
+        return None, None
+    if job.generation:
+        from autotune.worker.generate import measure_generation_drift
+
+        return measure_generation_drift(job.reference_path, model.runner, config.batch_size), None
+    try:
+        return measure_drift(job.reference_path, model.runner, config.batch_size, job.speed_gate), None
+    except GateTripped as exc:
+        return None, exc.verdict
+
+
+def gated_warm_up(
+    model: LoadedModel, settings: MeasureSettings, gate: SpeedGate | None, samples_per_call: int, instance: int
+) -> tuple[dict[str, Any], GateVerdict | None]:
+    """The warm-up, held to the speed gate's pace: what it did, and the verdict when it fell below."""
+    try:
+        return warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call, instance)), None
+    except GateTripped as exc:
+        return {**NO_WARMUP, "warmup_s": exc.verdict.seconds}, exc.verdict
+
+
+def report_ready(
+    job: WorkerJob,
+    barrier: Path | None,
+    model: LoadedModel,
+    drift: Drift | None,
+    too_slow: GateVerdict | None,
+    warmup_s: float,
+) -> None:
+    """Tell the orchestrator at the ready barrier what reaching it cost (so a trial pruned there still says
+    where its time went), its drift and whether it was too slow; a too slow one is aborted there."""
+    if barrier:
+        ready: dict[str, Any] = {"pid": os.getpid(), "drift": drift.to_json() if drift else None}
+        if too_slow is not None:  # a drift measured before a warm-up that tripped is kept
+            ready["too_slow"] = too_slow.to_json()
+        ready.update({"load_s": model.load_s, "first_call_s": model.first_call_s, "warmup_s": warmup_s})
+        wait_at_barrier(barrier, "ready", job.instance, ready, job.barrier_timeout_s)
+    if too_slow is not None:  # the orchestrator aborts at the barrier: exits there
+        raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
+
+
+def timed_calls(
+    job: WorkerJob,
+    config: TrialConfig,
+    settings: MeasureSettings,
+    model: LoadedModel,
+    barrier: Path | None,
+    samples_per_call: int,
+    t_start: float,
+) -> tuple[np.ndarray, ServerMetrics | None]:
+    """The timed window's call stamps: closed loop, stopped together with the other instances; or in the
+    server scenario, the rate search's (whose result comes with them)."""
+    if not job.server:
+        agree = StopTogether(barrier, job.instance, job.instances) if barrier else (lambda satisfied: satisfied)
+        return timed_window(model.step, settings, agree_to_stop=agree), None
+    # A short closed-loop window bounds the rate search from above.
+    timeout_s = job.barrier_timeout_s or 600.0
+    stamps = timed_window(model.step, settings.screening())
+    peers = Peers(barrier, job.instance, job.instances, timeout_s)
+    server = run_rate_search(
+        model.step,
+        {**job.server, "max_wait_ms": config.max_wait_ms or 0.0},
+        instance_throughput(stamps, samples_per_call),
+        float(np.median(stamps[:, 1] - stamps[:, 0])) * 1e3,
+        config.batch_size,
+        samples_per_call,
+        peers,
+        settings.window_min_s,
+        settings.window_max_s,
+        t_start + timeout_s * 0.95,  # the trial's own timeout, less a margin to report
+        settings.ci_confidence,
+    )
+    return stamps, server
+
+
 TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}
 
 
-def replay_job(best_path: str, instance: int, scratch: str) -> dict[str, Any]:
+def replay_job(best_path: str, instance: int, scratch: str) -> WorkerJob:
     """A job that re-measures one instance of an exported winner, without barrier or drift."""
     from autotune.records.best import BestJson
 
     best = BestJson.read(best_path)
-    return {
-        **(best.job or {}),
-        "reference_path": None,
-        "instance": instance,
-        "instances": best.config.instances,
-        "result_path": os.path.join(scratch, "result.json"),
-        "stamps_path": os.path.join(scratch, "stamps.npy"),
-    }
+    return replace(
+        WorkerJob.from_json(best.job or {}),
+        reference_path=None,
+        instance=instance,
+        instances=best.config.instances,
+        result_path=os.path.join(scratch, "result.json"),
+        stamps_path=os.path.join(scratch, "stamps.npy"),
+    )
 
 
 USAGE = "usage: python -m autotune.worker JOB.json | --best best.json --instance N"
@@ -468,12 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    return run_job(read_json(argv[0]), print_result=False)
+    return run_job(WorkerJob.from_json(read_json(argv[0])), print_result=False)
 
 
-def run_job(job: dict[str, Any], print_result: bool) -> int:
+def run_job(job: WorkerJob, print_result: bool) -> int:
     try:
-        result = TASKS[job["task"]](job)
+        result = TASKS[job.task](job)
     except EnvironmentMismatch as exc:
         print(f"autotune-worker: environment check failed: {exc}", file=sys.stderr)
         return EXIT_CHECK_FAILED
@@ -485,7 +514,7 @@ def run_job(job: dict[str, Any], print_result: bool) -> int:
         print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     payload = result.to_json() if isinstance(result, Record) else result
-    write_json_atomic(job["result_path"], payload)
+    write_json_atomic(str(job.result_path), payload)
     if print_result:
         print(json.dumps(payload, indent=2))
     return 0
