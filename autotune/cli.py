@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
@@ -305,9 +305,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    _add_study_commands(sub)
+    _add_remeasure_commands(sub)
+    _add_machine_commands(sub)
+    return parser
+
+
+def _add_study_commands(sub: Any) -> None:
+    """The commands that run a study or read one: search, join, export, dashboard, report, show."""
     search = sub.add_parser("search", help="run (or resume) a study")
     add_arguments(search)
     search.set_defaults(func=cmd_search)
+
+    for name in ("join", "worker"):  # `worker`: the command's name before `join`, kept for scripts that use it
+        join = sub.add_parser(
+            name,
+            help="join an existing study from this machine, with the settings stored in it"
+            + ("" if name == "join" else " (the old name of 'autotune join')"),
+        )
+        _add_study_args(join, required=True)
+        add_arguments(
+            join,
+            ("budget", "trials", "finalists", "heartbeat_grace"),
+            overrides={
+                "budget": {"help": "this worker's wall-clock budget (default 20m)"},
+                "finalists": {
+                    "default": None,
+                    "help": "top configs this worker re-measures at its end (default: the study's; 0 leaves it to "
+                    "another worker)",
+                },
+            },
+        )
+        join.add_argument(
+            "--allow-mixed-hardware",
+            action="store_true",
+            help="join although this machine's hardware or software differs from the study's (recorded in each trial)",
+        )
+        join.set_defaults(func=cmd_join, alias=name)
 
     export = sub.add_parser("export", help="write best.json from a stored study")
     _add_study_args(export, required=True)
@@ -328,6 +362,21 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--port", type=int, default=8080)
     dash.set_defaults(func=cmd_dashboard)
 
+    report = sub.add_parser(
+        "report", help="write a self-contained HTML report of a study (charts, leaderboard, failures)"
+    )
+    _add_study_args(report, required=True)
+    report.add_argument("-o", "--output", help="output path (default studies/<study>/report.html)")
+    report.set_defaults(func=cmd_report)
+
+    show = sub.add_parser("show", help="a study's leaderboard, and its failures grouped by cause")
+    _add_study_args(show, required=True)
+    show.add_argument("--top", type=int, default=10, help="configurations in the leaderboard (default 10)")
+    show.set_defaults(func=cmd_show)
+
+
+def _add_remeasure_commands(sub: Any) -> None:
+    """The commands that re-measure outside a search: compare, bench, verify."""
     compare = sub.add_parser("compare", help="re-measure the winner against the eager fp32 baseline, alternating")
     compare.add_argument("--study", help="study whose studies/<study>/best.json to use")
     compare.add_argument("--best", help="a best.json file (instead of --study)")
@@ -360,32 +409,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--studies-dir", default="studies")
     bench.set_defaults(func=cmd_bench)
 
-    for name in ("join", "worker"):  # `worker`: the command's name before `join`, kept for scripts that use it
-        join = sub.add_parser(
-            name,
-            help="join an existing study from this machine, with the settings stored in it"
-            + ("" if name == "join" else " (the old name of 'autotune join')"),
-        )
-        _add_study_args(join, required=True)
-        add_arguments(
-            join,
-            ("budget", "trials", "finalists", "heartbeat_grace"),
-            overrides={
-                "budget": {"help": "this worker's wall-clock budget (default 20m)"},
-                "finalists": {
-                    "default": None,
-                    "help": "top configs this worker re-measures at its end (default: the study's; 0 leaves it to "
-                    "another worker)",
-                },
-            },
-        )
-        join.add_argument(
-            "--allow-mixed-hardware",
-            action="store_true",
-            help="join although this machine's hardware or software differs from the study's (recorded in each trial)",
-        )
-        join.set_defaults(func=cmd_join, alias=name)
-
     verify = sub.add_parser(
         "verify", help="re-measure an exported best.json here; say whether the machine differs or it regressed"
     )
@@ -399,18 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_verify)
 
-    report = sub.add_parser(
-        "report", help="write a self-contained HTML report of a study (charts, leaderboard, failures)"
-    )
-    _add_study_args(report, required=True)
-    report.add_argument("-o", "--output", help="output path (default studies/<study>/report.html)")
-    report.set_defaults(func=cmd_report)
 
-    show = sub.add_parser("show", help="a study's leaderboard, and its failures grouped by cause")
-    _add_study_args(show, required=True)
-    show.add_argument("--top", type=int, default=10, help="configurations in the leaderboard (default 10)")
-    show.set_defaults(func=cmd_show)
-
+def _add_machine_commands(sub: Any) -> None:
+    """What this machine offers: probe, models."""
     probe = sub.add_parser(
         "probe", help="print what this machine offers (cores, ISA, allocators, OpenMP, runtimes and their backends)"
     )
@@ -424,7 +438,6 @@ def build_parser() -> argparse.ArgumentParser:
     probe.set_defaults(func=cmd_probe)
     models = sub.add_parser("models", help="list the torchvision classification models")
     models.set_defaults(func=cmd_models)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

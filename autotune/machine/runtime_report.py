@@ -21,10 +21,10 @@ import warnings
 
 from autotune.machine.fingerprint import package_versions
 
-PACKAGES = (
+# The packages whose versions decide what an artifact holds: the artifact cache keys on them.
+ARTIFACT_PACKAGES = (
     "torch",
     "torchvision",
-    "numpy",
     "onnx",
     "onnxscript",
     "onnxruntime",
@@ -32,9 +32,9 @@ PACKAGES = (
     "nncf",
     "torchao",
     "intel-extension-for-pytorch",
-    "intel-openmp",
-    "transformers",  # the layers of a language model tuned for generation
 )
+# transformers: the layers of a language model tuned for generation
+PACKAGES = (*ARTIFACT_PACKAGES, "numpy", "intel-openmp", "transformers")
 
 
 def _try_import(modules: tuple[str, ...]) -> str | None:

@@ -19,22 +19,13 @@ from typing import Any
 from autotune.backends import backend_module
 from autotune.common.files import json_digest, read_json
 from autotune.machine.fingerprint import package_versions
+from autotune.machine.runtime_report import ARTIFACT_PACKAGES
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
 
 META_FILE = "meta.json"
 LAST_USED = "last-used"
-VERSIONED_PACKAGES = (
-    "torch",
-    "torchvision",
-    "onnx",
-    "onnxscript",
-    "onnxruntime",
-    "openvino",
-    "nncf",
-    "torchao",
-    "intel-extension-for-pytorch",
-)
+VERSIONED_PACKAGES = ARTIFACT_PACKAGES
 GENERATION_PACKAGES = (*VERSIONED_PACKAGES, "transformers")  # a language model's layers are transformers'
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
-from autotune.backends.generation import artifacts, eager
+from autotune.backends.generation import eager
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -26,14 +26,12 @@ SPEC = BackendSpec(
     torch_threads=True,
 )
 
-ARTIFACT_VERSION = artifacts.ARTIFACT_VERSION
-artifact_identity = artifacts.artifact_identity
-build_artifact = artifacts.build_artifact
-
-
-def unsupported(config: BackendConfig) -> str | None:
-    """Every combination of the space runs (a flag this torch lacks is reported in the details)."""
-    return None
+# eager's artifact (the same quantized weights), and eager's answer to what cannot run (nothing: a flag
+# this torch lacks is reported in the details)
+ARTIFACT_VERSION = eager.ARTIFACT_VERSION
+artifact_identity = eager.artifact_identity
+build_artifact = eager.build_artifact
+unsupported = eager.unsupported
 
 
 def prepare(
