@@ -5,9 +5,8 @@
     infer = autotune.load("studies/build/best.json")     # in a process started with the launch script
 
 Kept import-free on purpose: the worker runs in every runtime and must start fast. `search`, `Result`,
-`BestJson` and `UserError` are imported on first use (PEP 562). `autotune.search` is the function even
-after the subpackage of the same name (autotune/search/) is imported; import its modules by their full
-names: `from autotune.search.study import run_search`.
+`BestJson`, `SearchOptions` and `UserError` are imported on first use (PEP 562). These names and the
+command line are the public interface; the subpackages are the implementation.
 """
 
 __version__ = "0.1.0"
@@ -43,23 +42,3 @@ def __getattr__(name):
 
 def __dir__():
     return sorted({*globals(), *_LAZY})
-
-
-def _keep_api_names():
-    """Importing a subpackage sets it as an attribute of its parent: the subpackage autotune.search would
-    replace the function autotune.search. This package's module refuses that (the subpackage stays in
-    sys.modules, where imports find it). `sys` is built in and already loaded: this costs no import time."""
-    import sys
-
-    module_type = type(sys)
-
-    class Package(module_type):  # type: ignore[valid-type,misc]
-        def __setattr__(self, name, value):
-            if name in _LAZY and isinstance(value, module_type):
-                return
-            super().__setattr__(name, value)
-
-    sys.modules[__name__].__class__ = Package
-
-
-_keep_api_names()

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from autotune.model.generation import GenerationWorkload
     from autotune.model.sources import ModelSource
     from autotune.records.best import BestJson
-    from autotune.search.spec import SearchSpec
+    from autotune.records.spec import SearchSpec
 
 FACTORY_HINT = (
     "pass a factory function defined at the top level of a module (def build(): return MyNet()), or its "
@@ -368,7 +368,7 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
     on); raises UserError, one line naming the option, on bad input."""
     from autotune.common.sizes import machine_memory_mib, parse_size_mib
     from autotune.machine.runtimes import interpreter_of
-    from autotune.search.spec import SearchSpec, default_storage, validate_study_name
+    from autotune.records.spec import SearchSpec, default_storage, validate_study_name
 
     _refuse_nested_search()
     console = console or default_console()
@@ -434,7 +434,7 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
     """A language model's workload and token inputs, or a classifier's inputs and drift data; the space
     file for the task (the generation space for a language model)."""
     from autotune.model.dataset import DataSource
-    from autotune.search.space import load_space_file
+    from autotune.tuning.space import load_space_file
 
     weights = _optional_path(options.weights)
     workload = _generation_workload(
@@ -471,7 +471,7 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
 def _scenario_objective(scenario: str | None, objective: str) -> str:
     """--scenario offline|server|single-stream as the objective it measures; --objective alone keeps
     working, and the two must not disagree."""
-    from autotune.search.spec import SCENARIOS
+    from autotune.records.spec import SCENARIOS
 
     if scenario is None:
         return objective
@@ -512,7 +512,7 @@ def search(model: PathArg | Callable[..., Any], *, console: Console | None = Non
     import threading
 
     from autotune.records.best import BestJson
-    from autotune.search.study import run_search
+    from autotune.tuning.study import run_search
 
     if threading.current_thread() is not threading.main_thread():
         raise UserError("autotune.search must run in the main thread (it stops cleanly on Ctrl-C, SIGTERM and SIGHUP)")
@@ -620,7 +620,7 @@ def load(
                 f"'autotune export --format sh', e.g. ./launch.sh python your_program.py"
             )
     config = best.config
-    source = ModelSource.from_dict(job["model"])
+    source = ModelSource.from_json(job["model"])
     if job.get("generation"):
         return _load_generator(
             job["generation"], config, model if model is not None else build_model(source), job.get("artifact_dir")

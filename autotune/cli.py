@@ -33,7 +33,7 @@ def _given_storage(args: argparse.Namespace) -> str | None:
 
 
 def _storage_arg(args: argparse.Namespace, study: str | None = None) -> str:
-    from autotune.search.spec import default_storage
+    from autotune.records.spec import default_storage
 
     return _given_storage(args) or default_storage(args.studies_dir, study or args.study)
 
@@ -83,8 +83,8 @@ def _load_study(args: argparse.Namespace):
     import optuna
 
     from autotune.common.storage_urls import mask_url
-    from autotune.search.spec import default_storage
-    from autotune.search.storage import open_storage
+    from autotune.records.spec import default_storage
+    from autotune.tuning.storage import open_storage
 
     if not _given_storage(args):
         database = default_storage(args.studies_dir, args.study).removeprefix("sqlite:///")
@@ -104,7 +104,7 @@ def _load_study(args: argparse.Namespace):
 def print_study(study, console: Console, top: int) -> None:
     """The study's summary, the winner as re-validated, its leaderboard, and its failures and prunings
     grouped by cause."""
-    from autotune.results.budget import budget_line
+    from autotune.results.budget_breakdown import budget_line
     from autotune.results.leaderboard import (
         leaderboard_rows,
         leaderboard_table,
@@ -128,9 +128,9 @@ def print_study(study, console: Console, top: int) -> None:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from autotune.records.spec import study_dir
     from autotune.results.optuna_artifacts import attach_to_study
     from autotune.results.report import write_report
-    from autotune.search.spec import study_dir
 
     study = _load_study(args)
     folder = study_dir(args.studies_dir, args.study)
@@ -146,8 +146,8 @@ def cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from autotune.records.spec import study_dir
     from autotune.results.best_json import export_best
-    from autotune.search.spec import study_dir
 
     study = _load_study(args)
     folder = study_dir(args.studies_dir, args.study)
@@ -155,14 +155,15 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         path = export_best(study, args.output or folder / "best.json")
         console.print(f"wrote {path}", markup=False)
         return 0
-    from autotune.common.files import read_json, write_text_atomic
+    from autotune.common.files import write_text_atomic
+    from autotune.records.best import BestJson
     from autotune.results.launch_script import launch_script
     from autotune.results.optuna_artifacts import attach_to_study
 
     best_path = export_best(study, folder / "best.json")
-    best = read_json(best_path)
+    best = BestJson.read(best_path)
     attach_to_study(study, folder, best_path, "application/json")
-    if not best.get("meets_drift", True) or not (best.get("launch") or {}).get("pin_prefixes"):
+    if not best.meets_drift or best.launch is None or not best.launch.pin_prefixes:
         raise UserError(f"study {args.study!r} has no timed winner to launch (best.json says why: {best_path})")
     script = write_text_atomic(args.output or folder / "launch.sh", launch_script(best, best_path), mode=0o755)
     console.print(
@@ -172,9 +173,9 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
+    from autotune.records.spec import study_dir
     from autotune.results.dashboard import serve
     from autotune.results.optuna_artifacts import artifact_folder
-    from autotune.search.spec import study_dir
 
     _load_study(args)
     return serve(
@@ -183,8 +184,8 @@ def cmd_dashboard(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    from autotune.checks.bench import compare_with_baseline
-    from autotune.search.spec import study_dir
+    from autotune.records.spec import study_dir
+    from autotune.remeasure.bench import compare_with_baseline
 
     if not (args.best or args.study):
         raise UserError("compare needs --study NAME or --best FILE")
@@ -192,10 +193,12 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
     from autotune.common.durations import parse_duration
-    from autotune.common.files import read_json
+    from autotune.records.best import BestJson
+    from autotune.records.job import WorkerJob
 
-    job = read_json(path).get("job") or {}
-    generation, server = bool(job.get("generation")), bool(job.get("server"))
+    stored = BestJson.read(path).job
+    job = WorkerJob.from_json(stored) if stored else None
+    generation, server = (bool(job.generation), bool(job.server)) if job else (False, False)
     asked = args.independent not in (None, "0") or args.vs_benchmark_app
     if generation and asked:
         raise UserError("--independent and --vs-benchmark-app time one forward pass: not a text generation winner")
@@ -215,8 +218,8 @@ def cmd_join(args: argparse.Namespace, console: Console) -> int:
     if args.alias == "worker":
         console.print("note: 'autotune worker' is now 'autotune join'; the old name still works", markup=False)
     from autotune.common.durations import parse_duration
-    from autotune.search.fleet_join import joining_spec
-    from autotune.search.study import run_search
+    from autotune.tuning.fleet_join import joining_spec
+    from autotune.tuning.study import run_search
 
     spec = joining_spec(
         args.study,
@@ -239,7 +242,7 @@ def cmd_join(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from autotune.checks.verify import verify
+    from autotune.remeasure.verify import verify
 
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, got {args.repeats}")
@@ -248,9 +251,9 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from autotune.api import measure_settings
-    from autotune.checks.bench import benchmark_backends
     from autotune.common.durations import parse_duration
     from autotune.model.sources import resolve_model
+    from autotune.remeasure.bench import benchmark_backends
 
     model = resolve_model(args.model, args.weights, args.input_shape)
     window = parse_duration(args.measure_seconds)
@@ -266,7 +269,7 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
     from autotune.machine.probe import probe_machine
     from autotune.machine.probe_report import probe_json, probe_lines
     from autotune.machine.runtimes import discover_runtimes
-    from autotune.search.study import generation_precisions_unavailable
+    from autotune.tuning.study import generation_precisions_unavailable
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
     # text generation runs in the main runtime; its precisions are torchao configs whose CPU support

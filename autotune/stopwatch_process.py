@@ -99,7 +99,7 @@ def time_load(seconds: float, warmup_s: float, run_dir: Path, instance: int, ins
         per_call, unit = config.batch_size * workload.new_tokens, "tokens/s"
         batch_text = f"{config.batch_size} prompts of {workload.prompt_tokens} tokens, {per_call} tokens generated"
     else:
-        batch = synthetic(ModelSource.from_dict(job["model"]).specs, config.batch_size, TIMING_SEED + instance)
+        batch = synthetic(ModelSource.from_json(job["model"]).specs, config.batch_size, TIMING_SEED + instance)
         per_call, unit = config.batch_size, "samples/s"
         batch_text = str(per_call)
     t0 = time.monotonic()

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
+from autotune.records.spec import default_storage
 from autotune.results.selection import clean_trials
-from autotune.search.spec import default_storage
 
 TARGET_SHARE = 0.95
 

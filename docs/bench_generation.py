@@ -92,7 +92,7 @@ def main() -> int:
     from autotune.model.sources import resolve_model
     from autotune.records.config import TrialConfig
     from autotune.runner.trials import TrialContext, compute_reference, run_config
-    from autotune.search.study import generation_precisions_unavailable
+    from autotune.tuning.study import generation_precisions_unavailable
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -186,7 +186,7 @@ def main() -> int:
             parser.error(
                 f"{args.best} was tuned for prompt {generation['prompt_tokens']}, {generation['new_tokens']} new"
             )
-        rows["search winner"] = TrialConfig.from_dict(best["config"])
+        rows["search winner"] = TrialConfig.from_json(best["config"])
     if args.only:
         rows = {name: rows[name] for name in args.only.split(",")}
     for name, config in list(rows.items()):

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.measure.stopwatch import BATCH_MEANS_METHOD, CALL_RATES_METHOD, common_window_throughput
-from autotune.search.spec import default_storage
+from autotune.records.spec import default_storage
 
 METHODS = {BATCH_MEANS_METHOD: "batch means", CALL_RATES_METHOD: "whole calls' rates"}
 

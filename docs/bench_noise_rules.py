@@ -25,7 +25,7 @@ from rich.table import Table
 
 from autotune.measure.noise import NoiseLimits, noise_flags
 from autotune.measure.stopwatch import combined_early_late, common_window_throughput, latency_summary
-from autotune.search.space import family
+from autotune.tuning.space import family
 
 
 def attempt_dirs(trials_dir: Path) -> list[Path]:

@@ -33,7 +33,7 @@ eager's int8 and int4 weights are expected to lose on every CPU now, so they sta
 `layout-round-after-coverage` (the round once the whole coverage round ran, as before),
 `default-without-layout-round`, `coverage-in-space-order` (the payoff order and layout round left out),
 `default-relaunching-lost-families` (the default launching what the sampler proposes of a family whose every
-launched trial lost by far, as before search/hopeless.py), `default-capping-repeats` (the default not
+launched trial lost by far, as before tuning/hopeless.py), `default-capping-repeats` (the default not
 launching a sampled configuration launched REPEATS_CAP times already: TPE near its optimum measures the same
 one over and over), `tpe` (TPE from the start, no coverage round) and `random` (RandomSampler). Every strategy
 but `default-relaunching-lost-families`, `tpe` and `random` skips such proposals, at UNLAUNCHED_S each. The
@@ -66,12 +66,12 @@ from rich.table import Table
 
 from autotune.measure.drift import DriftCriterion
 from autotune.records.options import DEFAULT_FINALISTS as FINALISTS  # the configurations the finalist round re-measures
-from autotune.search.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core, gate_verdict
-from autotune.search.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
-from autotune.search.layouts import best_layout, layout_variants, most_sequences_variant
-from autotune.search.payoff import int8_first_backend, order_by_payoff
-from autotune.search.space import family
-from autotune.search.spec import default_storage
+from autotune.records.spec import default_storage
+from autotune.tuning.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core, gate_verdict
+from autotune.tuning.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
+from autotune.tuning.layouts import best_layout, layout_variants, most_sequences_variant
+from autotune.tuning.payoff import int8_first_backend, order_by_payoff
+from autotune.tuning.space import family
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def read_table(study: optuna.study.Study) -> list[Row]:
 
 
 def far_losses(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> tuple[float | None, bool]:
-    """What search/hopeless.py reads of a launched trial: its speed gate pace per core, if the gate
+    """What tuning/hopeless.py reads of a launched trial: its speed gate pace per core, if the gate
     stopped it, and whether it was pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound."""
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None, False
@@ -314,7 +314,7 @@ def replay(
     best_per_core = 0.0  # the replay's own best so far, per core
 
     def lost(row: Row, proposed: Row) -> bool:
-        """As search/hopeless.py: far below the best so far per core, or far beyond the drift bound with
+        """As tuning/hopeless.py: far below the best so far per core, or far beyond the drift bound with
         the proposal's numerics."""
         slow = throughput and row.gate_per_core is not None and row.gate_per_core < FAR_SLOWER * best_per_core
         return slow or (row.drift_lost and row.fallback_key == proposed.fallback_key)
@@ -386,7 +386,7 @@ def layout_round(
     """The replay's leader with every other instance split (layout_variants), to enqueue with their user
     attributes, each charged its leader's cost when the recorded study never measured it; for text
     generation the most-sequences trial follows (enqueue_most_sequences), and a split keeps the leader's
-    sequences. Not replayed (search/layouts.py): the generation coverage's drift deferral, the later rounds
+    sequences. Not replayed (tuning/layouts.py): the generation coverage's drift deferral, the later rounds
     for a family that takes the lead after the first, and text generation's coverage at the most sequences
     and, after the round, at its best layout (round_layout): the replay runs the recorded coverage trials
     as they were."""

@@ -4,7 +4,7 @@
 - the winner of an offline (closed-loop throughput) search, served the same way with its own batch size
   as max_batch and no wait (what a user gets by deploying the offline answer behind a queue),
 - OpenVINO's own throughput mode on the NNCF int8 IR, each request submitted at its arrival to an
-  AsyncInferQueue (autotune.checks.openvino_server),
+  AsyncInferQueue (autotune.remeasure.openvino_server),
 
 each found by the same rate search on the same seeded arrivals, in fresh processes, interleaved per bound.
 
@@ -31,12 +31,12 @@ def configured(best: dict[str, Any], bound_ms: float, window: tuple[float, float
     from autotune.api import measure_settings
     from autotune.records.config import TrialConfig
     from autotune.results.best_json import context_from_best
-    from autotune.search.study import SERVER_SEED
+    from autotune.tuning.study import SERVER_SEED
 
     ctx = context_from_best(best)
     settings = measure_settings(window[0], max_s=window[1])
     ctx = dataclasses.replace(ctx, measure=settings, server={"slo_ms": bound_ms, "seed": SERVER_SEED})
-    config = TrialConfig.from_dict(best["config"])
+    config = TrialConfig.from_json(best["config"])
     if wait_ms is not None or config.max_wait_ms is None:
         config = dataclasses.replace(config, max_wait_ms=wait_ms or 0.0)
     return config, ctx
@@ -56,7 +56,7 @@ def autotune_row(best: dict[str, Any], bound_ms: float, window, wait_ms, work: P
 
 
 def openvino_row(best: dict[str, Any], bound_ms: float, window, work: Path) -> dict[str, Any]:
-    from autotune.checks.crosscheck import ONE_COMMAND_CONFIG
+    from autotune.remeasure.crosscheck import ONE_COMMAND_CONFIG
     from autotune.runner.trials import ensure_artifact
 
     _, ctx = configured(best, bound_ms, window, None)
@@ -66,7 +66,7 @@ def openvino_row(best: dict[str, Any], bound_ms: float, window, work: Path) -> d
     command = [
         sys.executable,
         "-m",
-        "autotune.checks.openvino_server",
+        "autotune.remeasure.openvino_server",
         str(Path(artifact["dir"]) / "model.xml"),
         shape,
         "--slo-ms",

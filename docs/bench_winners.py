@@ -21,8 +21,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 
-from autotune.checks.bench import config_measure, measure_side_by_side, print_results
 from autotune.common.errors import UserError
+from autotune.remeasure.bench import config_measure, measure_side_by_side, print_results
 from autotune.results.best_json import context_from_best, read_best
 
 OBJECTIVES = (None, "throughput", "server")  # what a re-measurement compares (as `autotune verify`)

@@ -22,7 +22,7 @@ from tiny_models import TinyCNN
 import autotune
 from autotune.api import model_reference
 from autotune.cli import build_parser, search_summary
-from autotune.common.records import RecordError
+from autotune.common.json_record import RecordError
 from autotune.records.best import BestJson
 from autotune.records.config import TrialConfig
 from autotune.records.options import SearchOptions, options_table
@@ -78,7 +78,7 @@ def test_search_returns_the_study_and_best_json_as_a_typed_record(searched):
     best = result.best
     assert isinstance(best, BestJson) and best.to_json() == on_disk
     assert best.schema == on_disk["schema"] == "autotune.best/2" and best.meets_drift is True and best.timed
-    assert isinstance(best.config, TrialConfig) and best.config == TrialConfig.from_dict(on_disk["config"])
+    assert isinstance(best.config, TrialConfig) and best.config == TrialConfig.from_json(on_disk["config"])
     assert (best.config.backend, best.config.precision) == ("eager", "fp32")
     assert best.config.batch_size in (2, 4)
     assert best.trial == best.study.trial == on_disk["study"]["trial"] in [t.number for t in complete(result.study)]

@@ -11,7 +11,7 @@ from autotune.common.errors import UserError
 from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
 from autotune.machine.runtimes import Runtime
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
-from autotune.search.space import InfeasibleConfig, SearchSpace
+from autotune.tuning.space import InfeasibleConfig, SearchSpace
 
 
 def described_runtime(name="main", role="main", lacks=("ipex",), openmp=("gnu", "intel")) -> Runtime:
@@ -93,7 +93,7 @@ SPACE = {
 
 def test_space_samples_only_valid_conditional_configs():
     machine = fake_machine(cores=8)
-    space = SearchSpace.from_dict(SPACE, machine, RUNTIMES)
+    space = SearchSpace.parse(SPACE, machine, RUNTIMES)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     seen = set()
     for _ in range(60):
@@ -110,7 +110,7 @@ def test_space_samples_only_valid_conditional_configs():
 
 
 def test_space_drops_missing_allocators_with_a_note():
-    space = SearchSpace.from_dict(SPACE, fake_machine(allocators={"jemalloc": "/x/libjemalloc.so.2"}), RUNTIMES)
+    space = SearchSpace.parse(SPACE, fake_machine(allocators={"jemalloc": "/x/libjemalloc.so.2"}), RUNTIMES)
     assert space.allocators == ["glibc", "jemalloc"]
     assert any("tcmalloc" in note for note in space.notes)
 
@@ -129,11 +129,11 @@ def test_space_drops_missing_allocators_with_a_note():
 )
 def test_space_rejects_bad_values(bad, message):
     with pytest.raises(UserError, match=message):
-        SearchSpace.from_dict({**SPACE, **bad}, fake_machine(cores=8), RUNTIMES)
+        SearchSpace.parse({**SPACE, **bad}, fake_machine(cores=8), RUNTIMES)
 
 
 def test_baseline_is_eager_fp32_on_all_cores():
-    params = SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).baseline_params()
+    params = SearchSpace.parse(SPACE, fake_machine(cores=8), RUNTIMES).baseline_params()
     assert params == {
         "backend": "eager",
         "eager.precision": "fp32",
@@ -148,7 +148,7 @@ def test_baseline_is_eager_fp32_on_all_cores():
 
 
 def test_explicit_thread_lists_never_launch_what_does_not_fit():
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {**SPACE, "instances": [1, 2], "threads_per_instance": [2, 4]}, fake_machine(cores=4), RUNTIMES
     )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
@@ -171,16 +171,16 @@ def test_explicit_thread_lists_never_launch_what_does_not_fit():
 def test_coverage_tries_every_backend_and_precision_once():
     pairs = {
         (p["backend"], p[f"{p['backend']}.precision"])
-        for p in SearchSpace.from_dict(SPACE, fake_machine(cores=8), RUNTIMES).coverage_params()
+        for p in SearchSpace.parse(SPACE, fake_machine(cores=8), RUNTIMES).coverage_params()
     }
     assert pairs == {("eager", "fp32"), ("eager", "bf16"), ("inductor", "fp32")}
 
 
 def test_baseline_batch_must_be_in_the_space():
     with pytest.raises(UserError, match="baseline batch_size 3"):
-        SearchSpace.from_dict({**SPACE, "baseline": {"batch_size": 3}}, fake_machine(), RUNTIMES)
+        SearchSpace.parse({**SPACE, "baseline": {"batch_size": 3}}, fake_machine(), RUNTIMES)
     with pytest.raises(UserError, match="'baseline' must be a mapping"):
-        SearchSpace.from_dict({**SPACE, "baseline": 5}, fake_machine(), RUNTIMES)
+        SearchSpace.parse({**SPACE, "baseline": 5}, fake_machine(), RUNTIMES)
 
 
 def sample(space: SearchSpace, n: int, seed: int = 0) -> list[tuple[TrialConfig | None, dict]]:
@@ -208,7 +208,7 @@ def test_routing_sends_each_backend_to_a_runtime_that_imports_it():
         "main": described_runtime(),
         "ipex": described_runtime("ipex", "auto", lacks=("onnxruntime", "openvino")),
     }
-    space = SearchSpace.from_dict(ROUTED, fake_machine(), runtimes)
+    space = SearchSpace.parse(ROUTED, fake_machine(), runtimes)
     assert space.runtimes == {
         "eager": ["main"],
         "ipex": ["ipex"],
@@ -221,7 +221,7 @@ def test_routing_sends_each_backend_to_a_runtime_that_imports_it():
 
 def test_an_explicit_runtime_competes_for_the_backends_it_runs():
     runtimes = {"main": described_runtime(), "t28": described_runtime("t28", "explicit", lacks=("ipex", "openvino"))}
-    space = SearchSpace.from_dict(ROUTED | {"backends": {"eager": {}, "openvino": {}}}, fake_machine(), runtimes)
+    space = SearchSpace.parse(ROUTED | {"backends": {"eager": {}, "openvino": {}}}, fake_machine(), runtimes)
     assert space.runtimes == {"eager": ["main", "t28"], "openvino": ["main"]}
     seen = {(c.backend, c.runtime) for c, _ in sample(space, 60)}
     assert seen == {("eager", "main"), ("eager", "t28"), ("openvino", "main")}
@@ -231,21 +231,21 @@ def test_an_explicit_runtime_competes_for_the_backends_it_runs():
 
 
 def test_a_backend_no_runtime_imports_is_left_out_with_the_reason():
-    space = SearchSpace.from_dict(ROUTED, fake_machine(), {"main": described_runtime()})
+    space = SearchSpace.parse(ROUTED, fake_machine(), {"main": described_runtime()})
     assert "ipex" not in space.backends
     assert any("ipex imports in no runtime" in note and "ModuleNotFoundError" in note for note in space.notes)
     with pytest.raises(UserError, match="none of the listed backends"):
-        SearchSpace.from_dict({"backends": {"ipex": {}}}, fake_machine(), {"main": described_runtime()})
+        SearchSpace.parse({"backends": {"ipex": {}}}, fake_machine(), {"main": described_runtime()})
 
 
 def test_an_explicit_runtime_that_runs_nothing_is_refused():
     runtimes = {"main": described_runtime(), "bare": described_runtime("bare", "explicit", lacks=tuple(BACKENDS))}
     with pytest.raises(UserError, match=r"runtime bare .* runs none of"):
-        SearchSpace.from_dict(ROUTED, fake_machine(), runtimes)
+        SearchSpace.parse(ROUTED, fake_machine(), runtimes)
 
 
 def test_openmp_and_huge_pages_are_sampled_for_torch_backends_only():
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {**ROUTED, "openmp": ["gnu", "intel"], "kmp_blocktime": [0, 200], "thp": [False, True]},
         fake_machine(),
         {"main": described_runtime(lacks=())},
@@ -265,13 +265,13 @@ def test_openmp_and_huge_pages_are_sampled_for_torch_backends_only():
 
 def test_openmp_and_thp_are_left_out_where_they_cannot_work():
     no_iomp = {"main": described_runtime(openmp=("gnu",))}
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {**ROUTED, "openmp": ["gnu", "intel"], "thp": [False, True]}, fake_machine(thp="always"), no_iomp
     )
     assert space.thread_pool.openmp == ["gnu"] and space.thread_pool.thp == [False]
     assert any("Intel OpenMP" in n for n in space.notes) and any("huge pages are 'always'" in n for n in space.notes)
     with pytest.raises(UserError, match="unknown openmp 'llvm'"):
-        SearchSpace.from_dict({**ROUTED, "openmp": ["llvm"]}, fake_machine(), RUNTIMES)
+        SearchSpace.parse({**ROUTED, "openmp": ["llvm"]}, fake_machine(), RUNTIMES)
 
 
 def test_intel_openmp_is_preloaded_after_the_allocator_with_its_settings():
@@ -295,7 +295,7 @@ def test_the_runtime_is_part_of_the_numerics_key():
 
 def test_ipex_with_intel_openmp_affinity_disabled_is_never_launched():
     runtimes = {"main": described_runtime(), "ipex": described_runtime("ipex", "auto", lacks=("openvino",))}
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {
             "backends": {"ipex": {}, "eager": {}},
             "batch_size": [8],
@@ -328,7 +328,7 @@ def test_ipex_with_intel_openmp_affinity_disabled_is_never_launched():
     ],
 )
 def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first, last):
-    from autotune.search.payoff import order_by_payoff
+    from autotune.tuning.payoff import order_by_payoff
 
     space = {
         "batch_size": [8],
@@ -338,7 +338,7 @@ def test_the_coverage_round_measures_what_is_likely_to_win_here_first(isa, first
             "onnxruntime": {"precision": ["fp32", "int8"]},
         },
     }
-    plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
+    plans = SearchSpace.parse(space, fake_machine(cores=8), RUNTIMES).coverage_params()
     ordered = order_by_payoff(plans, isa, "classify")
     precisions = [plan.params[f"{plan.params['backend']}.precision"] for plan in ordered]
     tiers = [int(plan.order.split("tier ")[1].split(":")[0]) for plan in ordered]
@@ -362,7 +362,7 @@ def test_openvino_int8_coverage_runs_its_float_layers_as_openvino_itself_would_o
     """On a CPU with AMX-BF16 tiles OpenVINO runs an int8 IR's float layers in bf16 by itself; the coverage
     trial does too (vit_b_16: 56.2 samples/s against 43.4 with f32 side by side on a 2-core Xeon with AMX),
     and says so."""
-    from autotune.search.payoff import coverage_preferences, order_by_payoff
+    from autotune.tuning.payoff import coverage_preferences, order_by_payoff
 
     listed = {
         "batch_size": [8],
@@ -370,7 +370,7 @@ def test_openvino_int8_coverage_runs_its_float_layers_as_openvino_itself_would_o
             "openvino": {"precision": ["fp32", "bf16", "int8"], "streams": [1], "int8_float": ["f32", "bf16"]}
         },
     }
-    space = SearchSpace.from_dict(listed, fake_machine(cores=8), RUNTIMES)
+    space = SearchSpace.parse(listed, fake_machine(cores=8), RUNTIMES)
     amx = {"avx512_vnni": True, "avx512_bf16": True, "amx_int8": True, "amx_bf16": True}
     preferences = coverage_preferences(amx)
     plans = space.coverage_params({key: preference.value for key, preference in preferences.items()})
@@ -391,7 +391,7 @@ def test_openvino_int8_coverage_runs_its_float_layers_as_openvino_itself_would_o
         assert not any("int8_float" in plan.order for plan in ordered)
     # a space that leaves bf16 out keeps its own value
     listed["backends"]["openvino"]["int8_float"] = ["f32"]
-    plans = SearchSpace.from_dict(listed, fake_machine(cores=8), RUNTIMES).coverage_params(
+    plans = SearchSpace.parse(listed, fake_machine(cores=8), RUNTIMES).coverage_params(
         {("openvino", "int8_float"): "bf16"}
     )
     assert next(p for p in plans if p["openvino.precision"] == "int8")["openvino.int8_float"] == "f32"
@@ -408,13 +408,13 @@ def test_openvino_int8_coverage_runs_its_float_layers_as_openvino_itself_would_o
     ],
 )
 def test_the_int8_coverage_of_a_model_with_attention_layers_starts_with_the_faster_scheme_here(isa, attention, first):
-    from autotune.search.payoff import int8_first_backend, order_by_payoff
+    from autotune.tuning.payoff import int8_first_backend, order_by_payoff
 
     space = {
         "batch_size": [8],
         "backends": {"openvino": {"precision": ["int8"]}, "onnxruntime": {"precision": ["int8"]}},
     }
-    plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
+    plans = SearchSpace.parse(space, fake_machine(cores=8), RUNTIMES).coverage_params()
     ordered = order_by_payoff(plans, isa, "classify", int8_first=int8_first_backend(isa, attention))
     assert [plan.params["backend"] for plan in ordered] == [first, *({"openvino", "onnxruntime"} - {first})]
     assert "first of its tier" in ordered[0].order and "first of its tier" not in ordered[1].order
@@ -423,7 +423,7 @@ def test_the_int8_coverage_of_a_model_with_attention_layers_starts_with_the_fast
 def test_bf16_without_amx_tiles_comes_right_after_int8():
     """AVX512-BF16 alone: bf16 after int8 (VNNI does twice its work per instruction), before fp32; with
     AMX-BF16 tiles it is tier 0 beside int8; a language model's bf16 (bytes per token) is tier 1 there."""
-    from autotune.search.payoff import expected_payoff
+    from autotune.tuning.payoff import expected_payoff
 
     vector = {"avx512_vnni": True, "avx512_bf16": True}
     tiers = {p: expected_payoff("openvino", p, vector).tier for p in ("int8", "bf16", "fp32")}
@@ -447,7 +447,7 @@ def test_a_shallow_models_int8_without_dot_products_runs_after_the_fp32_families
     """Without int8 dot products, int8's gain is in the reduction: a model whose layers reduce over few
     multiply-adds per output (mobilenet_v3_large: its int8 ran slower than eager fp32 on an AVX2-only
     EPYC) has its int8 coverage after every fp32 family, among those expected to lose."""
-    from autotune.search.payoff import SHALLOW_REDUCTION, order_by_payoff
+    from autotune.tuning.payoff import SHALLOW_REDUCTION, order_by_payoff
 
     space = {
         "batch_size": [8],
@@ -456,7 +456,7 @@ def test_a_shallow_models_int8_without_dot_products_runs_after_the_fp32_families
             "onnxruntime": {"precision": ["fp32", "int8"]},
         },
     }
-    plans = SearchSpace.from_dict(space, fake_machine(cores=8), RUNTIMES).coverage_params()
+    plans = SearchSpace.parse(space, fake_machine(cores=8), RUNTIMES).coverage_params()
     ordered = order_by_payoff(plans, isa, "classify", reduction_depth=depth)
     int8 = [plan for plan in ordered if plan.params[f"{plan.params['backend']}.precision"] == "int8"]
     fp32 = [plan for plan in ordered if plan.params[f"{plan.params['backend']}.precision"] == "fp32"]
@@ -501,7 +501,7 @@ def test_text_generation_covers_bf16_on_tiles_and_compiled_int8_activations_firs
     eager's int8 and int4 weights are expected to lose on every CPU (eager int8 slower than bf16 or fp32
     wherever measured, int4's prefill 5.6-6.8x bf16's); without int8 dot products int8 activations
     are too, while inductor's weight-only int8 (1.11x eager fp32 on an AVX2-only EPYC) stays in tier 1."""
-    from autotune.search.payoff import LATE_TIER, expected_payoff
+    from autotune.tuning.payoff import LATE_TIER, expected_payoff
 
     precisions = ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8"]
     families = [(backend, p) for backend in ("eager", "inductor") for p in precisions]
@@ -541,10 +541,10 @@ def test_text_generation_covers_bf16_on_tiles_and_compiled_int8_activations_firs
 def test_the_generation_space_compiles_its_coverage_trials_with_freezing():
     """The coverage round measures each family with the first value of each option: for inductor in the
     shipped generation space that is freezing (da8w8 decoded 12% faster with it on a Xeon with AMX)."""
-    from autotune.search.space import load_space_file
+    from autotune.tuning.space import load_space_file
 
     data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate.yaml")
-    space = SearchSpace.from_dict(data, fake_machine(), RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, fake_machine(), RUNTIMES, task="generate")
     inductor = [p for p in space.coverage_params() if p["backend"] == "inductor"]
     assert inductor and all(p["inductor.freezing"] is True for p in inductor)
 
@@ -553,10 +553,10 @@ def test_the_generation_spaces_weight_only_coverage_runs_bf16_activations():
     """Weight-only int8 and int4 are covered with bf16 activations (A16W8 / A16W4; with fp32 ones
     torchao's CPU int4 kernel takes its slow path), which TPE may still trade for fp32; no other precision
     carries the option, so their trials are not split by a value that changes nothing."""
-    from autotune.search.space import load_space_file
+    from autotune.tuning.space import load_space_file
 
     data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate.yaml")
-    space = SearchSpace.from_dict(data, fake_machine(), RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, fake_machine(), RUNTIMES, task="generate")
     covered = {}
     for params in space.coverage_params():
         backend = params["backend"]
@@ -568,7 +568,7 @@ def test_the_generation_spaces_weight_only_coverage_runs_bf16_activations():
     )
     assert data["backends"]["inductor"]["activations"] == ["bf16", "fp32"]  # fp32 stays searchable
     # where bf16 would be emulated (an AVX2-only EPYC), the coverage runs fp32 ones, as measured there
-    from autotune.search.payoff import coverage_preferences
+    from autotune.tuning.payoff import coverage_preferences
 
     for isa, expected in (({"avx2": True}, "fp32"), ({"avx512_bf16": True}, "bf16"), ({"amx_bf16": True}, "bf16")):
         preferred = {key: pref.value for key, pref in coverage_preferences(isa).items()}
@@ -583,15 +583,15 @@ def test_the_generation_spaces_weight_only_coverage_runs_bf16_activations():
 def test_the_generation_space_covers_on_tcmalloc_from_a_glibc_baseline():
     """Coverage trials take the first allocator of the shipped generation space (tcmalloc, when installed);
     the baseline is what an untuned process runs with, glibc, whatever the order."""
-    from autotune.search.space import load_space_file
+    from autotune.tuning.space import load_space_file
 
     data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate.yaml")
     machine = fake_machine(allocators={"tcmalloc": "/x/libtcmalloc.so.4", "jemalloc": "/x/libjemalloc.so.2"})
-    space = SearchSpace.from_dict(data, machine, RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, machine, RUNTIMES, task="generate")
     assert {p["allocator"] for p in space.coverage_params()} == {"tcmalloc"}
     baseline = space.baseline_params()
     assert baseline is not None and baseline["allocator"] == "glibc"
-    without = SearchSpace.from_dict(data, fake_machine(allocators={}), RUNTIMES, task="generate")
+    without = SearchSpace.parse(data, fake_machine(allocators={}), RUNTIMES, task="generate")
     assert {p["allocator"] for p in without.coverage_params()} == {"glibc"}  # not installed: dropped with a note
 
 
@@ -599,7 +599,7 @@ def test_the_finalists_reserve_is_sized_from_what_completed_trials_cost():
     """At most --finalist-share of the budget; after three completed trials, (finalists + baseline) x
     repeats runs at their median cost without preparation, times the margin; none without finalists."""
     from autotune.records.metrics import TrialBudget
-    from autotune.search.budget import RESERVE_MARGIN, FinalistReserve
+    from autotune.tuning.stage_times import RESERVE_MARGIN, FinalistReserve
 
     study = optuna.create_study(direction="maximize")
     reserve = FinalistReserve(study, deadline=5000.0, budget_s=3600.0, share=0.2, finalists=3, repeats=3)
@@ -616,7 +616,7 @@ def test_the_finalists_reserve_is_sized_from_what_completed_trials_cost():
 
 def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred():
     from autotune.records.metrics import TrialBudget
-    from autotune.search.budget import deferral
+    from autotune.tuning.stage_times import deferral
 
     compiled = TrialBudget(total_s=100.0, starting_s=5.0, loading_s=70.0, warmup_s=5.0, measuring_s=20.0)
     quick = TrialBudget(total_s=20.0, starting_s=2.0, loading_s=1.0, measuring_s=17.0)
@@ -648,14 +648,14 @@ def test_a_coverage_trial_of_a_backend_that_took_too_long_to_start_is_deferred()
 
 
 def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_split():
-    """The layout round (search/layouts.py) on a real Optuna study and the space of an 8-core machine:
+    """The layout round (tuning/layouts.py) on a real Optuna study and the space of an 8-core machine:
     nothing while a trial waits; then, as soon as a trial other than the baseline leads, the best clean
     trial (not a faster noisy one) with 2, 4 and 8 instances, each with the most threads that fit,
     everything else as it was, even while a coverage trial runs in another worker; not again for a new
     leader of the same family; and not for the latency objective or a space with one instance count."""
-    from autotune.search.layouts import LAYOUT_QUEUE_ATTR, ROUND_ATTR, LayoutRound, layout_variants
+    from autotune.tuning.layouts import LAYOUT_QUEUE_ATTR, ROUND_ATTR, LayoutRound, layout_variants
 
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {"batch_size": [8, 16], "instances": [1, 2, 4, 8], "backends": {"eager": {"precision": ["fp32"]}}},
         fake_machine(cores=8),
         RUNTIMES,
@@ -730,9 +730,9 @@ def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_roun
     precision that takes the lead after the first round is measured with the other splits too, once,
     saying so; a new leader of a split family, or one the sampler found, is not. Text generation has its
     own rule instead (each split a compile of minutes: the next test)."""
-    from autotune.search.layouts import LATER_ROUNDS_ATTR, ROUND_ATTR, LayoutRound
+    from autotune.tuning.layouts import LATER_ROUNDS_ATTR, ROUND_ATTR, LayoutRound
 
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {"batch_size": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
         fake_machine(cores=8),
         RUNTIMES,
@@ -743,7 +743,7 @@ def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_roun
     def measured(study, params, value, **attrs):
         study.enqueue_trial(params, user_attrs=attrs)
         trial = study.ask()
-        trial.set_user_attr("config", space.suggest(trial).to_dict())
+        trial.set_user_attr("config", space.suggest(trial).to_json())
         return study.tell(trial, value)
 
     def split_leaders(study):
@@ -769,7 +769,7 @@ def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_roun
     layouts(sampled, measured(sampled, bf16, 150.0))  # found by the sampler, which explores layouts itself
     assert not sampled.get_trials(states=waiting) and LATER_ROUNDS_ATTR not in sampled.user_attrs
 
-    generation = SearchSpace.from_dict(
+    generation = SearchSpace.parse(
         {"sequences": [1], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
         fake_machine(cores=8),
         RUNTIMES,
@@ -788,10 +788,10 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     on an EPYC with VNNI, 231 against 361 on a Xeon with AMX): once the leader's split is measured, the
     better of the two layouts is measured again with the space's most sequences (at most 8x its own),
     once per study; not with a token latency bound, nor in a classifier's round."""
-    from autotune.search.layouts import ROUND_ATTR, SEQUENCES_ATTR, LayoutRound, most_sequences_variant
+    from autotune.tuning.layouts import ROUND_ATTR, SEQUENCES_ATTR, LayoutRound, most_sequences_variant
 
     data = {"sequences": [1, 2, 4, 8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
-    space = SearchSpace.from_dict(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
     waiting = (optuna.trial.TrialState.WAITING,)
 
     def layouts_of(study):
@@ -830,7 +830,7 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     assert most_sequences_variant({"sequences": 1}, [1, 16], "sequences") is None  # more than 8x: too far a jump
     assert most_sequences_variant({"sequences": 2}, [1, 4, 16, 64], "sequences") == {"sequences": 16}
     classify_data = {"batch_size": [1, 2, 4, 8], "instances": [1, 2], "backends": data["backends"]}
-    classify = SearchSpace.from_dict(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
+    classify = SearchSpace.parse(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
     assert not LayoutRound(classify, "throughput").more_sequences
 
 
@@ -840,18 +840,18 @@ def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_e
     weight for all of them; a latency objective, a token bound or a classifier keep the baseline's batch.
     A generation leader's splits keep its sequences on each instance (no halved batch), and no
     most-sequences trial follows when the leader already runs the most."""
-    from autotune.search.layouts import LAYOUT_QUEUE_ATTR, SEQUENCES_ATTR, LayoutRound, coverage_batch
+    from autotune.tuning.layouts import LAYOUT_QUEUE_ATTR, SEQUENCES_ATTR, LayoutRound, coverage_batch
 
     data = {"sequences": [1, 2, 4, 8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
-    space = SearchSpace.from_dict(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
     assert coverage_batch(space, "throughput", more_sequences=True) == 8  # 16 is more than 8x the baseline's
     assert coverage_batch(space, "throughput", more_sequences=False) == 1  # --ttft-slo-ms / --tpot-slo-ms
     assert coverage_batch(space, "latency", more_sequences=True) == 1
     assert coverage_batch(space, "pareto", more_sequences=True) == 1
     classify_data = {"batch_size": [1, 8, 32], "instances": [1, 2], "backends": data["backends"]}
-    classify = SearchSpace.from_dict(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
+    classify = SearchSpace.parse(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
     assert coverage_batch(classify, "throughput", more_sequences=True) == classify.baseline_batch_size == 8
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {**data, "sequences": [1, 2, 4, 8]}, fake_machine(cores=2, smt=1), RUNTIMES, task="generate"
     )
     (plan,) = space.coverage_params(batch=coverage_batch(space, "throughput", more_sequences=True))
@@ -881,10 +881,10 @@ def test_a_generation_studys_coverage_after_the_round_runs_at_the_rounds_best_la
     first round run at its best layout instead (its leader's or a split's, at the leader's sequences),
     saying so; where the leader's layout won, they run as they were."""
     from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR
-    from autotune.search.layouts import ROUND_ATTR, LayoutRound
+    from autotune.tuning.layouts import ROUND_ATTR, LayoutRound
 
     data = {"sequences": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16", "woq_int8"]}}}
-    space = SearchSpace.from_dict(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
     waiting = (optuna.trial.TrialState.WAITING,)
 
     def run(study, layouts, value):
@@ -938,10 +938,10 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
     most sequences, then the coverage. A worker releasing a split drops it from the queue as stored, so
     splits another worker held meanwhile (a later leader's) stay."""
     from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR, LAYOUT_QUEUE_ATTR
-    from autotune.search.layouts import LayoutRound
+    from autotune.tuning.layouts import LayoutRound
 
     data = {"sequences": [1, 8], "instances": [1, 2, 4], "backends": {"eager": {"precision": ["fp32", "bf16"]}}}
-    space = SearchSpace.from_dict(data, fake_machine(cores=8, smt=1), RUNTIMES, task="generate")
+    space = SearchSpace.parse(data, fake_machine(cores=8, smt=1), RUNTIMES, task="generate")
     fp32, bf16 = space.coverage_params()
     waiting = (optuna.trial.TrialState.WAITING,)
     study = optuna.create_study(direction="maximize")
@@ -969,17 +969,17 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
 
 
 def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family_leads():
-    """The coverage queue kept on the study (search/layouts.py): released one trial at a time while the
+    """The coverage queue kept on the study (tuning/layouts.py): released one trial at a time while the
     baseline leads; the leader's layout variants as soon as a coverage family leads, ahead of the rest;
     the families expected to lose (emulated bf16 here, tier 3) after the round, saying so. With only
     those left and the baseline leading, the round runs for the baseline once no enqueued trial runs
     elsewhere (one may lead, and the late families wait for the round); with nothing completed to
     lead a round they run at once; a study begun before the queue keeps its late plans."""
     from autotune.results.leaderboard import study_summary
-    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LEGACY_LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
-    from autotune.search.payoff import order_by_payoff
+    from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, LEGACY_LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
+    from autotune.tuning.payoff import order_by_payoff
 
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {"batch_size": [8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
         fake_machine(cores=8),
         RUNTIMES,
@@ -1085,9 +1085,9 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     after eager's) are moved behind the rest of the round (one expected to lose: behind the other late
     families), saying why; other group sizes and precisions keep their place, and so do fp32 and bf16
     (each backend converts them its own way)."""
-    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, ROUND_ATTR, SEQUENCES_ATTR, LayoutRound
+    from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, ROUND_ATTR, SEQUENCES_ATTR, LayoutRound
 
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {
             "sequences": [1, 2],
             "instances": [1, 2],
@@ -1111,7 +1111,7 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     def pruned_on_drift(study, params):
         study.enqueue_trial(params)
         trial = study.ask()
-        trial.set_user_attr("config", space.suggest(trial).to_dict())
+        trial.set_user_attr("config", space.suggest(trial).to_json())
         trial.set_user_attr("prune_reason", "drift: relative_l2 drop 0.409 > max 0.05")
         return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
@@ -1163,7 +1163,7 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     assert next_up.system_attrs["fixed_params"] == plans["eager", "woq_int8"], "held back by inductor's drift"
 
     # fp32 and bf16 are each backend's own conversion: a drifted eager bf16 leaves inductor's in its place.
-    bf16_space = SearchSpace.from_dict(
+    bf16_space = SearchSpace.parse(
         {
             "sequences": [1],
             "instances": [1, 2],
@@ -1180,13 +1180,13 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
 def released_after_a_drift(space: SearchSpace, queued: dict, pruned: dict) -> tuple[str, list]:
     """A study holding one coverage plan, `queued`, when a trial of `pruned` is pruned on drift: the order
     the plan is released with, and the queue left."""
-    from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
+    from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
 
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": queued, "order": "coverage 2", "late": False}])
     study.enqueue_trial(pruned)
     trial = study.ask()
-    trial.set_user_attr("config", space.suggest(trial).to_dict())
+    trial.set_user_attr("config", space.suggest(trial).to_json())
     trial.set_user_attr("prune_reason", "drift: relative_l2 drop 0.2 > max 0.05")
     LayoutRound(space, "throughput")(study, study.tell(trial, state=optuna.trial.TrialState.PRUNED))
     (released,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
@@ -1201,9 +1201,9 @@ def test_a_drift_measured_by_an_older_artifact_builder_is_not_reused():
 
     from autotune.backends import onnxruntime
     from autotune.measure.drift import Drift
-    from autotune.search.study import numerics_key_of, same_numerics_drift
+    from autotune.tuning.study import numerics_key_of, same_numerics_drift
 
-    space = SearchSpace.from_dict(
+    space = SearchSpace.parse(
         {"batch_size": [8], "backends": {"eager": {"precision": ["fp32"]}, "onnxruntime": {"precision": ["int8"]}}},
         fake_machine(cores=2),
         RUNTIMES,

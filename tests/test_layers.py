@@ -22,8 +22,8 @@ LAYERS = {
     "worker": 4,
     "runner": 5,
     "results": 6,
-    "checks": 7,
-    "search": 7,
+    "remeasure": 7,
+    "tuning": 7,
     "api": 8,
     "cli": 9,
     "stopwatch_process": 9,  # a plain process, timed (python -m autotune.stopwatch_process): calls autotune.load()
@@ -32,7 +32,7 @@ LAYERS = {
 
 
 def layer_of(module: str) -> str:
-    """'autotune.search.study' -> 'search'; 'autotune.cli' -> 'cli'."""
+    """'autotune.tuning.study' -> 'tuning'; 'autotune.cli' -> 'cli'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -82,8 +82,8 @@ def test_imports_only_go_down_the_layers():
 def test_the_checker_sees_a_violation(tmp_path):
     """The checker itself: an upward import inside a function is found."""
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from autotune.search.study import run_search\n")
-    assert imports_of(module) == [(2, "autotune.search.study")]
+    module.write_text("def f():\n    from autotune.tuning.study import run_search\n")
+    assert imports_of(module) == [(2, "autotune.tuning.study")]
 
 
 def test_each_layer_says_what_it_may_import():

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.common.records import RecordError
+from autotune.common.json_record import RecordError
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import LatencySummary, MeasureSettings, latency_summary
@@ -132,7 +132,7 @@ def test_screening_counts_over_the_common_window_as_the_full_measurement_does(tm
 # A trial job's JSON as best.json has kept it (the layout an older best.json replays from).
 STORED_TRIAL_JOB = {
     "task": "trial",
-    "model": ModelSource("factory", "tiny_models.py:mlp", (16,)).to_dict(),
+    "model": ModelSource("factory", "tiny_models.py:mlp", (16,)).to_json(),
     "config": {
         "backend": "eager",
         "precision": "fp32",
@@ -147,7 +147,7 @@ STORED_TRIAL_JOB = {
         "kmp_blocktime": None,
         "thp": False,
     },
-    "measure": MeasureSettings().to_dict(),
+    "measure": MeasureSettings().to_json(),
     "reference_path": "/study/reference/reference.pt",
     "workdir": "/study/cache",
     "artifact_dir": None,
@@ -203,9 +203,9 @@ def test_the_trial_job_template_keeps_the_layout_best_json_stores():
     )
     assert list(job_template(config, ctx, None).to_json().items()) == [  # type: ignore[arg-type]
         ("task", "trial"),
-        ("model", model.to_dict()),
-        ("config", config.to_dict()),
-        ("measure", MeasureSettings().to_dict()),
+        ("model", model.to_json()),
+        ("config", config.to_json()),
+        ("measure", MeasureSettings().to_json()),
         ("reference_path", "/r.pt"),
         ("workdir", "/c"),
         ("artifact_dir", None),

@@ -171,7 +171,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     }
     assert set(rows) == {"s", "baseline"}, winners.stdout
     assert float(rows["s"][0]) > 0 and float(rows["s"][-1].rstrip("x")) > 0  # its median, and over the baseline's
-    assert f"  s: {TrialConfig.from_dict(best['config']).summary()}" in winners.stdout
+    assert f"  s: {TrialConfig.from_json(best['config']).summary()}" in winners.stdout
     assert winners.stdout.count("repeat 2/2 ") == 2  # both measured in the second round too
     refused = subprocess.run(
         [sys.executable, str(docs / "bench_winners.py"), "--best", "studies/s/best.json"],
@@ -268,7 +268,7 @@ def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(w
     there), and eager bf16's coverage trial runs after the round where bf16 is emulated (tier 3, expected
     to lose), before it where the CPU has bf16 instructions."""
     from autotune.machine.probe import probe_machine
-    from autotune.search.payoff import LATE_TIER, expected_payoff
+    from autotune.tuning.payoff import LATE_TIER, expected_payoff
 
     machine = probe_machine()
     cores = machine.physical_cores
@@ -308,7 +308,7 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
 
     from autotune.backends.torch_common import with_reduction_depth
     from autotune.common.cpuinfo import int8_dot_products
-    from autotune.search.payoff import SHALLOW_REDUCTION
+    from autotune.tuning.payoff import SHALLOW_REDUCTION
 
     backends = {
         "eager": {"precision": ["fp32"], "memory_format": ["contiguous"]},
@@ -529,7 +529,7 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     times slower than the baseline. The gate stops it after about 10 s, before drift is judged or anything
     is timed (without the gate it ran to its end and screening pruned it). A family that lost by that
     much is not launched again when the sampler proposes it at another batch size."""
-    from autotune.search.pruners import GATE_AFTER_S
+    from autotune.tuning.pruners import GATE_AFTER_S
 
     space = eager_fp32_and_bf16_space(workdir)
     model = tiny("crawls_in_bf16")
@@ -575,7 +575,7 @@ def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_war
     three the warm-up makes at least, its screening and its window. The drift it measured is kept, and the
     next trial of the same numerics reuses it; run as two instances, each is stopped in its warm-up (the
     ready barrier waits for both: one left unwatched would warm up to its end)."""
-    from autotune.search.pruners import GATE_AFTER_S
+    from autotune.tuning.pruners import GATE_AFTER_S
 
     space = eager_fp32_and_bf16_space(workdir, instances=[1, 2])
     model = tiny("crawls_6s_in_bf16")
@@ -659,7 +659,7 @@ def test_the_ready_barrier_stops_a_trial_on_any_instances_gate_verdict():
     """Every instance's warm-up is watched: instance 1 stopped while instance 0 warmed up to its end still
     prunes the trial (instance 1 would otherwise wait for a stop that never comes, then fail), and of two
     verdicts the lowest-numbered instance's is the one recorded."""
-    from autotune.search.study import first_too_slow
+    from autotune.tuning.study import first_too_slow
 
     ready = {"pid": 1, "drift": None, "load_s": 1.0, "first_call_s": 0.1, "warmup_s": 3.0}
     verdict = {"samples": 8, "seconds": 12.0, "samples_per_s": 0.67, "stage": "warm-up", "instance": 1}

@@ -14,7 +14,7 @@ from autotune.measure.stopwatch import latency_summary
 from autotune.records.metrics import Measurement, TrialMetrics
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import complexity, select_winner, summarize_runs
-from autotune.search.pruners import DriftPruner, SpeedPruner
+from autotune.tuning.pruners import DriftPruner, SpeedPruner
 
 EAGER = {"backend": "eager", "precision": "fp32", "batch_size": 8, "allocator": "glibc", "instances": 1}
 OPENVINO = {"backend": "openvino", "precision": "int8", "batch_size": 8, "allocator": "tcmalloc", "instances": 2}
@@ -78,7 +78,7 @@ def test_a_noisy_bar_widens_the_gap_that_prunes_but_never_closes_it():
     screening too short for an interval: the noise widens the gap as factors, 3 x 1.38 = 4.14x. Added into
     one relative margin (2 x (0.33 + 0.19) = 104%) it asked for more than the whole bar, so a config 55
     times slower completed; the drift evaluation's speed gate had no floor either."""
-    from autotune.search.pruners import GATE_SHARE
+    from autotune.tuning.pruners import GATE_SHARE
 
     study = study_with(completed(4000.0, ci_rel=0.19))
     assert screened(study, 73.0, ci_rel=None) is True  # 55x slower
@@ -268,7 +268,7 @@ def test_each_finalist_round_starts_one_entry_later_and_run_k_is_round_k():
 
 
 def test_a_finalist_run_may_take_a_few_times_its_trial_but_not_the_rest_of_the_budget():
-    from autotune.search.finalists import finalist_timeout
+    from autotune.tuning.finalists import finalist_timeout
 
     assert 40.0 * 2 < finalist_timeout(40.0, 600.0) <= 150.0  # a slow round passes, a hang ends early
     assert finalist_timeout(400.0, 600.0) == 600.0  # never beyond the trial timeout
@@ -281,8 +281,8 @@ def test_ipex_has_its_place_in_the_simplicity_order():
 
 
 def test_verify_and_bench_medians_leave_noisy_runs_out():
-    from autotune.checks.bench import BenchRun, median_throughput
-    from autotune.checks.verify import judge
+    from autotune.remeasure.bench import BenchRun, median_throughput
+    from autotune.remeasure.verify import judge
 
     assert median_throughput([BenchRun(100.0), BenchRun(10.0, valid=False), BenchRun(102.0)]) == 101.0
     assert median_throughput([BenchRun(10.0, valid=False)]) is None
@@ -294,7 +294,7 @@ def test_verify_and_bench_medians_leave_noisy_runs_out():
 
 
 def test_a_noisy_trial_ahead_of_the_best_clean_one_gets_a_place_in_the_finalist_round():
-    from autotune.search.finalists import pick_candidates
+    from autotune.tuning.finalists import pick_candidates
 
     fast_but_flagged = completed(150.0, valid=False, config_summary="openvino int8")
     study = study_with(completed(100.0, config_summary="eager"), fast_but_flagged, completed(90.0, valid=False))
@@ -309,7 +309,7 @@ def test_the_finalist_round_takes_only_the_candidates_whose_every_round_fits_the
     """vit_b_16 on 2 cores: runs of 40-50 s and a 60-s baseline, 3 rounds, 300 s left. Three candidates
     would need 3 x 197 s; cut after two rounds, their 5% gap is within the noise and the simpler config
     wins the tie. One candidate and the baseline fit all three rounds."""
-    from autotune.search.finalists import candidates_that_fit
+    from autotune.tuning.finalists import candidates_that_fit
 
     assert candidates_that_fit([40.0, 47.0, 50.0], 60.0, 3, 300.0) == 1
     assert candidates_that_fit([40.0, 47.0, 50.0], 60.0, 3, 450.0) == 2
@@ -345,7 +345,7 @@ def test_a_finalist_run_is_estimated_without_the_drift_evaluation_and_the_prepar
     artifact may be missing here, so the preparation counts again."""
     import socket
 
-    from autotune.search.finalists import START_S, finalist_run_s
+    from autotune.tuning.finalists import START_S, finalist_run_s
 
     budget = {"total_s": 104.4, "preparing_s": 54.2, "starting_s": 11.0, "loading_s": 2.7, "warmup_s": 11.8}
     here = completed(4.6, budget={**budget, "screening_s": 3.6, "measuring_s": 21.0}, host=socket.gethostname())
@@ -361,7 +361,7 @@ def test_a_run_of_the_round_goes_ahead_when_the_estimate_the_round_was_sized_wit
     import datetime
     import socket
 
-    from autotune.search.finalists import finalist_run_s, run_fits
+    from autotune.tuning.finalists import finalist_run_s, run_fits
 
     budget = {"total_s": 104.4, "preparing_s": 54.2, "starting_s": 11.0, "loading_s": 2.7, "warmup_s": 11.8}
     trial = completed(4.6, budget=budget, host=socket.gethostname(), prepare_s=54.2)
@@ -375,7 +375,7 @@ def test_a_run_of_the_round_goes_ahead_when_the_estimate_the_round_was_sized_wit
 def test_the_baseline_runs_every_finalist_round_and_is_never_left_out():
     """When the baseline is itself among the top clean trials, it runs in every round anyway (for the
     speedup): it keeps its place, takes no other candidate's and is never named as left out."""
-    from autotune.search.finalists import fit_round, pick_candidates
+    from autotune.tuning.finalists import fit_round, pick_candidates
 
     def run_of(seconds: float) -> dict:
         return {"total_s": seconds, "preparing_s": 0.0, "starting_s": 5.0}
@@ -451,7 +451,7 @@ def test_a_family_whose_every_launched_trial_lost_by_far_is_not_launched_again()
     that per core is not one, a drift of other numerics or against another reference, a completed or
     failed trial, another family's, a later trial's or another host's outcome, or none at all leave the
     family to the sampler."""
-    from autotune.search.hopeless import Proposal, hopeless_family
+    from autotune.tuning.hopeless import Proposal, hopeless_family
 
     bound = DriftCriterion()
     config = {"backend": "onnxruntime", "precision": "int8", "batch_size": 4, "instances": 2, "threads_per_instance": 1}
@@ -503,7 +503,7 @@ def test_a_weight_only_family_lost_by_far_with_fp32_activations_is_still_launche
     """fp32 activations take torchao's CPU int4 kernel's slow path (35x fewer tokens/s than bf16 ones on a
     Xeon with AMX): an eager int4 trial that ran out its trial timeout with them says nothing of a proposal
     with bf16 ones, and a recorded config without the option ran fp32 (before it was one)."""
-    from autotune.search.hopeless import Proposal, hopeless_family, precision_variant_of
+    from autotune.tuning.hopeless import Proposal, hopeless_family, precision_variant_of
 
     def int4(activations: str | None) -> optuna.trial.FrozenTrial:
         trial = launched("FAIL", "eager", "woq_int4", fail_cause="timed out after 600s while preparing")
@@ -527,7 +527,7 @@ def test_lost_by_far_minimising_latency_compares_the_work_per_core():
     """The latency objective's value is ms per call: 8 samples a call at 0.43 samples/s on 2 threads is
     0.215 samples/s per core, lost by far against a best of 5.66 ms per call of 4 samples on 2 threads
     (353 per core), not against one of 5 s (0.4 per core)."""
-    from autotune.search.hopeless import Proposal, hopeless_family
+    from autotune.tuning.hopeless import Proposal, hopeless_family
 
     config = {"backend": "onnxruntime", "precision": "int8", "batch_size": 4, "instances": 1, "threads_per_instance": 2}
     slow = launched("PRUNED", "inductor", "bf16", **gated(0.43))
@@ -541,7 +541,7 @@ def test_a_prior_studys_baseline_says_nothing_of_its_family_only_its_other_trial
     """read_prior ranks each family by its best clean trial against the earlier study's baseline; the
     baseline itself is 1.00x by definition and would put eager fp32 ahead of every ISA tier (tier -1,
     "beat its baseline"), so it is left out: eager fp32 counts only through its other trials."""
-    from autotune.search.priors import read_prior
+    from autotune.tuning.priors import read_prior
 
     hardware = {"model_name": "a CPU", "physical_cores": 2}
     storage = optuna.storages.InMemoryStorage()
@@ -564,7 +564,7 @@ def test_a_prior_winner_with_weight_only_int8_is_enqueued_with_the_activations_i
     """A language model's weight-only winner from before `activations` was an option ran fp32 activations:
     it is enqueued with them (Optuna would sample the missing value, and bf16 ones run other kernels),
     and its speed does not rank the family, whose coverage trial now runs another kernel path."""
-    from autotune.search.priors import read_prior
+    from autotune.tuning.priors import read_prior
 
     hardware = {"model_name": "a CPU", "physical_cores": 2}
     storage = optuna.storages.InMemoryStorage()

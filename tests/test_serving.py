@@ -354,7 +354,7 @@ def test_openvino_throughput_mode_is_fed_the_same_arrivals_and_judged_by_the_sam
     torch.manual_seed(0)
     xml = workdir / "model.xml"
     ov.save_model(ov.convert_model(TinyCNN().eval(), example_input=torch.randn(1, 3, 16, 16)), str(xml))
-    command = [sys.executable, "-m", "autotune.checks.openvino_server", str(xml), "1,3,16,16", "--slo-ms", "20"]
+    command = [sys.executable, "-m", "autotune.remeasure.openvino_server", str(xml), "1,3,16,16", "--slo-ms", "20"]
     done = subprocess.run([*command, "--min-s", "0.3", "--max-s", "1"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -138,7 +138,7 @@ def test_an_isa_flag_probed_since_an_earlier_study_is_not_a_different_machine():
     import optuna
 
     from autotune.machine.fingerprint import fingerprint_differences
-    from autotune.search.priors import same_machine_studies
+    from autotune.tuning.priors import same_machine_studies
 
     earlier = {"cpu_model": "AMD EPYC", "physical_cores": 2, "isa": {"avx2": True, "avx512_vnni": False}}
     here = {**earlier, "isa": {**earlier["isa"], "avx_vnni": False}}

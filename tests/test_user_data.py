@@ -157,7 +157,7 @@ def test_a_drift_is_reused_only_against_the_reference_it_was_measured_on():
     import optuna
 
     from autotune.measure.drift import Drift
-    from autotune.search.study import same_numerics_drift
+    from autotune.tuning.study import same_numerics_drift
 
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
@@ -180,8 +180,8 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only():
     import optuna
 
     from autotune.measure.drift import Drift, DriftCriterion
-    from autotune.search.hopeless import Proposal, hopeless_family
-    from autotune.search.study import same_numerics_drift
+    from autotune.tuning.hopeless import Proposal, hopeless_family
+    from autotune.tuning.study import same_numerics_drift
 
     study = optuna.create_study(direction="maximize")
     trial = study.ask()

@@ -150,7 +150,7 @@ def test_verify_remeasures_and_says_when_it_regressed_or_the_machine_differs(tun
 
 def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned):
     """`compare --independent`'s measurement of a non-OpenVINO winner: one stopwatch process per instance."""
-    from autotune.checks.crosscheck import independent_winner
+    from autotune.remeasure.crosscheck import independent_winner
     from autotune.results.best_json import context_from_best, read_best
 
     best = read_best(tuned / "studies" / "s" / "best.json")
@@ -171,7 +171,7 @@ def test_verify_refuses_what_it_cannot_remeasure(workdir):
         "objective": {"name": "throughput"},
         "selection": "NO configuration met the drift bound",
         "model": {},
-        "config": TrialConfig("eager", "bf16", 1).to_dict(),
+        "config": TrialConfig("eager", "bf16", 1).to_json(),
         "drift": {},
         "job": None,
     }

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 
 OK, FALLBACK, UNCHECKED = "ok", "fallback", "unchecked"
 

@@ -66,7 +66,7 @@ def with_reduction_depth(model: torch.nn.Module, forward: Callable[[], T]) -> tu
     linear layers over that call: how deep their dot products reduce on average (torchvision's models at
     224x224: resnet50 368, vit_b_16 1221 without its attention's own projections, mobilenet_v3_large 49,
     efficientnet_b0 57). Where the CPU has no int8 dot products, int8 gains in the reduction, while every
-    output element is requantized (search/payoff.py). Counted by hooks on the work the caller does anyway
+    output element is requantized (tuning/payoff.py). Counted by hooks on the work the caller does anyway
     (the reference's own pass: no batch it did not run); None where no such layer ran as a Python module
     (a TorchScript or exported program has none)."""
     totals = {"macs": 0, "outputs": 0}

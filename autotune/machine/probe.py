@@ -78,7 +78,7 @@ class MachineProbe:
     def smt_per_core(self) -> int:
         return max((len(c.cpus) for c in self.cores), default=1)
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict:
         data = asdict(self)
         data["physical_cores"] = self.physical_cores
         data["numa_nodes"] = {str(k): list(v) for k, v in self.numa_nodes.items()}

@@ -83,4 +83,4 @@ def runtime_lines(runtime: Runtime) -> list[str]:
 
 
 def probe_json(machine: MachineProbe, runtimes: dict[str, Runtime]) -> dict[str, Any]:
-    return {**machine.to_dict(), "runtimes": {name: runtime.to_dict() for name, runtime in runtimes.items()}}
+    return {**machine.to_json(), "runtimes": {name: runtime.to_json() for name, runtime in runtimes.items()}}

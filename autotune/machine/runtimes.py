@@ -62,11 +62,11 @@ class Runtime:
             "packages": self.packages,
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Runtime:
+    def from_json(cls, data: dict[str, Any]) -> Runtime:
         return cls(**data)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 
 METRICS = ("relative_l2", "cosine", "top1", "accuracy", "perplexity")
 METRIC_HELP = {
@@ -217,5 +217,5 @@ class DriftCriterion:
         shown = "unknown" if value is None else f"{value:.3g}"
         return f"drift: {self.metric} drop {shown} > max {self.max_drop:g}{' (relative)' if self.relative else ''}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -40,7 +40,7 @@ class NoiseLimits:
     max_runnable_others: float = 1.0  # runnable processes besides ours, per allowed CPU, before/after
     min_calls_for_shape: int = 20
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

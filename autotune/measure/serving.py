@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 from autotune.measure.stopwatch import LatencySummary, latency_summary, samples_needed
 
 SPIN_S = 0.0003  # the last stretch of a wait is spun, not slept: a sleep overshoots by ~0.1 ms

@@ -12,7 +12,7 @@ thread spent 129 s warming up at 1.35 samples/s, against the best's 55, before s
 The warm-up's pace is counted from its start: the model's first call, with its one-time costs, ran
 when it was loaded.
 
-The floor is half the speed pruner's widest bar (search/pruners.py), so that a trial the gate stops is
+The floor is half the speed pruner's widest bar (tuning/pruners.py), so that a trial the gate stops is
 one screening would have pruned anyway. The pace is counted from the end of the evaluation's first
 batch, which may still carry a one-time cost (a kernel cache, a profiling run), over at least `after_s`.
 """
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 
 
 @dataclass(frozen=True)

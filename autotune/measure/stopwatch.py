@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 
 PERCENTILES = (50, 90, 99)
 EXACT_BINOMIAL_MAX_N = 1000
@@ -53,11 +53,11 @@ class MeasureSettings:
     # (call_rate_interval), and 8 sequences of a 100M decoder took 18-21 s a call, 1-2 in a 20 s cap.
     window_cap_min_calls: int = 3
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MeasureSettings:
+    def from_json(cls, data: dict[str, Any]) -> MeasureSettings:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -32,11 +32,11 @@ class DataSource:
     samples: int = 0  # how many the source holds (0: unlimited, synthetic)
     labels: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> DataSource:
+    def from_json(cls, data: dict[str, Any] | None) -> DataSource:
         return cls(**data) if data else cls()
 
     def describe(self) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.common.errors import UserError
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 
 DEFAULT_PROMPT_TOKENS = 512
 DEFAULT_NEW_TOKENS = 64

@@ -25,13 +25,13 @@ class InputSpec:
     low: int = 0  # integer inputs: synthetic values are drawn from [low, high)
     high: int = 2
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["shape"] = list(self.shape)
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InputSpec:
+    def from_json(cls, data: dict[str, Any]) -> InputSpec:
         return cls(**{**data, "shape": tuple(data["shape"])})
 
     def describe(self) -> str:

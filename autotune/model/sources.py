@@ -43,16 +43,16 @@ class ModelSource:
     def specs(self) -> tuple[InputSpec, ...]:
         """The model's inputs: the ones given, or one float tensor of input_shape."""
         if self.inputs:
-            return tuple(InputSpec.from_dict(d) for d in self.inputs)
+            return tuple(InputSpec.from_json(d) for d in self.inputs)
         return (InputSpec(DEFAULT_NAME, tuple(self.input_shape)),)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["input_shape"] = list(self.input_shape)
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelSource:
+    def from_json(cls, data: dict[str, Any]) -> ModelSource:
         return cls(**{**data, "input_shape": tuple(data["input_shape"])})
 
     @property
@@ -96,7 +96,7 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None, allow
         )
     source = _resolve_source(name, weights, specs[0].shape if specs else None)
     if specs and (len(specs) > 1 or specs[0].dtype != "float32"):
-        return replace(source, inputs=[spec.to_dict() for spec in specs])
+        return replace(source, inputs=[spec.to_json() for spec in specs])
     return source
 
 
@@ -212,7 +212,7 @@ def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | No
             )
         shape = found[0].shape
         if len(found) > 1 or found[0].dtype != "float32":
-            inputs = [s.to_dict() for s in found]
+            inputs = [s.to_json() for s in found]
     return ModelSource(
         "factory",
         f"{target}:{func}",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from autotune.common.records import Record, RecordError
+from autotune.common.json_record import Record, RecordError
 from autotune.records.config import TrialConfig
 from autotune.records.reference import ReferenceNote
 
@@ -59,7 +59,7 @@ def config_from_json(data: Any, where: str = "config") -> TrialConfig:
     for name, f in known.items():
         if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise RecordError(f"best.json: {where} lacks its {name!r} field")
-    return TrialConfig.from_dict({k: v for k, v in data.items() if k in known})
+    return TrialConfig.from_json({k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +116,7 @@ class Baseline(OpenRecord):
     def to_json(self) -> dict[str, Any]:
         data = super().to_json()
         if self.config is not None:
-            data["config"] = self.config.to_dict()
+            data["config"] = self.config.to_json()
         return data
 
 
@@ -241,7 +241,7 @@ class BestJson(OpenRecord):
 
     def to_json(self) -> dict[str, Any]:
         data = super().to_json()
-        data["config"] = self.config.to_dict()
+        data["config"] = self.config.to_json()
         return data
 
     @classmethod

@@ -50,7 +50,7 @@ class TrialConfig:
     max_wait_ms: float | None = None
 
     # ---- identity -------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["options"] = dict(sorted(self.options.items()))
         if data["max_wait_ms"] is None:  # closed loop: stored as before the server scenario existed
@@ -58,14 +58,14 @@ class TrialConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+    def from_json(cls, data: dict[str, Any]) -> TrialConfig:
         return cls(**{**data, "options": dict(data.get("options", {}))})
 
     def numerics_key(self, without: tuple[str, ...] = (), builder: int | None = None) -> str:
         """What changes the outputs: backend, precision, backend options, the artifact builder's version
         (`builder`: a new quantization scheme under the same options) and the runtime (another torch may
         compute differently), not threads, allocator or OpenMP; nor the options named in `without`."""
-        options = {k: v for k, v in self.to_dict()["options"].items() if k not in without}
+        options = {k: v for k, v in self.to_json()["options"].items() if k not in without}
         key: dict[str, Any] = {"backend": self.backend, "precision": self.precision, "options": options}
         if builder is not None:
             key["builder"] = builder

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from autotune.common.records import Record, RecordError
+from autotune.common.json_record import Record, RecordError
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import MeasureSettings
@@ -90,23 +90,23 @@ class WorkerJob(Record):
 def _dump_field(value: Any) -> Any:
     """The JSON of one field: the nested classes keep their own dict layout."""
     if isinstance(value, (TrialConfig, MeasureSettings, ModelSource, DriftCriterion)):
-        return value.to_dict()
+        return value.to_json()
     if isinstance(value, Record):
         return value.to_json()
     return value
 
 
-_FROM_DICT: dict[str, Any] = {
-    "model": ModelSource.from_dict,
-    "config": TrialConfig.from_dict,
-    "measure": MeasureSettings.from_dict,
+_FROM_JSON: dict[str, Any] = {
+    "model": ModelSource.from_json,
+    "config": TrialConfig.from_json,
+    "measure": MeasureSettings.from_json,
     "drift_bound": lambda d: DriftCriterion(**d),
 }
 
 
 def _load_field(name: str, value: Any) -> Any:
     """A field read back from JSON: the nested classes built from their dicts (records left to NESTED)."""
-    loader = _FROM_DICT.get(name)
+    loader = _FROM_JSON.get(name)
     if loader is None or value is None or not isinstance(value, dict):
         return value
     return loader(value)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from autotune.backends.precision import ExecutedPrecision
-from autotune.common.records import Record, RecordError
+from autotune.common.json_record import Record, RecordError
 from autotune.measure.drift import Drift
 from autotune.measure.serving import RELATIVE_TOLERANCE, ServerMetrics
 from autotune.measure.stopwatch import LatencySummary

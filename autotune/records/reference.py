@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import optuna
 
 from autotune.common.errors import UserError
 from autotune.common.files import write_json_atomic
-from autotune.common.records import RecordError
+from autotune.common.json_record import RecordError
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
 from autotune.measure.drift import Drift, DriftCriterion
@@ -445,11 +445,11 @@ def context_from_best(best: BestJson | dict[str, Any]) -> TrialContext:
         probe_machine(),
         Reference(
             Path(job["reference_path"]),
-            ModelSource.from_dict(job["model"]),
+            ModelSource.from_json(job["model"]),
             job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
             generation=job.get("generation"),
         ),
-        MeasureSettings.from_dict(job["measure"]),
+        MeasureSettings.from_json(job["measure"]),
         Path(job["workdir"]),
         job["calibration_samples"],
         runtimes=runtimes_with(best.runtime),

@@ -195,7 +195,7 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
 
 
 # On the study: the coverage trials and the layout round's splits the search holds back and releases one at
-# a time (search/layouts.py).
+# a time (tuning/layouts.py).
 COVERAGE_QUEUE_ATTR = "coverage_queue"
 LAYOUT_QUEUE_ATTR = "layout_queue"
 

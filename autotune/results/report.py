@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from autotune.results.budget import budget_breakdown
+from autotune.results.budget_breakdown import budget_breakdown
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
 from autotune.results.selection import (
     baseline_trial,

@@ -572,9 +572,9 @@ def compute_reference(
     ref_dir = study_dir / "reference"
     outputs_path = (ref_dir / "reference.pt").resolve()
     weights_path = (ref_dir / "weights.pt").resolve()
-    sources = {"data": data.to_dict(), "calibration_data": calibration_data.to_dict() if calibration_data else None}
+    sources = {"data": data.to_json(), "calibration_data": calibration_data.to_json() if calibration_data else None}
     wanted = {
-        "model": model.to_dict(),
+        "model": model.to_json(),
         "eval_samples": eval_samples,
         "calibration_samples": calibration_samples,
         **sources,

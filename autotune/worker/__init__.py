@@ -3,6 +3,6 @@
 It runs inside whichever runtime the trial was routed to, knows nothing about the search or Optuna,
 and keeps its imports light.
 May import records, model, measure, backends and common; never the
-runner, search, results or checks above it. best.json files name `python -m autotune.worker --best
+runner, tuning, results or remeasure above it. best.json files name `python -m autotune.worker --best
 best.json --instance N`, so that command keeps working.
 """

@@ -27,7 +27,7 @@ import numpy as np
 
 from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
-from autotune.common.records import Record
+from autotune.common.json_record import Record
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
@@ -121,8 +121,8 @@ def run_reference(job: WorkerJob) -> dict[str, Any]:
     model = keep_until_exit(build_model(source))
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
-        DataSource.from_dict(job.data),
-        DataSource.from_dict(job.calibration_data) if job.calibration_data else None,
+        DataSource.from_json(job.data),
+        DataSource.from_json(job.calibration_data) if job.calibration_data else None,
         source,
         job.eval_samples,
         job.calibration_samples,

@@ -5,7 +5,7 @@ machine's and whose task is the same are read (never changed): each one's best c
 early trial of the new study (Optuna's `enqueue_trial`; a parameter the new space does not offer is
 sampled instead, which is how Optuna adapts an enqueued trial), and each backend x precision family's
 best speedup over its study's baseline orders the coverage round ahead of the ISA rule
-(search/payoff.py).
+(tuning/payoff.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ splits of the leader it measured). On two cores the round is two splits and the 
 on many cores it is long (a 16-core Xeon with AMX: seven splits of eager bf16, from 2 x 8 to 16 x 1,
 ran for 2.5 minutes ahead of the two int8 families next in the coverage queue, and a 16-minute
 search measured no int8 in its first quarter). The coverage trials of families expected to lose
-(search/payoff.py) run after the round. For text generation, once the splits are measured, the best
+(tuning/payoff.py) run after the round. For text generation, once the splits are measured, the best
 of the leader and its splits is measured again with more concurrent sequences, the most the space lists
 within 8x its own (most_sequences_variant), ahead of the coverage still held, when it runs fewer: with
 the default space only where the round's leader runs one sequence (the baseline leading, or a study
@@ -43,8 +43,8 @@ from autotune.results.leaderboard import (
     LAYOUT_QUEUE_ATTR,  # [{"params", "order"}]
 )
 from autotune.results.selection import is_valid, primary_value
-from autotune.search.pruners import best_clean
-from autotune.search.space import InfeasibleConfig, SearchSpace, family, most_threads
+from autotune.tuning.pruners import best_clean
+from autotune.tuning.space import InfeasibleConfig, SearchSpace, family, most_threads
 
 ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round's splits are held
 LATER_ROUNDS_ATTR = "layout_rounds_later"  # on the study: the leaders of the rounds after the first
@@ -384,7 +384,7 @@ class LayoutRound:
             if config.get("backend") != "eager":
                 continue
             try:
-                if artifact_identity(TrialConfig.from_dict(config)) == wanted:
+                if artifact_identity(TrialConfig.from_json(config)) == wanted:
                     return trial
             except (TypeError, KeyError):  # a record of another version: not comparable
                 continue

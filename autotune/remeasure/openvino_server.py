@@ -7,7 +7,7 @@ moment, and its latency is its completion (stamped in OpenVINO's callback) minus
 infer request is busy the submission waits, and the wait counts, as a queue's would. The same rate search,
 verdict and probe records as a trial's (autotune.measure.serving).
 
-    python -m autotune.checks.openvino_server MODEL.xml 1,3,224,224 --slo-ms 100 [--min-s 5 --max-s 20]
+    python -m autotune.remeasure.openvino_server MODEL.xml 1,3,224,224 --slo-ms 100 [--min-s 5 --max-s 20]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from autotune.measure.serving import (
 )
 
 CLOSED_LOOP_S = 3.0
-SEED = 20_241  # the seed the search's trials use (autotune.search.study.SERVER_SEED)
+SEED = 20_241  # the seed the search's trials use (autotune.tuning.study.SERVER_SEED)
 
 
 def compile_throughput_mode(xml: str, shape: list[int]) -> tuple[Any, Any, dict[str, Any]]:
@@ -129,7 +129,7 @@ def rate_search(xml: str, shape: list[int], slo_ms: float, min_s: float, max_s: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotune.checks.openvino_server")
+    parser = argparse.ArgumentParser(prog="python -m autotune.remeasure.openvino_server")
     parser.add_argument("xml")
     parser.add_argument("shape", help="the input shape with its batch of 1, e.g. 1,3,224,224")
     parser.add_argument("--slo-ms", type=float, required=True)

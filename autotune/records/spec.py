@@ -48,7 +48,7 @@ IDENTITY_FIELDS = (
 IDENTITY_DEFAULTS = {
     "drift_metric": "relative_l2",
     "drift_relative": False,
-    "data": DataSource().to_dict(),
+    "data": DataSource().to_json(),
     "calibration_data": None,
     "runtimes": [],
     "slo_ms": None,
@@ -210,29 +210,29 @@ class SearchSpec:
         """The MLPerf scenario the objective measures (a Pareto study is closed loop: offline)."""
         return {"latency": "single-stream", "server": "server"}.get(self.objective, "offline")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["model"] = self.model.to_dict()
-        data["measure"] = self.measure.to_dict()
+        data["model"] = self.model.to_json()
+        data["measure"] = self.measure.to_json()
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SearchSpec:
+    def from_json(cls, data: dict[str, Any]) -> SearchSpec:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}  # settings of another autotune version are dropped
         calibration = data.get("calibration_data")
         return cls(
             **{
                 **data,
-                "model": ModelSource.from_dict(data["model"]),
-                "measure": MeasureSettings.from_dict(data["measure"]),
-                "data": DataSource.from_dict(data.get("data")),
-                "calibration_data": DataSource.from_dict(calibration) if calibration else None,
+                "model": ModelSource.from_json(data["model"]),
+                "measure": MeasureSettings.from_json(data["measure"]),
+                "data": DataSource.from_json(data.get("data")),
+                "calibration_data": DataSource.from_json(calibration) if calibration else None,
             }
         )
 
     def identity(self) -> dict[str, Any]:
-        data = self.to_dict()
+        data = self.to_json()
         return {key: data[key] for key in IDENTITY_FIELDS}
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 
 from autotune.common.errors import UserError
 from autotune.common.storage_urls import database_url, mask_url
-from autotune.search.fleet import retry_abandoned_trial
+from autotune.tuning.fleet import retry_abandoned_trial
 
 GRACE_PERIOD_S = 60  # a RUNNING trial whose orchestrator sent no heartbeat for this long is failed and retried
 # The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).

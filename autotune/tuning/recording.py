@@ -17,9 +17,9 @@ from autotune.common.errors import TrialFailed
 from autotune.machine.probe import MachineProbe
 from autotune.records.config import TrialConfig, pin_prefix
 from autotune.records.metrics import TrialMetrics
+from autotune.records.spec import SearchSpec
 from autotune.results.optuna_artifacts import attach_trial_log
 from autotune.runner.launch import InstanceLaunch
-from autotune.search.spec import SearchSpec
 
 
 def record_suggested(
@@ -32,7 +32,7 @@ def record_suggested(
 ) -> None:
     """The sampled config and the keys later trials look it up by: its numerics (for drift), the reference
     its drift is measured against, its numerics without scheduling options (for fallbacks), and its host."""
-    trial.set_user_attr("config", config.to_dict())
+    trial.set_user_attr("config", config.to_json())
     trial.set_user_attr("config_summary", config.summary())
     trial.set_user_attr("numerics_key", numerics_key)
     trial.set_user_attr("drift_reference", drift_reference)  # what its drift is measured against
@@ -61,7 +61,7 @@ def record_completed(
     trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, machine) for cpus in config.instance_cpus(machine)])
     trial.set_user_attr("job", template)
     trial.set_user_attr("pinning", machine.pinning)
-    trial.set_user_attr("measure_settings", spec.measure.to_dict())
+    trial.set_user_attr("measure_settings", spec.measure.to_json())
     trial.set_user_attr("trial_dir", str(trial_dir))
     attach_trial_log(trial, spec.dir, trial_dir, {"commands": commands})
 

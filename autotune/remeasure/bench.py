@@ -177,7 +177,7 @@ def compare_with_baseline(
 ) -> dict[str, list[BenchRun]]:
     """Re-measure an exported winner against its study's eager fp32 baseline, interleaved; optionally
     also under an independent stopwatch and against `benchmark_app -hint throughput` on NNCF int8."""
-    from autotune.checks.crosscheck import independent_winner, one_command_openvino
+    from autotune.remeasure.crosscheck import independent_winner, one_command_openvino
 
     best = read_best(best_path)
     if best.baseline is None or best.baseline.config is None:

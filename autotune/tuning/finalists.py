@@ -178,7 +178,7 @@ class _InterleavedRounds:
         label = f"finalists: round {round_index + 1} trial #{entry['trial']}"
         try:
             metrics, _, _ = run_config(
-                TrialConfig.from_dict(entry["config"]),
+                TrialConfig.from_json(entry["config"]),
                 self.ctx,
                 run_dir,
                 timeout,

@@ -1,4 +1,4 @@
-"""Where a study's budget went: its trials' time by stage (each trial's `budget`, search/budget.py),
+"""Where a study's budget went: its trials' time by stage (each trial's `budget`, tuning/stage_times.py),
 the finalist round, and the rest of the study's wall time (the sampler, orchestration, trials that
 never reached their first barrier, and stored trials from before stages were recorded)."""
 

@@ -2,5 +2,5 @@
 (every backend x precision side by side), `compare` and its independent stopwatch (benchmark_app or
 a plain timing loop).
 
-May import results, runner, records, machine, measure, model, backends and common; not search.
+May import results, runner, records, machine, measure, model, backends and common; not tuning.
 """

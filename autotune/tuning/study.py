@@ -36,39 +36,39 @@ from autotune.measure.drift import Drift
 from autotune.measure.speed_gate import SpeedGate
 from autotune.records.config import TrialConfig, clean_environment
 from autotune.records.metrics import TrialBudget, TrialMetrics
+from autotune.records.spec import SearchSpec, identity_differences
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study
 from autotune.results.progress import LiveStatus, ProgressPrinter
 from autotune.results.selection import baseline_trial, metrics_of
 from autotune.runner.launch import InstanceLaunch
 from autotune.runner.trials import Reference, TrialContext, compute_reference, run_config, screening_value
-from autotune.search.budget import FinalistReserve, StageClock, deferral
-from autotune.search.drift_check import drift_sequences, judge_measured_drift, reuse_known_drift
-from autotune.search.drift_check import same_numerics_drift as same_numerics_drift  # where callers look for it
-from autotune.search.finalists import run_finalists
-from autotune.search.fleet import (
+from autotune.tuning.drift_check import drift_sequences, judge_measured_drift, reuse_known_drift
+from autotune.tuning.drift_check import same_numerics_drift as same_numerics_drift  # where callers look for it
+from autotune.tuning.finalists import run_finalists
+from autotune.tuning.fleet import (
     AbandonedTrialsCheck,
     fail_abandoned_trials,
     orchestrator_record,
     register_orchestrator,
 )
-from autotune.search.hopeless import Proposal, hopeless_family, precision_variant_of
-from autotune.search.layouts import COVERAGE_QUEUE_ATTR, LayoutRound, coverage_batch
-from autotune.search.payoff import coverage_preferences, int8_first_backend, order_by_payoff
-from autotune.search.priors import prior_kind, read_prior, sibling_storages
-from autotune.search.pruners import DriftPruner, SpeedPruner
-from autotune.search.recording import (
+from autotune.tuning.hopeless import Proposal, hopeless_family, precision_variant_of
+from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, LayoutRound, coverage_batch
+from autotune.tuning.payoff import coverage_preferences, int8_first_backend, order_by_payoff
+from autotune.tuning.priors import prior_kind, read_prior, sibling_storages
+from autotune.tuning.pruners import DriftPruner, SpeedPruner
+from autotune.tuning.recording import (
     record_completed,
     record_failure,
     record_interrupted,
     record_pruned,
     record_suggested,
 )
-from autotune.search.slos import check_latency_bounds
-from autotune.search.space import InfeasibleConfig, SearchSpace, family
-from autotune.search.spec import SearchSpec, identity_differences
-from autotune.search.speed_screening import first_too_slow, judge_screening, speed_gate_for, stop_too_slow
-from autotune.search.storage import open_storage
+from autotune.tuning.slos import check_latency_bounds
+from autotune.tuning.space import InfeasibleConfig, SearchSpace, family
+from autotune.tuning.speed_screening import first_too_slow, judge_screening, speed_gate_for, stop_too_slow
+from autotune.tuning.stage_times import FinalistReserve, StageClock, deferral
+from autotune.tuning.storage import open_storage
 
 MIN_TRIAL_S = 10.0
 SERVER_SEED = 20_241  # the Poisson arrivals' seed: every trial of a study is offered the same streams
@@ -121,7 +121,7 @@ def open_study(
             )
     stored = study.user_attrs.get("spec")
     if stored is None:
-        study.set_user_attr("spec", {**spec.to_dict(), "storage": mask_url(spec.storage)})
+        study.set_user_attr("spec", {**spec.to_json(), "storage": mask_url(spec.storage)})
         study.set_user_attr("fingerprint", fingerprint(machine, runtimes))
         return study, True
     stored_identity = {k: stored.get(k) for k in spec.identity()}
@@ -137,9 +137,9 @@ def open_study(
 class Objective:
     """Optuna objective: suggest a config, measure it in fresh processes, record everything.
 
-    It orders the steps of a trial; the checks live in their own modules: drift (search/drift_check.py),
-    speed pruning (search/speed_screening.py), latency bounds (search/slos.py), and what a trial stores
-    (search/recording.py)."""
+    It orders the steps of a trial; the checks live in their own modules: drift (tuning/drift_check.py),
+    speed pruning (tuning/speed_screening.py), latency bounds (tuning/slos.py), and what a trial stores
+    (tuning/recording.py)."""
 
     def __init__(
         self, spec: SearchSpec, space: SearchSpace, ctx: TrialContext, search_deadline: Callable[[], float]
@@ -184,7 +184,7 @@ class Objective:
 
     def _defer_costly_coverage(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
         """A coverage trial of a backend whose preparation already took too much of the time left is
-        pruned unlaunched, saying so (search/budget.py); the sampler may still come back to it."""
+        pruned unlaunched, saying so (tuning/stage_times.py); the sampler may still come back to it."""
         if not trial.user_attrs.get("coverage"):
             return
         earlier = [
@@ -201,7 +201,7 @@ class Objective:
 
     def _skip_hopeless_family(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
         """A sampled config of a family whose every launched trial lost by far is pruned unlaunched
-        (search/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback. Sampled: a trial
+        (tuning/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback. Sampled: a trial
         that came without an `order`, which everything the search enqueues itself carries."""
         proposal = Proposal(
             config.backend,
@@ -386,13 +386,13 @@ def _enqueue_first_trials(
     console: Console,
 ) -> None:
     """The eager fp32 baseline first, then the winners of earlier studies on this machine
-    (search/priors.py), then one trial per backend x precision, highest expected payoff on this machine
-    first (search/payoff.py), each recording why it runs where it does; where a layout round runs, the
-    coverage waits on the study, released a trial at a time (search/layouts.py)."""
+    (tuning/priors.py), then one trial per backend x precision, highest expected payoff on this machine
+    first (tuning/payoff.py), each recording why it runs where it does; where a layout round runs, the
+    coverage waits on the study, released a trial at a time (tuning/layouts.py)."""
     baseline = _enqueue_baseline(study, space, console)
     hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
-    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_dict()))
+    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_json()))
     winners = _enqueue_prior_winners(study, space, prior.winners, baseline, console)
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
     covered = {family(params) for params in winners}
@@ -479,7 +479,7 @@ def _enqueue_coverage(
         ordered = [replace(plan, order=plan.order + where) for plan in ordered]
     if LayoutRound.applies(space, spec.objective):
         # released one at a time, so the layout round can run as soon as a family leads; the families
-        # expected to lose are last in the payoff order, so they run after the round (search/layouts.py)
+        # expected to lose are last in the payoff order, so they run after the round (tuning/layouts.py)
         queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
         study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
     else:
@@ -569,7 +569,7 @@ def _search_space(
 ) -> SearchSpace:
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
     unavailable = generation_precisions_unavailable(runtimes["main"]) if spec.task == "generate" else None
-    space = SearchSpace.from_dict(spec.space, machine, runtimes, spec.task, unavailable, spec.objective == "server")
+    space = SearchSpace.parse(spec.space, machine, runtimes, spec.task, unavailable, spec.objective == "server")
     for note in space.notes:
         say(f"note: {note}")
     for backend, names in space.runtimes.items():
@@ -613,7 +613,7 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
         # Every search bounds drift, and against this reference any numerics would pass the bound.
         raise UserError(reference.note.message)
     study.set_user_attr("reference_note", reference.note.to_json() if reference.note else None)
-    study.set_user_attr("model_for_trials", reference.model.to_dict())
+    study.set_user_attr("model_for_trials", reference.model.to_json())
     study.set_user_attr("evaluation", reference.evaluation)
     study.set_user_attr("calibration", reference.calibration)
     return reference

@@ -95,7 +95,7 @@ class ThreadPoolDims:
     thp: list[bool]
 
     @classmethod
-    def from_dict(
+    def parse(
         cls, data: dict[str, Any], machine: MachineProbe, runtimes: dict[str, Runtime], notes: list[str]
     ) -> ThreadPoolDims:
         openmp = _choices("openmp", data.get("openmp", ["gnu"]), str)
@@ -237,7 +237,7 @@ class SearchSpace:
         return backend_specs(self.task)
 
     @classmethod
-    def from_dict(
+    def parse(
         cls,
         data: dict[str, Any],
         machine: MachineProbe,
@@ -259,7 +259,7 @@ class SearchSpace:
         max_waits = _max_waits(data)
         allocators = _allocators(data, machine, notes)
         instances, threads = _instances_and_threads(data, cores)
-        thread_pool = ThreadPoolDims.from_dict(data, machine, runtimes, notes)
+        thread_pool = ThreadPoolDims.parse(data, machine, runtimes, notes)
         backends, routes = cls._backends(
             data.get("backends", {"eager": {}}), runtimes, notes, backend_specs(task), unavailable or {}
         )

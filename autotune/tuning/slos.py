@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from autotune.records.metrics import TrialMetrics
-from autotune.search.spec import SearchSpec
+from autotune.records.spec import SearchSpec
 
 
 def check_latency_bounds(trial: optuna.trial.Trial, spec: SearchSpec, metrics: TrialMetrics) -> None:

@@ -24,8 +24,8 @@ from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
 from autotune.records.options import DEFAULT_FINALISTS
-from autotune.search.spec import SearchSpec
-from autotune.search.storage import open_storage
+from autotune.records.spec import SearchSpec
+from autotune.tuning.storage import open_storage
 
 
 def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -76,7 +76,7 @@ def joining_spec(
             "its timings would not compare; run on an identical machine, or pass --allow-mixed-hardware (recorded "
             "in each trial)"
         )
-    spec = SearchSpec.from_dict(
+    spec = SearchSpec.from_json(
         {
             **stored,
             "storage": storage_url,

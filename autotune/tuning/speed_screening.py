@@ -1,6 +1,6 @@
 """Speed pruning: a trial clearly slower than the best clean one is stopped before its timed window.
 
-Two checks, both asked of the speed pruner (search/pruners.py): the speed gate watches the drift
+Two checks, both asked of the speed pruner (tuning/pruners.py): the speed gate watches the drift
 evaluation and warm-up at the ready barrier, and the screening, a short timed run, is compared at the
 screened barrier. A stopped trial reports its pace as its first-rung value, so the sampler learns from it.
 """
@@ -14,7 +14,7 @@ import optuna
 from autotune.measure.speed_gate import GateVerdict, SpeedGate
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import Screening
-from autotune.search.pruners import SpeedPruner
+from autotune.tuning.pruners import SpeedPruner
 
 # The objectives whose screening and gate are compared as throughput; the others as latency.
 THROUGHPUT_OBJECTIVES = ("throughput", "server")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.checks.through_load import LoadRun, pinning_differences, run_through_load, summary, window_of
 from autotune.common.errors import TrialFailed, UserError
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.measure.serving import RELATIVE_TOLERANCE
 from autotune.records.best import BestJson
 from autotune.records.metrics import TrialMetrics
+from autotune.remeasure.through_load import LoadRun, pinning_differences, run_through_load, summary, window_of
 from autotune.results.best_json import context_from_best, read_best
 from autotune.runner.trials import run_config
 

@@ -63,10 +63,10 @@ A coverage trial runs each backend option at the space's first value, except whe
 the backend picks by itself (coverage_preferences): OpenVINO's int8 on a CPU with AMX-BF16 tiles runs
 its float layers in bf16, as OpenVINO does there unless told otherwise.
 
-Studies already run on this machine come first when the storage holds them (search/priors.py): a
+Studies already run on this machine come first when the storage holds them (tuning/priors.py): a
 family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
 that did not goes last. Each coverage trial records its place and the reason (`order` in its user
-attributes). Where the layout round runs (search/layouts.py), the families expected to lose (tier 3
+attributes). Where the layout round runs (tuning/layouts.py), the families expected to lose (tier 3
 and 4) wait until after it: on an AVX2-only EPYC the four emulated bf16 trials of mobilenet_v3_large
 took 2.3 minutes (three pruned at screening, OpenVINO's fell back to f32) before the leader's
 two-instance split could run.
@@ -224,7 +224,7 @@ def int8_first_backend(isa: dict[str, bool], attention_layers: int | None) -> st
 
 
 def prior_payoff(speedup: float, study: str) -> Payoff:
-    """A family measured before on this machine (search/priors.py): ahead of every ISA tier when it beat
+    """A family measured before on this machine (tuning/priors.py): ahead of every ISA tier when it beat
     its study's baseline, the faster the earlier; behind them all when it did not."""
     if speedup >= 1.0:
         return Payoff(-1, f"prior: {speedup:.2f}x its baseline in study {study} on this machine")
@@ -244,7 +244,7 @@ class CoveragePlan:
         """Emulated precision, a shallow model's int8 or a language model's int8 activations without int8 dot
         products, a language model's eager int8 or int4 weights, or slower than fp32 eager in an earlier
         study here: measured
-        after the layout round (search/layouts.py), which refines a likely winner instead."""
+        after the layout round (tuning/layouts.py), which refines a likely winner instead."""
         return self.tier >= LATE_TIER
 
 
