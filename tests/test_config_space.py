@@ -10,6 +10,7 @@ from autotune.backends import BACKENDS
 from autotune.common.errors import UserError
 from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, PhysicalCore
 from autotune.machine.runtimes import Runtime
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.tuning.space import InfeasibleConfig, SearchSpace
 
@@ -653,7 +654,7 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     trial (not a faster noisy one) with 2, 4 and 8 instances, each with the most threads that fit,
     everything else as it was, even while a coverage trial runs in another worker; not again for a new
     leader of the same family; and not for the latency objective or a space with one instance count."""
-    from autotune.tuning.layouts import LAYOUT_QUEUE_ATTR, ROUND_ATTR, LayoutRound, layout_variants
+    from autotune.tuning.layouts import LayoutRound, layout_variants
 
     space = SearchSpace.parse(
         {"batch_size": [8, 16], "instances": [1, 2, 4, 8], "backends": {"eager": {"precision": ["fp32"]}}},
@@ -672,13 +673,13 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
         trial.set_user_attr("config_summary", f"eager fp32 #{trial.number}")
         study.enqueue_trial({**plans[0], "threads_per_instance": 7})  # one more waits: the round is not due
         layouts(study, study.tell(trial, value))
-        assert ROUND_ATTR not in study.user_attrs
+        assert Attr.LAYOUT_ROUND not in study.user_attrs
         elsewhere = study.ask()  # it runs in another worker of a fleet, as a coverage trial
         elsewhere.set_user_attr("coverage", True)
         if valid:
             study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
     layouts(study)  # a coverage trial still runs elsewhere: #0 leads, the round does not wait for it
-    assert study.user_attrs[ROUND_ATTR] == 0  # the clean leader, not the noisy trial that measured faster
+    assert study.user_attrs[Attr.LAYOUT_ROUND] == 0  # the clean leader, not the noisy trial that measured faster
     study.tell(elsewhere, state=optuna.trial.TrialState.PRUNED)
     layouts_run = []
     for _ in range(3):  # the three held variants, released one at a time (no coverage held to take turns)
@@ -696,7 +697,7 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     newer = study.ask()
     space.suggest(newer)
     layouts(study, study.tell(newer, 200.0))  # a new clean leader of the family the round split
-    assert not study.get_trials(states=waiting) and study.user_attrs[ROUND_ATTR] == 0  # its family was split
+    assert not study.get_trials(states=waiting) and study.user_attrs[Attr.LAYOUT_ROUND] == 0  # its family was split
 
     assert layout_variants({"instances": 2, "threads_per_instance": 1}, [1, 2, 4], [3, 1], 4) == [
         {"instances": 1, "threads_per_instance": 3},  # the most listed threads that fit
@@ -715,13 +716,13 @@ def test_once_a_family_leads_the_leader_is_measured_with_every_other_instance_sp
     noisy_only = optuna.create_study(direction="maximize")
     noisy_only.add_trial(study.trials[2])  # flagged noisy: on a loaded machine the best guess is still a guess
     LayoutRound(space, "throughput")(noisy_only, noisy_only.trials[0])
-    assert noisy_only.user_attrs[ROUND_ATTR] == 0 and len(noisy_only.get_trials(states=waiting)) == 1
-    assert len(noisy_only.user_attrs[LAYOUT_QUEUE_ATTR]) == 2  # the other two splits, held
+    assert noisy_only.user_attrs[Attr.LAYOUT_ROUND] == 0 and len(noisy_only.get_trials(states=waiting)) == 1
+    assert len(noisy_only.user_attrs[Attr.LAYOUT_QUEUE]) == 2  # the other two splits, held
     for objective, instances in (("latency", [1, 2, 4, 8]), ("throughput", [1])):
         other = optuna.create_study(direction="minimize" if objective == "latency" else "maximize")
         other.add_trial(study.trials[0])
         LayoutRound(replace(space, instances=instances), objective)(other, other.trials[0])
-        assert ROUND_ATTR not in other.user_attrs and not other.get_trials(states=waiting)
+        assert Attr.LAYOUT_ROUND not in other.user_attrs and not other.get_trials(states=waiting)
 
 
 def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_round_of_its_own():
@@ -730,7 +731,7 @@ def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_roun
     precision that takes the lead after the first round is measured with the other splits too, once,
     saying so; a new leader of a split family, or one the sampler found, is not. Text generation has its
     own rule instead (each split a compile of minutes: the next test)."""
-    from autotune.tuning.layouts import LATER_ROUNDS_ATTR, ROUND_ATTR, LayoutRound
+    from autotune.tuning.layouts import LayoutRound
 
     space = SearchSpace.parse(
         {"batch_size": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
@@ -752,22 +753,22 @@ def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_roun
     study = optuna.create_study(direction="maximize")
     layouts = LayoutRound(space, "throughput")
     layouts(study, measured(study, fp32, 100.0, coverage=True))
-    assert study.user_attrs[ROUND_ATTR] == 0 and split_leaders(study) == ["layout round: the leader #0"]
+    assert study.user_attrs[Attr.LAYOUT_ROUND] == 0 and split_leaders(study) == ["layout round: the leader #0"]
     study.tell(study.ask(), 90.0)  # the split of fp32
     layouts(study, measured(study, bf16, 150.0, coverage=True))  # bf16 takes the lead
     assert split_leaders(study) == ["layout round: the leader #2"]
     (split,) = study.get_trials(states=waiting)
     assert split.system_attrs["fixed_params"] == {**bf16, "instances": 2, "threads_per_instance": 4}
-    assert study.user_attrs[LATER_ROUNDS_ATTR] == [2] and study.user_attrs[ROUND_ATTR] == 0
+    assert study.user_attrs[Attr.LAYOUT_ROUNDS_LATER] == [2] and study.user_attrs[Attr.LAYOUT_ROUND] == 0
     study.tell(study.ask(), 140.0)
     layouts(study, measured(study, {**bf16, "batch_size": 8}, 160.0, coverage=True))  # bf16 again: split
-    assert not study.get_trials(states=waiting) and study.user_attrs[LATER_ROUNDS_ATTR] == [2]
+    assert not study.get_trials(states=waiting) and study.user_attrs[Attr.LAYOUT_ROUNDS_LATER] == [2]
 
     sampled = optuna.create_study(direction="maximize")
     layouts(sampled, measured(sampled, fp32, 100.0, coverage=True))
     sampled.tell(sampled.ask(), 90.0)
     layouts(sampled, measured(sampled, bf16, 150.0))  # found by the sampler, which explores layouts itself
-    assert not sampled.get_trials(states=waiting) and LATER_ROUNDS_ATTR not in sampled.user_attrs
+    assert not sampled.get_trials(states=waiting) and Attr.LAYOUT_ROUNDS_LATER not in sampled.user_attrs
 
     generation = SearchSpace.parse(
         {"sequences": [1], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
@@ -788,7 +789,7 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     on an EPYC with VNNI, 231 against 361 on a Xeon with AMX): once the leader's split is measured, the
     better of the two layouts is measured again with the space's most sequences (at most 8x its own),
     once per study; not with a token latency bound, nor in a classifier's round."""
-    from autotune.tuning.layouts import ROUND_ATTR, SEQUENCES_ATTR, LayoutRound, most_sequences_variant
+    from autotune.tuning.layouts import LayoutRound, most_sequences_variant
 
     data = {"sequences": [1, 2, 4, 8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
     space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
@@ -809,11 +810,11 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
         layouts = LayoutRound(space, "throughput")
         study.enqueue_trial(space.coverage_params()[0], user_attrs={"coverage": True})
         run(study, layouts, 100.0)  # the leader, 1 x 2 with one sequence
-        assert study.user_attrs[ROUND_ATTR] == 0 and layouts_of(study) == [(2, 1, 1)]  # its split first, alone
+        assert study.user_attrs[Attr.LAYOUT_ROUND] == 0 and layouts_of(study) == [(2, 1, 1)]  # its split first, alone
         run(study, layouts, split_value)
         assert layouts_of(study) == [best_layout]  # the better layout with 8 sequences
         best = 1 if split_value > 100.0 else 0
-        assert study.user_attrs[SEQUENCES_ATTR] == best
+        assert study.user_attrs[Attr.SEQUENCES_ROUND] == best
         order = study.get_trials(states=waiting)[0].user_attrs["order"]
         assert order.startswith(f"layout round: the best layout #{best} ") and order.endswith(
             "8 sequences (the most the space lists)"
@@ -825,7 +826,7 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     bounded.enqueue_trial(space.coverage_params()[0], user_attrs={"coverage": True})
     run(bounded, layouts, 100.0)
     run(bounded, layouts, 150.0)
-    assert layouts_of(bounded) == [] and SEQUENCES_ATTR not in bounded.user_attrs
+    assert layouts_of(bounded) == [] and Attr.SEQUENCES_ROUND not in bounded.user_attrs
     assert most_sequences_variant({"sequences": 8}, [1, 8], "sequences") is None  # already the most
     assert most_sequences_variant({"sequences": 1}, [1, 16], "sequences") is None  # more than 8x: too far a jump
     assert most_sequences_variant({"sequences": 2}, [1, 4, 16, 64], "sequences") == {"sequences": 16}
@@ -840,7 +841,7 @@ def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_e
     weight for all of them; a latency objective, a token bound or a classifier keep the baseline's batch.
     A generation leader's splits keep its sequences on each instance (no halved batch), and no
     most-sequences trial follows when the leader already runs the most."""
-    from autotune.tuning.layouts import LAYOUT_QUEUE_ATTR, SEQUENCES_ATTR, LayoutRound, coverage_batch
+    from autotune.tuning.layouts import LayoutRound, coverage_batch
 
     data = {"sequences": [1, 2, 4, 8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
     space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
@@ -867,12 +868,12 @@ def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_e
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     fixed = [t.system_attrs["fixed_params"] for t in waiting]
     assert [(p["instances"], p["threads_per_instance"], p["sequences"]) for p in fixed] == [(2, 1, 8)]
-    assert study.user_attrs[LAYOUT_QUEUE_ATTR] == []
+    assert study.user_attrs[Attr.LAYOUT_QUEUE] == []
     trial = study.ask()
     space.suggest(trial)
     trial.set_user_attr("valid", True)
     layouts(study, study.tell(trial, 150.0))
-    assert study.user_attrs[SEQUENCES_ATTR] == -1  # the leader already runs the most sequences
+    assert study.user_attrs[Attr.SEQUENCES_ROUND] == -1  # the leader already runs the most sequences
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
 
 
@@ -880,8 +881,8 @@ def test_a_generation_studys_coverage_after_the_round_runs_at_the_rounds_best_la
     """Text generation has no round for each family that leads; the coverage trials released after the
     first round run at its best layout instead (its leader's or a split's, at the leader's sequences),
     saying so; where the leader's layout won, they run as they were."""
-    from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR
-    from autotune.tuning.layouts import ROUND_ATTR, LayoutRound
+
+    from autotune.tuning.layouts import LayoutRound
 
     data = {"sequences": [8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16", "woq_int8"]}}}
     space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
@@ -899,7 +900,7 @@ def test_a_generation_studys_coverage_after_the_round_runs_at_the_rounds_best_la
         study = optuna.create_study(direction="maximize")
         study.enqueue_trial(fp32, user_attrs={"coverage": True})
         queue = [{"params": p, "order": f"coverage {n}/3", "late": n == 3} for n, p in ((2, bf16), (3, woq))]
-        study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+        study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
         return study, bf16, woq
 
     split_layout = {"instances": 2, "threads_per_instance": 1}
@@ -907,7 +908,7 @@ def test_a_generation_studys_coverage_after_the_round_runs_at_the_rounds_best_la
         study, bf16, woq = started(space)
         layouts = LayoutRound(space, "throughput")
         ((split, _),) = run(study, layouts, 100.0)  # the leader, 1 x 2
-        assert study.user_attrs[ROUND_ATTR] == 0 and split["instances"] == 2
+        assert study.user_attrs[Attr.LAYOUT_ROUND] == 0 and split["instances"] == 2
         ((released, order),) = run(study, layouts, split_value)  # its split; then bf16's coverage
         assert released == {**bf16, **layout}, order
         assert order.endswith("(at the layout round's best layout: 2 instance(s) x 1 thread(s))") == bool(layout)
@@ -937,7 +938,7 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
     follows the splits of the leader it measures; a family leading in between would get none), then the
     most sequences, then the coverage. A worker releasing a split drops it from the queue as stored, so
     splits another worker held meanwhile (a later leader's) stay."""
-    from autotune.results.leaderboard import COVERAGE_QUEUE_ATTR, LAYOUT_QUEUE_ATTR
+
     from autotune.tuning.layouts import LayoutRound
 
     data = {"sequences": [1, 8], "instances": [1, 2, 4], "backends": {"eager": {"precision": ["fp32", "bf16"]}}}
@@ -946,7 +947,7 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
     waiting = (optuna.trial.TrialState.WAITING,)
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(fp32, user_attrs={"coverage": True})
-    study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": bf16, "order": "coverage 2/2", "late": False}])
+    study.set_user_attr(Attr.COVERAGE_QUEUE, [{"params": bf16, "order": "coverage 2/2", "late": False}])
     layouts = LayoutRound(space, "throughput")
     released = []
     for value in (100.0, 90.0, 80.0, 70.0):
@@ -962,10 +963,10 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
     fleet = optuna.create_study(direction="maximize")
     mine = {"params": {**fp32, "instances": 2, "threads_per_instance": 4}, "order": "layout round: #0 as 2"}
     theirs = {"params": {**bf16, "instances": 2, "threads_per_instance": 4}, "order": "layout round: #3 as 2"}
-    fleet.set_user_attr(LAYOUT_QUEUE_ATTR, [theirs, mine])  # held by another worker after this one read [mine]
+    fleet.set_user_attr(Attr.LAYOUT_QUEUE, [theirs, mine])  # held by another worker after this one read [mine]
     LayoutRound(space, "throughput")._release(fleet, [], [mine])
     assert fleet.get_trials(states=waiting)[0].system_attrs["fixed_params"] == mine["params"]
-    assert fleet.user_attrs[LAYOUT_QUEUE_ATTR] == [theirs]
+    assert fleet.user_attrs[Attr.LAYOUT_QUEUE] == [theirs]
 
 
 def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family_leads():
@@ -976,7 +977,7 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
     elsewhere (one may lead, and the late families wait for the round); with nothing completed to
     lead a round they run at once; a study begun before the queue keeps its late plans."""
     from autotune.results.leaderboard import study_summary
-    from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, LEGACY_LATE_COVERAGE_ATTR, ROUND_ATTR, LayoutRound
+    from autotune.tuning.layouts import LayoutRound
     from autotune.tuning.payoff import order_by_payoff
 
     space = SearchSpace.parse(
@@ -1000,16 +1001,16 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(baseline, user_attrs={"baseline": True})
     study.set_user_attr(
-        COVERAGE_QUEUE_ATTR, [{"params": covered, "order": "coverage 1/3", "late": False}, may_lead, late]
+        Attr.COVERAGE_QUEUE, [{"params": covered, "order": "coverage 1/3", "late": False}, may_lead, late]
     )
     layouts = LayoutRound(space, "throughput")
     layouts(study)  # the baseline waits: nothing moves
-    assert len(study.user_attrs[COVERAGE_QUEUE_ATTR]) == 3
+    assert len(study.user_attrs[Attr.COVERAGE_QUEUE]) == 3
     layouts(study, run(study, 100.0))  # the baseline leads: the next coverage trial, no round
     (released,) = study.get_trials(states=waiting)
     assert released.system_attrs["fixed_params"] == covered
     assert released.user_attrs == {"coverage": True, "order": "coverage 1/3"}
-    assert ROUND_ATTR not in study.user_attrs and study.user_attrs[COVERAGE_QUEUE_ATTR] == [may_lead, late]
+    assert Attr.LAYOUT_ROUND not in study.user_attrs and study.user_attrs[Attr.COVERAGE_QUEUE] == [may_lead, late]
     assert study_summary(study) == "2 trials: 1 COMPLETE, 1 WAITING; 2 coverage trial(s) not run yet"
 
     def released_next():
@@ -1019,7 +1020,7 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
 
     layouts(study, run(study, 120.0))  # a coverage family leads: its splits, in turn with the coverage that may lead
     *split, first = released_next()
-    assert split == ["eager", "fp32", 2, 8] and study.user_attrs[ROUND_ATTR] == 1  # the samples in flight first
+    assert split == ["eager", "fp32", 2, 8] and study.user_attrs[Attr.LAYOUT_ROUND] == 1  # the samples in flight first
     assert first.user_attrs["layout"] and first.user_attrs["order"].endswith(
         "batch_size 8 (the same samples in flight) (in turn with the 1 coverage trial(s) that may lead, still held)"
     )
@@ -1032,51 +1033,53 @@ def test_coverage_is_released_a_trial_at_a_time_and_the_round_runs_once_a_family
     layouts(study, run(study, 90.0))
     *split, trial = released_next()  # the other split, then only the family expected to lose is left
     assert split == ["eager", "fp32", 2, 16] and "in turn" not in trial.user_attrs["order"]
-    assert study.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    assert study.user_attrs[Attr.COVERAGE_QUEUE] == [late]
     layouts(study, run(study, 90.0))
     (after,) = study.get_trials(states=waiting)
     assert after.user_attrs["coverage"] and after.user_attrs["order"] == f"{bf16.order} (after the layout round)"
-    assert study.user_attrs[COVERAGE_QUEUE_ATTR] == []
+    assert study.user_attrs[Attr.COVERAGE_QUEUE] == []
 
     baseline_leads = optuna.create_study(direction="maximize")
     baseline_leads.enqueue_trial(baseline, user_attrs={"baseline": True})
     baseline_leads.enqueue_trial(covered, user_attrs={"coverage": True})
-    baseline_leads.set_user_attr(COVERAGE_QUEUE_ATTR, [late])
+    baseline_leads.set_user_attr(Attr.COVERAGE_QUEUE, [late])
     done = run(baseline_leads, 100.0)
     elsewhere = baseline_leads.ask()  # the last coverage trial runs in another worker of a fleet: it may lead
     layouts(baseline_leads, done)
-    assert ROUND_ATTR not in baseline_leads.user_attrs and baseline_leads.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    assert Attr.LAYOUT_ROUND not in baseline_leads.user_attrs and baseline_leads.user_attrs[Attr.COVERAGE_QUEUE] == [
+        late
+    ]
     layouts(baseline_leads, baseline_leads.tell(elsewhere, state=optuna.trial.TrialState.PRUNED))
     # only bf16 left, nothing running: the baseline's split first
-    assert baseline_leads.user_attrs[ROUND_ATTR] == 0
+    assert baseline_leads.user_attrs[Attr.LAYOUT_ROUND] == 0
     assert [t.user_attrs.get("layout") for t in baseline_leads.get_trials(states=waiting)] == [True]
 
     nothing_led = optuna.create_study(direction="maximize")
-    nothing_led.set_user_attr(COVERAGE_QUEUE_ATTR, [late])
+    nothing_led.set_user_attr(Attr.COVERAGE_QUEUE, [late])
     layouts(nothing_led)  # no completed trial: the late coverage at once, no round yet
     (queued_now,) = nothing_led.get_trials(states=waiting)
     assert queued_now.user_attrs["order"].endswith("(no completed trial to lead a layout round)")
-    assert ROUND_ATTR not in nothing_led.user_attrs
+    assert Attr.LAYOUT_ROUND not in nothing_led.user_attrs
     layouts(nothing_led, run(nothing_led, 10.0))
-    assert nothing_led.user_attrs[ROUND_ATTR] == 0  # the bf16 trial leads: its split is queued
+    assert nothing_led.user_attrs[Attr.LAYOUT_ROUND] == 0  # the bf16 trial leads: its split is queued
 
     # A run that died after the round was marked and before the late coverage was enqueued: the next call
     # releases it; so does a process with no round of its own (a fleet worker with one instance count);
     # a study begun before the queue existed holds its late plans under their old name.
     for study_objective, round_marked, attr, after_text in (
-        ("throughput", True, COVERAGE_QUEUE_ATTR, "(after the layout round)"),
-        ("latency", False, COVERAGE_QUEUE_ATTR, "(after the enqueued rounds; no layout round in this process)"),
-        ("throughput", True, LEGACY_LATE_COVERAGE_ATTR, "(after the layout round)"),
+        ("throughput", True, Attr.COVERAGE_QUEUE, "(after the layout round)"),
+        ("latency", False, Attr.COVERAGE_QUEUE, "(after the enqueued rounds; no layout round in this process)"),
+        ("throughput", True, Attr.LATE_COVERAGE, "(after the layout round)"),
     ):
         died = optuna.create_study(direction="maximize")
         died.set_user_attr(attr, [{**late, "params": covered}, late])  # the first already ran: skipped
         died.enqueue_trial(covered)
         died.tell(died.ask(), 1.0)
         if round_marked:
-            died.set_user_attr(ROUND_ATTR, 0)
+            died.set_user_attr(Attr.LAYOUT_ROUND, 0)
         LayoutRound(space, study_objective)(died)
         (released,) = died.get_trials(states=waiting)
-        assert released.user_attrs["order"].endswith(after_text) and died.user_attrs[COVERAGE_QUEUE_ATTR] == []
+        assert released.user_attrs["order"].endswith(after_text) and died.user_attrs[Attr.COVERAGE_QUEUE] == []
 
 
 def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_runs_after_the_others():
@@ -1085,7 +1088,7 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     after eager's) are moved behind the rest of the round (one expected to lose: behind the other late
     families), saying why; other group sizes and precisions keep their place, and so do fp32 and bf16
     (each backend converts them its own way)."""
-    from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, ROUND_ATTR, SEQUENCES_ATTR, LayoutRound
+    from autotune.tuning.layouts import LayoutRound
 
     space = SearchSpace.parse(
         {
@@ -1116,12 +1119,12 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
         return study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
     study = optuna.create_study(direction="maximize")
-    study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+    study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
     layouts = LayoutRound(space, "throughput")
     layouts(study, pruned_on_drift(study, plans["eager", "woq_int4"]))
     (released,) = study.get_trials(states=waiting)
     assert released.system_attrs["fixed_params"] == other_group  # group 32: other weights, not deferred
-    held = study.user_attrs[COVERAGE_QUEUE_ATTR]
+    held = study.user_attrs[Attr.COVERAGE_QUEUE]
     assert [plan["params"] for plan in held] == [plans["inductor", "woq_int8"], plans["inductor", "woq_int4"]]
     assert held[1]["deferred"] and not held[1].get("late")
     assert (
@@ -1133,28 +1136,28 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
     baseline_leads = optuna.create_study(direction="maximize")
     baseline_leads.enqueue_trial(plans["eager", "fp32"], user_attrs={"baseline": True})
     baseline_leads.tell(baseline_leads.ask(), 45.0)
-    baseline_leads.set_user_attr(COVERAGE_QUEUE_ATTR, [queue[0], late])
+    baseline_leads.set_user_attr(Attr.COVERAGE_QUEUE, [queue[0], late])
     layouts(baseline_leads, pruned_on_drift(baseline_leads, plans["eager", "woq_int4"]))
     (next_up,) = baseline_leads.get_trials(states=waiting)
     assert next_up.system_attrs["fixed_params"] == plans["inductor", "woq_int4"], "deferred once, then released"
-    assert baseline_leads.user_attrs[COVERAGE_QUEUE_ATTR] == [late]
+    assert baseline_leads.user_attrs[Attr.COVERAGE_QUEUE] == [late]
 
     # A family expected to lose whose weights drifted in eager's trial goes behind the other late families, once.
     late_other = {"params": plans["eager", "fp32"], "order": "coverage 8", "late": True}
 
     def after_round_with(waiting_plan: dict, pruned: dict) -> optuna.study.Study:
         after_round = optuna.create_study(direction="maximize")
-        after_round.set_user_attr(ROUND_ATTR, 0)
-        after_round.set_user_attr(SEQUENCES_ATTR, -1)
+        after_round.set_user_attr(Attr.LAYOUT_ROUND, 0)
+        after_round.set_user_attr(Attr.SEQUENCES_ROUND, -1)
         late_drifted = {"params": waiting_plan, "order": "coverage 7", "late": True}
-        after_round.set_user_attr(COVERAGE_QUEUE_ATTR, [late_drifted, late_other])
+        after_round.set_user_attr(Attr.COVERAGE_QUEUE, [late_drifted, late_other])
         layouts(after_round, pruned_on_drift(after_round, pruned))
         return after_round
 
     after_round = after_round_with(plans["inductor", "woq_int8"], plans["eager", "woq_int8"])
     (next_up,) = after_round.get_trials(states=waiting)
     assert next_up.system_attrs["fixed_params"] == plans["eager", "fp32"]
-    (held_late,) = after_round.user_attrs[COVERAGE_QUEUE_ATTR]
+    (held_late,) = after_round.user_attrs[Attr.COVERAGE_QUEUE]
     assert held_late["params"] == plans["inductor", "woq_int8"] and held_late["deferred"] and held_late["late"]
     # A drift in a compiled trial is not the weights': inductor's own kernels can break what eager runs well
     # (da8w8 decoded garbage at one sequence on a Xeon with AMX; eager's trial of the same weights passed).
@@ -1180,17 +1183,17 @@ def test_a_generation_coverage_trial_whose_quantized_weights_drifted_elsewhere_r
 def released_after_a_drift(space: SearchSpace, queued: dict, pruned: dict) -> tuple[str, list]:
     """A study holding one coverage plan, `queued`, when a trial of `pruned` is pruned on drift: the order
     the plan is released with, and the queue left."""
-    from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, LayoutRound
+    from autotune.tuning.layouts import LayoutRound
 
     study = optuna.create_study(direction="maximize")
-    study.set_user_attr(COVERAGE_QUEUE_ATTR, [{"params": queued, "order": "coverage 2", "late": False}])
+    study.set_user_attr(Attr.COVERAGE_QUEUE, [{"params": queued, "order": "coverage 2", "late": False}])
     study.enqueue_trial(pruned)
     trial = study.ask()
     trial.set_user_attr("config", space.suggest(trial).to_json())
     trial.set_user_attr("prune_reason", "drift: relative_l2 drop 0.2 > max 0.05")
     LayoutRound(space, "throughput")(study, study.tell(trial, state=optuna.trial.TrialState.PRUNED))
     (released,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    return released.user_attrs["order"], study.user_attrs[COVERAGE_QUEUE_ATTR]
+    return released.user_attrs["order"], study.user_attrs[Attr.COVERAGE_QUEUE]
 
 
 def test_a_drift_measured_by_an_older_artifact_builder_is_not_reused():

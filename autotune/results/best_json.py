@@ -19,6 +19,7 @@ from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
+from autotune.records.attributes import Attr
 from autotune.records.best import (
     Baseline,
     BestJson,
@@ -106,7 +107,7 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
             "rerun 'autotune search' on a quieter machine (same command resumes)"
         )
     maximize = maximizes(study)
-    record = study.user_attrs.get("finalists")
+    record = study.user_attrs.get(Attr.FINALISTS)
     if record:
         record = decide(record, maximize)  # from the stored runs, with the current selection rule
     # A noisy contender may win the finalist round: its interleaved clean runs decided, not its flag.
@@ -168,7 +169,7 @@ def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
     if baseline is None:
         return None
     metrics = metrics_of(baseline)
-    config = baseline.user_attrs.get("config")
+    config = baseline.user_attrs.get(Attr.CONFIG)
     return Baseline(
         trial=baseline.number,
         config=None if config is None else config_from_json(config, "baseline.config"),
@@ -181,17 +182,17 @@ def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
 def _study_drift(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return drift_report(
         drift_of(trial),
-        study.user_attrs.get("spec", {}),
-        study.user_attrs.get("evaluation"),
-        study.user_attrs.get("calibration"),
-        study.user_attrs.get("reference_note"),
+        study.user_attrs.get(Attr.SPEC, {}),
+        study.user_attrs.get(Attr.EVALUATION),
+        study.user_attrs.get(Attr.CALIBRATION),
+        study.user_attrs.get(Attr.REFERENCE_NOTE),
     )
 
 
 def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
     """The best.json record: the winner chosen by the finalist round, or the best clean trial."""
     best, record, why = choose_winner(study)
-    spec = study.user_attrs.get("spec", {})
+    spec = study.user_attrs.get(Attr.SPEC, {})
     attrs = best.user_attrs
     baseline = baseline_trial(study)
     base_sps = metrics_of(baseline).throughput_sps if baseline else None
@@ -215,7 +216,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         server=server_summary(metrics["server"]) if metrics.get("server") else None,
         pareto_front=pareto_front(study) if pareto else None,
         finalists=_finalist_view(record, best.number),
-        model=study.user_attrs.get("model_for_trials", spec.get("model")),
+        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.get("model")),
         config=config_from_json(attrs["config"]),
         runtime=attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
         environment=attrs.get("env", {}),
@@ -232,7 +233,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         baseline=_baseline(baseline),
         speedup_vs_baseline=speedup,
         speedup_source=source,
-        fingerprint=study.user_attrs.get("fingerprint"),
+        fingerprint=study.user_attrs.get(Attr.FINGERPRINT),
     )
 
 
@@ -366,8 +367,8 @@ def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
             "trial": t.number,
             "throughput_sps": t.values[0],
             "p99_ms": t.values[1],
-            "config": t.user_attrs.get("config"),
-            "config_summary": t.user_attrs.get("config_summary"),
+            "config": t.user_attrs.get(Attr.CONFIG),
+            "config_summary": t.user_attrs.get(Attr.CONFIG_SUMMARY),
         }
         for t in sorted(front, key=lambda t: -t.values[0])
     ]
@@ -375,12 +376,12 @@ def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
 
 def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
-    spec = study.user_attrs.get("spec", {})
+    spec = study.user_attrs.get(Attr.SPEC, {})
     criterion = criterion_of(spec)
     measured = [
         (criterion.drop(drift), t)
         for t in study.get_trials(deepcopy=False)
-        if (drift := drift_of(t)) is not None and t.user_attrs.get("config") and criterion.exceeded(drift)
+        if (drift := drift_of(t)) is not None and t.user_attrs.get(Attr.CONFIG) and criterion.exceeded(drift)
     ]
     measured = [(drop, t) for drop, t in measured if drop is not None]
     return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
@@ -389,7 +390,7 @@ def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | N
 def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> BestJson:
     """best.json for a study where no configuration met the drift bound: the closest one, marked so,
     with its drift and how to run it, but no speed (it was never timed)."""
-    spec = study.user_attrs.get("spec", {})
+    spec = study.user_attrs.get(Attr.SPEC, {})
     attrs = trial.user_attrs
     drift = _study_drift(study, trial)
     return BestJson(
@@ -404,12 +405,12 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
             "--max-drift, "
             "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
         ),
-        model=study.user_attrs.get("model_for_trials", spec.get("model")),
+        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.get("model")),
         config=config_from_json(attrs["config"]),
         runtime=attrs.get("runtime"),
         environment=attrs.get("env"),
         drift=drift,
-        fingerprint=study.user_attrs.get("fingerprint"),
+        fingerprint=study.user_attrs.get(Attr.FINGERPRINT),
     )
 
 

@@ -15,6 +15,7 @@ import optuna
 from rich.table import Table
 
 from autotune.common.errors import UserError
+from autotune.records.attributes import Attr
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import (
     baseline_trial,
@@ -74,7 +75,7 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
     server = is_server(study)
     latency: tuple[str, ...] = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
     if server:  # the sustained rate first; the closed-loop throughput and one call's latency beside it
-        bound = (study.user_attrs.get("spec") or {}).get("slo_ms")
+        bound = (study.user_attrs.get(Attr.SPEC) or {}).get("slo_ms")
         latency = (f"requests/s at p99<={bound:g}ms", "p99 ms there", "wait ms", "closed-loop samples/s")
     columns = ("#", "trial", "config", *(() if server else (throughput_unit(study),)), *latency, "drift (rel. L2)")
     for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):
@@ -127,9 +128,9 @@ MAX_LISTED_TRIALS = 8
 def _outcome_cause(trial: optuna.trial.FrozenTrial) -> tuple[str, str]:
     """(group key, the trial's own cause) of a failed or pruned trial."""
     if trial.state == optuna.trial.TrialState.FAIL:
-        cause = (trial.user_attrs.get("fail_cause") or "unknown (no cause recorded)").splitlines()[0]
+        cause = (trial.user_attrs.get(Attr.FAIL_CAUSE) or "unknown (no cause recorded)").splitlines()[0]
         return cause_group(cause), cause
-    reason = (trial.user_attrs.get("prune_reason") or "pruned").splitlines()[0]
+    reason = (trial.user_attrs.get(Attr.PRUNE_REASON) or "pruned").splitlines()[0]
     for prefix, kind in PRUNE_KINDS:
         if reason.startswith(prefix):
             return kind, reason
@@ -196,8 +197,6 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
 
 # On the study: the coverage trials and the layout round's splits the search holds back and releases one at
 # a time (tuning/layouts.py).
-COVERAGE_QUEUE_ATTR = "coverage_queue"
-LAYOUT_QUEUE_ATTR = "layout_queue"
 
 
 def study_summary(study: optuna.study.Study) -> str:
@@ -206,8 +205,8 @@ def study_summary(study: optuna.study.Study) -> str:
     summary = f"{len(study.trials)} trials: " + ", ".join(
         f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s]
     )
-    held = len(study.user_attrs.get(COVERAGE_QUEUE_ATTR) or [])
-    splits = len(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])
+    held = len(study.user_attrs.get(Attr.COVERAGE_QUEUE) or [])
+    splits = len(study.user_attrs.get(Attr.LAYOUT_QUEUE) or [])
     return (
         summary
         + (f"; {held} coverage trial(s) not run yet" if held else "")

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 
+from autotune.records.attributes import Attr
 from autotune.results.budget_breakdown import budget_breakdown
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
 from autotune.results.selection import (
@@ -126,7 +127,7 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
     base = (baseline.value if server else metrics_of(baseline).throughput_sps) if baseline else None
     best: dict[str, float] = {}
     for trial in clean_trials(study):
-        config = trial.user_attrs.get("config") or {}
+        config = trial.user_attrs.get(Attr.CONFIG) or {}
         key = f"{config.get('backend')} {config.get('precision')}"
         value = (trial.value or 0.0) if server else metrics_of(trial).throughput_sps
         best[key] = max(best.get(key, 0.0), value)
@@ -145,9 +146,9 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
 
 
 def drift_chart(study: optuna.study.Study) -> str | None:
-    spec = study.user_attrs.get("spec", {})
+    spec = study.user_attrs.get(Attr.SPEC, {})
     points = [
-        (metrics.drift.relative_l2, metrics.throughput_sps, (t.user_attrs.get("config") or {}).get("backend"))
+        (metrics.drift.relative_l2, metrics.throughput_sps, (t.user_attrs.get(Attr.CONFIG) or {}).get("backend"))
         for t in clean_trials(study)
         if (metrics := metrics_of(t)).drift is not None
     ]
@@ -262,9 +263,9 @@ def _leaderboard(study: optuna.study.Study, server: bool) -> str:
 
 
 def build_report(study: optuna.study.Study) -> str:
-    spec = study.user_attrs.get("spec", {})
+    spec = study.user_attrs.get(Attr.SPEC, {})
     model = (spec.get("model") or {}).get("name", "?")
-    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware", {})
+    hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware", {})
     server = is_server(study)
     charts = [
         (

@@ -13,13 +13,14 @@ import optuna
 
 from autotune.measure.drift import Drift
 from autotune.measure.serving import RELATIVE_TOLERANCE
+from autotune.records.attributes import Attr
 from autotune.records.metrics import FinalistRun, TrialMetrics
 
 
 def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The completed eager fp32 baseline trial, if the study has one."""
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if trial.user_attrs.get("baseline"):
+        if trial.user_attrs.get(Attr.BASELINE):
             return trial
     return None
 
@@ -31,23 +32,23 @@ def metrics_of(trial: optuna.trial.FrozenTrial) -> TrialMetrics:
 
 def drift_of(trial: optuna.trial.FrozenTrial) -> Drift | None:
     """The drift a trial measured or reused (PRUNED trials have one too), or None."""
-    stored = trial.user_attrs.get("drift")
+    stored = trial.user_attrs.get(Attr.DRIFT)
     return Drift.from_json(stored) if stored else None
 
 
 def relative_noise(trial: optuna.trial.FrozenTrial) -> float:
     """Relative half-width of a completed trial's throughput (or median latency) confidence interval; for
     the server scenario, the rate search's tolerance."""
-    if trial.user_attrs.get("server"):
+    if trial.user_attrs.get(Attr.SERVER):
         return RELATIVE_TOLERANCE
-    measurement = trial.user_attrs.get("measurement") or {}
+    measurement = trial.user_attrs.get(Attr.MEASUREMENT) or {}
     value = measurement.get("throughput_ci_rel")
     return float(value) if value is not None and math.isfinite(value) else 0.0
 
 
 def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
     """A completed measurement that no noise check flagged (trials from before the checks count as valid)."""
-    return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get("valid", True) is not False
+    return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get(Attr.VALID, True) is not False
 
 
 def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
@@ -56,18 +57,18 @@ def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.user_attrs.get("valid", True) is False
+        if t.user_attrs.get(Attr.VALID, True) is False
     ]
 
 
 def throughput_unit(study: optuna.study.Study) -> str:
     """tokens/s for a generation study (generated tokens), samples/s otherwise."""
-    return "tokens/s" if (study.user_attrs.get("spec") or {}).get("task") == "generate" else "samples/s"
+    return "tokens/s" if (study.user_attrs.get(Attr.SPEC) or {}).get("task") == "generate" else "samples/s"
 
 
 def is_server(study: optuna.study.Study) -> bool:
     """A study of the server scenario: its value is a sustained request rate at a p99 bound."""
-    return (study.user_attrs.get("spec") or {}).get("objective") == "server"
+    return (study.user_attrs.get(Attr.SPEC) or {}).get("objective") == "server"
 
 
 def primary_unit(study: optuna.study.Study) -> str:

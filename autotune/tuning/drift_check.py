@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from autotune.measure.drift import Drift, DriftCriterion
+from autotune.records.attributes import Attr
 from autotune.results.selection import drift_of
 
 
@@ -35,13 +36,13 @@ def reuse_known_drift(
 ) -> Drift | None:
     """The drift an earlier trial of the same numerics measured, recorded on this trial; beyond the bound,
     the trial is pruned before anything is launched."""
-    known = same_numerics_drift(trial.study, trial.user_attrs["numerics_key"], reference_digest, sequences)
+    known = same_numerics_drift(trial.study, trial.user_attrs[Attr.NUMERICS_KEY], reference_digest, sequences)
     if known is not None:
-        trial.set_user_attr("drift", known.to_json())
+        trial.set_user_attr(Attr.DRIFT, known.to_json())
         if drift_prunes(trial, known, criterion):
             verdict = criterion.verdict(known)
             reason = f"{verdict}, as measured by trial {known.reused_from} (same numerics): not launched"
-            trial.set_user_attr("prune_reason", reason)
+            trial.set_user_attr(Attr.PRUNE_REASON, reason)
             raise optuna.TrialPruned(reason)
     return known
 
@@ -51,10 +52,10 @@ def judge_measured_drift(trial: optuna.trial.Trial, payload: dict[str, Any] | No
     if payload is None:
         return
     drift = Drift.from_json(payload)
-    trial.set_user_attr("drift", drift.to_json())
+    trial.set_user_attr(Attr.DRIFT, drift.to_json())
     if drift_prunes(trial, drift, criterion):
         reason = criterion.verdict(drift)
-        trial.set_user_attr("prune_reason", reason)
+        trial.set_user_attr(Attr.PRUNE_REASON, reason)
         raise optuna.TrialPruned(reason)
 
 
@@ -67,11 +68,11 @@ def same_numerics_drift(
     `sequences`: a language model's drift, measured at its timed sequences, is reused at the same only
     (inductor da8w8 on a Xeon with AMX: garbage decode steps at 1 sequence, 0.045 at 8)."""
     for earlier in study.get_trials(deepcopy=False):
-        if earlier.user_attrs.get("numerics_key") != numerics_key:
+        if earlier.user_attrs.get(Attr.NUMERICS_KEY) != numerics_key:
             continue
-        if sequences is not None and (earlier.user_attrs.get("config") or {}).get("batch_size") != sequences:
+        if sequences is not None and (earlier.user_attrs.get(Attr.CONFIG) or {}).get("batch_size") != sequences:
             continue
-        if earlier.user_attrs.get("drift_reference") != reference_digest:
+        if earlier.user_attrs.get(Attr.DRIFT_REFERENCE) != reference_digest:
             continue
         drift = drift_of(earlier)
         if drift is not None and drift.reused_from is None:

@@ -20,6 +20,7 @@ import optuna
 
 from autotune.common.errors import TrialFailed
 from autotune.measure.drift import Drift
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import FinalistRun, TrialBudget, TrialMetrics
 from autotune.results.selection import (
@@ -40,7 +41,7 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
     decide it. In this order a round too short for all of them keeps the first (candidates_that_fit)."""
     picked, seen = [], set()
     for trial in clean_trials(study):
-        key = trial.user_attrs.get("config_summary") or str(trial.params)
+        key = trial.user_attrs.get(Attr.CONFIG_SUMMARY) or str(trial.params)
         if key not in seen:
             seen.add(key)
             picked.append(trial)
@@ -52,7 +53,7 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
     best = primary_value(picked[0])
     ahead_of_best = []
     for trial in sorted(noisy_contenders(study), key=primary_value, reverse=maximize)[:count]:
-        key = trial.user_attrs.get("config_summary") or str(trial.params)
+        key = trial.user_attrs.get(Attr.CONFIG_SUMMARY) or str(trial.params)
         ahead = primary_value(trial) > best if maximize else primary_value(trial) < best
         if ahead and key not in seen:
             seen.add(key)
@@ -106,7 +107,7 @@ def run_finalists(
         "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
     }
     decide(record, maximize)
-    study.set_user_attr("finalists", record)
+    study.set_user_attr(Attr.FINALISTS, record)
     return record
 
 
@@ -119,7 +120,7 @@ def finalist_entries(
     entries = [
         {
             "trial": t.number,
-            "config": t.user_attrs["config"],
+            "config": t.user_attrs[Attr.CONFIG],
             "search_value": t.value,
             "runs": [],
             "candidate": True,
@@ -131,7 +132,7 @@ def finalist_entries(
         entries.append(
             {
                 "trial": base_number,
-                "config": baseline.user_attrs["config"],
+                "config": baseline.user_attrs[Attr.CONFIG],
                 "search_value": baseline.value,
                 "runs": [],
                 "candidate": False,
@@ -239,11 +240,11 @@ def finalist_run_s(trial: optuna.trial.FrozenTrial) -> float:
     """What one finalist run of the trial should cost: its trial's time without the drift evaluation (a
     finalist reuses the search's drift) and without its artifact's preparation (the round reuses the
     cached artifact), unless another host built it (a fleet: this host's cache may not hold it)."""
-    recorded = trial.user_attrs.get("budget")
+    recorded = trial.user_attrs.get(Attr.BUDGET)
     if not recorded:  # a trial from before the budget was recorded
         return _trial_seconds(trial)[0]
     budget = TrialBudget.from_json(recorded)
-    elsewhere = trial.user_attrs.get("host") not in (None, socket.gethostname())
+    elsewhere = trial.user_attrs.get(Attr.HOST) not in (None, socket.gethostname())
     run_s = budget.total_s - budget.preparing_s - budget.starting_s + START_S
     return max(START_S, run_s + (budget.preparing_s if elsewhere else 0.0))
 
@@ -265,7 +266,7 @@ def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
 
 
 def _search_drift(trial: optuna.trial.FrozenTrial) -> Drift | None:
-    drift = trial.user_attrs.get("drift")
+    drift = trial.user_attrs.get(Attr.DRIFT)
     return None if not drift else Drift.from_json(drift).reused_by_another(trial.number)
 
 
@@ -273,6 +274,6 @@ def _trial_seconds(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
     """How long the trial took in the search: the seconds without its artifact's preparation (what a
     finalist run with a cached artifact takes), and the preparation's."""
     if trial.datetime_start and trial.datetime_complete:
-        prepare_s = trial.user_attrs.get("prepare_s") or 0.0
+        prepare_s = trial.user_attrs.get(Attr.PREPARE_S) or 0.0
         return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - prepare_s), prepare_s
     return 30.0, 0.0

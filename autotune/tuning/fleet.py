@@ -18,6 +18,7 @@ import psutil
 
 from autotune.common.errors import UserError
 from autotune.machine.probe import format_cpu_ranges
+from autotune.records.attributes import Attr
 
 MAX_RETRIES = 2  # a configuration whose orchestrator died twice in a row is not tried a third time
 KEPT_ON_RETRY = (
@@ -53,12 +54,12 @@ def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenT
 
     Optuna's RetryFailedTrialCallback would copy every user attribute, the dead trial's cause and
     config included; the retry carries only why it was enqueued and which trial it repeats."""
-    retries = int(trial.user_attrs.get("retries", 0))
+    retries = int(trial.user_attrs.get(Attr.RETRIES, 0))
     params = trial.params or trial.system_attrs.get("fixed_params")  # an enqueued trial that died before suggesting
     if not params or retries >= MAX_RETRIES:
         return
     kept = {key: trial.user_attrs[key] for key in KEPT_ON_RETRY if key in trial.user_attrs}
-    study.enqueue_trial(params, user_attrs={**kept, "retry_of": trial.number, "retries": retries + 1})
+    study.enqueue_trial(params, user_attrs={**kept, Attr.RETRY_OF: trial.number, Attr.RETRIES: retries + 1})
 
 
 def _stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> set[int]:
@@ -86,7 +87,7 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
     grace = _grace_period(storage)
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("orchestrator") or {}
+        owner = trial.user_attrs.get(Attr.ORCHESTRATOR) or {}
         where = f"host {owner.get('host', '?')}, pid {owner.get('pid', '?')}"
         if dead_pids and owner.get("host") == host and owner.get("pid") != os.getpid() and not is_alive(owner):
             cause = f"the autotune process running it ({where}) died"

@@ -23,6 +23,7 @@ from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
+from autotune.records.attributes import Attr
 from autotune.records.options import DEFAULT_FINALISTS
 from autotune.records.spec import SearchSpec
 from autotune.tuning.storage import open_storage
@@ -37,10 +38,10 @@ def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict
         raise UserError(
             f"no study {study_name!r} in {mask_url(storage_url)}: create it with 'autotune search' first"
         ) from None
-    spec = study.user_attrs.get("spec")
+    spec = study.user_attrs.get(Attr.SPEC)
     if not spec:
         raise UserError(f"study {study_name!r} was not created by 'autotune search': it holds no settings to join with")
-    return spec, study.user_attrs.get("fingerprint")
+    return spec, study.user_attrs.get(Attr.FINGERPRINT)
 
 
 def _comparable(recorded: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ import optuna
 from autotune.backends.generation import precision_variant
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.speed_gate import GateVerdict
+from autotune.records.attributes import Attr
 from autotune.results.selection import clean_trials, primary_value
 
 # Lost by far: stopped by the speed gate at under this share of the best clean trial's work per core
@@ -67,20 +68,20 @@ def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> 
 
 def gate_verdict(trial: optuna.trial.FrozenTrial) -> GateVerdict | None:
     """Why the speed gate stopped the trial (its pace, stage and instance), or None if it did not."""
-    too_slow = trial.user_attrs.get("too_slow")
+    too_slow = trial.user_attrs.get(Attr.TOO_SLOW)
     return GateVerdict.from_json(too_slow) if too_slow else None
 
 
 def gate_pace_per_core(trial: optuna.trial.FrozenTrial, verdict: GateVerdict) -> float:
     """The stopped instance's pace over its own threads, samples/s per core."""
-    threads = (trial.user_attrs.get("config") or {}).get("threads_per_instance", 1)
+    threads = (trial.user_attrs.get(Attr.CONFIG) or {}).get("threads_per_instance", 1)
     return verdict.samples_per_s / threads
 
 
 def drift_far_beyond(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> float | None:
     """A trial pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound: its drop, else None."""
-    stored = trial.user_attrs.get("drift")
-    if not stored or not str(trial.user_attrs.get("prune_reason", "")).startswith("drift"):
+    stored = trial.user_attrs.get(Attr.DRIFT)
+    if not stored or not str(trial.user_attrs.get(Attr.PRUNE_REASON, "")).startswith("drift"):
         return None
     drop = criterion.drop(Drift.from_json(stored))
     return drop if drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop else None
@@ -99,9 +100,9 @@ def lost_by_far(
     (a language model's inductor int4 weights with fp32 activations on a Xeon with AMX: 600 s preparing, then TPE's next
     inductor int4 proposal 377 s more until the budget ran out); one cut short by the budget did not, nor
     the baseline, whose untuned settings are not the family's (a model that hangs there may not elsewhere)."""
-    cause = str(trial.user_attrs.get("fail_cause", ""))
+    cause = str(trial.user_attrs.get(Attr.FAIL_CAUSE, ""))
     timed_out = trial.state == optuna.trial.TrialState.FAIL and cause.startswith("timed out after")
-    if timed_out and not trial.user_attrs.get("baseline"):
+    if timed_out and not trial.user_attrs.get(Attr.BASELINE):
         return f"#{trial.number} {cause}"
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None
@@ -114,12 +115,12 @@ def lost_by_far(
             f"#{trial.number} ran {per_core:.3g} samples/s per core in its {verdict.stage} against the best's "
             f"{best_per_core:.3g}"
         )
-    same_numerics = trial.user_attrs.get("fallback_key") == proposal.fallback_key
-    if not same_numerics or trial.user_attrs.get("drift_reference") != proposal.drift_reference:
+    same_numerics = trial.user_attrs.get(Attr.FALLBACK_KEY) == proposal.fallback_key
+    if not same_numerics or trial.user_attrs.get(Attr.DRIFT_REFERENCE) != proposal.drift_reference:
         return None
     if (
         proposal.sequences is not None
-        and (trial.user_attrs.get("config") or {}).get("batch_size") != proposal.sequences
+        and (trial.user_attrs.get(Attr.CONFIG) or {}).get("batch_size") != proposal.sequences
     ):
         return None
     drop = drift_far_beyond(trial, criterion)
@@ -144,15 +145,15 @@ def hopeless_family(
         for t in study.get_trials(deepcopy=False, states=FINISHED)
         if t.number < before
         and "budget" in t.user_attrs  # launched: the orchestrator split its time
-        and (t.user_attrs.get("config") or {}).get("backend") == proposal.backend
-        and precision_variant_of(t.user_attrs.get("config") or {}) == proposal.precision
-        and (host is None or t.user_attrs.get("host") == host)
+        and (t.user_attrs.get(Attr.CONFIG) or {}).get("backend") == proposal.backend
+        and precision_variant_of(t.user_attrs.get(Attr.CONFIG) or {}) == proposal.precision
+        and (host is None or t.user_attrs.get(Attr.HOST) == host)
     ]
     if not launched:
         return None
     clean = clean_trials(study)
     best_per_core = (
-        samples_per_core_s(clean[0].user_attrs.get("config") or {}, objective, primary_value(clean[0]))
+        samples_per_core_s(clean[0].user_attrs.get(Attr.CONFIG) or {}, objective, primary_value(clean[0]))
         if clean
         else None
     )

@@ -37,22 +37,14 @@ from typing import Any
 import optuna
 
 from autotune.backends.generation import QUANTIZED, artifact_identity
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig
-from autotune.results.leaderboard import (
-    COVERAGE_QUEUE_ATTR,  # [{"params", "order", "late"}]
-    LAYOUT_QUEUE_ATTR,  # [{"params", "order"}]
-)
 from autotune.results.selection import is_valid, primary_value
 from autotune.tuning.pruners import best_clean
 from autotune.tuning.space import InfeasibleConfig, SearchSpace, family, most_threads
 
-ROUND_ATTR = "layout_round"  # on the study: the leader's trial number, once the round's splits are held
-LATER_ROUNDS_ATTR = "layout_rounds_later"  # on the study: the leaders of the rounds after the first
-SEQUENCES_ATTR = "sequences_round"  # generation: the trial given the most sequences, once enqueued (-1: none)
 OBJECTIVES = ("throughput", "server")  # both maximized
 ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
-LEGACY_LATE_COVERAGE_ATTR = "late_coverage"  # studies begun before the queue: the late plans alone
-RELEASED_LAST_ATTR = "released_last"  # on the study: "layout" or "coverage", which queue released the last trial
 
 
 def layout_variants(
@@ -129,7 +121,7 @@ def round_layout(study: optuna.study.Study, batch_param: str) -> dict[str, int] 
     one (on a 2-core Xeon with AMX, 8 sequences: inductor da8w8 led at 185.9 tokens/s as 1 x 2 and made
     220.4 as 2 x 1; eager bf16's coverage trial, 187.0 as 1 x 2, came after the round, and its 2 x 1,
     239.5 in a 60-minute search, was never measured in that 20-minute one; docs/BENCHMARKS.md)."""
-    first = study.user_attrs.get(ROUND_ATTR)
+    first = study.user_attrs.get(Attr.LAYOUT_ROUND)
     leader_trial = next((t for t in study.get_trials(deepcopy=False) if t.number == first), None)
     if leader_trial is None:
         return None
@@ -151,7 +143,7 @@ def round_trials(study: optuna.study.Study, leader_number: int) -> list[optuna.t
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.number == leader_number or t.user_attrs.get("layout")
+        if t.number == leader_number or t.user_attrs.get(Attr.LAYOUT)
     ]
 
 
@@ -171,8 +163,8 @@ def leader(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
 
 class LayoutRound:
     """Optuna callback (and called once before a run resumes). Where a layout round runs, the coverage
-    round waits on the study (COVERAGE_QUEUE_ATTR), and so do the round's splits once a family other
-    than the baseline leads (LAYOUT_QUEUE_ATTR); whenever nothing is waiting, the next trial is released,
+    round waits on the study (Attr.COVERAGE_QUEUE), and so do the round's splits once a family other
+    than the baseline leads (Attr.LAYOUT_QUEUE); whenever nothing is waiting, the next trial is released,
     a split and a coverage family that may lead in turn (text generation's splits back to back, see
     self.in_turn) (efficientnet_b0 on a 2-core EPYC: its winning
     split had waited 3 minutes behind three fp32 families that could not win; a 16-core Xeon's seven
@@ -201,9 +193,9 @@ class LayoutRound:
 
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
         queue = held_coverage(study)
-        splits = list(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])
-        round_due = self.active and ROUND_ATTR not in study.user_attrs
-        sequences_due = self.more_sequences and SEQUENCES_ATTR not in study.user_attrs
+        splits = list(study.user_attrs.get(Attr.LAYOUT_QUEUE) or [])
+        round_due = self.active and Attr.LAYOUT_ROUND not in study.user_attrs
+        sequences_due = self.more_sequences and Attr.SEQUENCES_ROUND not in study.user_attrs
         newcomer = None if round_due else self._new_leading_family(study)
         if not (round_due or sequences_due or queue or splits or newcomer):
             return
@@ -216,11 +208,13 @@ class LayoutRound:
             best = leader(study)
             if when == "now" and best is not None:
                 splits = self._hold_variants(study, best)
-                study.set_user_attr(ROUND_ATTR, best.number)  # last: one that dies first holds them again
+                study.set_user_attr(Attr.LAYOUT_ROUND, best.number)  # last: one that dies first holds them again
         elif newcomer is not None:
             splits = self._hold_variants(study, newcomer)
-            study.set_user_attr(LATER_ROUNDS_ATTR, [*study.user_attrs.get(LATER_ROUNDS_ATTR, []), newcomer.number])
-        if sequences_due and ROUND_ATTR in study.user_attrs and not splits:
+            study.set_user_attr(
+                Attr.LAYOUT_ROUNDS_LATER, [*study.user_attrs.get(Attr.LAYOUT_ROUNDS_LATER, []), newcomer.number]
+            )
+        if sequences_due and Attr.LAYOUT_ROUND in study.user_attrs and not splits:
             if self._layouts_running(study):  # the split measured elsewhere may be the best layout
                 return
             if self._enqueue_most_sequences(study):
@@ -235,7 +229,7 @@ class LayoutRound:
         best = leader(study)
         if best is None:
             return "not yet"
-        if not best.user_attrs.get("baseline"):
+        if not best.user_attrs.get(Attr.BASELINE):
             return "now"
         if not all(plan.get("late") for plan in queue):
             return "not yet"
@@ -249,12 +243,12 @@ class LayoutRound:
         on an EPYC with VNNI OpenVINO int8 took the lead at 5.5 minutes, and TPE found its split at 21.
         Not for text generation, where each split is a compile of minutes on two cores: its coverage after
         the round runs at the round's best layout instead (round_layout)."""
-        if not self.later_rounds or ROUND_ATTR not in study.user_attrs:
+        if not self.later_rounds or Attr.LAYOUT_ROUND not in study.user_attrs:
             return None
         best = best_clean(study)
-        if best is None or not (best.user_attrs.get("coverage") or best.user_attrs.get("prior")):
+        if best is None or not (best.user_attrs.get(Attr.COVERAGE) or best.user_attrs.get(Attr.PRIOR)):
             return None
-        leaders = study.user_attrs[ROUND_ATTR], *study.user_attrs.get(LATER_ROUNDS_ATTR, [])
+        leaders = study.user_attrs[Attr.LAYOUT_ROUND], *study.user_attrs.get(Attr.LAYOUT_ROUNDS_LATER, [])
         families = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
         return None if family(best.params) in families else best
 
@@ -262,7 +256,7 @@ class LayoutRound:
         """The leader's splits ahead of those still held (a later leader's are the likelier winners), on
         the study; what is now held."""
         space = self.space
-        summary = best.user_attrs.get("config_summary", "")
+        summary = best.user_attrs.get(Attr.CONFIG_SUMMARY, "")
         # A split keeps a generation leader's sequences on each instance: each instance's decode step reads
         # every weight once for its own sequences, so halving them halves what each read serves (eager bf16
         # on a 2-core Xeon with AMX as 2 x 1, Intel OpenMP: 239.5 tokens/s with 8 sequences each, 164.1 with 4).
@@ -270,7 +264,7 @@ class LayoutRound:
         variants = layout_variants(
             dict(best.params), space.instances, space.threads, space.cores, same_in_flight, space.batch_param
         )
-        held = list(study.user_attrs.get(LAYOUT_QUEUE_ATTR) or [])  # as stored now (a fleet shares it)
+        held = list(study.user_attrs.get(Attr.LAYOUT_QUEUE) or [])  # as stored now (a fleet shares it)
         plans = []
         for params in variants:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
@@ -279,13 +273,13 @@ class LayoutRound:
             why = f"layout round: the leader #{best.number} ({summary}) as {layout}"
             plans.append({"params": params, "order": why})
         held = [*plans, *(plan for plan in held if plan["params"] not in variants)]
-        study.set_user_attr(LAYOUT_QUEUE_ATTR, held)
+        study.set_user_attr(Attr.LAYOUT_QUEUE, held)
         return held
 
     def _enqueue_most_sequences(self, study: optuna.study.Study) -> bool:
         """Once the splits are measured: the best of the leader and its splits with the most sequences
         (most_sequences_variant), ahead of the coverage still held; whether one was enqueued."""
-        best = best_layout(study, study.user_attrs[ROUND_ATTR])
+        best = best_layout(study, study.user_attrs[Attr.LAYOUT_ROUND])
         space = self.space
         params = (
             None if best is None else most_sequences_variant(dict(best.params), space.batch_sizes, space.batch_param)
@@ -296,14 +290,16 @@ class LayoutRound:
                 f"layout round: the best layout #{best.number} ({best.user_attrs.get('config_summary', '')}) "
                 f"as {layout} with {params[space.batch_param]} {space.batch_param} (the most the space lists)"
             )
-            study.enqueue_trial(params, user_attrs={"layout": True, "order": why}, skip_if_exists=True)
-        study.set_user_attr(SEQUENCES_ATTR, -1 if params is None or best is None else best.number)  # last, as above
+            study.enqueue_trial(params, user_attrs={Attr.LAYOUT: True, Attr.ORDER: why}, skip_if_exists=True)
+        study.set_user_attr(
+            Attr.SEQUENCES_ROUND, -1 if params is None or best is None else best.number
+        )  # last, as above
         return params is not None
 
     @staticmethod
     def _layouts_running(study: optuna.study.Study) -> bool:
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        return any(t.user_attrs.get("layout") for t in running)
+        return any(t.user_attrs.get(Attr.LAYOUT) for t in running)
 
     def _release(self, study: optuna.study.Study, queue: list[dict[str, Any]], splits: list[dict[str, Any]]) -> None:
         """Enqueue the next held trial, then drop it from its queue (a run that dies between the two
@@ -315,21 +311,23 @@ class LayoutRound:
         while (queue or splits) and not study.get_trials(deepcopy=False, states=waiting):  # one already run: next
             may_lead = sum(not plan.get("late") for plan in queue)
             in_turn = self.in_turn and may_lead > 0
-            if splits and (not in_turn or study.user_attrs.get(RELEASED_LAST_ATTR) != "layout"):
+            if splits and (not in_turn or study.user_attrs.get(Attr.RELEASED_LAST) != "layout"):
                 plan = splits[0]
                 order = plan["order"] + (
                     f" (in turn with the {may_lead} coverage trial(s) that may lead, still held)" if in_turn else ""
                 )
-                study.enqueue_trial(plan["params"], user_attrs={"layout": True, "order": order}, skip_if_exists=True)
+                study.enqueue_trial(
+                    plan["params"], user_attrs={Attr.LAYOUT: True, Attr.ORDER: order}, skip_if_exists=True
+                )
                 # dropped from the queue as stored now: another worker may have held a later leader's splits
                 # (read, then written: a hold landing between the two can still be lost; a split dropped
                 # twice and held again is harmless, skip_if_exists never runs a trial twice)
-                stored = study.user_attrs.get(LAYOUT_QUEUE_ATTR) or []
+                stored = study.user_attrs.get(Attr.LAYOUT_QUEUE) or []
                 splits = [held for held in stored if held["params"] != plan["params"]]
-                study.set_user_attr(LAYOUT_QUEUE_ATTR, splits)
-                study.set_user_attr(RELEASED_LAST_ATTR, "layout")
+                study.set_user_attr(Attr.LAYOUT_QUEUE, splits)
+                study.set_user_attr(Attr.RELEASED_LAST, "layout")
                 continue
-            if self.coverage_at_round_layout and ROUND_ATTR in study.user_attrs and self._layouts_running(study):
+            if self.coverage_at_round_layout and Attr.LAYOUT_ROUND in study.user_attrs and self._layouts_running(study):
                 return  # a split still measured elsewhere (a fleet) may decide the layout: its callback releases
             plan, queue = queue[0], queue[1:]
             drifted = None if plan.get("deferred") else self._drifted_weights(study, plan["params"])
@@ -341,7 +339,7 @@ class LayoutRound:
                 else:  # after the other coverage that may lead, before the families expected to lose
                     ahead = [held for held in queue if not held.get("late")]
                     queue = [*ahead, deferred, *(held for held in queue if held.get("late"))]
-                study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+                study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
                 continue
             params, order = plan["params"], plan["order"]
             layout = round_layout(study, self.space.batch_param) if self.coverage_at_round_layout else None
@@ -352,15 +350,15 @@ class LayoutRound:
                     f"{layout['threads_per_instance']} thread(s))"
                 )
             if plan.get("late"):
-                if ROUND_ATTR in study.user_attrs:
+                if Attr.LAYOUT_ROUND in study.user_attrs:
                     order += " (after the layout round)"
                 elif self.active:  # nothing completed to lead it: the round is tried again once these ran
                     order += " (no completed trial to lead a layout round)"
                 else:
                     order += " (after the enqueued rounds; no layout round in this process)"
-            study.enqueue_trial(params, user_attrs={"coverage": True, "order": order}, skip_if_exists=True)
-            study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
-            study.set_user_attr(RELEASED_LAST_ATTR, "coverage")
+            study.enqueue_trial(params, user_attrs={Attr.COVERAGE: True, Attr.ORDER: order}, skip_if_exists=True)
+            study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
+            study.set_user_attr(Attr.RELEASED_LAST, "coverage")
 
     def _drifted_weights(self, study: optuna.study.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
         """An earlier eager trial pruned on drift that loaded the weights this plan would load, or None. Text
@@ -378,8 +376,8 @@ class LayoutRound:
         if wanted["precision"] not in QUANTIZED:  # fp32 and bf16 are each backend's own conversion
             return None
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
-            config = trial.user_attrs.get("config")
-            if not (config and str(trial.user_attrs.get("prune_reason", "")).startswith("drift:")):
+            config = trial.user_attrs.get(Attr.CONFIG)
+            if not (config and str(trial.user_attrs.get(Attr.PRUNE_REASON, "")).startswith("drift:")):
                 continue
             if config.get("backend") != "eager":
                 continue
@@ -399,6 +397,6 @@ class LayoutRound:
 def held_coverage(study: optuna.study.Study) -> list[dict[str, Any]]:
     """The coverage trials still waiting on the study ({"params", "order", "late"}), next first; a study
     begun before the queue existed keeps its coverage enqueued and only the late plans here."""
-    if COVERAGE_QUEUE_ATTR in study.user_attrs:
-        return list(study.user_attrs[COVERAGE_QUEUE_ATTR] or [])
-    return [{**plan, "late": True} for plan in study.user_attrs.get(LEGACY_LATE_COVERAGE_ATTR) or []]
+    if Attr.COVERAGE_QUEUE in study.user_attrs:
+        return list(study.user_attrs[Attr.COVERAGE_QUEUE] or [])
+    return [{**plan, "late": True} for plan in study.user_attrs.get(Attr.LATE_COVERAGE) or []]

@@ -18,6 +18,7 @@ import optuna
 
 from autotune.backends.generation import WEIGHT_ONLY, activations_of
 from autotune.machine.fingerprint import fingerprint_differences
+from autotune.records.attributes import Attr
 from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
 MAX_SIBLING_STORAGES = 20  # opening a storage costs ~0.1 s: the most recent studies say the most
@@ -84,14 +85,14 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
         if len(prior.winners) < MAX_PRIOR_WINNERS and clean[0].params:
             best = clean[0]
             speedup = f", {metrics_of(best).throughput_sps / base_value:.2f}x its baseline" if base_value else ""
-            params = as_measured(dict(best.params), best.user_attrs.get("config") or {})
+            params = as_measured(dict(best.params), best.user_attrs.get(Attr.CONFIG) or {})
             prior.winners.append((params, f"prior: the winner of study {name} on this machine{speedup}"))
         if not (base_value and maximize):
             continue
         for trial in clean:
-            if trial.user_attrs.get("baseline"):  # 1.00x by definition: says nothing of its family elsewhere
+            if trial.user_attrs.get(Attr.BASELINE):  # 1.00x by definition: says nothing of its family elsewhere
                 continue
-            config = trial.user_attrs.get("config") or {}
+            config = trial.user_attrs.get(Attr.CONFIG) or {}
             if config.get("precision") in WEIGHT_ONLY and "activations" not in (config.get("options") or {}):
                 continue  # fp32 activations, measured before they were an option: not what its coverage runs
             family = (str(config.get("backend")), str(config.get("precision")))

@@ -15,6 +15,7 @@ import optuna
 
 from autotune.common.errors import TrialFailed
 from autotune.machine.probe import MachineProbe
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig, pin_prefix
 from autotune.records.metrics import TrialMetrics
 from autotune.records.spec import SearchSpec
@@ -32,14 +33,14 @@ def record_suggested(
 ) -> None:
     """The sampled config and the keys later trials look it up by: its numerics (for drift), the reference
     its drift is measured against, its numerics without scheduling options (for fallbacks), and its host."""
-    trial.set_user_attr("config", config.to_json())
-    trial.set_user_attr("config_summary", config.summary())
-    trial.set_user_attr("numerics_key", numerics_key)
-    trial.set_user_attr("drift_reference", drift_reference)  # what its drift is measured against
-    trial.set_user_attr("fallback_key", fallback_key)
-    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr(Attr.CONFIG, config.to_json())
+    trial.set_user_attr(Attr.CONFIG_SUMMARY, config.summary())
+    trial.set_user_attr(Attr.NUMERICS_KEY, numerics_key)
+    trial.set_user_attr(Attr.DRIFT_REFERENCE, drift_reference)  # what its drift is measured against
+    trial.set_user_attr(Attr.FALLBACK_KEY, fallback_key)
+    trial.set_user_attr(Attr.HOST, socket.gethostname())
     if mixed_hardware:
-        trial.set_user_attr("mixed_hardware", mixed_hardware)
+        trial.set_user_attr(Attr.MIXED_HARDWARE, mixed_hardware)
 
 
 def record_completed(
@@ -56,13 +57,13 @@ def record_completed(
     for key, value in metrics.to_json().items():
         trial.set_user_attr(key, value)
     commands = [launch.shell_command() for launch in launches]
-    trial.set_user_attr("env", launches[0].set_env)
-    trial.set_user_attr("commands", commands)
-    trial.set_user_attr("pin_prefixes", [pin_prefix(cpus, machine) for cpus in config.instance_cpus(machine)])
-    trial.set_user_attr("job", template)
-    trial.set_user_attr("pinning", machine.pinning)
-    trial.set_user_attr("measure_settings", spec.measure.to_json())
-    trial.set_user_attr("trial_dir", str(trial_dir))
+    trial.set_user_attr(Attr.ENV, launches[0].set_env)
+    trial.set_user_attr(Attr.COMMANDS, commands)
+    trial.set_user_attr(Attr.PIN_PREFIXES, [pin_prefix(cpus, machine) for cpus in config.instance_cpus(machine)])
+    trial.set_user_attr(Attr.JOB, template)
+    trial.set_user_attr(Attr.PINNING, machine.pinning)
+    trial.set_user_attr(Attr.MEASURE_SETTINGS, spec.measure.to_json())
+    trial.set_user_attr(Attr.TRIAL_DIR, str(trial_dir))
     attach_trial_log(trial, spec.dir, trial_dir, {"commands": commands})
 
 
@@ -73,11 +74,11 @@ def record_failure(
     cause = exc.cause
     if "timed out" in cause and timeout < spec.trial_timeout_s:
         cause = f"budget ran out: {cause}"
-    trial.set_user_attr("fail_cause", cause)
+    trial.set_user_attr(Attr.FAIL_CAUSE, cause)
     for key, value in exc.attrs.items():
         trial.set_user_attr(key, value)
-    trial.set_user_attr("stderr_tail", exc.stderr_tail[-3000:])
-    trial.set_user_attr("trial_dir", str(trial_dir))
+    trial.set_user_attr(Attr.STDERR_TAIL, exc.stderr_tail[-3000:])
+    trial.set_user_attr(Attr.TRIAL_DIR, str(trial_dir))
     attach_trial_log(trial, spec.dir, trial_dir, {"fail_cause": cause})
 
 
@@ -88,4 +89,4 @@ def record_pruned(trial: optuna.trial.Trial, spec: SearchSpec, trial_dir: Path) 
 
 def record_interrupted(trial: optuna.trial.Trial) -> None:
     """Ctrl-C (or SIGTERM / SIGHUP) stopped the trial: said so, not left looking like a crash."""
-    trial.set_user_attr("fail_cause", "interrupted (Ctrl-C)")
+    trial.set_user_attr(Attr.FAIL_CAUSE, "interrupted (Ctrl-C)")

@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from autotune.records.attributes import Attr
 from autotune.records.metrics import TrialMetrics
 from autotune.records.spec import SearchSpec
 
@@ -29,14 +30,14 @@ def check_slo(trial: optuna.trial.Trial, bound: float, metrics: TrialMetrics) ->
     """--slo-ms: a config whose p99 latency per call exceeds the bound is pruned."""
     p99 = metrics.latency_ms.p99
     slo = {"bound_ms": bound, "p99_ms": p99, "met": p99 is not None and p99 <= bound}
-    trial.set_user_attr("slo", slo)
+    trial.set_user_attr(Attr.SLO, slo)
     if not slo["met"]:
         reason = (
             f"latency SLO: p99 {p99:.1f} ms > {bound:g} ms"
             if p99 is not None
             else "latency SLO: too few calls for a p99 (needs 100)"
         )
-        trial.set_user_attr("prune_reason", reason)
+        trial.set_user_attr(Attr.PRUNE_REASON, reason)
         raise optuna.TrialPruned(reason)
 
 
@@ -48,7 +49,7 @@ def check_sustained(trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
     if server.sustained_rps > 0:
         return
     reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms: {server.verdict or 'no probe ran'}"
-    trial.set_user_attr("prune_reason", reason)
+    trial.set_user_attr(Attr.PRUNE_REASON, reason)
     raise optuna.TrialPruned(reason)
 
 
@@ -77,8 +78,8 @@ def check_token_slos(
                 else f"{name.upper()}: too few samples for a p99 (needs 100)"
             )
     slo["met"] = not failed
-    trial.set_user_attr("slo", slo)
+    trial.set_user_attr(Attr.SLO, slo)
     if failed:
         reason = "latency SLO: " + "; ".join(failed)
-        trial.set_user_attr("prune_reason", reason)
+        trial.set_user_attr(Attr.PRUNE_REASON, reason)
         raise optuna.TrialPruned(reason)

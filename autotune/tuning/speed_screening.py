@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 
 from autotune.measure.speed_gate import GateVerdict, SpeedGate
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import Screening
 from autotune.tuning.pruners import SpeedPruner
@@ -27,13 +28,13 @@ def speed_gate_for(trial: optuna.trial.Trial, config: TrialConfig, task: str) ->
     if (
         not isinstance(speed, SpeedPruner)
         or task == "generate"
-        or trial.user_attrs.get("baseline")
+        or trial.user_attrs.get(Attr.BASELINE)
         or len(trial.study.directions) > 1
     ):
         return None
     gate = speed.drift_gate(trial.study, config.batch_size, config.instances)
     if gate is not None:
-        trial.set_user_attr("speed_gate", gate.to_json())
+        trial.set_user_attr(Attr.SPEED_GATE, gate.to_json())
     return gate
 
 
@@ -52,25 +53,25 @@ def stop_too_slow(
     if payload is None:
         return
     verdict = GateVerdict.from_json(payload)
-    trial.set_user_attr("too_slow", verdict.to_json())
+    trial.set_user_attr(Attr.TOO_SLOW, verdict.to_json())
     if objective in THROUGHPUT_OBJECTIVES:
         trial.report(verdict.samples_per_s * config.instances, step=0)
     elif verdict.samples_per_s > 0:  # latency: ms per call
         trial.report(config.batch_size * 1e3 / verdict.samples_per_s, step=0)
-    trial.set_user_attr("prune_reason", verdict.reason())
+    trial.set_user_attr(Attr.PRUNE_REASON, verdict.reason())
     raise optuna.TrialPruned(verdict.reason())
 
 
 def judge_screening(trial: optuna.trial.Trial, screening: Screening, objective: str, task: str) -> None:
     """At the screened barrier: the speed pruner compares the screening with the best clean trial."""
-    trial.set_user_attr("screening", screening.to_json())
+    trial.set_user_attr(Attr.SCREENING, screening.to_json())
     # The server scenario's screening is closed loop: its throughput bounds the sustainable rate from above.
     value = screening.throughput_sps if objective in THROUGHPUT_OBJECTIVES else screening.p50_ms
     trial.report(value, step=0)
     if not trial.should_prune():
         return
     reason = _screening_prune_reason(trial.study, value, screening.ci_rel, objective, task)
-    trial.set_user_attr("prune_reason", reason)
+    trial.set_user_attr(Attr.PRUNE_REASON, reason)
     raise optuna.TrialPruned(reason)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 
+from autotune.records.attributes import Attr
 from autotune.records.metrics import TrialBudget, TrialMetrics
 
 DEFER_SHARE = 0.25  # a backend whose preparation alone took more than this share of the time left waits
@@ -98,7 +99,7 @@ class FinalistReserve:
 
 
 def _budget_of(trial: optuna.trial.FrozenTrial) -> TrialBudget | None:
-    recorded = trial.user_attrs.get("budget")
+    recorded = trial.user_attrs.get(Attr.BUDGET)
     return TrialBudget.from_json(recorded) if recorded else None
 
 

@@ -34,6 +34,7 @@ from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.measure.speed_gate import SpeedGate
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig, clean_environment
 from autotune.records.metrics import TrialBudget, TrialMetrics
 from autotune.records.spec import SearchSpec, identity_differences
@@ -53,7 +54,7 @@ from autotune.tuning.fleet import (
     register_orchestrator,
 )
 from autotune.tuning.hopeless import Proposal, hopeless_family, precision_variant_of
-from autotune.tuning.layouts import COVERAGE_QUEUE_ATTR, LayoutRound, coverage_batch
+from autotune.tuning.layouts import LayoutRound, coverage_batch
 from autotune.tuning.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.tuning.priors import prior_kind, read_prior, sibling_storages
 from autotune.tuning.pruners import DriftPruner, SpeedPruner
@@ -119,10 +120,10 @@ def open_study(
                     "server": [f"requests/s at p99 <= {spec.slo_ms or 0:g} ms"],
                 }[spec.objective]
             )
-    stored = study.user_attrs.get("spec")
+    stored = study.user_attrs.get(Attr.SPEC)
     if stored is None:
-        study.set_user_attr("spec", {**spec.to_json(), "storage": mask_url(spec.storage)})
-        study.set_user_attr("fingerprint", fingerprint(machine, runtimes))
+        study.set_user_attr(Attr.SPEC, {**spec.to_json(), "storage": mask_url(spec.storage)})
+        study.set_user_attr(Attr.FINGERPRINT, fingerprint(machine, runtimes))
         return study, True
     stored_identity = {k: stored.get(k) for k in spec.identity()}
     diffs = identity_differences(stored_identity, spec.identity())
@@ -153,10 +154,10 @@ class Objective:
         return self.search_deadline()
 
     def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
-        trial.set_user_attr("orchestrator", orchestrator_record())  # first: a run that dies from here on is detected
+        trial.set_user_attr(Attr.ORCHESTRATOR, orchestrator_record())  # first: a run that dies from here on is detected
         sampled = "order" not in trial.user_attrs  # enqueued trials say why they run now themselves
         if sampled:
-            trial.set_user_attr("order", f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
+            trial.set_user_attr(Attr.ORDER, f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
         config = self._suggest(trial)
         self._defer_costly_coverage(trial, config)
         timeout = min(self.spec.trial_timeout_s, self.deadline - time.monotonic())
@@ -185,18 +186,22 @@ class Objective:
     def _defer_costly_coverage(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
         """A coverage trial of a backend whose preparation already took too much of the time left is
         pruned unlaunched, saying so (tuning/stage_times.py); the sampler may still come back to it."""
-        if not trial.user_attrs.get("coverage"):
+        if not trial.user_attrs.get(Attr.COVERAGE):
             return
         earlier = [
-            (t.number, precision_variant_of(t.user_attrs["config"]), TrialBudget.from_json(t.user_attrs["budget"]))
+            (
+                t.number,
+                precision_variant_of(t.user_attrs[Attr.CONFIG]),
+                TrialBudget.from_json(t.user_attrs[Attr.BUDGET]),
+            )
             for t in trial.study.get_trials(deepcopy=False)
-            if "budget" in t.user_attrs and (t.user_attrs.get("config") or {}).get("backend") == config.backend
+            if "budget" in t.user_attrs and (t.user_attrs.get(Attr.CONFIG) or {}).get("backend") == config.backend
         ]
         precision = precision_variant(config.precision, config.options)
         reason = deferral(config.backend, precision, earlier, self.deadline - time.monotonic())
         if reason:
-            trial.set_user_attr("prune_reason", reason)
-            trial.set_user_attr("deferred", True)
+            trial.set_user_attr(Attr.PRUNE_REASON, reason)
+            trial.set_user_attr(Attr.DEFERRED, True)
             raise optuna.TrialPruned(reason)
 
     def _skip_hopeless_family(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
@@ -206,14 +211,14 @@ class Objective:
         proposal = Proposal(
             config.backend,
             precision_variant(config.precision, config.options),
-            trial.user_attrs["fallback_key"],
-            trial.user_attrs["drift_reference"],
+            trial.user_attrs[Attr.FALLBACK_KEY],
+            trial.user_attrs[Attr.DRIFT_REFERENCE],
             drift_sequences(self.spec.task, config.batch_size),
         )
         host = socket.gethostname() if self.spec.mixed_hardware else None  # other CPUs' verdicts do not apply
         reason = hopeless_family(trial.study, proposal, self.spec.criterion, self.spec.objective, trial.number, host)
         if reason:
-            trial.set_user_attr("prune_reason", reason)
+            trial.set_user_attr(Attr.PRUNE_REASON, reason)
             raise optuna.TrialPruned(reason)
 
     def _suggest(self, trial: optuna.trial.Trial) -> TrialConfig:
@@ -221,7 +226,7 @@ class Objective:
         try:
             config = self.space.suggest(trial)
         except InfeasibleConfig as exc:
-            trial.set_user_attr("prune_reason", f"not launched: {exc}")
+            trial.set_user_attr(Attr.PRUNE_REASON, f"not launched: {exc}")
             raise optuna.TrialPruned(str(exc)) from None
         record_suggested(
             trial,
@@ -240,12 +245,12 @@ class Objective:
         that cause, unlaunched. Pruned, not failed: TPE learns nothing from a FAIL and proposes the same
         region again and again (a 60-minute mobilenet_v3_large search on an AVX2 EPYC sampled 520 OpenVINO
         bf16 configurations after its first fell back), while a pruned trial without a value ranks worst."""
-        found = known_fallback(trial.study, trial.user_attrs["fallback_key"], socket.gethostname())
+        found = known_fallback(trial.study, trial.user_attrs[Attr.FALLBACK_KEY], socket.gethostname())
         if found is not None:
             number, precision = found
             reason = f"{precision.cause} (as trial {number} with the same numerics found): not launched"
-            trial.set_user_attr("executed_precision", precision.to_json())
-            trial.set_user_attr("prune_reason", reason)
+            trial.set_user_attr(Attr.EXECUTED_PRECISION, precision.to_json())
+            trial.set_user_attr(Attr.PRUNE_REASON, reason)
             raise optuna.TrialPruned(reason)
 
     def _fallback_key(self, config: TrialConfig) -> str:
@@ -301,7 +306,7 @@ class Objective:
             record_interrupted(trial)
             raise
         finally:
-            trial.set_user_attr("budget", clock.spent(metrics).to_json())
+            trial.set_user_attr(Attr.BUDGET, clock.spent(metrics).to_json())
 
 
 def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> tuple[int, ExecutedPrecision] | None:
@@ -310,9 +315,9 @@ def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> t
     threads, instances or the options that only schedule the work: the first earlier trial with the
     same `fallback_key` on this host that found a precision fallback, with its record, or None."""
     for earlier in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-        stored = earlier.user_attrs.get("executed_precision")
-        key = earlier.user_attrs.get("fallback_key", earlier.user_attrs.get("numerics_key"))  # older trials
-        same = key == fallback_key and earlier.user_attrs.get("host") == host
+        stored = earlier.user_attrs.get(Attr.EXECUTED_PRECISION)
+        key = earlier.user_attrs.get(Attr.FALLBACK_KEY, earlier.user_attrs.get(Attr.NUMERICS_KEY))  # older trials
+        same = key == fallback_key and earlier.user_attrs.get(Attr.HOST) == host
         if same and stored:
             precision = ExecutedPrecision.from_json(stored)
             if precision.fallback:
@@ -390,7 +395,7 @@ def _enqueue_first_trials(
     first (tuning/payoff.py), each recording why it runs where it does; where a layout round runs, the
     coverage waits on the study, released a trial at a time (tuning/layouts.py)."""
     baseline = _enqueue_baseline(study, space, console)
-    hardware = (study.user_attrs.get("fingerprint") or {}).get("hardware") or {}
+    hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware") or {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
     prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_json()))
     winners = _enqueue_prior_winners(study, space, prior.winners, baseline, console)
@@ -398,7 +403,7 @@ def _enqueue_first_trials(
     covered = {family(params) for params in winners}
     if spec.cover_backends:
         _enqueue_coverage(study, space, spec, machine, reference, console, baseline, covered, prior.family_speedups)
-    study.set_user_attr("seeded", True)
+    study.set_user_attr(Attr.SEEDED, True)
 
 
 def _enqueue_baseline(study: optuna.study.Study, space: SearchSpace, console: Console) -> dict[str, Any] | None:
@@ -410,7 +415,7 @@ def _enqueue_baseline(study: optuna.study.Study, space: SearchSpace, console: Co
         )
     else:
         study.enqueue_trial(
-            baseline, user_attrs={"baseline": True, "order": "baseline: first, every speedup is relative to it"}
+            baseline, user_attrs={Attr.BASELINE: True, Attr.ORDER: "baseline: first, every speedup is relative to it"}
         )
     return baseline
 
@@ -437,7 +442,7 @@ def _enqueue_prior_winners(
         if dropped:
             why += f" (sampled here: {', '.join(dropped)}, outside this space)"
         if params not in enqueued:
-            study.enqueue_trial(params, user_attrs={"prior": True, "order": why}, skip_if_exists=True)
+            study.enqueue_trial(params, user_attrs={Attr.PRIOR: True, Attr.ORDER: why}, skip_if_exists=True)
             enqueued.append(params)
     if len(enqueued) > 1:
         console.print(f"{len(enqueued) - 1} winner(s) of earlier studies on this machine tried first", markup=False)
@@ -465,8 +470,8 @@ def _enqueue_coverage(
         if p != baseline and family(p) not in covered
     ]
     _note_int8_ordering(reference, space, console)
-    study.set_user_attr("attention_layers", reference.attention_layers)  # what ordered the int8 coverage
-    study.set_user_attr("reduction_depth", reference.reduction_depth)  # and whether int8 is expected to lose
+    study.set_user_attr(Attr.ATTENTION_LAYERS, reference.attention_layers)  # what ordered the int8 coverage
+    study.set_user_attr(Attr.REDUCTION_DEPTH, reference.reduction_depth)  # and whether int8 is expected to lose
     int8_first = int8_first_backend(machine.isa, reference.attention_layers)
     ordered = order_by_payoff(
         plans, machine.isa, space.task, family_speedups, int8_first, reference.reduction_depth, preferences
@@ -481,10 +486,10 @@ def _enqueue_coverage(
         # released one at a time, so the layout round can run as soon as a family leads; the families
         # expected to lose are last in the payoff order, so they run after the round (tuning/layouts.py)
         queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
-        study.set_user_attr(COVERAGE_QUEUE_ATTR, queue)
+        study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
     else:
         for plan in ordered:
-            study.enqueue_trial(plan.params, user_attrs={"coverage": True, "order": plan.order})
+            study.enqueue_trial(plan.params, user_attrs={Attr.COVERAGE: True, Attr.ORDER: plan.order})
 
 
 def _note_int8_ordering(reference: Reference, space: SearchSpace, console: Console) -> None:
@@ -536,7 +541,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     reference = _reference(spec, study)
     if reference.note is not None:
         say(f"note: {reference.note.message}")
-    if not study.user_attrs.get("seeded"):  # also when the run that created the study died before this
+    if not study.user_attrs.get(Attr.SEEDED):  # also when the run that created the study died before this
         _enqueue_first_trials(study, space, spec, machine, reference, console)
     ctx = TrialContext(
         machine,
@@ -612,10 +617,10 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
     if reference.note is not None and not reference.note.drift_measurable:
         # Every search bounds drift, and against this reference any numerics would pass the bound.
         raise UserError(reference.note.message)
-    study.set_user_attr("reference_note", reference.note.to_json() if reference.note else None)
-    study.set_user_attr("model_for_trials", reference.model.to_json())
-    study.set_user_attr("evaluation", reference.evaluation)
-    study.set_user_attr("calibration", reference.calibration)
+    study.set_user_attr(Attr.REFERENCE_NOTE, reference.note.to_json() if reference.note else None)
+    study.set_user_attr(Attr.MODEL_FOR_TRIALS, reference.model.to_json())
+    study.set_user_attr(Attr.EVALUATION, reference.evaluation)
+    study.set_user_attr(Attr.CALIBRATION, reference.calibration)
     return reference
 
 
