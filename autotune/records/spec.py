@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.common.errors import UserError
+from autotune.common.json_record import Record
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
 from autotune.model.sources import ModelSource
+from autotune.records.attributes import Attr
 from autotune.records.options import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
 
 OBJECTIVES = ("throughput", "latency", "pareto", "server")
@@ -208,7 +210,7 @@ class SearchSpec:
     @property
     def scenario(self) -> str:
         """The MLPerf scenario the objective measures (a Pareto study is closed loop: offline)."""
-        return {"latency": "single-stream", "server": "server"}.get(self.objective, "offline")
+        return scenario_of(self.objective)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -249,3 +251,42 @@ def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> lis
             else:
                 diffs.append(f"{key}: {old!r} -> {new!r}")
     return diffs
+
+
+@dataclass(frozen=True)
+class StoredSpec(Record):
+    """What the results read of the spec a study stored (SearchSpec.to_json()), each field at the value a
+    study had before the field existed: a study written by any autotune version reads back, and a study
+    created by hand (tests, Optuna alone) reads as the defaults."""
+
+    objective: str = "throughput"
+    task: str = "classify"
+    model: dict[str, Any] = field(default_factory=dict)
+    storage: str | None = None
+    max_drift: float = 0.05
+    drift_metric: str = "relative_l2"
+    drift_relative: bool = False
+    eval_samples: int | None = None
+    slo_ms: float | None = None
+
+    @classmethod
+    def of(cls, study: Any) -> StoredSpec:
+        """The spec stored on an Optuna study (the defaults when it stored none)."""
+        return cls.from_json(study.user_attrs.get(Attr.SPEC) or {})
+
+    @property
+    def criterion(self) -> DriftCriterion:
+        return DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
+
+    @property
+    def scenario(self) -> str:
+        """The MLPerf scenario the objective measures (a Pareto study is closed loop: offline)."""
+        return scenario_of(self.objective)
+
+    @property
+    def model_name(self) -> str:
+        return str((self.model or {}).get("name", "?"))
+
+
+def scenario_of(objective: str) -> str:
+    return {"latency": "single-stream", "server": "server"}.get(objective, "offline")

@@ -16,7 +16,7 @@ from autotune.common.files import write_json_atomic
 from autotune.common.json_record import RecordError
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
-from autotune.measure.drift import Drift, DriftCriterion
+from autotune.measure.drift import Drift
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr
@@ -32,6 +32,7 @@ from autotune.records.best import (
     config_from_json,
 )
 from autotune.records.config import UNSET_IN_COMMANDS
+from autotune.records.spec import StoredSpec
 from autotune.results.selection import (
     baseline_trial,
     clean_trials,
@@ -65,13 +66,6 @@ METRIC_KEYS = (
     "generation",
     "server",
 )
-
-
-def criterion_of(spec: dict[str, Any]) -> DriftCriterion:
-    """The drift bound a study's stored settings name (the defaults of studies from before a field existed)."""
-    return DriftCriterion(
-        spec.get("drift_metric", "relative_l2"), spec.get("max_drift", 0.05), spec.get("drift_relative", False)
-    )
 
 
 def _counts(study: optuna.study.Study) -> dict[str, int]:
@@ -160,8 +154,8 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _study_info(study: optuna.study.Study, spec: dict[str, Any], trial: int) -> StudyInfo:
-    return StudyInfo(name=study.study_name, storage=spec.get("storage"), trial=trial, trials=_counts(study))
+def _study_info(study: optuna.study.Study, spec: StoredSpec, trial: int) -> StudyInfo:
+    return StudyInfo(name=study.study_name, storage=spec.storage, trial=trial, trials=_counts(study))
 
 
 def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
@@ -182,7 +176,7 @@ def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
 def _study_drift(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return drift_report(
         drift_of(trial),
-        study.user_attrs.get(Attr.SPEC, {}),
+        StoredSpec.of(study),
         study.user_attrs.get(Attr.EVALUATION),
         study.user_attrs.get(Attr.CALIBRATION),
         study.user_attrs.get(Attr.REFERENCE_NOTE),
@@ -192,31 +186,31 @@ def _study_drift(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> 
 def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
     """The best.json record: the winner chosen by the finalist round, or the best clean trial."""
     best, record, why = choose_winner(study)
-    spec = study.user_attrs.get(Attr.SPEC, {})
+    spec = StoredSpec.of(study)
     attrs = best.user_attrs
     baseline = baseline_trial(study)
     base_sps = metrics_of(baseline).throughput_sps if baseline else None
     metrics = metrics_of(best).to_json()
     pareto = len(study.directions) > 1
-    speedup, source = _speedup(record, best, base_sps, spec.get("objective"), baseline.values[0] if baseline else None)
+    speedup, source = _speedup(record, best, base_sps, spec.objective, baseline.values[0] if baseline else None)
     return BestJson(
         schema=SCHEMA,
         created=_now(),
-        meets_drift=not criterion_of(spec).exceeded(drift_of(best)),
+        meets_drift=not spec.criterion.exceeded(drift_of(best)),
         study=_study_info(study, spec, best.number),
         objective=ObjectiveInfo(
-            name=spec.get("objective"),
+            name=spec.objective,
             direction=_directions(study),
             value=primary_value(best),
             values=best.values if pareto else None,
             revalidated_median=_revalidated(record, best.number),
         ),
         selection=why,
-        scenario={"latency": "single-stream", "server": "server"}.get(spec.get("objective") or "", "offline"),
+        scenario=spec.scenario,
         server=server_summary(metrics["server"]) if metrics.get("server") else None,
         pareto_front=pareto_front(study) if pareto else None,
         finalists=_finalist_view(record, best.number),
-        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.get("model")),
+        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.model),
         config=config_from_json(attrs["config"]),
         runtime=attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
         environment=attrs.get("env", {}),
@@ -239,17 +233,17 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
 
 def drift_report(
     drift: Drift | None,
-    spec: dict[str, Any],
+    spec: StoredSpec,
     evaluation: dict[str, Any] | None,
     calibration: dict[str, Any] | None,
     reference_note: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The winner's drift: every metric, the one bounded with its drop and bound, and what it was
     measured on (`reference`: set when the FP32 outputs were constant across inputs, saying what was done)."""
-    criterion = criterion_of(spec)
+    criterion = spec.criterion
     evaluation = evaluation or {
         "data": "synthetic seeded random inputs",
-        "samples": spec.get("eval_samples"),
+        "samples": spec.eval_samples,
         "synthetic": True,
     }
     return {
@@ -376,8 +370,7 @@ def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
 
 def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The trial whose measured drift came closest to the bound, when none met it (nothing COMPLETE)."""
-    spec = study.user_attrs.get(Attr.SPEC, {})
-    criterion = criterion_of(spec)
+    criterion = StoredSpec.of(study).criterion
     measured = [
         (criterion.drop(drift), t)
         for t in study.get_trials(deepcopy=False)
@@ -390,7 +383,7 @@ def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | N
 def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> BestJson:
     """best.json for a study where no configuration met the drift bound: the closest one, marked so,
     with its drift and how to run it, but no speed (it was never timed)."""
-    spec = study.user_attrs.get(Attr.SPEC, {})
+    spec = StoredSpec.of(study)
     attrs = trial.user_attrs
     drift = _study_drift(study, trial)
     return BestJson(
@@ -398,14 +391,14 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
         created=_now(),
         meets_drift=False,
         study=_study_info(study, spec, trial.number),
-        objective=ObjectiveInfo(name=spec.get("objective"), direction=_directions(study)),
+        objective=ObjectiveInfo(name=spec.objective, direction=_directions(study)),
         selection=(
             f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
             f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen "
             "--max-drift, "
             "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
         ),
-        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.get("model")),
+        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.model),
         config=config_from_json(attrs["config"]),
         runtime=attrs.get("runtime"),
         environment=attrs.get("env"),

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from autotune.common.errors import UserError
 from autotune.records.attributes import Attr
+from autotune.records.spec import StoredSpec
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import (
     baseline_trial,
@@ -75,7 +76,7 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
     server = is_server(study)
     latency: tuple[str, ...] = ("TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms") if generation else ("p50 ms", "p99 ms")
     if server:  # the sustained rate first; the closed-loop throughput and one call's latency beside it
-        bound = (study.user_attrs.get(Attr.SPEC) or {}).get("slo_ms")
+        bound = StoredSpec.of(study).slo_ms
         latency = (f"requests/s at p99<={bound:g}ms", "p99 ms there", "wait ms", "closed-loop samples/s")
     columns = ("#", "trial", "config", *(() if server else (throughput_unit(study),)), *latency, "drift (rel. L2)")
     for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from autotune.records.attributes import Attr
+from autotune.records.spec import StoredSpec
 from autotune.results.budget_breakdown import budget_breakdown
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
 from autotune.results.selection import (
@@ -146,7 +147,7 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
 
 
 def drift_chart(study: optuna.study.Study) -> str | None:
-    spec = study.user_attrs.get(Attr.SPEC, {})
+    spec = StoredSpec.of(study)
     points = [
         (metrics.drift.relative_l2, metrics.throughput_sps, (t.user_attrs.get(Attr.CONFIG) or {}).get("backend"))
         for t in clean_trials(study)
@@ -158,8 +159,8 @@ def drift_chart(study: optuna.study.Study) -> str | None:
     for backend in sorted({str(p[2]) for p in points}):
         mine = [p for p in points if str(p[2]) == backend]
         ax.scatter([max(p[0], 1e-9) for p in mine], [p[1] for p in mine], s=18, label=backend)
-    if spec.get("drift_metric", "relative_l2") == "relative_l2" and not spec.get("drift_relative"):
-        ax.axvline(spec.get("max_drift", 0.05), color="#c33", linestyle="--", label="drift bound")
+    if spec.drift_metric == "relative_l2" and not spec.drift_relative:
+        ax.axvline(spec.max_drift, color="#c33", linestyle="--", label="drift bound")
     ax.set_xscale("log")
     ax.set_xlabel("drift from FP32 (relative L2; 1e-9 shown for exact)")
     ax.set_ylabel(f"throughput ({throughput_unit(study)})")
@@ -263,8 +264,8 @@ def _leaderboard(study: optuna.study.Study, server: bool) -> str:
 
 
 def build_report(study: optuna.study.Study) -> str:
-    spec = study.user_attrs.get(Attr.SPEC, {})
-    model = (spec.get("model") or {}).get("name", "?")
+    spec = StoredSpec.of(study)
+    model = spec.model_name
     hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware", {})
     server = is_server(study)
     charts = [
@@ -302,7 +303,7 @@ def build_report(study: optuna.study.Study) -> str:
 <style>{STYLE}</style></head><body>
 <h1>autotune report: study {html.escape(study.study_name)}</h1>
 <p>model <b>{html.escape(str(model))}</b> on {cpu}, {hardware.get("physical_cores", "?")} physical cores;
-objective {html.escape(str(spec.get("objective", "throughput")))}; {html.escape(study_summary(study))}.
+objective {html.escape(spec.objective)}; {html.escape(study_summary(study))}.
 <span class="note">Generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}.</span></p>
 <h2>Winner</h2>{winner}
 <h2>Charts</h2><div class="charts">{figures}</div>

@@ -15,6 +15,7 @@ from autotune.measure.drift import Drift
 from autotune.measure.serving import RELATIVE_TOLERANCE
 from autotune.records.attributes import Attr
 from autotune.records.metrics import FinalistRun, TrialMetrics
+from autotune.records.spec import StoredSpec
 
 
 def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
@@ -63,12 +64,12 @@ def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial
 
 def throughput_unit(study: optuna.study.Study) -> str:
     """tokens/s for a generation study (generated tokens), samples/s otherwise."""
-    return "tokens/s" if (study.user_attrs.get(Attr.SPEC) or {}).get("task") == "generate" else "samples/s"
+    return "tokens/s" if StoredSpec.of(study).task == "generate" else "samples/s"
 
 
 def is_server(study: optuna.study.Study) -> bool:
     """A study of the server scenario: its value is a sustained request rate at a p99 bound."""
-    return (study.user_attrs.get(Attr.SPEC) or {}).get("objective") == "server"
+    return StoredSpec.of(study).objective == "server"
 
 
 def primary_unit(study: optuna.study.Study) -> str:

@@ -19,6 +19,7 @@ import optuna
 from autotune.backends.generation import WEIGHT_ONLY, activations_of
 from autotune.machine.fingerprint import fingerprint_differences
 from autotune.records.attributes import Attr
+from autotune.records.spec import SearchSpec, StoredSpec
 from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
 MAX_SIBLING_STORAGES = 20  # opening a storage costs ~0.1 s: the most recent studies say the most
@@ -60,7 +61,7 @@ def same_machine_studies(
                 continue
             if fingerprint_differences({"hardware": recorded}, {"hardware": hardware}):
                 continue
-            if prior_kind(attrs.get("spec") or {}) != task:
+            if prior_kind(StoredSpec.from_json(attrs.get(Attr.SPEC) or {})) != task:
                 continue
             found.append((storage, summary.study_name))
     return found
@@ -112,8 +113,7 @@ def as_measured(params: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     return params
 
 
-def prior_kind(spec: dict[str, Any]) -> str:
+def prior_kind(spec: StoredSpec | SearchSpec) -> str:
     """Which studies inform each other: the same task, and a server study only another (its winners are
     chosen by sustained rate at a bound, not by closed-loop throughput)."""
-    task = spec.get("task", "classify")
-    return f"{task}:server" if spec.get("objective") == "server" else task
+    return f"{spec.task}:server" if spec.objective == "server" else spec.task

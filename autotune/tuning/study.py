@@ -397,7 +397,7 @@ def _enqueue_first_trials(
     baseline = _enqueue_baseline(study, space, console)
     hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware") or {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
-    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec.to_json()))
+    prior = read_prior(storages, study.study_name, hardware, prior_kind(spec))
     winners = _enqueue_prior_winners(study, space, prior.winners, baseline, console)
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
     covered = {family(params) for params in winners}
