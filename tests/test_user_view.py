@@ -156,9 +156,9 @@ def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned
     best = read_best(tuned / "studies" / "s" / "best.json")
     ctx = context_from_best(best)
     measured = independent_winner(best, tuned / "independent", 1.0, ctx.runtime(best.config.runtime))
-    assert "autotune.stopwatch_process" in measured["tool"] and len(measured["commands"]) == 2
-    assert len(measured["per_instance_sps"]) == 2 and all(sps > 0 for sps in measured["per_instance_sps"])
-    assert measured["throughput_sps"] == sum(measured["per_instance_sps"])
+    assert "autotune.stopwatch_process" in measured.tool and len(measured.commands) == 2
+    assert len(measured.per_instance_sps) == 2 and all(sps > 0 for sps in measured.per_instance_sps)
+    assert measured.throughput_sps == sum(measured.per_instance_sps)
 
 
 def test_verify_refuses_what_it_cannot_remeasure(workdir):

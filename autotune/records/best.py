@@ -170,6 +170,39 @@ class ServerSummary(OpenRecord):
     probes: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ParetoPoint(OpenRecord):
+    """One non-dominated clean trial of a Pareto study: its throughput and p99, and how to run it."""
+
+    trial: int
+    throughput_sps: float
+    p99_ms: float
+    config: dict[str, Any] | None = None
+    config_summary: str | None = None
+
+
+# The trial metrics best.json copies into its `metrics` (results/best_json.py writes them, in this order).
+METRIC_KEYS = (
+    "throughput_sps",
+    "latency_ms",
+    "peak_rss_mib",
+    "peak_rss_mib_total",
+    "prepare_s",
+    "load_s",
+    "first_call_s",
+    "artifact",
+    "measurement",
+    "instances",
+    "torch_version",
+    "backend_details",
+    "executed_precision",
+    "screening",
+    "valid",
+    "generation",
+    "server",
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class BestJson(OpenRecord):
     """The contents of a best.json (schema autotune.best/2, docs/best-json.md).
@@ -186,6 +219,7 @@ class BestJson(OpenRecord):
         "baseline": Baseline,
         "finalists": Finalists,
         "server": ServerSummary,
+        "pareto_front": ParetoPoint,
     }
     OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server")
 
@@ -197,7 +231,7 @@ class BestJson(OpenRecord):
     selection: str  # why this trial won (or why there is no winner)
     scenario: str | None = None  # offline, single-stream or server (None in files written before it existed)
     server: ServerSummary | None = None  # the server scenario: sustained rate, bound, batching policy, probes
-    pareto_front: list[dict[str, Any]] | None = None  # pareto studies: every non-dominated clean trial
+    pareto_front: list[ParetoPoint] | None = None  # pareto studies: every non-dominated clean trial
     finalists: Finalists | None = None  # the finalist round, when one decided
     model: dict[str, Any]  # how trials built the model (kind, name, input shape, weights)
     config: TrialConfig

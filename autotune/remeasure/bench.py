@@ -6,6 +6,11 @@ B, C, ...) so slow drifts of a shared machine hit all alike; tables report media
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.remeasure.crosscheck import StopwatchReading
+
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -75,8 +80,8 @@ class BenchRun:
         )
 
     @classmethod
-    def of_stopwatch(cls, result: dict[str, Any]) -> BenchRun:
-        return cls(result["throughput_sps"], p50_ms=result.get("median_ms"))
+    def of_stopwatch(cls, reading: StopwatchReading) -> BenchRun:
+        return cls(reading.throughput_sps, p50_ms=reading.median_ms)
 
 
 Measure = Callable[[Path], BenchRun]

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,24 @@ def benchmark_app_path() -> str:
     return found
 
 
-def parse_benchmark_app(output: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StopwatchReading:
+    """What an independent stopwatch measured: samples/s summed over instances (and each instance's), the
+    median call where the tool reports one, which tool, and the commands that ran it."""
+
+    throughput_sps: float
+    median_ms: float | None = None
+    per_instance_sps: list[float] = field(default_factory=list)
+    tool: str = ""
+    commands: list[list[str]] = field(default_factory=list)
+
+
+def parse_benchmark_app(output: str) -> StopwatchReading:
     throughput = THROUGHPUT_LINE.search(output)
     if not throughput:
         raise TrialFailed("benchmark_app printed no throughput", output[-2000:])
     median = MEDIAN_LINE.search(output)
-    return {"throughput_sps": float(throughput.group(1)), "median_ms": float(median.group(1)) if median else None}
+    return StopwatchReading(float(throughput.group(1)), float(median.group(1)) if median else None)
 
 
 def _run_together(commands: list[list[str]], env: dict[str, str], timeout_s: float, logs: Path) -> list[str]:
@@ -98,7 +111,7 @@ def _openvino_flags(config: TrialConfig, details: dict[str, Any]) -> list[str]:
 
 def independent_winner(
     best: BestJson, work: Path, seconds: float, runtime: Runtime, timeout_s: float = 900.0
-) -> dict[str, Any]:
+) -> StopwatchReading:
     """Throughput of best.json's winner, summed over its instances, under an independent stopwatch."""
     config = best.config
     machine = probe_machine()
@@ -146,15 +159,15 @@ def independent_winner(
         tool = "plain timing loop (autotune.stopwatch_process), fresh processes, same environment and pinning"
     outputs = _run_together(commands, env, timeout_s, work / "logs")
     if config.backend == "openvino":
-        per_instance = [parse_benchmark_app(out)["throughput_sps"] for out in outputs]
+        per_instance = [parse_benchmark_app(out).throughput_sps for out in outputs]
     else:
         per_instance = [json.loads(out.strip().splitlines()[-1])["samples_per_s"] for out in outputs]
-    return {"throughput_sps": sum(per_instance), "per_instance_sps": per_instance, "tool": tool, "commands": commands}
+    return StopwatchReading(sum(per_instance), None, per_instance, tool, commands)
 
 
 def one_command_openvino(
     ctx: TrialContext, input_shape: list[int], work: Path, seconds: float, timeout_s: float = 1800.0
-) -> dict[str, Any]:
+) -> StopwatchReading:
     """`benchmark_app -hint throughput` on the NNCF int8 IR: the best a user gets today with one command."""
     artifact = ensure_artifact(ONE_COMMAND_CONFIG, ctx, work, timeout_s)
     if artifact is None:
@@ -172,8 +185,6 @@ def one_command_openvino(
         str(int(seconds)),
     ]
     out = _run_together([argv], clean_environment(dict(os.environ)), timeout_s, work / "logs")[0]
-    return {
-        **parse_benchmark_app(out),
-        "tool": "benchmark_app -hint throughput, NNCF int8 IR, batch 1",
-        "commands": [argv],
-    }
+    return replace(
+        parse_benchmark_app(out), tool="benchmark_app -hint throughput, NNCF int8 IR, batch 1", commands=[argv]
+    )

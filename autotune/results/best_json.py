@@ -21,12 +21,14 @@ from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr
 from autotune.records.best import (
+    METRIC_KEYS,
     Baseline,
     BestJson,
     FinalistCandidate,
     Finalists,
     Launch,
     ObjectiveInfo,
+    ParetoPoint,
     ServerSummary,
     StudyInfo,
     config_from_json,
@@ -46,26 +48,6 @@ from autotune.runner.launch import shell_command
 from autotune.runner.trials import Reference, TrialContext, replay_argv
 
 SCHEMA = "autotune.best/2"
-
-METRIC_KEYS = (
-    "throughput_sps",
-    "latency_ms",
-    "peak_rss_mib",
-    "peak_rss_mib_total",
-    "prepare_s",
-    "load_s",
-    "first_call_s",
-    "artifact",
-    "measurement",
-    "instances",
-    "torch_version",
-    "backend_details",
-    "executed_precision",
-    "screening",
-    "valid",
-    "generation",
-    "server",
-)
 
 
 def _counts(study: optuna.study.Study) -> dict[str, int]:
@@ -351,19 +333,19 @@ def _directions(study: optuna.study.Study) -> str | list[str]:
     return names[0] if len(names) == 1 else names
 
 
-def pareto_front(study: optuna.study.Study) -> list[dict[str, Any]]:
+def pareto_front(study: optuna.study.Study) -> list[ParetoPoint]:
     """A Pareto study's non-dominated clean trials (throughput up, p99 down), fastest first: each one
     is a valid answer; which to deploy depends on the latency the application can take."""
     clean = {t.number for t in clean_trials(study)}
     front = [t for t in study.best_trials if t.number in clean]
     return [
-        {
-            "trial": t.number,
-            "throughput_sps": t.values[0],
-            "p99_ms": t.values[1],
-            "config": t.user_attrs.get(Attr.CONFIG),
-            "config_summary": t.user_attrs.get(Attr.CONFIG_SUMMARY),
-        }
+        ParetoPoint(
+            trial=t.number,
+            throughput_sps=t.values[0],
+            p99_ms=t.values[1],
+            config=t.user_attrs.get(Attr.CONFIG),
+            config_summary=t.user_attrs.get(Attr.CONFIG_SUMMARY),
+        )
         for t in sorted(front, key=lambda t: -t.values[0])
     ]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 from rich.table import Table
@@ -33,43 +32,75 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class LeaderboardRow:
+    """One clean trial as the leaderboard shows it (the show command's table and the HTML report)."""
+
+    rank: int
+    trial: int
+    config: str
+    throughput_sps: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    ttft_p50_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    perplexity_increase: float | None
+    drift: float | None
+    speedup: float | None
+    sustained_rps: float | None
+    server_p99_ms: float | None
+    max_wait_ms: float | None
+    runtime: str
+    baseline: bool
+
+    def latency_columns(self, generation: bool, server: bool) -> tuple[float | None, ...]:
+        """The columns beside throughput: TTFT and TPOT for generation, the sustained rate and what it
+        took for the server scenario, one call's p50 and p99 otherwise."""
+        if server:
+            return (self.sustained_rps, self.server_p99_ms, self.max_wait_ms)
+        if generation:
+            return (self.ttft_p50_ms, self.tpot_p50_ms, self.tpot_p99_ms)
+        return (self.p50_ms, self.p99_ms)
+
+
+def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[LeaderboardRow]:
     """The best clean trials in the study's direction, with the numbers a user compares them by."""
     baseline = baseline_trial(study)
     server = is_server(study)
     base_sps = (baseline.value if server else metrics_of(baseline).throughput_sps) if baseline else None
     rows = []
     for rank, trial in enumerate(clean_trials(study)[:top], start=1):
-        attrs = trial.user_attrs
         metrics = metrics_of(trial)
         sps = metrics.throughput_sps
         at_rate = metrics.server.at_sustained if metrics.server else None
         compared = metrics.server.sustained_rps if metrics.server else sps
+        generation = metrics.generation
         rows.append(
-            {
-                "rank": rank,
-                "trial": trial.number,
-                "config": attrs.get("config_summary", ""),
-                "throughput_sps": sps,
-                "p50_ms": metrics.latency_ms.p50,
-                "p99_ms": metrics.latency_ms.p99,
-                "ttft_p50_ms": metrics.generation.ttft_ms.p50 if metrics.generation else None,
-                "tpot_p50_ms": metrics.generation.tpot_ms.p50 if metrics.generation else None,
-                "tpot_p99_ms": metrics.generation.tpot_ms.p99 if metrics.generation else None,
-                "perplexity_increase": metrics.drift.perplexity_increase if metrics.drift else None,
-                "drift": metrics.drift.relative_l2 if metrics.drift else None,
-                "speedup": compared / base_sps if compared and base_sps else None,
-                "sustained_rps": metrics.server.sustained_rps if metrics.server else None,
-                "server_p99_ms": at_rate.latency_ms.p99 if at_rate else None,
-                "max_wait_ms": metrics.server.max_wait_ms if metrics.server else None,
-                "runtime": (metrics.runtime or {}).get("name", "main"),
-                "baseline": bool(attrs.get("baseline")),
-            }
+            LeaderboardRow(
+                rank=rank,
+                trial=trial.number,
+                config=trial.user_attrs.get(Attr.CONFIG_SUMMARY, ""),
+                throughput_sps=sps,
+                p50_ms=metrics.latency_ms.p50,
+                p99_ms=metrics.latency_ms.p99,
+                ttft_p50_ms=generation.ttft_ms.p50 if generation else None,
+                tpot_p50_ms=generation.tpot_ms.p50 if generation else None,
+                tpot_p99_ms=generation.tpot_ms.p99 if generation else None,
+                perplexity_increase=metrics.drift.perplexity_increase if metrics.drift else None,
+                drift=metrics.drift.relative_l2 if metrics.drift else None,
+                speedup=compared / base_sps if compared and base_sps else None,
+                sustained_rps=metrics.server.sustained_rps if metrics.server else None,
+                server_p99_ms=at_rate.latency_ms.p99 if at_rate else None,
+                max_wait_ms=metrics.server.max_wait_ms if metrics.server else None,
+                runtime=(metrics.runtime or {}).get("name", "main"),
+                baseline=bool(trial.user_attrs.get(Attr.BASELINE)),
+            )
         )
     return rows
 
 
-def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[str, Any]] | None = None) -> Table:
+def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[LeaderboardRow] | None = None) -> Table:
     table = Table(title=f"study {study.study_name}: best {top} clean configurations, one search measurement each")
     rows = rows if rows is not None else leaderboard_rows(study, top)
     generation = throughput_unit(study) == "tokens/s"
@@ -82,19 +113,17 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[dict[
     for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
     for row in rows:
-        keys: tuple[str, ...] = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
-        if server:
-            keys = ("sustained_rps", "server_p99_ms", "max_wait_ms", "throughput_sps")
-        ppl = row.get("perplexity_increase")
+        values = row.latency_columns(generation, server) + ((row.throughput_sps,) if server else ())
+        ppl = row.perplexity_increase
         table.add_row(
-            str(row["rank"]),
-            f"{row['trial']}{' (baseline)' if row['baseline'] else ''}",
-            row["config"],
-            *(() if server else (_fmt(row["throughput_sps"]),)),
-            *(_fmt(row.get(key)) for key in keys),
-            "-" if row["drift"] is None else f"{row['drift']:.2e}",
+            str(row.rank),
+            f"{row.trial}{' (baseline)' if row.baseline else ''}",
+            row.config,
+            *(() if server else (_fmt(row.throughput_sps),)),
+            *(_fmt(value) for value in values),
+            "-" if row.drift is None else f"{row.drift:.2e}",
             *((("-" if ppl is None else f"{ppl:+.2%}"),) if generation else ()),
-            "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+            "-" if row.speedup is None else f"{row.speedup:.2f}x",
         )
     return table
 

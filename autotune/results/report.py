@@ -234,19 +234,16 @@ def _leaderboard(study: optuna.study.Study, server: bool) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     generation = throughput_unit(study) == "tokens/s"
-    latency_keys = ("ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms") if generation else ("p50_ms", "p99_ms")
-    if server:
-        latency_keys = ("sustained_rps", "server_p99_ms", "max_wait_ms")
     leader_rows = [
         [
-            r["rank"],
-            r["trial"],
-            r["config"],
-            *((fmt(r[key]) for key in latency_keys) if server else ()),
-            fmt(r["throughput_sps"]),
-            *(() if server else (fmt(r[key]) for key in latency_keys)),
-            "-" if r["drift"] is None else f"{r['drift']:.2e}",
-            "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+            r.rank,
+            r.trial,
+            r.config,
+            *((fmt(v) for v in r.latency_columns(generation, server)) if server else ()),
+            fmt(r.throughput_sps),
+            *(() if server else (fmt(v) for v in r.latency_columns(generation, server))),
+            "-" if r.drift is None else f"{r.drift:.2e}",
+            "-" if r.speedup is None else f"{r.speedup:.2f}x",
         ]
         for r in leaders
     ]
