@@ -55,13 +55,11 @@ def search_summary(result: Result) -> str:
     how = "re-measured alike" if alike else "from their search measurements"
     speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline ({how})" if best.speedup_vs_baseline else ""
     revalidated = best.objective.revalidated_median
-    unit = "tokens/s" if (best.metrics or {}).get("generation") else "samples/s"
-    server = (best.metrics or {}).get("server")
+    unit = best.throughput_unit
+    server = best.server
     if server:  # the server scenario: a sustained request rate at the bound, and the batching that did it
-        bound = (
-            f"p99 <= {server['slo_ms']:g} ms, max_batch {server['max_batch']}, max_wait {server['max_wait_ms']:g} ms"
-        )
-        rate = revalidated or server["sustained_rps"]
+        bound = f"p99 <= {server.slo_ms:g} ms, max_batch {server.max_batch}, max_wait {server.max_wait_ms:g} ms"
+        rate = revalidated or server.sustained_rps
         number = f"{rate:.1f} requests/s sustained at {bound}{' (re-measured)' if revalidated else ''}"
     elif revalidated:  # the re-validated number first; the search's single measurement labelled as such
         number = f"{revalidated:.1f} {unit} re-measured (its search measurement: {best.throughput_sps:.1f})"

@@ -307,6 +307,11 @@ class BestJson(OpenRecord):
         return (self.metrics or {}).get("throughput_sps")
 
     @property
+    def throughput_unit(self) -> str:
+        """What throughput counts: generated tokens for a language model, samples otherwise."""
+        return "tokens/s" if (self.metrics or {}).get("generation") else "samples/s"
+
+    @property
     def latency_ms(self) -> dict[str, Any] | None:
         """The winner's latency per call: p50, p90, p99, mean (ms) and samples."""
         return (self.metrics or {}).get("latency_ms")
