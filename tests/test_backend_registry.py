@@ -84,3 +84,17 @@ def test_generation_prepare_goes_to_the_configurations_backend():
     compiled, details = prepare(tiny_llama(), config, 2)
     assert details["inductor"]["freezing"] is False and details["float_dtype"] == "bfloat16"
     assert compiled.forward != compiled.model.forward and compiled.kv_cache == "static"
+
+
+def test_a_trials_backend_environment_is_what_its_spec_declares(tmp_path):
+    """The runner asks the SPEC, not the backend's name: inductor (both tasks) and torchao share the
+    inductor cache; OpenVINO beside a preloaded allocator gets the oneTBB setting, and only then."""
+    from autotune.runner.trials import backend_env
+
+    cache = str(tmp_path / "inductor")
+    for task, backend in (("classify", "inductor"), ("classify", "torchao"), ("generate", "inductor")):
+        assert backend_env(TrialConfig(backend, "fp32", 1), tmp_path, task) == {"TORCHINDUCTOR_CACHE_DIR": cache}
+    assert backend_env(TrialConfig("eager", "fp32", 1), tmp_path, "generate") == {}
+    openvino = TrialConfig("openvino", "fp32", 1, allocator="jemalloc")
+    assert backend_env(openvino, tmp_path, "classify") == {"TBB_ENABLE_SANITIZERS": "1"}
+    assert backend_env(TrialConfig("openvino", "fp32", 1), tmp_path, "classify") == {}

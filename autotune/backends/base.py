@@ -48,6 +48,11 @@ class BackendSpec:
     # Options that only schedule the work (streams, requests in flight, inter-op threads), never which
     # kernels or precisions run: a precision fallback found once holds for every value of them.
     scheduling_options: tuple[str, ...] = ()
+    # Compiles with inductor: its trials share one inductor cache (TORCHINDUCTOR_CACHE_DIR) under the
+    # studies folder, so a later trial of the same graph loads the compiled kernels.
+    inductor_cache: bool = False
+    # Variables the backend needs when the trial preloads an allocator (LD_PRELOAD).
+    preloaded_allocator_env: tuple[tuple[str, str], ...] = ()
 
     def applies(self, option: str, precision: str) -> bool:
         return precision in self.option_precisions.get(option, self.precisions)

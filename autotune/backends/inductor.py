@@ -14,6 +14,7 @@ SPEC = BackendSpec(
     options={"memory_format": ("contiguous", "channels_last"), "freezing": (False, True)},
     requires=("torch",),
     torch_threads=True,
+    inductor_cache=True,
 )
 
 

@@ -23,6 +23,9 @@ SPEC = BackendSpec(
     option_precisions={"int8_float": ("int8",)},
     uses_artifact=True,
     scheduling_options=("hint", "streams"),
+    # oneTBB dlopens libtbbbind with RTLD_DEEPBIND, so hwloc frees with glibc what the preloaded allocator
+    # handed out and compile_model aborts (oneTBB #1645); this setting drops DEEPBIND.
+    preloaded_allocator_env=(("TBB_ENABLE_SANITIZERS", "1"),),
 )
 
 

@@ -20,6 +20,7 @@ SPEC = BackendSpec(
     requires=("torchao",),
     uses_artifact=True,
     torch_threads=True,
+    inductor_cache=True,
 )
 
 

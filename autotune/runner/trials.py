@@ -122,16 +122,14 @@ def replay_argv(best_path: Path, instance: int, python: str = sys.executable) ->
     return [python, "-m", WORKER_MODULE, "--best", str(best_path), "--instance", str(instance)]
 
 
-def backend_env(config: TrialConfig, cache_dir: Path) -> dict[str, str]:
-    """Environment a backend needs beyond threads and allocator: compile caches shared by trials, and
-    what makes OpenVINO's threading library live with a preloaded allocator."""
-    if config.backend in ("inductor", "torchao"):
-        return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")}
-    if config.backend == "openvino" and config.allocator != "glibc":
-        # oneTBB dlopens libtbbbind with RTLD_DEEPBIND, so hwloc frees with glibc what the preloaded
-        # allocator handed out and compile_model aborts (oneTBB #1645); this setting drops DEEPBIND.
-        return {"TBB_ENABLE_SANITIZERS": "1"}
-    return {}
+def backend_env(config: TrialConfig, cache_dir: Path, task: str) -> dict[str, str]:
+    """Environment a backend needs beyond threads and allocator, as its SPEC declares: the compile cache
+    its trials share, and what it needs beside a preloaded allocator."""
+    spec = backend_specs(task)[config.backend]
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")} if spec.inductor_cache else {}
+    if config.allocator != "glibc":
+        env.update(spec.preloaded_allocator_env)
+    return env
 
 
 def plan_instances(
@@ -144,7 +142,8 @@ def plan_instances(
 ) -> list[InstanceLaunch]:
     """Write one job file per instance and describe how to start it (pinned, with its env, in its runtime)."""
     try:
-        set_env = {**config.to_env(machine, runtime.openmp), **backend_env(config, cache_dir)}
+        task = "generate" if job.generation else "classify"
+        set_env = {**config.to_env(machine, runtime.openmp), **backend_env(config, cache_dir, task)}
     except ValueError as exc:
         raise TrialFailed(str(exc)) from None
     base_env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **set_env})

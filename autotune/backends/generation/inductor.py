@@ -24,6 +24,7 @@ SPEC = BackendSpec(
     requires=eager.SPEC.requires,
     uses_artifact=eager.SPEC.uses_artifact,
     torch_threads=True,
+    inductor_cache=True,
 )
 
 # eager's artifact (the same quantized weights), and eager's answer to what cannot run (nothing: a flag
