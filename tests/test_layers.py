@@ -90,3 +90,19 @@ def test_each_layer_says_what_it_may_import():
     for folder in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
         assert doc and "May import" in doc, f"{folder.name}/__init__.py has no docstring saying what it may import"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_in_the_package_runs_over_80_lines():
+    """A function longer than a screen does several jobs: split it by concern."""
+    long = [
+        f"{path.relative_to(PACKAGE)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, long
