@@ -205,7 +205,7 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, t
     assert measured.user_attrs["drift"]["reused_from"] is None, measured.user_attrs
     sequences = measured.params["sequences"]
     baseline = next(t for t in study.trials if t.user_attrs.get("baseline"))
-    # the baseline runs one sequence, the coverage round the most the space lists (search/layouts.coverage_batch)
+    # the baseline runs one sequence, the coverage round the most the space lists (tuning/layouts.coverage_batch)
     assert (baseline.params["sequences"], sequences) == (1, 2), measured.user_attrs["order"]
     assert "; 2 sequences, the most the space lists within 8x" in measured.user_attrs["order"]
     for other in (3 - sequences, sequences):  # what the search enqueues itself always runs

@@ -21,7 +21,7 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   against 7.3x (a Xeon without AMX; docs/BENCHMARKS.md); last (tier 3) where it is emulated; other
   fp32 backends are tier 2 (the baseline already measures fp32).
 - **Text generation** (decode is memory-bound: every token reads all weights; the coverage round runs
-  the most sequences, search/layouts.coverage_batch): bf16 is tier 0 where the CPU has AMX-BF16 tiles
+  the most sequences, tuning/layouts.coverage_batch): bf16 is tier 0 where the CPU has AMX-BF16 tiles
   (the prompt's prefill runs on them, and each decode step reads half fp32's bytes), tier 1 where it has
   AVX512-BF16 alone, 3 where emulated. Where the CPU has int8 dot products (AVX512-VNNI, AVX-VNNI or
   AMX-INT8), int8 activations with int8 weights (da8w8, SmoothQuant) compiled by inductor are tier 0 too:

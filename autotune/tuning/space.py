@@ -423,7 +423,7 @@ class SearchSpace:
     ) -> list[dict[str, Any]]:
         """One trial per backend x precision (the baseline's batch unless given one, first allocator and
         instance count, the most threads that fit, first value of each backend option, or the `preferred`
-        value of a (backend, option) where the space lists it: search/payoff.coverage_preferences), so
+        value of a (backend, option) where the space lists it: tuning/payoff.coverage_preferences), so
         every backend is measured once before the sampler concentrates."""
         preferred = preferred or {}
         batch = self.baseline_batch_size if batch is None else batch

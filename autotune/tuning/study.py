@@ -382,18 +382,25 @@ def more_sequences_pay(spec: SearchSpec) -> bool:
     return spec.ttft_slo_ms is None and spec.tpot_slo_ms is None
 
 
-def _enqueue_first_trials(
-    study: optuna.study.Study,
-    space: SearchSpace,
-    spec: SearchSpec,
-    machine: MachineProbe,
-    reference: Reference,
-    console: Console,
-) -> None:
+@dataclass(frozen=True)
+class FirstTrials:
+    """What a new study's first trials are chosen from: the study, its space and spec, this machine, the
+    FP32 reference (what it measured of the model orders the int8 coverage) and where notes are said."""
+
+    study: optuna.study.Study
+    space: SearchSpace
+    spec: SearchSpec
+    machine: MachineProbe
+    reference: Reference
+    console: Console
+
+
+def _enqueue_first_trials(first: FirstTrials) -> None:
     """The eager fp32 baseline first, then the winners of earlier studies on this machine
     (tuning/priors.py), then one trial per backend x precision, highest expected payoff on this machine
     first (tuning/payoff.py), each recording why it runs where it does; where a layout round runs, the
     coverage waits on the study, released a trial at a time (tuning/layouts.py)."""
+    study, space, spec, console = first.study, first.space, first.spec, first.console
     baseline = _enqueue_baseline(study, space, console)
     hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware") or {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
@@ -402,7 +409,7 @@ def _enqueue_first_trials(
     # a prior winner covers its backend x precision: the coverage round does not measure that family again
     covered = {family(params) for params in winners}
     if spec.cover_backends:
-        _enqueue_coverage(study, space, spec, machine, reference, console, baseline, covered, prior.family_speedups)
+        _enqueue_coverage(first, baseline, covered, prior.family_speedups)
     study.set_user_attr(Attr.SEEDED, True)
 
 
@@ -450,18 +457,14 @@ def _enqueue_prior_winners(
 
 
 def _enqueue_coverage(
-    study: optuna.study.Study,
-    space: SearchSpace,
-    spec: SearchSpec,
-    machine: MachineProbe,
-    reference: Reference,
-    console: Console,
+    first: FirstTrials,
     baseline: dict[str, Any] | None,
     covered: set[tuple[Any, Any]],
     family_speedups: dict[tuple[str, str], tuple[float, str]],
 ) -> None:
     """One trial per backend x precision not yet covered, highest expected payoff first; queued on the
     study for the layout round to release one at a time where it runs, enqueued at once otherwise."""
+    study, space, spec, machine, reference = first.study, first.space, first.spec, first.machine, first.reference
     preferences = coverage_preferences(machine.isa)
     batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
     plans = [
@@ -469,7 +472,7 @@ def _enqueue_coverage(
         for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
         if p != baseline and family(p) not in covered
     ]
-    _note_int8_ordering(reference, space, console)
+    _note_int8_ordering(reference, space, first.console)
     study.set_user_attr(Attr.ATTENTION_LAYERS, reference.attention_layers)  # what ordered the int8 coverage
     study.set_user_attr(Attr.REDUCTION_DEPTH, reference.reduction_depth)  # and whether int8 is expected to lose
     int8_first = int8_first_backend(machine.isa, reference.attention_layers)
@@ -479,7 +482,7 @@ def _enqueue_coverage(
     if batch != space.baseline_batch_size:
         where = (
             f"; {batch} {space.batch_param}, the most the space lists within 8x the baseline's: a decode step "
-            "reads every weight once for all of them (search/layouts.coverage_batch)"
+            "reads every weight once for all of them (tuning/layouts.coverage_batch)"
         )
         ordered = [replace(plan, order=plan.order + where) for plan in ordered]
     if LayoutRound.applies(space, spec.objective):
@@ -542,7 +545,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     if reference.note is not None:
         say(f"note: {reference.note.message}")
     if not study.user_attrs.get(Attr.SEEDED):  # also when the run that created the study died before this
-        _enqueue_first_trials(study, space, spec, machine, reference, console)
+        _enqueue_first_trials(FirstTrials(study, space, spec, machine, reference, console))
     ctx = TrialContext(
         machine,
         reference,

@@ -162,9 +162,9 @@ def run_reference(job: WorkerJob) -> dict[str, Any]:
         "labels": labels is not None,
         "reference_accuracy": accuracy,
         "reference_note": note.to_json() if note else None,
-        # the coverage round's int8 order depends on it (search/payoff.int8_first_backend)
+        # the coverage round's int8 order depends on it (tuning/payoff.int8_first_backend)
         "attention_layers": sum(attention_layers(model).values()),
-        "reduction_depth": depth,  # and on this (search/payoff.expected_payoff)
+        "reduction_depth": depth,  # and on this (tuning/payoff.expected_payoff)
     }
 
 
