@@ -191,10 +191,10 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if not path.is_file():
         raise UserError(f"{path} does not exist: run 'autotune search' (or 'autotune export') first")
     from autotune.common.durations import parse_duration
-    from autotune.records.best import BestJson
     from autotune.records.job import WorkerJob
+    from autotune.results.best_json import read_best
 
-    stored = BestJson.read(path).job
+    stored = read_best(path).job  # one line, exit 2, for a file that is not a timed best.json
     job = WorkerJob.from_json(stored) if stored else None
     generation, server = (bool(job.generation), bool(job.server)) if job else (False, False)
     asked = args.independent not in (None, "0") or args.vs_benchmark_app

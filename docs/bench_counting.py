@@ -69,17 +69,17 @@ def counted(trial_dir: Path, instances: int, samples_per_call: int, recorded_sps
     stamps = [np.load(attempt / f"stamps-{i}.npy") for i in range(instances)]
     screens = [np.load(trial_dir / f"screen-{i}.npy") for i in range(instances)]
     window = common_window_throughput(stamps, samples_per_call)
-    start, end = window["start"], window["end"]
+    start, end = window.start, window.end
     every_call = np.concatenate([s[:, 1] - s[:, 0] for s in stamps])
     inside = np.concatenate([(s[:, 1] - s[:, 0])[wholly_inside(s, start, end)] for s in stamps])
     return Counted(
         recorded_sps=recorded_sps,
         before_sps=count_finished_inside(stamps, samples_per_call),
-        after_sps=window["throughput_sps"],
+        after_sps=window.throughput_sps,
         before_p99_ms=float(np.percentile(every_call, 99)) * 1e3,
         after_p99_ms=float(np.percentile(inside, 99)) * 1e3,
         screen_before_sps=sum(instance_throughput(s, samples_per_call) for s in screens),
-        screen_after_sps=common_window_throughput(screens, samples_per_call)["throughput_sps"],
+        screen_after_sps=common_window_throughput(screens, samples_per_call).throughput_sps,
         call_ms=float(np.median(every_call)) * 1e3,
     )
 

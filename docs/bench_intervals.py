@@ -53,10 +53,10 @@ def main() -> int:
             str(trial.number),
             str(trial.user_attrs.get("config_summary", ""))[:48],
             ", ".join(str(len(s)) for s in stamps),
-            f"{window['throughput_sps']:.1f}",
+            f"{window.throughput_sps:.1f}",
             _percent(measurement.get("throughput_ci_rel")),
-            _percent(window["ci_rel"]),
-            METHODS.get(window["ci_method"], "none"),
+            _percent(window.ci_rel),
+            METHODS.get(window.ci_method, "none"),
         )
     Console(width=160).print(table)
     return 0

@@ -60,11 +60,12 @@ def coverage(runs: int, window_s: float, rng: np.random.Generator) -> tuple[floa
         settings = MeasureSettings(window_min_s=window_s, window_max_s=4 * window_s)
         stamps = timed_window(clock.step, settings, clock=clock)
         result = common_window_throughput([stamps], batch_size=1)
-        low, high = result["ci_sps"]
+        assert result.ci_sps is not None and result.ci_rel is not None  # 20,000 calls: always an interval
+        low, high = result.ci_sps
         new += low <= true_rate <= high
-        widths.append(result["ci_rel"])
+        widths.append(result.ci_rel)
         ci = median_ci(stamps[:, 1] - stamps[:, 0])
-        share = result["throughput_sps"]
+        share = result.throughput_sps
         old += share * ci["median"] / ci["ci_high"] <= true_rate <= share * ci["median"] / ci["ci_low"]
         calls += len(stamps)
     return new / runs, old / runs, float(np.median(widths)), calls // runs

@@ -61,7 +61,7 @@ def main() -> int:
     for attempt in attempt_dirs(study_dir / "trials"):
         stamps = [np.load(p) for p in sorted(attempt.glob("stamps-*.npy"))]
         window = common_window_throughput(stamps, batch_size=1)
-        combined = combined_early_late(stamps, window["start"], window["end"]) if window["valid"] else None
+        combined = combined_early_late(stamps, window.start, window.end) if window.valid else None
         summaries = [latency_summary(s[:, 1] - s[:, 0]) for s in stamps]
         instances = [{"signals": {}, "latency": summary} for summary in summaries]
         alone, together = drift_flags(instances, None, limits), drift_flags(instances, combined, limits)

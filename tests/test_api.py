@@ -187,6 +187,31 @@ def test_an_in_memory_model_is_refused_with_what_to_pass_instead(tmp_path, make,
     assert not (tmp_path / "studies").exists()  # refused before anything was created
 
 
+DEFAULTS = {
+    "budget": "20m",
+    "objective": "throughput",
+    "task": "auto",
+    "prompt_tokens": 512,
+    "new_tokens": 64,
+    "max_drift": "0.05",
+    "drift_metric": "relative_l2",
+    "eval_samples": 32,
+    "calibration_samples": 64,
+    "trial_timeout": "10m",
+    "measure_seconds": "5s",
+    "speed_pruning": True,
+    "cover_backends": True,
+    "finalists": 3,
+    "finalist_repeats": 3,
+    "finalist_share": 0.2,
+    "memory_limit": "80%",
+    "cache_size": "20G",
+    "runtimes": (),
+    "heartbeat_grace": "60s",
+    "studies_dir": "studies",
+}
+
+
 def test_the_cli_and_the_api_take_the_options_of_one_record_with_its_defaults():
     """SearchOptions is the one place an option is written: the CLI's parser is made from it (every option
     there, with its default), autotune.search takes its fields and refuses any other keyword in one line,
@@ -194,6 +219,8 @@ def test_the_cli_and_the_api_take_the_options_of_one_record_with_its_defaults():
     args = build_parser().parse_args(["search", "--model", "resnet18"])
     assert set(vars(args)) - {"command", "func"} == {f.name for f in dataclasses.fields(SearchOptions)}
     assert SearchOptions.from_arguments(args) == SearchOptions(model="resnet18")
+    defaults = dataclasses.asdict(SearchOptions(model="m"))
+    assert {k: defaults[k] for k in DEFAULTS} == DEFAULTS  # as documented before the record existed
     given = build_parser().parse_args(
         ["search", "--model", "m", "--no-speed-pruning", "--runtime", "a", "--runtime", "b", "--sequences", "1,4"]
     )

@@ -110,6 +110,47 @@ def test_space_samples_only_valid_conditional_configs():
     assert {b for b, _ in seen} == {"eager", "inductor"} and {i for _, i in seen} == {1, 2, 4, 8}
 
 
+def test_an_earlier_winner_is_narrowed_to_the_values_the_space_offers():
+    """What an earlier study's winner becomes in a narrower space: every value outside it (a batch size,
+    the OpenMP pool, a runtime, the server's batching, another backend's option) left out, so Optuna
+    samples it instead of raising on it; nothing of it at all when its backend is not offered."""
+    space = SearchSpace.parse(SPACE, fake_machine(cores=8), RUNTIMES)
+    winner = {
+        "backend": "inductor",
+        "inductor.precision": "fp32",
+        "inductor.freezing": True,
+        "batch_size": 32,
+        "allocator": "glibc",
+        "instances": 2,
+        "threads_per_instance": 4,
+        "openmp": "intel",
+        "thp": True,
+        "max_wait_ms": 5.0,
+        "inductor.runtime": "ipex",
+        "openvino.hint": "LATENCY",
+    }
+    params, dropped = space.offered_params(winner)
+    assert dropped == [
+        "batch_size=32",
+        "openmp=intel",
+        "thp=True",
+        "max_wait_ms=5.0",
+        "inductor.runtime=ipex",
+        "openvino.hint=LATENCY",
+    ]
+    study = optuna.create_study()
+    study.enqueue_trial(params)
+    config = space.suggest(study.ask())  # raised ValueError on batch_size 32 when enqueued whole
+    assert (config.backend, config.options["freezing"], config.instances, config.threads_per_instance) == (
+        "inductor",
+        True,
+        2,
+        4,
+    )
+    assert config.batch_size in (1, 8) and config.openmp == "gnu"
+    assert space.offered_params({**winner, "backend": "openvino"})[0] == {}
+
+
 def test_space_drops_missing_allocators_with_a_note():
     space = SearchSpace.parse(SPACE, fake_machine(allocators={"jemalloc": "/x/libjemalloc.so.2"}), RUNTIMES)
     assert space.allocators == ["glibc", "jemalloc"]

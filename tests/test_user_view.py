@@ -161,7 +161,7 @@ def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned
     assert measured.throughput_sps == sum(measured.per_instance_sps)
 
 
-def test_verify_refuses_what_it_cannot_remeasure(workdir):
+def test_verify_and_compare_refuse_what_they_cannot_remeasure(workdir):
     from autotune.records.config import TrialConfig
 
     closest = {  # what a study where no configuration met the drift bound exports: never timed
@@ -182,6 +182,9 @@ def test_verify_refuses_what_it_cannot_remeasure(workdir):
     result = run_autotune("verify", str(workdir / "other.json"), cwd=workdir)
     assert result.returncode == 2 and "best.json lacks its required 'schema'" in result.stderr
     assert "Traceback" not in result.stderr
+    for name, why in (("other.json", "best.json lacks its required 'schema'"), ("nothing.json", "no timed winner")):
+        compared = run_autotune("compare", "--best", str(workdir / name), cwd=workdir)  # the same one line
+        assert compared.returncode == 2 and why in compared.stderr and "Traceback" not in compared.stderr
 
 
 def _run_on_a_terminal(args: list[str], cwd, timeout: float = 300) -> str:

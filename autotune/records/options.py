@@ -157,6 +157,10 @@ class SearchOptions:
         help="latency SLO: the highest throughput whose p99 latency per call stays under MS milliseconds "
         "(slower configs are measured, then pruned; every measurement takes at least 100 calls); with "
         "--scenario server, the bound on each request's p99 latency, queueing included",
+        doc="a latency SLO: the highest throughput whose p99 latency per call (one batch; one batch per stream for "
+        "multi-stream OpenVINO) stays under MS milliseconds. Every measurement then takes at least 100 calls; a "
+        "config over the bound is measured, recorded with its p99 (`slo`), and PRUNED, so it never wins. With "
+        "`--scenario server`, the bound on each request's p99 latency from arrival to answer, queueing included",
     )
     task: str = option(
         "auto",
@@ -220,12 +224,15 @@ class SearchOptions:
         parse=int,
         metavar="N",
         help="inputs in the drift evaluation set, drawn first from one seeded shuffle of --data",
+        doc="size of the evaluation set drift is measured on, drawn first from one seeded shuffle of `--data`",
     )
     calibration_samples: int = option(
         64,
         parse=int,
         metavar="N",
         help="inputs int8 quantization is calibrated on, drawn after the evaluation set (disjoint from it)",
+        doc="size of the calibration set int8 is calibrated on, drawn after the evaluation set from the same "
+        "shuffle, so the two are disjoint",
     )
     trial_timeout: Duration = option("10m", help="a trial running longer is killed and recorded as FAIL")
     measure_seconds: Duration = option(
