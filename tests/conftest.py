@@ -91,3 +91,22 @@ def mariadb(tmp_path_factory):
     from db_servers import start_mariadb
 
     yield from start_mariadb(tmp_path_factory.mktemp("mariadb"))
+
+
+def openvino_computes_bf16() -> bool:
+    """What OpenVINO itself says of one MatMul compiled with a bf16 hint on this CPU: whether it runs in bf16.
+    Not the same as its BF16 capability: an Ice Lake Xeon (AVX-512 without BF16) lists none, yet runs
+    the MatMul in bf16; an AVX2-only CPU computes it in f32."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    x = ops.parameter([4, 64], np.float32)
+    weights = ops.constant(np.ones((64, 64), np.float32))
+    model = ov.Model([ops.matmul(x, weights, False, False)], [x])
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+    return any(
+        op.get_rt_info()["layerType"].astype(str) == "FullyConnected"
+        and op.get_rt_info()["runtimePrecision"].astype(str) == "bf16"
+        for op in compiled.get_runtime_model().get_ordered_ops()
+    )

@@ -2,11 +2,8 @@
 Each completed int8 / bf16 trial ran compute layers in its precision; the one configuration a CPU may
 not run as claimed (OpenVINO bf16 where its CPU plugin computes in f32) FAILs as a precision fallback."""
 
-import numpy as np
-import openvino as ov
-import openvino.opset13 as ops
 import pytest
-from conftest import FAST, assert_trials_ran, load_study, run_autotune, write_space
+from conftest import FAST, assert_trials_ran, load_study, openvino_computes_bf16, run_autotune, write_space
 
 from autotune.backends import BACKENDS
 
@@ -19,21 +16,6 @@ ALL_BACKENDS = {
 }
 ARTIFACT_BACKENDS = {name: dims for name, dims in ALL_BACKENDS.items() if BACKENDS[name].uses_artifact}
 PAIRS = sum(len(d["precision"]) for d in ALL_BACKENDS.values())
-
-
-def openvino_computes_bf16() -> bool:
-    """What OpenVINO itself says of one MatMul compiled with a bf16 hint on this CPU: whether it runs in bf16.
-    Not the same as its BF16 capability: an Ice Lake Xeon (AVX-512 without BF16) lists none, yet runs
-    the MatMul in bf16; an AVX2-only CPU computes it in f32."""
-    x = ops.parameter([4, 64], np.float32)
-    weights = ops.constant(np.ones((64, 64), np.float32))
-    model = ov.Model([ops.matmul(x, weights, False, False)], [x])
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
-    return any(
-        op.get_rt_info()["layerType"].astype(str) == "FullyConnected"
-        and op.get_rt_info()["runtimePrecision"].astype(str) == "bf16"
-        for op in compiled.get_runtime_model().get_ordered_ops()
-    )
 
 
 # Where OpenVINO computes bf16 in f32, the trial must say so, not pass as bf16.

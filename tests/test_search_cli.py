@@ -13,9 +13,20 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import FAST, assert_trials_ran, load_study, require, run_autotune, states, tiny, write_space
+from conftest import (
+    FAST,
+    NOISY_REFUSAL,
+    assert_trials_ran,
+    load_study,
+    require,
+    run_autotune,
+    states,
+    tiny,
+    write_space,
+)
 
 from autotune.records.config import TrialConfig
+from autotune.results.selection import clean_trials
 
 
 def search(workdir, *extra, model=None, space=None, study="s", budget="3m"):
@@ -212,11 +223,15 @@ def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(
     """Studies in the same storage on the same hardware are a prior: the earlier winner (batch 4) is the
     new study's first trial after its baseline (batch 2), and says why."""
     earlier = write_space(workdir / "earlier.yaml", batch_size=[4])
-    assert search(workdir, "--trials", "2", "--no-speed-pruning", space=earlier, study="earlier").returncode == 0
-    won = load_study(workdir, "earlier").best_trial.params
+    for _ in range(3):  # a busy machine may flag every trial noisy (none may win): resume with more
+        done = search(workdir, "--trials", "2", "--no-speed-pruning", space=earlier, study="earlier")
+        if done.returncode == 0 or NOISY_REFUSAL not in done.stderr:
+            break
+    assert done.returncode == 0, done.stderr
+    won = clean_trials(load_study(workdir, "earlier"))[0].params
     space = write_space(workdir / "space.yaml", batch_size=[2, 4])
     result = search(workdir, "--trials", "2", "--no-speed-pruning", space=space, study="later")
-    assert result.returncode == 0, result.stderr
+    assert_trials_ran(result)
     assert "1 winner(s) of earlier studies on this machine tried first" in result.stdout
     later = load_study(workdir, "later")
     assert later.trials[0].user_attrs["baseline"] and later.trials[0].params["batch_size"] == 2
