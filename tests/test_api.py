@@ -15,7 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY, tiny, write_space
+from conftest import NOISY_REFUSAL, TINY, tiny, write_space
 from rich.console import Console
 from tiny_models import TinyCNN
 
@@ -103,17 +103,21 @@ def test_a_factory_function_is_passed_as_its_reference(tmp_path):
 
     assert model_reference(tiny_cnn) == f"{TINY}:tiny_cnn"  # tests/ is on this process's path only: by file
     console, _ = quiet_console()
-    result = autotune.search(
-        tiny_cnn,
-        space=write_space(tmp_path / "space.yaml", batch_size=[2]),
-        trials=1,
-        studies_dir=tmp_path / "studies",
-        console=console,
-        **FAST,
-    )
+    space = write_space(tmp_path / "space.yaml", batch_size=[2])
+    for attempt in range(3):  # a trial flagged noisy (the hypervisor stole its CPUs) never wins: resume
+        try:
+            result = autotune.search(
+                tiny_cnn, space=space, trials=1, studies_dir=tmp_path / "studies", console=console, **FAST
+            )
+            break
+        except autotune.UserError as refused:
+            if NOISY_REFUSAL not in str(refused) or attempt == 2:
+                raise
     assert result.study.study_name == "tiny_cnn"  # named after the function, as --model file.py:tiny_cnn is
     assert result.study.user_attrs["spec"]["model"]["name"] == f"{TINY}:tiny_cnn"
-    assert len(complete(result.study)) == 1 and result.best is not None and result.best.config.backend == "eager"
+    assert (
+        len(complete(result.study)) == attempt + 1 and result.best is not None and result.best.config.backend == "eager"
+    )
 
 
 def test_a_factory_importable_by_name_is_referenced_by_module():
