@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from rich.console import Console
 
 from autotune.common.errors import UserError
+from autotune.measure.noise import NoiseLimits
 from autotune.records.options import SearchOptions, add_arguments
 
 EXIT_USAGE = 2
@@ -446,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     try:
         args = build_parser().parse_args(argv)
+        NoiseLimits.from_environment()  # a bad AUTOTUNE_MAX_STEAL is refused before any work
         return args.func(args, console)
     except UserError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)

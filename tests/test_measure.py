@@ -1,6 +1,9 @@
 """The measurement protocol on synthetic timing series (steady, drifting, bimodal, too short) and on
 recorded ones (tests/data)."""
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,6 +111,39 @@ def test_interference_signals_are_flagged():
         )
         == []
     )
+
+
+def test_the_steal_limit_is_raised_by_its_environment_variable(monkeypatch):
+    stolen = [{"signals": {"foreign_cpu": 0.0, "steal": 0.09}, "latency": LatencySummary(samples=0)}]
+    monkeypatch.delenv("AUTOTUNE_MAX_STEAL", raising=False)
+    default = NoiseLimits.from_environment()
+    assert default.max_steal == 0.05
+    assert noise_flags(stolen, None, None, 2, default) == [
+        "instance 0: the hypervisor stole 9% of its CPUs (limit 5%, AUTOTUNE_MAX_STEAL)"
+    ]
+    for raised in ("0.2", "20%"):
+        monkeypatch.setenv("AUTOTUNE_MAX_STEAL", raised)
+        assert NoiseLimits.from_environment().max_steal == pytest.approx(0.2)
+        assert noise_flags(stolen, None, None, 2, NoiseLimits.from_environment()) == []
+
+
+@pytest.mark.parametrize("bad", ["lots", "1.5", "-0.1"])
+def test_a_bad_steal_limit_is_one_line_and_exit_2(bad, tmp_path):
+    env = {**os.environ, "AUTOTUNE_MAX_STEAL": bad}
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "search", "--model", "resnet50", "--budget", "1m"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"autotune: error: AUTOTUNE_MAX_STEAL={bad!r} is not a share of the CPUs' time: "
+        "give one from 0 to 1 (or 0% to 100%)"
+    ]
+    assert not (tmp_path / "studies").exists()
 
 
 def test_window_stops_on_the_ci_rule_when_steady():

@@ -15,12 +15,17 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.common.errors import UserError
+
 if TYPE_CHECKING:
     from autotune.measure.stopwatch import LatencySummary
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BUSY_FIELDS = (0, 1, 2, 5, 6)  # user nice system irq softirq (iowait and idle are not busy)
 STEAL_FIELD = 7
+# A cloud VM whose hypervisor steals a steady share of its CPUs flags every measurement at the default;
+# this environment variable raises the limit there (every command that measures reads it).
+MAX_STEAL_ENV = "AUTOTUNE_MAX_STEAL"
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,22 @@ class NoiseLimits:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_environment(cls) -> NoiseLimits:
+        """The defaults, with the steal limit from AUTOTUNE_MAX_STEAL (a share, 0-1) where it is set."""
+        raw = os.environ.get(MAX_STEAL_ENV, "").strip()
+        if not raw:
+            return cls()
+        try:
+            share = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            share = -1.0
+        if not 0.0 <= share <= 1.0:
+            raise UserError(
+                f"{MAX_STEAL_ENV}={raw!r} is not a share of the CPUs' time: give one from 0 to 1 (or 0% to 100%)"
+            )
+        return cls(max_steal=share)
 
 
 def read_cpu_ticks(cpus: list[int]) -> dict[str, int]:
@@ -154,7 +175,9 @@ def noise_flags(
         if foreign is not None and foreign > limits.max_foreign_cpu:
             flags.append(f"instance {i}: other processes used {foreign:.0%} of its CPUs")
         if steal is not None and steal > limits.max_steal:
-            flags.append(f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs")
+            flags.append(
+                f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs (limit {limits.max_steal:.0%}, {MAX_STEAL_ENV})"
+            )
         if latency.samples >= limits.min_calls_for_shape:
             iqr, drift = latency.iqr_rel, latency.early_late_rel
             if iqr is not None and iqr > limits.max_iqr_rel:

@@ -78,8 +78,9 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
         raise UserError(f"study {study.study_name!r} has no COMPLETE trial yet: run 'autotune search' first")
     clean = clean_trials(study)
     if not clean:
+        last_flags = "; ".join(metrics_of(complete[-1]).noise_flags)
         raise UserError(
-            f"every completed trial of study {study.study_name!r} was flagged as noisy: "
+            f"every completed trial of study {study.study_name!r} was flagged as noisy (the last: {last_flags}): "
             "rerun 'autotune search' on a quieter machine (same command resumes)"
         )
     maximize = maximizes(study)

@@ -93,7 +93,7 @@ class TrialContext:
     measure: MeasureSettings
     cache_dir: Path  # shared by the studies under one studies folder
     calibration_samples: int = 64
-    noise_limits: NoiseLimits = NoiseLimits()
+    noise_limits: NoiseLimits = field(default_factory=NoiseLimits.from_environment)
     noisy_retries: int = 1  # a contaminated measurement is repeated this many times before it is flagged
     runtimes: dict[str, Runtime] | None = None  # None: discovered when first needed (main and .venv-ipex)
     memory_limit_mib: float | None = None  # all processes of a trial together (artifact builds too)
