@@ -304,7 +304,12 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     shutil.rmtree(first.artifact["dir"])
     options = {"group_size": 32, "activations": "bf16"}
     config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options=options)
-    job = WorkerJob(task="trial", model=reference.model, generation=workload, artifact_dir=first.artifact["dir"])
+    job = WorkerJob(
+        task="trial",
+        model=reference.model,
+        generation=GenerationWorkload.from_json(workload),
+        artifact_dir=first.artifact["dir"],
+    )
     from autotune.worker.generate import build_generation_runner
 
     runner = build_generation_runner(job, config)

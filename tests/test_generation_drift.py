@@ -73,7 +73,7 @@ def reference_job(tmp_path: Path, prompt: int = PROMPT) -> WorkerJob:
     return WorkerJob(
         task="reference",
         model=source,
-        generation=workload.to_json(),
+        generation=workload,
         weights_out=str(tmp_path / "weights.pt"),
         reference_path=str(tmp_path / "reference.pt"),
     )

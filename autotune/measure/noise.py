@@ -176,7 +176,8 @@ def noise_flags(
             flags.append(f"instance {i}: other processes used {foreign:.0%} of its CPUs")
         if steal is not None and steal > limits.max_steal:
             flags.append(
-                f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs (limit {limits.max_steal:.0%}, {MAX_STEAL_ENV})"
+                f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs "
+                f"(limit {limits.max_steal:.0%}, {MAX_STEAL_ENV})"
             )
         if latency.samples >= limits.min_calls_for_shape:
             iqr, drift = latency.iqr_rel, latency.early_late_rel

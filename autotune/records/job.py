@@ -15,6 +15,7 @@ from autotune.common.json_record import Record, RecordError
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
 
@@ -33,7 +34,7 @@ class WorkerJob(Record):
     calibration_samples: int = 0
     calibration: dict[str, Any] | None = None  # the calibration set's description (best.json replays it)
     calibration_description: str = "synthetic"  # prepare: what its calibration data was
-    generation: dict[str, Any] | None = None  # a language model's workload (GenerationWorkload's JSON)
+    generation: GenerationWorkload | None = None  # a language model's workload
     server: dict[str, Any] | None = None  # the server scenario's arrival settings
     # the reference task
     eval_samples: int = 0
@@ -54,7 +55,7 @@ class WorkerJob(Record):
     stamps_path: str | None = None
     precision_path: str | None = None
 
-    NESTED: ClassVar[dict[str, type[Record]]] = {"speed_gate": SpeedGate}
+    NESTED: ClassVar[dict[str, type[Record]]] = {"speed_gate": SpeedGate, "generation": GenerationWorkload}
     # Written even at their default: readers of best.json index them (job["calibration_samples"]).
     ALWAYS_WRITTEN: ClassVar[tuple[str, ...]] = ("task", "model", "calibration_samples", "artifact_dir")
 
@@ -80,6 +81,12 @@ class WorkerJob(Record):
             raise RecordError(f"a {self.task} job needs its 'config' field")
         return self.config
 
+    def workload(self) -> GenerationWorkload:
+        """The generation workload of a language model's job."""
+        if self.generation is None:
+            raise RecordError(f"a {self.task} job of a language model needs its 'generation' field")
+        return self.generation
+
     def measure_settings(self) -> MeasureSettings:
         """How a trial job measures."""
         if self.measure is None:
@@ -89,9 +96,7 @@ class WorkerJob(Record):
 
 def _dump_field(value: Any) -> Any:
     """The JSON of one field: the nested classes keep their own dict layout."""
-    if isinstance(value, (TrialConfig, MeasureSettings, ModelSource, DriftCriterion)):
-        return value.to_json()
-    if isinstance(value, Record):
+    if isinstance(value, (Record, TrialConfig, MeasureSettings, ModelSource, DriftCriterion)):
         return value.to_json()
     return value
 

@@ -25,8 +25,7 @@ from autotune.records.config import TrialConfig
 
 META_FILE = "meta.json"
 LAST_USED = "last-used"
-VERSIONED_PACKAGES = ARTIFACT_PACKAGES
-GENERATION_PACKAGES = (*VERSIONED_PACKAGES, "transformers")  # a language model's layers are transformers'
+GENERATION_PACKAGES = (*ARTIFACT_PACKAGES, "transformers")  # a language model's layers are transformers'
 
 
 def artifact_key(
@@ -59,9 +58,9 @@ def artifact_key(
             if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))
         },
         "versions": (
-            {k: v for k, v in runtime_packages.items() if k in VERSIONED_PACKAGES}
+            {k: v for k, v in runtime_packages.items() if k in ARTIFACT_PACKAGES}
             if runtime_packages is not None
-            else package_versions(VERSIONED_PACKAGES)
+            else package_versions(ARTIFACT_PACKAGES)
         ),
     }
 

@@ -37,7 +37,7 @@ from autotune.measure.stopwatch import (
 )
 from autotune.measure.tokens import token_times
 from autotune.model.dataset import DataSource
-from autotune.model.generation import REFERENCE_FORMAT
+from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.job import WorkerJob
@@ -295,7 +295,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         artifact_dir=artifact["dir"] if artifact else None,
         calibration_samples=ctx.calibration_samples,
         calibration=ctx.reference.calibration,
-        generation=ctx.reference.generation or None,
+        generation=GenerationWorkload.from_json(ctx.reference.generation) if ctx.reference.generation else None,
         server=ctx.server or None,
     )
 
@@ -345,7 +345,7 @@ def _cached_or_built_artifact(
             reference_path=str(ctx.reference.outputs_path),
             calibration_description=ctx.reference.calibration["data"],
             result_path=str(work_dir / "prepare-result.json"),
-            generation=generation,
+            generation=GenerationWorkload.from_json(generation) if generation else None,
         )
         write_json_atomic(job_path, job.to_json())
         launch = InstanceLaunch(
@@ -597,7 +597,7 @@ def compute_reference(
             reference_path=str(outputs_path),
             result_path=str((ref_dir / "result.json").resolve()),
             weights_out=None if model.has_own_weights else str(weights_path),
-            generation=generation or None,
+            generation=GenerationWorkload.from_json(generation) if generation else None,
         )
         result = run_reference_process(job, ref_dir, timeout_s)
         write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})

@@ -100,7 +100,7 @@ def run_generation_reference(job: WorkerJob, save: Any) -> dict[str, Any]:
 
     from autotune.backends.generation import Generator
 
-    workload = GenerationWorkload.from_json(job.generation)
+    workload = job.workload()
     t0 = time.monotonic()
     model = keep_until_exit(build_model(job.model))
     if job.weights_out:
@@ -156,7 +156,7 @@ def build_generation_runner(job: WorkerJob, config: TrialConfig) -> GenerationRu
     """Build the model, convert it to the config's precision (timed apart) and wrap it."""
     from autotune.backends.generation import cached_artifact, prepare
 
-    workload = GenerationWorkload.from_json(job.generation)
+    workload = job.workload()
     t0 = time.monotonic()
     model = build_model(job.model)  # not kept: a conversion may replace it, and the runner holds what it uses
     build_s = time.monotonic() - t0
@@ -177,7 +177,7 @@ def run_generation_prepare(job: WorkerJob) -> dict[str, Any]:
     from autotune.backends.generation import build_artifact
 
     config = job.trial_config()
-    workload = GenerationWorkload.from_json(job.generation)
+    workload = job.workload()
     t0 = time.monotonic()
     model = keep_until_exit(build_model(job.model))
     calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" else None
@@ -196,7 +196,7 @@ def run_generation_prepare(job: WorkerJob) -> dict[str, Any]:
 
 
 def timing_prompts(job: WorkerJob, config: TrialConfig, instance: int) -> Any:
-    workload = GenerationWorkload.from_json(job.generation)
+    workload = job.workload()
     return prompts(workload, config.batch_size, TIMING_SEED + instance)
 
 

@@ -320,7 +320,7 @@ def run_trial(job: WorkerJob) -> InstanceResult:
     model = load_model(job, config, instance)
     precision = probe_precision(job, config, model) if instance == 0 else None
     # What throughput counts: samples, or for a language model the tokens one call generates.
-    new_tokens = int(job.generation["new_tokens"]) if job.generation else 0
+    new_tokens = job.generation.new_tokens if job.generation else 0
     samples_per_call = config.batch_size * (new_tokens if job.generation else model.runner.batches_per_call)
     drift, too_slow = drift_before_timing(job, config, model)
     # Drift already beyond the bound: the orchestrator prunes at the ready barrier, so the warm-up (three
