@@ -6,7 +6,7 @@ not a silent None; the stored strings are unchanged, so studies written before r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -105,3 +105,14 @@ class TrialAttrs(Record):
     def trial_config(self) -> TrialConfig | None:
         """The trial's configuration, typed (None: not recorded, the trial was pruned before it had one)."""
         return None if self.config is None else TrialConfig.from_stored(self.config)
+
+
+@dataclass(frozen=True)
+class Orchestrator(Record):
+    """Who runs a trial (its `orchestrator` attribute; on the study, each orchestrator of it): host, pid,
+    the process's start time (a pid can be reused) and its CPUs. None where a record lacks it."""
+
+    host: str | None = None
+    pid: int | None = None
+    started: float | None = None
+    cpus: list[int] = field(default_factory=list)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from autotune.common.json_record import Record, RecordError
 from autotune.records.config import TrialConfig
+from autotune.records.job import WorkerJob
 from autotune.records.reference import ReferenceNote
 
 SCHEMA_PREFIX = "autotune.best/"
@@ -333,6 +334,11 @@ class BestJson(OpenRecord):
     def backend_details(self) -> dict[str, Any]:
         """What the backend reported it compiled for the winner (effective streams, precision, ...)."""
         return (self.metrics.backend_details if self.metrics else None) or {}
+
+    @property
+    def worker_job(self) -> WorkerJob | None:
+        """What a worker needs to rebuild the winner, typed (None: the closest candidate, never timed)."""
+        return WorkerJob.from_json(self.job) if self.job else None
 
     @property
     def speedup(self) -> float | None:

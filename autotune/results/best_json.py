@@ -17,8 +17,6 @@ from autotune.common.json_record import RecordError
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
 from autotune.measure.drift import Drift
-from autotune.measure.stopwatch import MeasureSettings
-from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.best import (
     METRIC_KEYS,
@@ -419,18 +417,20 @@ def context_from_best(best: BestJson | dict[str, Any]) -> TrialContext:
     """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
     measurement settings, caches and runtime."""
     best = BestJson.from_json(best)
-    job = best.job or {}
+    job = best.worker_job
+    if job is None or job.reference_path is None or job.workdir is None:
+        raise RecordError("best.json: its job lacks the reference, the work folder or the job itself")
     return TrialContext(
         probe_machine(),
         Reference(
-            Path(job["reference_path"]),
-            ModelSource.from_json(job["model"]),
-            job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
-            generation=job.get("generation"),
+            Path(job.reference_path),
+            job.model,
+            job.calibration or {"data": "synthetic", "samples": job.calibration_samples},
+            generation=job.generation,
         ),
-        MeasureSettings.from_json(job["measure"]),
-        Path(job["workdir"]),
-        job["calibration_samples"],
+        job.measure_settings(),
+        Path(job.workdir),
+        job.calibration_samples,
         runtimes=runtimes_with(best.runtime),
-        server={k: v for k, v in job["server"].items() if k != "first_rates"} if job.get("server") else None,
+        server={k: v for k, v in job.server.items() if k != "first_rates"} if job.server else None,
     )
