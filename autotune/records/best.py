@@ -204,10 +204,25 @@ class BestMetrics(OpenRecord):
     valid: bool | None = None
     generation: dict[str, Any] | None = None
     server: dict[str, Any] | None = None
+    # The fields the file read lacked (written before they existed): left out again by `to_json`.
+    absent: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> BestMetrics:
+        record = super().from_json(data)
+        if isinstance(data, dict):
+            known = [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "absent")]
+            record = dataclasses.replace(record, absent=tuple(name for name in known if name not in data))
+        return record
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data.pop("absent", None)
+        return {k: v for k, v in data.items() if k not in self.absent}
 
 
 # The trial metrics best.json copies into its `metrics` (results/best_json.py writes them, in this order).
-METRIC_KEYS = tuple(f.name for f in dataclasses.fields(BestMetrics) if f.name != "extra")
+METRIC_KEYS = tuple(f.name for f in dataclasses.fields(BestMetrics) if f.name not in ("extra", "absent"))
 
 
 @dataclass(frozen=True, kw_only=True)
