@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from autotune.common.json_record import Record, RecordError
 from autotune.records.config import TrialConfig
+from autotune.records.job import WorkerJob
 from autotune.records.reference import ReferenceNote
 
 SCHEMA_PREFIX = "autotune.best/"
@@ -181,26 +182,47 @@ class ParetoPoint(OpenRecord):
     config_summary: str | None = None
 
 
+@dataclass(frozen=True)
+class BestMetrics(OpenRecord):
+    """The winner's metrics as best.json copies them from its trial (TrialMetrics' JSON, these fields in
+    this order); a field a file written before it existed lacks reads as None."""
+
+    throughput_sps: float | None = None
+    latency_ms: dict[str, Any] | None = None  # p50, p90, p99, mean (ms) and samples
+    peak_rss_mib: float | None = None
+    peak_rss_mib_total: float | None = None
+    prepare_s: float | None = None
+    load_s: float | None = None
+    first_call_s: float | None = None
+    artifact: dict[str, Any] | None = None
+    measurement: dict[str, Any] | None = None
+    instances: list[dict[str, Any]] | None = None
+    torch_version: str | None = None
+    backend_details: dict[str, Any] | None = None
+    executed_precision: dict[str, Any] | None = None
+    screening: dict[str, Any] | None = None
+    valid: bool | None = None
+    generation: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
+    # The fields the file read lacked (written before they existed): left out again by `to_json`.
+    absent: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> BestMetrics:
+        record = super().from_json(data)
+        if isinstance(data, dict):
+            known = [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "absent")]
+            record = dataclasses.replace(record, absent=tuple(name for name in known if name not in data))
+        return record
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data.pop("absent", None)
+        return {k: v for k, v in data.items() if k not in self.absent}
+
+
 # The trial metrics best.json copies into its `metrics` (results/best_json.py writes them, in this order).
-METRIC_KEYS = (
-    "throughput_sps",
-    "latency_ms",
-    "peak_rss_mib",
-    "peak_rss_mib_total",
-    "prepare_s",
-    "load_s",
-    "first_call_s",
-    "artifact",
-    "measurement",
-    "instances",
-    "torch_version",
-    "backend_details",
-    "executed_precision",
-    "screening",
-    "valid",
-    "generation",
-    "server",
-)
+METRIC_KEYS = tuple(f.name for f in dataclasses.fields(BestMetrics) if f.name not in ("extra", "absent"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,6 +242,7 @@ class BestJson(OpenRecord):
         "finalists": Finalists,
         "server": ServerSummary,
         "pareto_front": ParetoPoint,
+        "metrics": BestMetrics,
     }
     OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server")
 
@@ -239,7 +262,7 @@ class BestJson(OpenRecord):
     environment: dict[str, str] | None = None  # the variables the configuration sets
     launch: Launch | None = None
     job: dict[str, Any] | None = None  # what a worker needs to rebuild the winner
-    metrics: dict[str, Any] | None = None  # throughput_sps, latency_ms, peak_rss_mib, measurement, ...
+    metrics: BestMetrics | None = None  # throughput_sps, latency_ms, peak_rss_mib, measurement, ...
     measure_settings: dict[str, Any] | None = None
     drift: dict[str, Any]  # every drift metric against FP32, the one bounded, its drop and the bound
     baseline: Baseline | None = None
@@ -304,27 +327,33 @@ class BestJson(OpenRecord):
     @property
     def throughput_sps(self) -> float | None:
         """The winner's samples per second in its search trial (None when it was never timed)."""
-        return (self.metrics or {}).get("throughput_sps")
+        return self.metrics.throughput_sps if self.metrics else None
 
     @property
     def throughput_unit(self) -> str:
         """What throughput counts: generated tokens for a language model, samples otherwise."""
-        return "tokens/s" if (self.metrics or {}).get("generation") else "samples/s"
+        return "tokens/s" if self.metrics and self.metrics.generation else "samples/s"
 
     @property
     def latency_ms(self) -> dict[str, Any] | None:
         """The winner's latency per call: p50, p90, p99, mean (ms) and samples."""
-        return (self.metrics or {}).get("latency_ms")
+        return self.metrics.latency_ms if self.metrics else None
 
     @property
     def throughput_ci_rel(self) -> float | None:
         """The relative half-width of the confidence interval of the winner's throughput in its search trial."""
-        return ((self.metrics or {}).get("measurement") or {}).get("throughput_ci_rel")
+        measurement = self.metrics.measurement if self.metrics else None
+        return (measurement or {}).get("throughput_ci_rel")
 
     @property
     def backend_details(self) -> dict[str, Any]:
         """What the backend reported it compiled for the winner (effective streams, precision, ...)."""
-        return (self.metrics or {}).get("backend_details") or {}
+        return (self.metrics.backend_details if self.metrics else None) or {}
+
+    @property
+    def worker_job(self) -> WorkerJob | None:
+        """What a worker needs to rebuild the winner, typed (None: the closest candidate, never timed)."""
+        return WorkerJob.from_json(self.job) if self.job else None
 
     @property
     def speedup(self) -> float | None:

@@ -7,7 +7,7 @@ the numbers a model produces, and how to travel as JSON (into the study, best.js
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, format_cpu_list
@@ -60,6 +60,12 @@ class TrialConfig:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrialConfig:
         return cls(**{**data, "options": dict(data.get("options", {}))})
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> TrialConfig:
+        """A config as a study stored it: the fields a newer autotune added are dropped."""
+        known = {f.name for f in fields(cls)}
+        return cls.from_json({k: v for k, v in data.items() if k in known})
 
     def numerics_key(self, without: tuple[str, ...] = (), builder: int | None = None) -> str:
         """What changes the outputs: backend, precision, backend options, the artifact builder's version

@@ -268,6 +268,8 @@ class StoredSpec(Record):
     drift_relative: bool = False
     eval_samples: int | None = None
     slo_ms: float | None = None
+    runtimes: list[str] | None = None  # the Python environments trials may run in besides the main one
+    finalists: int | None = DEFAULT_FINALISTS
 
     @classmethod
     def of(cls, study: Any) -> StoredSpec:

@@ -17,13 +17,12 @@ from autotune.common.json_record import RecordError
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
 from autotune.measure.drift import Drift
-from autotune.measure.stopwatch import MeasureSettings
-from autotune.model.sources import ModelSource
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.best import (
     METRIC_KEYS,
     Baseline,
     BestJson,
+    BestMetrics,
     FinalistCandidate,
     Finalists,
     Launch,
@@ -57,13 +56,13 @@ def _counts(study: optuna.study.Study) -> dict[str, int]:
     return counts
 
 
-def replay_commands(attrs: dict[str, Any], best_path: Path) -> list[str]:
+def replay_commands(attrs: TrialAttrs, best_path: Path) -> list[str]:
     """One command per instance that re-runs the winner from best.json, pinned as it was tuned, in the
     runtime it ran in (another runtime gets this autotune on PYTHONPATH)."""
-    python, env = replay_env(attrs.get("runtime"), attrs.get("env", {}))
+    python, env = replay_env(attrs.runtime, attrs.env or {})
     return [
         shell_command(env, [*prefix, *replay_argv(best_path.resolve(), i, python)], UNSET_IN_COMMANDS)
-        for i, prefix in enumerate(attrs.get("pin_prefixes", []))
+        for i, prefix in enumerate(attrs.pin_prefixes or [])
     ]
 
 
@@ -170,10 +169,11 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
     """The best.json record: the winner chosen by the finalist round, or the best clean trial."""
     best, record, why = choose_winner(study)
     spec = StoredSpec.of(study)
-    attrs = best.user_attrs
+    attrs = TrialAttrs.of(best)
     baseline = baseline_trial(study)
     base_sps = metrics_of(baseline).throughput_sps if baseline else None
-    metrics = metrics_of(best).to_json()
+    stored = metrics_of(best).to_json()
+    metrics = BestMetrics.from_json({key: stored[key] for key in METRIC_KEYS})
     pareto = len(study.directions) > 1
     speedup, source = _speedup(record, best, base_sps, spec.objective, baseline.values[0] if baseline else None)
     return BestJson(
@@ -190,22 +190,22 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         ),
         selection=why,
         scenario=spec.scenario,
-        server=server_summary(metrics["server"]) if metrics.get("server") else None,
+        server=server_summary(metrics.server) if metrics.server else None,
         pareto_front=pareto_front(study) if pareto else None,
         finalists=_finalist_view(record, best.number),
         model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.model),
-        config=config_from_json(attrs["config"]),
-        runtime=attrs.get("runtime") or {"name": MAIN, "torch": attrs.get("torch_version")},
-        environment=attrs.get("env", {}),
+        config=config_from_json(attrs.config),
+        runtime=attrs.runtime or {"name": MAIN, "torch": attrs.torch_version},
+        environment=attrs.env or {},
         launch=Launch(
-            pinning=attrs.get("pinning"),
-            pin_prefixes=attrs.get("pin_prefixes"),
+            pinning=attrs.pinning,
+            pin_prefixes=attrs.pin_prefixes,
             commands=replay_commands(attrs, best_path),
             note="one command per instance, started together; each re-measures its instance and prints JSON",
         ),
-        job=attrs.get("job"),
-        metrics={key: metrics[key] for key in METRIC_KEYS},
-        measure_settings=attrs.get("measure_settings"),
+        job=attrs.job,
+        metrics=metrics,
+        measure_settings=attrs.measure_settings,
         drift=_study_drift(study, best),
         baseline=_baseline(baseline),
         speedup_vs_baseline=speedup,
@@ -367,7 +367,7 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
     """best.json for a study where no configuration met the drift bound: the closest one, marked so,
     with its drift and how to run it, but no speed (it was never timed)."""
     spec = StoredSpec.of(study)
-    attrs = trial.user_attrs
+    attrs = TrialAttrs.of(trial)
     drift = _study_drift(study, trial)
     return BestJson(
         schema=SCHEMA,
@@ -382,9 +382,9 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
             "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
         ),
         model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.model),
-        config=config_from_json(attrs["config"]),
-        runtime=attrs.get("runtime"),
-        environment=attrs.get("env"),
+        config=config_from_json(attrs.config),
+        runtime=attrs.runtime,
+        environment=attrs.env,
         drift=drift,
         fingerprint=study.user_attrs.get(Attr.FINGERPRINT),
     )
@@ -417,18 +417,20 @@ def context_from_best(best: BestJson | dict[str, Any]) -> TrialContext:
     """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
     measurement settings, caches and runtime."""
     best = BestJson.from_json(best)
-    job = best.job or {}
+    job = best.worker_job
+    if job is None or job.reference_path is None or job.workdir is None:
+        raise RecordError("best.json: its job lacks the reference, the work folder or the job itself")
     return TrialContext(
         probe_machine(),
         Reference(
-            Path(job["reference_path"]),
-            ModelSource.from_json(job["model"]),
-            job.get("calibration") or {"data": "synthetic", "samples": job["calibration_samples"]},
-            generation=job.get("generation"),
+            Path(job.reference_path),
+            job.model,
+            job.calibration or {"data": "synthetic", "samples": job.calibration_samples},
+            generation=job.generation,
         ),
-        MeasureSettings.from_json(job["measure"]),
-        Path(job["workdir"]),
-        job["calibration_samples"],
+        job.measure_settings(),
+        Path(job.workdir),
+        job.calibration_samples,
         runtimes=runtimes_with(best.runtime),
-        server={k: v for k, v in job["server"].items() if k != "first_rates"} if job.get("server") else None,
+        server={k: v for k, v in job.server.items() if k != "first_rates"} if job.server else None,
     )

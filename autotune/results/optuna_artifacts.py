@@ -8,12 +8,12 @@ serves that folder with the study.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 
 from autotune.common.files import tail, write_text_atomic
+from autotune.records.attributes import TrialAttrs
 
 LOG_CHARS = 20_000  # per process log: the end is what explains a failure
 
@@ -41,14 +41,12 @@ def trial_log(trial_dir: Path, commands: list[str] | None, cause: str | None) ->
     return "\n\n".join(parts) + "\n"
 
 
-def attach_trial_log(trial: optuna.trial.Trial, study_dir: Path, trial_dir: Path, attrs: dict[str, Any]) -> None:
+def attach_trial_log(trial: optuna.trial.Trial, study_dir: Path, trial_dir: Path, attrs: TrialAttrs) -> None:
     """Write trial.log into the trial folder and upload it to the trial (best effort: never fails a trial)."""
     if not trial_dir.exists():
         return
     try:
-        path = write_text_atomic(
-            trial_dir / "trial.log", trial_log(trial_dir, attrs.get("commands"), attrs.get("fail_cause"))
-        )
+        path = write_text_atomic(trial_dir / "trial.log", trial_log(trial_dir, attrs.commands, attrs.fail_cause))
         upload_artifact(
             artifact_store=artifact_store(study_dir), file_path=str(path), study_or_trial=trial, mimetype="text/plain"
         )

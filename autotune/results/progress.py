@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from autotune.common.durations import format_duration
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.results.selection import clean_trials, metrics_of, primary_unit
 
 
@@ -23,7 +23,6 @@ def _ms(value: float | None) -> str:
 
 
 def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
-    attrs = trial.user_attrs
     if trial.state == optuna.trial.TrialState.COMPLETE:
         metrics = metrics_of(trial)
         p50, drift = metrics.latency_ms.p50, metrics.drift
@@ -59,9 +58,9 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
         flags = metrics.noise_flags
         return f"{text}  NOISY, not a winner: {'; '.join(flags)}" if not metrics.valid and flags else text
     if trial.state == optuna.trial.TrialState.PRUNED:
-        return attrs.get("prune_reason", "pruned")
+        return TrialAttrs.of(trial).prune_reason or "pruned"
     if trial.state == optuna.trial.TrialState.FAIL:
-        return attrs.get("fail_cause", "failed")
+        return TrialAttrs.of(trial).fail_cause or "failed"
     return ""
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.spec import StoredSpec
 from autotune.results.budget_breakdown import budget_breakdown
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
@@ -146,10 +146,15 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
     return _svg(fig)
 
 
+def _backend(trial: optuna.trial.FrozenTrial) -> str | None:
+    config = TrialAttrs.of(trial).trial_config
+    return config.backend if config else None
+
+
 def drift_chart(study: optuna.study.Study) -> str | None:
     spec = StoredSpec.of(study)
     points = [
-        (metrics.drift.relative_l2, metrics.throughput_sps, (t.user_attrs.get(Attr.CONFIG) or {}).get("backend"))
+        (metrics.drift.relative_l2, metrics.throughput_sps, _backend(t))
         for t in clean_trials(study)
         if (metrics := metrics_of(t)).drift is not None
     ]

@@ -14,6 +14,7 @@ import optuna
 from autotune.measure.drift import Drift
 from autotune.measure.serving import RELATIVE_TOLERANCE
 from autotune.records.attributes import Attr
+from autotune.records.config import TrialConfig
 from autotune.records.metrics import FinalistRun, TrialMetrics
 from autotune.records.spec import StoredSpec
 
@@ -109,13 +110,14 @@ MIN_TIE_NOISE = 0.01  # never call a gap under 1% a win
 def complexity(config: dict[str, Any]) -> tuple:
     """Fewer moving parts first: eager < inductor < IPEX < ONNX Runtime < OpenVINO < torchao; fp32 < bf16 <
     int8; one instance; the system allocator; then the smaller batch (lower latency)."""
+    recorded = TrialConfig.from_stored(config)
     return (
-        BACKEND_COMPLEXITY.get(config["backend"], len(BACKEND_COMPLEXITY)),
-        PRECISION_COMPLEXITY.get(config["precision"], len(PRECISION_COMPLEXITY)),
-        config["instances"],
-        config["allocator"] != "glibc",
-        config["batch_size"],
-        config.get("max_wait_ms") or 0.0,  # the server scenario: no wait is the simpler policy
+        BACKEND_COMPLEXITY.get(recorded.backend, len(BACKEND_COMPLEXITY)),
+        PRECISION_COMPLEXITY.get(recorded.precision, len(PRECISION_COMPLEXITY)),
+        recorded.instances,
+        recorded.allocator != "glibc",
+        recorded.batch_size,
+        recorded.max_wait_ms or 0.0,  # the server scenario: no wait is the simpler policy
     )
 
 

@@ -18,7 +18,7 @@ import psutil
 
 from autotune.common.errors import UserError
 from autotune.machine.probe import format_cpu_ranges
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, Orchestrator
 
 MAX_RETRIES = 2  # a configuration whose orchestrator died twice in a row is not tried a third time
 KEPT_ON_RETRY = (
@@ -33,20 +33,26 @@ WORKER_KEY = "worker:"
 
 def orchestrator_record() -> dict[str, Any]:
     """Who runs a trial: host, pid, the process's start time (a pid can be reused) and its CPUs."""
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started": psutil.Process().create_time(),
-        "cpus": sorted(os.sched_getaffinity(0)),
-    }
+    return Orchestrator(
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started=psutil.Process().create_time(),
+        cpus=sorted(os.sched_getaffinity(0)),
+    ).to_json()
 
 
-def is_alive(record: dict[str, Any]) -> bool:
+def is_alive(record: Orchestrator) -> bool:
     """Whether the process a record names still runs (on this host)."""
-    try:
-        return abs(psutil.Process(record["pid"]).create_time() - record["started"]) < 1.0
-    except (psutil.Error, KeyError, TypeError):
+    if record.pid is None or record.started is None:
         return False
+    try:
+        return abs(psutil.Process(record.pid).create_time() - record.started) < 1.0
+    except (psutil.Error, TypeError):
+        return False
+
+
+def _or_unknown(value: Any) -> Any:
+    return "?" if value is None else value
 
 
 def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -87,16 +93,16 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
     grace = _grace_period(storage)
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = trial.user_attrs.get(Attr.ORCHESTRATOR) or {}
-        where = f"host {owner.get('host', '?')}, pid {owner.get('pid', '?')}"
-        if dead_pids and owner.get("host") == host and owner.get("pid") != os.getpid() and not is_alive(owner):
+        owner = Orchestrator.from_json(trial.user_attrs.get(Attr.ORCHESTRATOR) or {})
+        where = f"host {_or_unknown(owner.host)}, pid {_or_unknown(owner.pid)}"
+        if dead_pids and owner.host == host and owner.pid != os.getpid() and not is_alive(owner):
             cause = f"the autotune process running it ({where}) died"
         elif trial._trial_id in stale:
             cause = f"its worker ({where}) sent no heartbeat for over {grace}s: it died or lost the database"
         else:
             continue
         try:
-            storage.set_trial_user_attr(trial._trial_id, "fail_cause", cause)
+            storage.set_trial_user_attr(trial._trial_id, Attr.FAIL_CAUSE, cause)
             if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -124,16 +130,19 @@ def register_orchestrator(study: optuna.study.Study) -> dict[str, Any]:
     me = orchestrator_record()
     storage = study._storage
     storage.set_study_system_attr(study._study_id, f"{WORKER_KEY}{me['host']}:{me['pid']}", me)
-    for key, other in storage.get_study_system_attrs(study._study_id).items():
-        if not key.startswith(WORKER_KEY) or other.get("host") != me["host"] or other.get("pid") == me["pid"]:
+    for key, stored in storage.get_study_system_attrs(study._study_id).items():
+        if not key.startswith(WORKER_KEY):
             continue
-        earlier = (other.get("started", 0), other.get("pid", 0)) < (me["started"], me["pid"])
-        shared = sorted(set(other.get("cpus") or ()) & set(me["cpus"]))
+        other = Orchestrator.from_json(stored)
+        if other.host != me["host"] or other.pid == me["pid"]:
+            continue
+        earlier = (other.started or 0, other.pid or 0) < (me["started"], me["pid"])
+        shared = sorted(set(other.cpus or ()) & set(me["cpus"]))
         if earlier and shared and is_alive(other):
             raise UserError(
-                f"another autotune process (pid {other['pid']}) is timing trials of study {study.study_name!r} on "
+                f"another autotune process (pid {other.pid}) is timing trials of study {study.study_name!r} on "
                 "this host "
-                f"on CPUs {format_cpu_ranges(other['cpus'])}, which overlap this one's "
+                f"on CPUs {format_cpu_ranges(other.cpus)}, which overlap this one's "
                 f"({format_cpu_ranges(me['cpus'])}): "
                 "parallel timing on shared cores corrupts both; pin each to its own cores (e.g. 'taskset -c 0-7 "
                 "autotune join ...' "

@@ -24,8 +24,7 @@ from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
 from autotune.records.attributes import Attr
-from autotune.records.options import DEFAULT_FINALISTS
-from autotune.records.spec import SearchSpec
+from autotune.records.spec import SearchSpec, StoredSpec
 from autotune.tuning.storage import open_storage
 
 
@@ -68,7 +67,8 @@ def joining_spec(
 ) -> SearchSpec:
     """This orchestrator's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
     stored, recorded = stored_spec(study_name, storage_url)
-    runtimes = discover_runtimes(stored.get("runtimes") or ())
+    recorded_spec = StoredSpec.from_json(stored)
+    runtimes = discover_runtimes(recorded_spec.runtimes or ())
     here = fingerprint(probe_machine(), runtimes)
     differences = fingerprint_differences(_comparable(recorded), _comparable(here) or {})
     if differences and not allow_mixed_hardware:
@@ -85,7 +85,7 @@ def joining_spec(
             "trials": trials,
             "studies_root": str(studies_root.resolve()),
             "heartbeat_grace_s": heartbeat_grace_s,
-            "finalists": stored.get("finalists", DEFAULT_FINALISTS) if finalists is None else finalists,
+            "finalists": recorded_spec.finalists if finalists is None else finalists,
         }
     )
     return replace(spec, mixed_hardware=differences or None)

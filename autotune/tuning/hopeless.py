@@ -21,7 +21,8 @@ import optuna
 from autotune.backends.generation import precision_variant
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.speed_gate import GateVerdict
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.config import TrialConfig
 from autotune.results.selection import clean_trials, primary_value
 
 # Lost by far: stopped by the speed gate at under this share of the best clean trial's work per core
@@ -52,17 +53,22 @@ class Proposal:
 
 def precision_variant_of(config: dict[str, Any]) -> str:
     """A recorded trial config's precision as its kernels see it (backends/generation.precision_variant)."""
-    return precision_variant(str(config.get("precision", "")), config.get("options") or {})
+    recorded = TrialConfig.from_stored(config)
+    return precision_variant(recorded.precision, recorded.options)
 
 
-def samples_per_core_s(config: dict[str, Any], objective: str, value: float) -> float | None:
+def config_of(trial: optuna.trial.FrozenTrial) -> TrialConfig | None:
+    """A trial's recorded configuration (None: pruned before it had one)."""
+    return TrialAttrs.of(trial).trial_config
+
+
+def samples_per_core_s(config: TrialConfig, objective: str, value: float) -> float | None:
     """A clean trial's work per core: samples/s (its value, or its batch over its median ms per call for the
     latency objective) over the cores its instances used; None for the other objectives."""
-    cores = config.get("instances", 1) * config.get("threads_per_instance", 1)
     if objective == "throughput":
-        return value / cores
+        return value / config.total_cores
     if objective == "latency" and value > 0:
-        return config.get("batch_size", 1) * 1e3 / value / config.get("threads_per_instance", 1)
+        return config.batch_size * 1e3 / value / config.threads_per_instance
     return None
 
 
@@ -74,8 +80,8 @@ def gate_verdict(trial: optuna.trial.FrozenTrial) -> GateVerdict | None:
 
 def gate_pace_per_core(trial: optuna.trial.FrozenTrial, verdict: GateVerdict) -> float:
     """The stopped instance's pace over its own threads, samples/s per core."""
-    threads = (trial.user_attrs.get(Attr.CONFIG) or {}).get("threads_per_instance", 1)
-    return verdict.samples_per_s / threads
+    config = config_of(trial)
+    return verdict.samples_per_s / (config.threads_per_instance if config else 1)
 
 
 def drift_far_beyond(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> float | None:
@@ -118,10 +124,8 @@ def lost_by_far(
     same_numerics = trial.user_attrs.get(Attr.FALLBACK_KEY) == proposal.fallback_key
     if not same_numerics or trial.user_attrs.get(Attr.DRIFT_REFERENCE) != proposal.drift_reference:
         return None
-    if (
-        proposal.sequences is not None
-        and (trial.user_attrs.get(Attr.CONFIG) or {}).get("batch_size") != proposal.sequences
-    ):
+    config = config_of(trial)
+    if proposal.sequences is not None and (config.batch_size if config else None) != proposal.sequences:
         return None
     drop = drift_far_beyond(trial, criterion)
     if drop is None:
@@ -145,16 +149,17 @@ def hopeless_family(
         for t in study.get_trials(deepcopy=False, states=FINISHED)
         if t.number < before
         and "budget" in t.user_attrs  # launched: the orchestrator split its time
-        and (t.user_attrs.get(Attr.CONFIG) or {}).get("backend") == proposal.backend
-        and precision_variant_of(t.user_attrs.get(Attr.CONFIG) or {}) == proposal.precision
+        and (config := config_of(t)) is not None
+        and config.backend == proposal.backend
+        and precision_variant(config.precision, config.options) == proposal.precision
         and (host is None or t.user_attrs.get(Attr.HOST) == host)
     ]
     if not launched:
         return None
     clean = clean_trials(study)
     best_per_core = (
-        samples_per_core_s(clean[0].user_attrs.get(Attr.CONFIG) or {}, objective, primary_value(clean[0]))
-        if clean
+        samples_per_core_s(best_config, objective, primary_value(clean[0]))
+        if clean and (best_config := config_of(clean[0])) is not None
         else None
     )
     losses = [lost_by_far(t, proposal, criterion, best_per_core) for t in launched]

@@ -32,11 +32,13 @@ token latency bound.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
 
 from autotune.backends.generation import QUANTIZED, artifact_identity
+from autotune.common.json_record import Record
 from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig
 from autotune.results.selection import is_valid, primary_value
@@ -221,7 +223,7 @@ class LayoutRound:
                 return
         self._release(study, queue, splits)
 
-    def _round_when(self, study: optuna.study.Study, queue: list[dict[str, Any]]) -> str:
+    def _round_when(self, study: optuna.study.Study, queue: list[HeldPlan]) -> str:
         """ "now" when a trial other than the baseline leads, or when only the families expected to lose
         are left and the enqueued rounds are through; "later" when only those are left but an enqueued
         round still runs in another worker (it may lead); "not yet" while coverage that may lead is held,
@@ -231,7 +233,7 @@ class LayoutRound:
             return "not yet"
         if not best.user_attrs.get(Attr.BASELINE):
             return "now"
-        if not all(plan.get("late") for plan in queue):
+        if not all(plan.late for plan in queue):
             return "not yet"
         return "later" if self._enqueued_rounds_running(study) else "now"
 
@@ -301,7 +303,7 @@ class LayoutRound:
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         return any(t.user_attrs.get(Attr.LAYOUT) for t in running)
 
-    def _release(self, study: optuna.study.Study, queue: list[dict[str, Any]], splits: list[dict[str, Any]]) -> None:
+    def _release(self, study: optuna.study.Study, queue: list[HeldPlan], splits: list[dict[str, Any]]) -> None:
         """Enqueue the next held trial, then drop it from its queue (a run that dies between the two
         enqueues it again; skip_if_exists keeps a plan from running twice): a split when the last one
         released was coverage or when only the families expected to lose are left (they wait for the
@@ -309,7 +311,7 @@ class LayoutRound:
         the round, a split whether coverage that may lead was still held."""
         waiting = (optuna.trial.TrialState.WAITING,)
         while (queue or splits) and not study.get_trials(deepcopy=False, states=waiting):  # one already run: next
-            may_lead = sum(not plan.get("late") for plan in queue)
+            may_lead = sum(not plan.late for plan in queue)
             in_turn = self.in_turn and may_lead > 0
             if splits and (not in_turn or study.user_attrs.get(Attr.RELEASED_LAST) != "layout"):
                 plan = splits[0]
@@ -329,19 +331,19 @@ class LayoutRound:
                 continue
             if self.coverage_at_round_layout and Attr.LAYOUT_ROUND in study.user_attrs and self._layouts_running(study):
                 return  # a split still measured elsewhere (a fleet) may decide the layout: its callback releases
-            plan, queue = queue[0], queue[1:]
-            drifted = None if plan.get("deferred") else self._drifted_weights(study, plan["params"])
+            held, queue = queue[0], queue[1:]
+            drifted = None if held.deferred else self._drifted_weights(study, held.params)
             if drifted is not None:  # once
                 why = f" (after the other coverage: trial {drifted.number} pruned the same quantized weights on drift)"
-                deferred = {**plan, "deferred": True, "order": plan["order"] + why}
-                if plan.get("late"):  # a family expected to lose: after all of them
+                deferred = replace(held, deferred=True, order=held.order + why)
+                if held.late:  # a family expected to lose: after all of them
                     queue = [*queue, deferred]
                 else:  # after the other coverage that may lead, before the families expected to lose
-                    ahead = [held for held in queue if not held.get("late")]
-                    queue = [*ahead, deferred, *(held for held in queue if held.get("late"))]
-                study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
+                    ahead = [plan for plan in queue if not plan.late]
+                    queue = [*ahead, deferred, *(plan for plan in queue if plan.late)]
+                study.set_user_attr(Attr.COVERAGE_QUEUE, [plan.to_json() for plan in queue])
                 continue
-            params, order = plan["params"], plan["order"]
+            params, order = held.params, held.order
             layout = round_layout(study, self.space.batch_param) if self.coverage_at_round_layout else None
             if layout and any(params.get(key) != value for key, value in layout.items()):
                 params = {**params, **layout}
@@ -349,7 +351,7 @@ class LayoutRound:
                     f" (at the layout round's best layout: {layout['instances']} instance(s) x "
                     f"{layout['threads_per_instance']} thread(s))"
                 )
-            if plan.get("late"):
+            if held.late:
                 if Attr.LAYOUT_ROUND in study.user_attrs:
                     order += " (after the layout round)"
                 elif self.active:  # nothing completed to lead it: the round is tried again once these ran
@@ -357,7 +359,7 @@ class LayoutRound:
                 else:
                     order += " (after the enqueued rounds; no layout round in this process)"
             study.enqueue_trial(params, user_attrs={Attr.COVERAGE: True, Attr.ORDER: order}, skip_if_exists=True)
-            study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
+            study.set_user_attr(Attr.COVERAGE_QUEUE, [plan.to_json() for plan in queue])
             study.set_user_attr(Attr.RELEASED_LAST, "coverage")
 
     def _drifted_weights(self, study: optuna.study.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
@@ -379,10 +381,9 @@ class LayoutRound:
             config = trial.user_attrs.get(Attr.CONFIG)
             if not (config and str(trial.user_attrs.get(Attr.PRUNE_REASON, "")).startswith("drift:")):
                 continue
-            if config.get("backend") != "eager":
-                continue
             try:
-                if artifact_identity(TrialConfig.from_json(config)) == wanted:
+                recorded = TrialConfig.from_json(config)
+                if recorded.backend == "eager" and artifact_identity(recorded) == wanted:
                     return trial
             except (TypeError, KeyError):  # a record of another version: not comparable
                 continue
@@ -394,9 +395,25 @@ class LayoutRound:
         return any(t.user_attrs.get(key) for t in running for key in ENQUEUED_ROUNDS)
 
 
-def held_coverage(study: optuna.study.Study) -> list[dict[str, Any]]:
-    """The coverage trials still waiting on the study ({"params", "order", "late"}), next first; a study
-    begun before the queue existed keeps its coverage enqueued and only the late plans here."""
+@dataclass(frozen=True)
+class HeldPlan(Record):
+    """One coverage trial held on the study (Attr.COVERAGE_QUEUE) until its turn: its parameters, why it
+    runs, whether its family is expected to lose (`late`: it waits for the layout round) and whether it
+    was put back once behind the other coverage (`deferred`, stored only when set)."""
+
+    params: dict[str, Any]
+    order: str
+    late: bool = False
+    deferred: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"params": self.params, "order": self.order, "late": self.late}
+        return {**data, "deferred": True} if self.deferred else data
+
+
+def held_coverage(study: optuna.study.Study) -> list[HeldPlan]:
+    """The coverage trials still waiting on the study, next first; a study begun before the queue existed
+    keeps its coverage enqueued and only the late plans here."""
     if Attr.COVERAGE_QUEUE in study.user_attrs:
-        return list(study.user_attrs[Attr.COVERAGE_QUEUE] or [])
-    return [{**plan, "late": True} for plan in study.user_attrs.get(Attr.LATE_COVERAGE) or []]
+        return [HeldPlan.from_json(plan) for plan in study.user_attrs[Attr.COVERAGE_QUEUE] or []]
+    return [replace(HeldPlan.from_json(plan), late=True) for plan in study.user_attrs.get(Attr.LATE_COVERAGE) or []]

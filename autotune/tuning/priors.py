@@ -18,7 +18,8 @@ import optuna
 
 from autotune.backends.generation import WEIGHT_ONLY, activations_of
 from autotune.machine.fingerprint import fingerprint_differences
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.config import TrialConfig
 from autotune.records.spec import SearchSpec, StoredSpec
 from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
@@ -55,7 +56,7 @@ def same_machine_studies(
             continue
         for summary in reversed(summaries):
             attrs = summary.user_attrs
-            recorded = (attrs.get("fingerprint") or {}).get("hardware")
+            recorded = (attrs.get(Attr.FINGERPRINT) or {}).get("hardware")
             # identical in every fact the earlier study recorded (a flag probed since is not a difference)
             if summary.study_name == study_name or not recorded or not hardware:
                 continue
@@ -86,30 +87,33 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
         if len(prior.winners) < MAX_PRIOR_WINNERS and clean[0].params:
             best = clean[0]
             speedup = f", {metrics_of(best).throughput_sps / base_value:.2f}x its baseline" if base_value else ""
-            params = as_measured(dict(best.params), best.user_attrs.get(Attr.CONFIG) or {})
+            params = as_measured(dict(best.params), TrialAttrs.of(best).trial_config)
             prior.winners.append((params, f"prior: the winner of study {name} on this machine{speedup}"))
         if not (base_value and maximize):
             continue
         for trial in clean:
             if trial.user_attrs.get(Attr.BASELINE):  # 1.00x by definition: says nothing of its family elsewhere
                 continue
-            config = trial.user_attrs.get(Attr.CONFIG) or {}
-            if config.get("precision") in WEIGHT_ONLY and "activations" not in (config.get("options") or {}):
+            config = TrialAttrs.of(trial).trial_config
+            if config is None:  # a completed trial always recorded its config
+                continue
+            if config.precision in WEIGHT_ONLY and "activations" not in config.options:
                 continue  # fp32 activations, measured before they were an option: not what its coverage runs
-            family = (str(config.get("backend")), str(config.get("precision")))
+            family = (config.backend, config.precision)
             speedup_value = metrics_of(trial).throughput_sps / base_value
             if speedup_value > prior.family_speedups.get(family, (0.0, ""))[0]:
                 prior.family_speedups[family] = (speedup_value, name)
     return prior
 
 
-def as_measured(params: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+def as_measured(params: dict[str, Any], config: TrialConfig | None) -> dict[str, Any]:
     """A winner's parameters with what its config ran but its study did not sample: a weight-only
     precision's fp32 activations from before they were an option (Optuna would sample the missing
     value, and the enqueued winner would not be the one measured)."""
     backend = params.get("backend")
-    if params.get(f"{backend}.precision") in WEIGHT_ONLY and f"{backend}.activations" not in params:
-        params[f"{backend}.activations"] = activations_of(str(config.get("precision")), config.get("options") or {})
+    weight_only = params.get(f"{backend}.precision") in WEIGHT_ONLY
+    if config is not None and weight_only and f"{backend}.activations" not in params:
+        params[f"{backend}.activations"] = activations_of(config.precision, config.options)
     return params
 
 

@@ -15,7 +15,7 @@ import optuna
 
 from autotune.common.errors import TrialFailed
 from autotune.machine.probe import MachineProbe
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig, pin_prefix
 from autotune.records.metrics import TrialMetrics
 from autotune.records.spec import SearchSpec
@@ -64,7 +64,7 @@ def record_completed(
     trial.set_user_attr(Attr.PINNING, machine.pinning)
     trial.set_user_attr(Attr.MEASURE_SETTINGS, spec.measure.to_json())
     trial.set_user_attr(Attr.TRIAL_DIR, str(trial_dir))
-    attach_trial_log(trial, spec.dir, trial_dir, {"commands": commands})
+    attach_trial_log(trial, spec.dir, trial_dir, TrialAttrs(commands=commands))
 
 
 def record_failure(
@@ -79,12 +79,12 @@ def record_failure(
         trial.set_user_attr(key, value)
     trial.set_user_attr(Attr.STDERR_TAIL, exc.stderr_tail[-3000:])
     trial.set_user_attr(Attr.TRIAL_DIR, str(trial_dir))
-    attach_trial_log(trial, spec.dir, trial_dir, {"fail_cause": cause})
+    attach_trial_log(trial, spec.dir, trial_dir, TrialAttrs(fail_cause=cause))
 
 
 def record_pruned(trial: optuna.trial.Trial, spec: SearchSpec, trial_dir: Path) -> None:
     """A trial pruned at a barrier keeps its log, which says how far it got."""
-    attach_trial_log(trial, spec.dir, trial_dir, {})
+    attach_trial_log(trial, spec.dir, trial_dir, TrialAttrs())
 
 
 def record_interrupted(trial: optuna.trial.Trial) -> None:
