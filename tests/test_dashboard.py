@@ -7,7 +7,7 @@ import sys
 import time
 import urllib.request
 
-from conftest import FAST, run_autotune, tiny, write_space
+from conftest import FAST, rerun_while_noisy, run_autotune, tiny, write_space
 
 
 def free_port() -> int:
@@ -18,8 +18,8 @@ def free_port() -> int:
 
 def test_dashboard_serves_the_study_on_loopback(workdir):
     space = write_space(workdir / "space.yaml")
-    assert (
-        run_autotune(
+    searched = rerun_while_noisy(  # its best.json is the study artifact the dashboard serves
+        lambda: run_autotune(
             "search",
             "--model",
             tiny(),
@@ -33,9 +33,9 @@ def test_dashboard_serves_the_study_on_loopback(workdir):
             "1",
             *FAST,
             cwd=workdir,
-        ).returncode
-        == 0
+        )
     )
+    assert searched.returncode == 0, searched.stderr
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "autotune.cli", "dashboard", "--study", "d", "--port", str(port)],

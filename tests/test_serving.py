@@ -8,7 +8,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
-from conftest import TINY, run_autotune, tiny, write_space
+from conftest import TINY, rerun_while_noisy, run_autotune, tiny, write_space
 
 from autotune.measure.serving import (
     PROBE_REQUESTS,
@@ -233,19 +233,21 @@ def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
     M/G/1 at the closed loop's calls, within 15%; a sleep's wake-ups then made a closed-loop window 2.62 ms
     a call against the probes' faster ones, and the rate came out 23% above it."""
     space = write_space(workdir / "space.yaml", batch_size=[1], max_wait_ms=[0], threads_per_instance=[1])
-    result = server_search(
-        workdir,
-        f"{TINY}:service_timed",
-        "4",
-        10,
-        space,
-        "--trials",
-        "1",
-        "--finalists",
-        "0",
-        "--no-speed-pruning",
-        "--measure-seconds",
-        "1s-5s",
+    result = rerun_while_noisy(  # a clean closed loop is the winner whose server record is read
+        lambda: server_search(
+            workdir,
+            f"{TINY}:service_timed",
+            "4",
+            10,
+            space,
+            "--trials",
+            "1",
+            "--finalists",
+            "0",
+            "--no-speed-pruning",
+            "--measure-seconds",
+            "1s-5s",
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     best = json.loads((workdir / "studies" / "srv" / "best.json").read_text())

@@ -134,7 +134,7 @@ def test_drift_is_measured_once_per_numerics_and_reused(workdir):
         "1e-6",
         *FAST,
     ]
-    assert run_autotune("search", *common, "--trials", "1", cwd=workdir).returncode == 0  # the fp32 baseline, batch 2
+    assert_trials_ran(run_autotune("search", *common, "--trials", "1", cwd=workdir))  # the fp32 baseline, batch 2
     study = load_study(workdir, "s")
     base = study.trials[0].params
     study.enqueue_trial({**base, "batch_size": 4})  # same numerics, another batch
