@@ -117,7 +117,7 @@ def main() -> int:
     machine = probe_machine()
     runtimes = discover_runtimes()
     cores = machine.physical_cores
-    workload = GenerationWorkload(args.prompt, args.new, 32000, 2048).to_json()
+    workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
     model = resolve_model(f"{Path(__file__).resolve()}:decoder", None, f"input_ids:int64:{args.prompt}:0-32000")
     work = Path("studies") / "benchmarks" / f"generation-l{args.layers}-p{args.prompt}-n{args.new}"
     reference = compute_reference(model, work, 4, 1800, generation=workload)

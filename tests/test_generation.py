@@ -276,7 +276,7 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     from autotune.runner.trials import TrialContext, compute_reference, run_config
 
     source = resolve_model(f"{LM}:tiny_llama", str(trained["weights"]), "input_ids:int64:32:0-256")
-    workload = GenerationWorkload(32, 8, 256, 256, str(trained["text"])).to_json()
+    workload = GenerationWorkload(32, 8, 256, 256, str(trained["text"]))
     reference = compute_reference(source, workdir / "study", 4, 300, generation=workload)
     measure = MeasureSettings(warmup_min_s=0.2, window_min_s=0.3, window_max_s=1.0, screen_s=0.0)
     ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
@@ -307,7 +307,7 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     job = WorkerJob(
         task="trial",
         model=reference.model,
-        generation=GenerationWorkload.from_json(workload),
+        generation=workload,
         artifact_dir=first.artifact["dir"],
     )
     from autotune.worker.generate import build_generation_runner

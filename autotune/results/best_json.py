@@ -426,7 +426,7 @@ def context_from_best(best: BestJson | dict[str, Any]) -> TrialContext:
             Path(job.reference_path),
             job.model,
             job.calibration or {"data": "synthetic", "samples": job.calibration_samples},
-            generation=job.generation.to_json() if job.generation else None,
+            generation=job.generation,
         ),
         job.measure_settings(),
         Path(job.workdir),

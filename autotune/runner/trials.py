@@ -75,7 +75,7 @@ class Reference:
     # What int8 artifacts are calibrated on (part of their cache key) and what drift is measured on.
     calibration: dict[str, Any] = field(default_factory=lambda: {"data": "synthetic", "samples": 64})
     evaluation: dict[str, Any] = field(default_factory=dict)
-    generation: dict[str, Any] | None = None  # language models: the workload (GenerationWorkload) every trial runs
+    generation: GenerationWorkload | None = None  # language models: the workload every trial runs
     note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
     digest: str = ""  # what it was computed from (model, data, sizes, format): drift is reused only against the same
     # the model's attention layers; None: not counted (a language model, or a reference from before they were)
@@ -295,7 +295,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         artifact_dir=artifact["dir"] if artifact else None,
         calibration_samples=ctx.calibration_samples,
         calibration=ctx.reference.calibration,
-        generation=GenerationWorkload.from_json(ctx.reference.generation) if ctx.reference.generation else None,
+        generation=ctx.reference.generation,
         server=ctx.server or None,
     )
 
@@ -319,7 +319,13 @@ def _cached_or_built_artifact(
     if not backend_specs("generate" if generation else "classify")[config.backend].builds_artifact(config.precision):
         return None
     runtime = ctx.runtime(config.runtime)
-    key = artifact_key(ctx.reference.model, config, ctx.reference.calibration, runtime.packages, generation)
+    key = artifact_key(
+        ctx.reference.model,
+        config,
+        ctx.reference.calibration,
+        runtime.packages,
+        generation.to_json() if generation else None,
+    )
     directory = artifact_dir(ctx.cache_dir, key)
     with build_lock(directory):
         meta = read_meta(directory)
@@ -345,7 +351,7 @@ def _cached_or_built_artifact(
             reference_path=str(ctx.reference.outputs_path),
             calibration_description=ctx.reference.calibration["data"],
             result_path=str(work_dir / "prepare-result.json"),
-            generation=GenerationWorkload.from_json(generation) if generation else None,
+            generation=generation,
         )
         write_json_atomic(job_path, job.to_json())
         launch = InstanceLaunch(
@@ -560,7 +566,7 @@ def compute_reference(
     data: DataSource = DataSource(),
     calibration_data: DataSource | None = None,
     calibration_samples: int = 64,
-    generation: dict[str, Any] | None = None,
+    generation: GenerationWorkload | None = None,
 ) -> Reference:
     """FP32 eager outputs on the evaluation set, computed once per study in a fresh process, which also
     draws the calibration set (disjoint from evaluation) and saves it beside them.
@@ -577,7 +583,7 @@ def compute_reference(
         "eval_samples": eval_samples,
         "calibration_samples": calibration_samples,
         **sources,
-        **({"generation": generation, "reference_format": REFERENCE_FORMAT} if generation else {}),
+        **({"generation": generation.to_json(), "reference_format": REFERENCE_FORMAT} if generation else {}),
     }
     try:
         meta = read_json(ref_dir / "meta.json")
@@ -597,7 +603,7 @@ def compute_reference(
             reference_path=str(outputs_path),
             result_path=str((ref_dir / "result.json").resolve()),
             weights_out=None if model.has_own_weights else str(weights_path),
-            generation=GenerationWorkload.from_json(generation) if generation else None,
+            generation=generation,
         )
         result = run_reference_process(job, ref_dir, timeout_s)
         write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})

@@ -34,6 +34,7 @@ from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.measure.speed_gate import SpeedGate
+from autotune.model.generation import GenerationWorkload
 from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig, clean_environment
 from autotune.records.metrics import TrialBudget, TrialMetrics
@@ -610,7 +611,7 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
             spec.data,
             spec.calibration_data,
             spec.calibration_samples,
-            spec.generation,
+            GenerationWorkload.from_json(spec.generation) if spec.generation else None,
         )
     except TrialFailed as exc:
         raise UserError(
