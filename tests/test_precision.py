@@ -333,3 +333,60 @@ def test_a_language_model_runs_the_weights_its_precision_gives_and_an_fp32_one_u
     skipped = check_precision(runner("fp32"), None, precision)  # quantize_ that left every layer float
     assert skipped.fallback and skipped.counts == {"f32": 15}
     assert skipped.cause.startswith(f"precision fallback: {precision} asked, 0 of 15 compute layers ran in {bucket}")
+
+
+@pytest.mark.parametrize("precision", ["woq_int8", "da8w8", "smoothquant_int8"])
+def test_a_gpt2_models_conv1d_projections_are_quantized_and_counted(precision, tmp_path):
+    """GPT-2's attention and MLP projections are transformers' Conv1D, not nn.Linear: an int8 claim holds
+    only when they run int8 too (not the output head alone), in the trial and from the cached artifact."""
+    from tiny_lm import tiny_gpt2
+
+    from autotune.backends.generation import build_artifact, cached_artifact, prepare
+    from autotune.worker.generate import GenerationRunner
+
+    config = TrialConfig("eager", precision, batch_size=1)
+    calibration = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    generator, details = prepare(tiny_gpt2(), config, 4, calibration)
+    quantized = check_precision(GenerationRunner(generator, details), None, precision)
+    assert_runs(quantized, "int8")
+    assert quantized.counts == {"int8": 9} and details["conv1d_as_linear"] == 8  # 2 x 4 Conv1D + lm_head
+
+    torch.manual_seed(0)
+    build_artifact(tiny_gpt2(), calibration, config, tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"key": {}, "details": details}))
+    torch.manual_seed(0)
+    loaded, _ = prepare(tiny_gpt2(), config, 4, calibration, cached_artifact(tmp_path))
+    assert check_precision(GenerationRunner(loaded, details), None, precision).counts == {"int8": 9}
+    assert torch.equal(loaded.generate(prompt, stamp=False), generator.generate(prompt, stamp=False))
+
+
+def test_conv1d_as_linear_computes_what_conv1d_did():
+    from tiny_lm import tiny_gpt2
+
+    from autotune.backends.generation.quantization import linear_projections
+
+    model = tiny_gpt2().eval()
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        assert linear_projections(model) == 8
+        after = model(input_ids=ids).logits
+    assert not any(type(m).__name__ == "Conv1D" for m in model.modules())
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_an_int8_claim_with_only_the_output_head_quantized_is_a_fallback_naming_the_share():
+    """What GPT-2's int8 trials recorded before its Conv1D projections were converted: 1 of 9 compute
+    layers int8. Counted over every compute layer, that is a fallback, not an int8 model."""
+    from tiny_lm import tiny_gpt2
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from autotune.backends.precision import weight_probe
+
+    model = tiny_gpt2().eval()
+    quantize_(model, Int8WeightOnlyConfig())  # quantize_ looks for nn.Linear: the output head only
+    verdict = weight_probe(model)(None, "woq_int8")
+    assert verdict.fallback and verdict.counts == {"f32": 8, "int8": 1}
+    assert verdict.reason == "woq_int8 asked, 1 of 9 compute layers ran in int8 (layer weight types: 8 f32, 1 int8)"

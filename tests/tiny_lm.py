@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 TEXT_MODULES = ("json", "pathlib", "argparse", "collections", "functools", "itertools", "textwrap", "string")
 
@@ -34,6 +34,13 @@ def llama_config(context: int = 256, vocab: int = 256) -> LlamaConfig:
 def tiny_llama() -> LlamaForCausalLM:
     """Random init (autotune seeds it and saves the init every trial loads)."""
     return LlamaForCausalLM(llama_config())
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    """A GPT-2-style decoder (random init): its attention and MLP projections are transformers' Conv1D
+    modules, not nn.Linear."""
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=256, tie_word_embeddings=False)
+    return GPT2LMHeadModel(config)
 
 
 def outlier_llama() -> LlamaForCausalLM:

@@ -99,14 +99,19 @@ class ExecutedPrecision(Record):
         return cls(claimed=claimed, status=UNCHECKED, reason=reason, evidence=evidence or {})
 
 
-def judge(claimed: str, evidence: dict[str, dict[str, int]], why: str = "") -> ExecutedPrecision:
+def judge(claimed: str, evidence: dict[str, dict[str, int]], why: str = "", most: bool = False) -> ExecutedPrecision:
     """The verdict from each source's counts of compute layers by precision (sources in order of
-    preference): the claim holds in the first source that saw a compute layer run in it. `why`
-    explains a fallback, when the backend knows."""
+    preference): the claim holds in the first source that saw a compute layer run in it, or, with
+    `most` (evidence that counts every compute layer of the model, not the primitives one call ran),
+    that saw more than half of them run in it. `why` explains a fallback, when the backend knows."""
     wanted = CLAIMED_BUCKET[claimed]
     for source, counts in evidence.items():
-        if counts.get(wanted, 0) > 0:
+        ran, total = counts.get(wanted, 0), sum(n for bucket, n in counts.items() if bucket != "other")
+        if ran > 0 and (not most or 2 * ran > total):
             return ExecutedPrecision(claimed, OK, source, dict(counts), dict(evidence))
+        if ran > 0:
+            reason = f"{claimed} asked, {ran} of {total} compute layers ran in {wanted} ({source}: {describe(counts)})"
+            return ExecutedPrecision(claimed, FALLBACK, source, dict(counts), dict(evidence), reason)
     seen: dict[str, dict[str, int]] = {}
     for source, counts in evidence.items():
         # A layer of unknown type ("other", e.g. a TorchScript fusion group) is no evidence either way.
@@ -332,15 +337,17 @@ _INT4_NAME = re.compile(r"int4", re.IGNORECASE)
 
 
 def weight_counts(model: Any) -> dict[str, int]:
-    """Linear and convolution layers by the type of their weight: torchao's weight-only and dynamic
-    quantization replace it with a quantized tensor subclass that picks the int8 / int4 kernels when the
-    layer runs (no oneDNN primitive to see for weight-only int8), so that type is what runs; a plain
-    float weight (quantization skipped the layer) runs float."""
+    """Linear, convolution and transformers' Conv1D layers by the type of their weight: torchao's
+    weight-only and dynamic quantization replace it with a quantized tensor subclass that picks the
+    int8 / int4 kernels when the layer runs (no oneDNN primitive to see for weight-only int8), so that
+    type is what runs; a plain float weight (quantization skipped the layer) runs float."""
     import torch
 
     counts: Counter[str] = Counter()
     for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)):
+        # transformers' Conv1D (GPT-2's projections) is a Linear with a transposed weight: a compute layer
+        transposed_linear = type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+        if isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)) or transposed_linear:
             weight = module.weight
             counts[_weight_bucket(weight.data if isinstance(weight, torch.nn.Parameter) else weight)] += 1
     return dict(counts)
@@ -365,5 +372,6 @@ def _weight_bucket(tensor: Any) -> str:
 
 
 def weight_probe(model: Any) -> Callable[[Any, str], ExecutedPrecision]:
-    """A language model's probe: its layers' weight types (no call)."""
-    return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)})
+    """A language model's probe: its layers' weight types (no call). Every compute layer of the model is
+    counted, so the claim holds only where most of them hold quantized weights (not one output head)."""
+    return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)}, most=True)

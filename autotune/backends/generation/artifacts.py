@@ -7,12 +7,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.generation.quantization import INT4, WEIGHT_ONLY, activations_of, apply_precision, weight_bytes
+from autotune.backends.generation.quantization import (
+    INT4,
+    WEIGHT_ONLY,
+    activations_of,
+    apply_precision,
+    linear_projections,
+    weight_bytes,
+)
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
 
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2  # 2: transformers' Conv1D projections quantized as nn.Linear
 QUANTIZED_FILE = "quantized.pt"
 
 
@@ -81,6 +88,7 @@ def load_quantized(model: Any, artifact_dir: Path, details: dict[str, Any]) -> f
     for module in details.get("tensor_modules", []):
         importlib.import_module(module)
     state = torch.load(artifact_dir / QUANTIZED_FILE, weights_only=True)
+    linear_projections(model)  # as quantizing left them: the saved weights are nn.Linear's
     if details.get("activations") == "bf16":  # the buffers the state dict leaves out, as quantizing left them
         model.to(torch.bfloat16)
     model.eval().requires_grad_(False)  # as quantize_ leaves them: the same model for torch.compile

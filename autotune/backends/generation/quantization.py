@@ -111,6 +111,7 @@ def apply_precision(model: Any, precision: str, options: dict[str, Any], calibra
 
     t0 = time.monotonic()
     activations = activations_of(precision, options)
+    converted = linear_projections(model) if precision in QUANTIZED else 0
     if activations == "bf16":  # a weight-only precision quantizes the bf16 model's weights
         model.to(torch.bfloat16)
     if precision == "smoothquant_int8":
@@ -119,7 +120,34 @@ def apply_precision(model: Any, precision: str, options: dict[str, Any], calibra
         from torchao.quantization import quantize_
 
         quantize_(model, quantization_config(precision, options))
-    return {"precision": precision, "activations": activations, "quantize_s": time.monotonic() - t0}
+    details: dict[str, Any] = {"precision": precision, "activations": activations}
+    if converted:
+        details["conv1d_as_linear"] = converted
+    return {**details, "quantize_s": time.monotonic() - t0}
+
+
+def linear_projections(model: Any) -> int:
+    """Replace transformers' `Conv1D` projections (GPT-2's attention and MLP: a Linear with its weight
+    stored transposed) by the equivalent `nn.Linear`, so torchao's `quantize_` and SmoothQuant, which
+    look for `nn.Linear`, quantize them too; returns how many were replaced. The loader of a quantized
+    artifact does the same first, so the saved state dict's modules match."""
+    import torch
+
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ != "Conv1D" or not hasattr(child, "nf"):
+                continue
+            weight = child.weight
+            linear = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=child.bias is not None)
+            linear.to(device=weight.device, dtype=weight.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(weight.detach().t())
+                if child.bias is not None:
+                    linear.bias.copy_(child.bias.detach())
+            setattr(parent, name, linear)
+            replaced += 1
+    return replaced
 
 
 def smoothquant(model: Any, alpha: float, calibration: Any) -> None:
