@@ -40,6 +40,18 @@ class ShapeLog:
         return self.model.forward(input_ids=input_ids, **kwargs)
 
 
+class LogitsWidth:
+    """A forward that records how many positions' logits each call computed, then returns them."""
+
+    def __init__(self, model) -> None:
+        self.model, self.widths = model, []
+
+    def __call__(self, input_ids, **kwargs):
+        out = self.model.forward(input_ids=input_ids, **kwargs)
+        self.widths.append(out.logits.shape[1])
+        return out
+
+
 class DecodeNoise:
     """A forward whose decode steps (one new token each) are off by noise of 10% of the logits' spread,
     and whose prefill is exact: what a candidate with a wrong decode graph looks like."""
@@ -115,6 +127,18 @@ def test_drift_runs_only_the_shapes_a_timed_call_runs(tmp_path, sequences, kv_ca
     assert drift.greedy_agreement == 1.0
     assert abs(drift.perplexity_increase) < 1e-4
     assert drift.top1_agreement == 1.0
+
+
+def test_a_timed_prefill_computes_the_last_positions_logits_only_and_drift_the_compared_ones(tmp_path):
+    """The output layer is a prompt x vocabulary product: a timed call needs its last row only (as llama.cpp
+    computes it); the drift pass keeps the compared positions. Every decode step computes one."""
+    path, model = reference(tmp_path)
+    timed = LogitsWidth(model)
+    Generator(model, NEW, forward=timed).generate(torch.randint(0, 256, (2, PROMPT)))
+    assert timed.widths == [1] * NEW
+    drift = LogitsWidth(model)
+    measure_generation_drift(str(path), GenerationRunner(Generator(model, NEW, forward=drift), {}), DRIFT_ROWS)
+    assert drift.widths == [min(128, PROMPT)] + [1] * (NEW - 1)
 
 
 def test_reference_covers_the_drift_rows_at_the_timed_length(tmp_path):

@@ -21,10 +21,23 @@ class Generator:
     token_stamps: array = field(default_factory=lambda: array("d"))
     forward: Any = None  # the (maybe compiled) forward; None: the model's own
     _static: dict[tuple[int, int], Any] = field(default_factory=dict)
+    # The forward computes the output layer at the positions asked for only (transformers'
+    # `logits_to_keep`): a timed prefill needs the last one, not prompt x vocabulary logits.
+    _keeps_logits: bool = False
 
     def __post_init__(self) -> None:
+        import inspect
+
         if self.forward is None:
             self.forward = self.model.forward
+        try:
+            self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        except (TypeError, ValueError):
+            self._keeps_logits = False
+
+    def _kept(self, positions: int) -> dict[str, int]:
+        """The forward's argument that limits its logits to the last `positions` (none when it has none)."""
+        return {"logits_to_keep": positions} if self._keeps_logits else {}
 
     def _cache(self, batch: int, length: int) -> Any:
         """A fresh dynamic cache per generation; one static cache per shape, reset between generations:
@@ -66,7 +79,11 @@ class Generator:
         with torch.no_grad():
             positions = torch.arange(prompt)
             logits = self.forward(
-                input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions
+                input_ids=input_ids,
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=positions,
+                **self._kept(max(keep_logits, 1)),
             ).logits
             if keep_logits:
                 kept = torch.empty(batch, keep_logits + self.new_tokens - 1, logits.shape[-1], dtype=torch.float32)
@@ -75,13 +92,18 @@ class Generator:
             out[:, 0] = token
             if stamp:
                 self.token_stamps.append(time.monotonic())
+            decode_kept = self._kept(1)
             for step in range(1, self.new_tokens):
                 # A forced token is copied out fresh: the shape, strides and offset of an argmax's token,
                 # so a compiled forward runs the graph it times.
                 fed = token if forced is None else forced[:, step - 1].clone(memory_format=torch.contiguous_format)
                 position = torch.tensor([prompt + step - 1])
                 logits = self.forward(
-                    input_ids=fed[:, None], past_key_values=cache, use_cache=True, cache_position=position
+                    input_ids=fed[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                    cache_position=position,
+                    **decode_kept,
                 ).logits
                 if kept is not None:
                     kept[:, keep_logits + step - 1] = logits[:, -1, :]
