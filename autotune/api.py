@@ -541,7 +541,7 @@ def _load_generator(
 
     settings = GenerationWorkload.from_json(workload)
     # `model` given by the caller: its weights are replaced by the search's quantized ones (same model).
-    artifact = cached_artifact(artifact_dir) if artifact_dir else None
+    artifact = cached_artifact(artifact_dir, config.backend) if artifact_dir else None
     calibration = None
     if config.precision == "smoothquant_int8":  # should the cached weights not load
         from autotune.worker.generate import calibration_ids

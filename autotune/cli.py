@@ -264,6 +264,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
+    from autotune.backends import backend_specs
     from autotune.backends.generation import PRECISIONS
     from autotune.machine.probe import probe_machine
     from autotune.machine.probe_report import probe_json, probe_lines
@@ -284,9 +285,13 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
     if isinstance(unavailable, str):
         print(f"text generation in runtime main: not probed ({unavailable})")
     else:
+        engines = {name: spec for name, spec in backend_specs("generate").items() if spec.precisions != PRECISIONS}
         runs = [p for p in PRECISIONS if p not in unavailable]
-        left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items())
+        left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items() if p not in engines)
         print(f"text generation in runtime main: {', '.join(runs) or 'nothing'} run{left_out}")
+        for name, spec in engines.items():
+            status = f"left out: {unavailable[name]}" if name in unavailable else ", ".join(spec.precisions) + " run"
+            print(f"text generation engine {name} ({spec.description}): {status}")
     return 0
 
 

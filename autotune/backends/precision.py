@@ -46,7 +46,18 @@ CLAIMED_BUCKET = {
     "smoothquant_int8": "int8",
     "woq_int4": "int4",
     "da8w4": "int4",
+    # llama.cpp's GGUF types (a K-quant mix is named by its main type: Q4_K_M holds mostly Q4_K)
+    "BF16": "bf16",
+    "F16": "f16",
+    "Q8_0": "int8",
+    "Q6_K": "int6",
+    "Q5_K_M": "int5",
+    "Q4_K_M": "int4",
+    "Q4_0": "int4",
+    "Q2_K": "int2",
 }
+# GGUF block types by the bits of their weights.
+GGUF_BITS = {"Q8": "int8", "Q6": "int6", "Q5": "int5", "Q4": "int4", "IQ4": "int4", "Q3": "int3", "Q2": "int2"}
 
 
 def bucket_of(dtype: str) -> str:
@@ -66,6 +77,9 @@ def bucket_of(dtype: str) -> str:
         return "f16"
     if name in ("f32", "fp32", "float", "float32"):
         return "f32"
+    gguf = re.match(r"(i?q\d)_", name)  # llama.cpp's block types: q8_0, q4_k, iq4_nl, ...
+    if gguf:
+        return GGUF_BITS.get(gguf.group(1).upper(), "other")
     return "other"
 
 
@@ -106,12 +120,12 @@ def judge(claimed: str, evidence: dict[str, dict[str, int]], why: str = "", most
     that saw more than half of them run in it. `why` explains a fallback, when the backend knows."""
     wanted = CLAIMED_BUCKET[claimed]
     for source, counts in evidence.items():
-        ran, total = counts.get(wanted, 0), sum(n for bucket, n in counts.items() if bucket != "other")
-        if ran > 0 and (not most or 2 * ran > total):
+        hits, total = counts.get(wanted, 0), sum(n for bucket, n in counts.items() if bucket != "other")
+        if hits > 0 and (not most or 2 * hits > total):
             return ExecutedPrecision(claimed, OK, source, dict(counts), dict(evidence))
-        if ran > 0:
-            reason = f"{claimed} asked, {ran} of {total} compute layers ran in {wanted} ({source}: {describe(counts)})"
-            return ExecutedPrecision(claimed, FALLBACK, source, dict(counts), dict(evidence), reason)
+        if hits > 0:
+            share = f"{claimed} asked, {hits} of {total} compute layers ran in {wanted} ({source}: {describe(counts)})"
+            return ExecutedPrecision(claimed, FALLBACK, source, dict(counts), dict(evidence), share)
     seen: dict[str, dict[str, int]] = {}
     for source, counts in evidence.items():
         # A layer of unknown type ("other", e.g. a TorchScript fusion group) is no evidence either way.
@@ -375,3 +389,12 @@ def weight_probe(model: Any) -> Callable[[Any, str], ExecutedPrecision]:
     """A language model's probe: its layers' weight types (no call). Every compute layer of the model is
     counted, so the claim holds only where most of them hold quantized weights (not one output head)."""
     return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)}, most=True)
+
+
+def gguf_probe(tensor_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+    """A llama.cpp model's probe: the GGUF's matrices by type (no call), counted over every one, so a
+    K-quant whose rows were too short for its blocks (a fallback to Q5_0 or Q8_0) is a fallback here too."""
+    counts: Counter[str] = Counter()
+    for name, n in tensor_types.items():
+        counts[bucket_of(name)] += n
+    return lambda native_input, claimed: judge(claimed, {"GGUF tensor types": dict(counts)}, most=True)

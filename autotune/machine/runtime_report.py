@@ -34,7 +34,7 @@ ARTIFACT_PACKAGES = (
     "intel-extension-for-pytorch",
 )
 # transformers: the layers of a language model tuned for generation
-PACKAGES = (*ARTIFACT_PACKAGES, "numpy", "intel-openmp", "transformers")
+PACKAGES = (*ARTIFACT_PACKAGES, "numpy", "intel-openmp", "transformers", "llama_cpp_python")
 
 
 def _try_import(modules: tuple[str, ...]) -> str | None:

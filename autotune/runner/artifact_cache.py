@@ -25,7 +25,8 @@ from autotune.records.config import TrialConfig
 
 META_FILE = "meta.json"
 LAST_USED = "last-used"
-GENERATION_PACKAGES = (*ARTIFACT_PACKAGES, "transformers")  # a language model's layers are transformers'
+# a language model's layers are transformers'; llama.cpp's converter and quantizer come with llama-cpp-python
+GENERATION_PACKAGES = (*ARTIFACT_PACKAGES, "transformers", "llama_cpp_python")
 
 
 def artifact_key(
@@ -71,9 +72,11 @@ def _generation_key(
     """A language model's quantized weights: the model and its weights, the precision and its options,
     and for SmoothQuant the calibration text (the data's digest and the window length it is cut into)."""
     from autotune.backends import generation as backend
+    from autotune.backends.generation import artifacts
     from autotune.common.files import file_digest
 
-    identity = backend.artifact_identity(config)
+    module = backend_module(config.backend, "generate")
+    identity = module.artifact_identity(config)
     calibration: dict[str, Any] = {}
     if config.precision == "smoothquant_int8":
         data = generation.get("data")
@@ -83,8 +86,9 @@ def _generation_key(
         }
     return {
         "model": {"kind": model.kind, "name": model.name, "weights_sha256": model.weights_sha256},
-        "backend": "generation",  # eager and inductor load the same quantized weights
-        "builder_version": backend.ARTIFACT_VERSION,
+        # eager and inductor load the same quantized weights; an engine (llama.cpp) its own file
+        "backend": "generation" if module.build_artifact is artifacts.build_artifact else config.backend,
+        "builder_version": module.ARTIFACT_VERSION,
         "identity": identity,
         "calibration": calibration,
         "versions": (

@@ -317,6 +317,9 @@ class SearchSpace:
             dims.setdefault("precision", [spec.precisions[0]])
             for key, supported in spec.options.items():
                 dims.setdefault(key, [supported[0]])
+            if name in unavailable:  # an engine not installed here: the other backends' trials run
+                notes.append(f"backend {name} cannot run here ({unavailable[name]}): left out")
+                continue
             left_out = [p for p in dims["precision"] if p in unavailable]
             for precision in left_out:
                 notes.append(f"precision {precision} cannot run here ({unavailable[precision]}): left out of {name}")

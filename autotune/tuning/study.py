@@ -588,13 +588,16 @@ def _search_space(
 
 
 def generation_precisions_unavailable(runtime: Runtime) -> dict[str, str]:
-    """Which generation precisions the runtime's torchao cannot run on CPU, probed in a fresh process
-    of that runtime (APIs move between torchao versions: what imports may still have no CPU kernel)."""
+    """Which generation precisions the runtime's torchao cannot run on CPU, and which engines (llama.cpp)
+    cannot run at all (keyed by the backend's name), probed in a fresh process of that runtime (APIs move
+    between torchao versions: what imports may still have no CPU kernel)."""
     command = [runtime.python, "-m", "autotune.backends.generation"]
     env = runtime_env(runtime, clean_environment(dict(os.environ)))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
-        return dict(json.loads(done.stdout.strip().splitlines()[-1])["unavailable"])
+        probed = json.loads(done.stdout.strip().splitlines()[-1])
+        # an engine that cannot run at all is keyed by its backend's name (never a precision's)
+        return {**probed["unavailable"], **probed.get("engines", {})}
     except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
         raise UserError(f"cannot probe which precisions run in {runtime.python}: {exc}") from None
 

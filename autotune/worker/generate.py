@@ -143,7 +143,9 @@ class GenerationRunner:
 
         self.generator = generator
         self.details = details
-        self.probe = weight_probe(generator.model)  # what the layers run: their (quantized) weight types
+        # what the layers run: an engine's own probe (llama.cpp: its GGUF's tensor types), else the torch
+        # module's (quantized) weight types
+        self.probe = getattr(generator, "probe", None) or weight_probe(generator.model)
 
     def __call__(self, input_ids: Any) -> Any:
         return self.generator.generate(input_ids)
@@ -161,7 +163,7 @@ def build_generation_runner(job: WorkerJob, config: TrialConfig) -> GenerationRu
     model = build_model(job.model)  # not kept: a conversion may replace it, and the runner holds what it uses
     build_s = time.monotonic() - t0
     # Quantized once by the prepare step: only loaded here (quantized here if it was evicted since).
-    artifact = cached_artifact(job.artifact_dir) if job.artifact_dir else None
+    artifact = cached_artifact(job.artifact_dir, config.backend) if job.artifact_dir else None
     calibration = (
         calibration_ids(workload) if config.precision == "smoothquant_int8" else None
     )  # a fallback may need it

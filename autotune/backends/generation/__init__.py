@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.backends.generation import artifacts
 from autotune.backends.generation.artifacts import (
     ARTIFACT_VERSION,
     QUANTIZED_FILE,
     artifact_identity,
-    build_artifact,
-    cached_artifact,
     load_quantized,
 )
 from autotune.backends.generation.decode_loop import Generator
@@ -61,6 +61,7 @@ __all__ = [
     "artifact_identity",
     "build_artifact",
     "cached_artifact",
+    "engines_unavailable",
     "float_dtypes",
     "load_quantized",
     "main",
@@ -88,7 +89,40 @@ def prepare(
     return generator, details
 
 
+def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
+    """The configuration's backend builds its artifact (quantized weights, or an engine's own file)."""
+    from autotune.backends import backend_module
+
+    details: dict[str, Any] = backend_module(config.backend, "generate").build_artifact(
+        model, calibration, config, out_dir
+    )
+    return details
+
+
+def cached_artifact(artifact_dir: str | Path, backend: str = "eager") -> dict[str, Any] | None:
+    """The backend's prepared artifact in `artifact_dir` when it can be loaded here, else None."""
+    from autotune.backends import backend_module
+
+    reader = getattr(backend_module(backend, "generate"), "cached_artifact", artifacts.cached_artifact)
+    found: dict[str, Any] | None = reader(artifact_dir)
+    return found
+
+
+def engines_unavailable() -> dict[str, str]:
+    """Each generation backend that cannot run in this runtime (an engine not installed), with the reason."""
+    from autotune.backends import backend_module, backend_specs
+
+    reasons: dict[str, str] = {}
+    for name in backend_specs("generate"):
+        check = getattr(backend_module(name, "generate"), "unavailable", None)
+        why = check() if check is not None else None
+        if why:
+            reasons[name] = why
+    return reasons
+
+
 def main() -> int:
-    """Print which precisions this runtime's torch/torchao cannot run, with the reason."""
-    json.dump({"unavailable": unavailable_precisions()}, sys.stdout)
+    """Print which precisions this runtime's torch/torchao cannot run and which engines cannot run at all,
+    with the reasons."""
+    json.dump({"unavailable": unavailable_precisions(), "engines": engines_unavailable()}, sys.stdout)
     return 0

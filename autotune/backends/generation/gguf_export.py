@@ -1,0 +1,133 @@
+"""A causal language model as a GGUF file, written by llama.cpp's own converter (convert_hf_to_gguf.py and
+its gguf-py, shipped in llama-cpp-python's source and installed beside the runtime by `make setup`) and
+quantized by llama.cpp's own quantizer (`llama_model_quantize`, what the llama-quantize tool calls).
+
+The vocabulary: autotune feeds every engine token ids, never text, so the GGUF carries llama.cpp's
+placeholder vocabulary (tokenizer model "none": `vocab_size` dummy tokens) and the same ids mean the
+same rows of the embedding in every engine, with or without a tokenizer beside the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+# llama.cpp's converter writes these types itself; the others are quantized from its F32 output.
+CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
+# llama_ftype values (llama.h) of the types the quantizer writes.
+QUANTIZER_FTYPES = {"Q4_0": 2, "Q2_K": 10, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+EMBEDDINGS = ("token_embd", "position_embd", "token_types")
+CONVERTER_ENV = "AUTOTUNE_LLAMA_CPP_CONVERTER"
+
+
+def converter_dir() -> Path:
+    """Where llama.cpp's converter lies: $AUTOTUNE_LLAMA_CPP_CONVERTER, else the runtime's share/llama.cpp."""
+    return Path(os.environ.get(CONVERTER_ENV) or Path(sys.prefix) / "share" / "llama.cpp")
+
+
+def converter_missing() -> str | None:
+    """Why the converter cannot run here, or None."""
+    folder = converter_dir()
+    if not (folder / "convert_hf_to_gguf.py").is_file() or not (folder / "conversion").is_dir():
+        return f"llama.cpp's converter is not in {folder} (make setup puts it there; or set {CONVERTER_ENV})"
+    return None
+
+
+def _import_converter() -> Any:
+    folder = str(converter_dir())
+    for path in (str(Path(folder) / "gguf-py"), folder):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import conversion
+
+    return conversion
+
+
+def save_for_converter(model: Any, out_dir: Path) -> None:
+    """The model as a Hugging Face folder (config.json and safetensors), with what the converter reads
+    that transformers no longer writes (GPT-2's `n_ctx`)."""
+    model.save_pretrained(out_dir, safe_serialization=True)
+    config_file = out_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    if "n_positions" in config and "n_ctx" not in config:
+        config["n_ctx"] = config["n_positions"]
+    config_file.write_text(json.dumps(config, indent=2))
+
+
+def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
+    """Write the model as a GGUF of `gguf_type` (F32, F16, BF16, Q8_0 by the converter; Q4_0, Q2_K, Q4_K_M,
+    Q5_K_M, Q6_K by the quantizer from the converter's F32); returns the seconds each step took and the
+    architecture. Raises RuntimeError saying why when llama.cpp cannot convert this model."""
+    import torch
+
+    conversion = _import_converter()
+    with tempfile.TemporaryDirectory(prefix="autotune-gguf-") as scratch:
+        hf_dir = Path(scratch) / "hf"
+        save_for_converter(model, hf_dir)
+        hparams = conversion.ModelBase.load_hparams(hf_dir, False)
+        architecture = conversion.get_model_architecture(hparams, conversion.ModelType.TEXT)
+        try:
+            model_class = conversion.get_model_class(architecture, mmproj=False)
+        except NotImplementedError:
+            raise RuntimeError(f"llama.cpp's converter does not support {architecture}") from None
+        first = CONVERTER_TYPES.get(gguf_type, "f32")
+        converted = out_file if gguf_type in CONVERTER_TYPES else Path(scratch) / "f32.gguf"
+        t0 = time.monotonic()
+        import gguf  # the converter's own gguf-py
+
+        file_types = {
+            "f32": gguf.LlamaFileType.ALL_F32,
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        }
+        with torch.inference_mode():
+            instance = model_class(hf_dir, file_types[first], converted, eager=True)
+            vocab = int(hparams["vocab_size"])
+
+            def placeholder_vocab(self: Any = instance) -> None:
+                self.gguf_writer.add_tokenizer_model("none")
+                self.gguf_writer.add_vocab_size(vocab)
+
+            instance.set_vocab = placeholder_vocab
+            instance.write()
+        convert_s = time.monotonic() - t0
+        quantize_s = None
+        if gguf_type not in CONVERTER_TYPES:
+            quantize_s = quantize(converted, out_file, gguf_type)
+    return {"architecture": architecture, "convert_s": convert_s, "quantize_s": quantize_s}
+
+
+def quantize(source: Path, out_file: Path, gguf_type: str) -> float:
+    """llama.cpp's quantizer (what `llama-quantize SOURCE OUT TYPE` runs); returns the seconds it took."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = QUANTIZER_FTYPES[gguf_type]
+    params.nthread = os.cpu_count() or 1
+    t0 = time.monotonic()
+    failed = llama_cpp.llama_model_quantize(str(source).encode(), str(out_file).encode(), params)
+    if failed:
+        raise RuntimeError(f"llama.cpp's quantizer failed to write {gguf_type} (code {failed})")
+    return time.monotonic() - t0
+
+
+def tensor_types(gguf_file: Path) -> dict[str, int]:
+    """The file's matrices (the 2-D weight tensors the matrix products read; the embedding tables, which
+    are looked up, left out) by their GGUF type: what a K-quant mix really holds (rows too short for a K
+    block fall back to another type)."""
+    _import_converter()
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_file))
+    counts: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        if len([d for d in tensor.shape if d > 1]) >= 2 and not tensor.name.startswith(EMBEDDINGS):
+            counts[tensor.tensor_type.name] += 1
+    return dict(counts)

@@ -1,0 +1,270 @@
+"""llama.cpp as a generation backend: the model converted once per GGUF type by llama.cpp's own converter
+and quantizer (gguf_export.py), then run in the trial's own process through llama-cpp-python's low-level
+API (the C functions llama-batched-bench calls): one batch of `sequences` prompts, each its own sequence
+of the KV cache, then greedy decoding of exactly `new_tokens` tokens with a stamp per token, so TTFT, TPOT
+and tokens/s mean what they mean for the PyTorch backends.
+
+A timed prefill asks for the logits of each prompt's last position only (as llama.cpp's tools do); the
+drift pass asks for the compared positions and every decode step, fed FP32's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.base import BackendSpec
+from autotune.backends.generation import gguf_export
+from autotune.backends.precision import gguf_probe
+
+if TYPE_CHECKING:
+    from autotune.backends.base import BackendConfig
+
+# GGUF types, as llama.cpp names them (upper case: not the PyTorch backends' precisions).
+PRECISIONS = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q2_K")
+GGUF_FILE = "model.gguf"
+KV_CACHE_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of the K and V caches
+
+SPEC = BackendSpec(
+    name="llamacpp",
+    description="llama.cpp (llama-cpp-python): the model converted to GGUF by llama.cpp's converter",
+    precisions=PRECISIONS,
+    task="generate",
+    options={
+        "n_batch": (2048, 512),  # tokens per llama_decode call (a longer prompt is fed in chunks)
+        "n_ubatch": (512, 256, 128),  # tokens per physical compute batch
+        "flash_attn": (True, False),
+        "kv_cache_type": ("f16", "q8_0"),
+    },
+    requires=("llama_cpp",),
+    uses_artifact=True,
+)
+ARTIFACT_VERSION = 1
+
+
+def unavailable() -> str | None:
+    """Why llama.cpp cannot run in this runtime (not installed, or its converter missing), or None."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as exc:  # an ImportError, or a library that does not load
+        return f"llama-cpp-python does not import ({type(exc).__name__}: {exc}); make setup builds it"
+    return gguf_export.converter_missing()
+
+
+def unsupported(config: BackendConfig) -> str | None:
+    """A quantized V cache needs flash attention in llama.cpp; n_ubatch cannot exceed n_batch."""
+    options = dict(config.options)
+    if options.get("kv_cache_type", "f16") != "f16" and not options.get("flash_attn", True):
+        return "llama.cpp quantizes the V cache only with flash attention"
+    if int(options.get("n_ubatch", 512)) > int(options.get("n_batch", 2048)):
+        return "n_ubatch cannot exceed n_batch"
+    return None
+
+
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
+    """The GGUF depends on its type only (not threads, batches, attention or the KV cache)."""
+    return {"task": "generate", "engine": "llamacpp", "precision": config.precision}
+
+
+def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
+    """Convert (and quantize) once into out_dir/model.gguf; returns what was done."""
+    import llama_cpp
+
+    done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE)
+    return {
+        "precision": config.precision,
+        "engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})",
+        **done,
+        "tensor_types": gguf_export.tensor_types(out_dir / GGUF_FILE),
+        "weight_bytes": (out_dir / GGUF_FILE).stat().st_size,
+    }
+
+
+def cached_artifact(artifact_dir: str | Path) -> dict[str, Any] | None:
+    """The GGUF in `artifact_dir` with its build details, or None (not built, or evicted)."""
+    import json
+
+    directory = Path(artifact_dir)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (directory / GGUF_FILE).is_file():
+        return None
+    return {"dir": directory, "details": meta["details"]}
+
+
+def prepare(
+    model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
+) -> tuple[LlamaCppGenerator, dict[str, Any]]:
+    """Load the GGUF the prepare step wrote (converted here when it was evicted since)."""
+    import tempfile
+
+    details: dict[str, Any]
+    if artifact is None:
+        folder = Path(tempfile.mkdtemp(prefix="autotune-llamacpp-"))
+        details = build_artifact(model, calibration, config, folder)
+        details["converted_by"] = "the trial (no cached artifact)"
+    else:
+        folder = Path(artifact["dir"])
+        details = {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
+    options = dict(config.options)
+    generator = LlamaCppGenerator(
+        gguf=folder / GGUF_FILE,
+        new_tokens=new_tokens,
+        threads=max(1, int(config.threads_per_instance)),
+        n_batch=int(options.get("n_batch", 2048)),
+        n_ubatch=int(options.get("n_ubatch", 512)),
+        flash_attn=bool(options.get("flash_attn", True)),
+        kv_cache_type=str(options.get("kv_cache_type", "f16")),
+    )
+    details["tensor_types"] = gguf_export.tensor_types(folder / GGUF_FILE)  # what this trial loads
+    generator.probe = gguf_probe(details["tensor_types"])
+    details["llama_cpp_system_info"] = generator.system_info()
+    return generator, details
+
+
+def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
+    """llama.cpp's log callback: its load and context messages are dropped, errors kept on stderr."""
+    if level >= 4:  # GGML_LOG_LEVEL_ERROR
+        import sys
+
+        sys.stderr.write(text.decode(errors="replace"))
+
+
+@dataclass
+class LlamaCppGenerator:
+    """Greedy decoding of exactly `new_tokens` tokens for a batch of prompts through llama.cpp's C API,
+    one KV-cache sequence per prompt, stamping each token (the Generator's contract, decode_loop.py)."""
+
+    gguf: Path
+    new_tokens: int
+    threads: int
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: bool = True
+    kv_cache_type: str = "f16"
+    token_stamps: array = field(default_factory=lambda: array("d"))
+    _model: Any = None
+    _contexts: dict[tuple[int, int], Any] = field(default_factory=dict)
+    _log_callback: Any = None
+    probe: Any = None  # what the worker asks what runs: the GGUF's tensor types (gguf_probe)
+
+    def __post_init__(self) -> None:
+        import llama_cpp
+
+        self._log_callback = llama_cpp.llama_log_callback(_quiet_log)  # kept: llama.cpp holds the pointer
+        llama_cpp.llama_log_set(self._log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not load {self.gguf}")
+        self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model))
+        self.model = None  # no torch module: the probe reads the GGUF's tensor types
+
+    @staticmethod
+    def system_info() -> str:
+        import llama_cpp
+
+        return str(llama_cpp.llama_print_system_info().decode(errors="replace")).strip()
+
+    def _context(self, sequences: int, length: int) -> Any:
+        """One context per shape (sequences x prompt + new tokens), its KV cache cleared between calls."""
+        import llama_cpp
+
+        key = (sequences, length)
+        if key not in self._contexts:
+            params = llama_cpp.llama_context_default_params()
+            params.n_ctx = sequences * length
+            params.n_batch = self.n_batch
+            params.n_ubatch = min(self.n_ubatch, self.n_batch)
+            params.n_seq_max = sequences
+            params.n_threads = params.n_threads_batch = self.threads
+            params.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+            params.type_k = params.type_v = KV_CACHE_TYPES[self.kv_cache_type]
+            params.no_perf = True
+            context = llama_cpp.llama_init_from_model(self._model, params)
+            if not context:
+                raise RuntimeError(f"llama.cpp could not create a context for {sequences} x {length} tokens")
+            self._contexts[key] = (context, llama_cpp.llama_batch_init(max(self.n_batch, sequences), 0, 1))
+        context, batch = self._contexts[key]
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context), True)
+        return context, batch
+
+    def _decode(self, context: Any, batch: Any, tokens: list[tuple[int, int, int, bool]]) -> Any:
+        """One llama_decode of (token, position, sequence, wants logits) rows; returns the logits of the
+        rows that want them, in order (a numpy view, valid until the next decode)."""
+        import llama_cpp
+        import numpy as np
+
+        for i, (token, position, sequence, wants) in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = sequence
+            batch.logits[i] = wants
+        batch.n_tokens = len(tokens)
+        code = llama_cpp.llama_decode(context, batch)
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code} for a batch of {len(tokens)} tokens")
+        outputs = sum(1 for row in tokens if row[3])
+        if not outputs:
+            return None
+        pointer = llama_cpp.llama_get_logits(context)
+        return np.ctypeslib.as_array(pointer, shape=(outputs * self.vocab,)).reshape(outputs, self.vocab)
+
+    def generate(self, input_ids: Any, stamp: bool = True) -> Any:
+        """The new tokens (batch x new_tokens); with `stamp`, each token's time is appended to token_stamps."""
+        return self._generate(input_ids, stamp, keep_logits=0)[0]
+
+    def generate_with_logits(self, input_ids: Any, positions: int, forced: Any = None) -> tuple[Any, Any]:
+        """The new tokens and the float32 next-token logits at the prompt's last `positions` and at every
+        decode step; with `forced`, each decode step is fed the forced token of the step before."""
+        return self._generate(input_ids, stamp=False, keep_logits=positions, forced=forced)
+
+    def _generate(self, input_ids: Any, stamp: bool, keep_logits: int, forced: Any = None) -> tuple[Any, Any]:
+        import numpy as np
+        import torch
+
+        ids = input_ids.numpy() if hasattr(input_ids, "numpy") else np.asarray(input_ids)
+        sequences, prompt = ids.shape
+        context, batch = self._context(sequences, prompt + self.new_tokens)
+        wanted = max(keep_logits, 1)
+        kept = np.empty((sequences, keep_logits + self.new_tokens - 1, self.vocab), np.float32) if keep_logits else None
+        last = np.empty((sequences, self.vocab), np.float32)
+        rows = [
+            (int(ids[s, p]), p, s, p >= prompt - wanted) for s in range(sequences) for p in range(prompt)
+        ]  # sequence by sequence, as llama-batched-bench feeds them
+        for start in range(0, len(rows), self.n_batch):
+            chunk = rows[start : start + self.n_batch]
+            logits = self._decode(context, batch, chunk)
+            out = 0
+            for _token, position, sequence, wants in chunk:
+                if not wants:
+                    continue
+                if kept is not None:
+                    kept[sequence, position - (prompt - keep_logits)] = logits[out]
+                if position == prompt - 1:
+                    last[sequence] = logits[out]
+                out += 1
+        tokens = np.empty((sequences, self.new_tokens), np.int64)
+        tokens[:, 0] = last.argmax(axis=1)
+        if stamp:
+            self.token_stamps.append(time.monotonic())
+        forced_ids = None if forced is None else (forced.numpy() if hasattr(forced, "numpy") else forced)
+        for step in range(1, self.new_tokens):
+            fed = tokens[:, step - 1] if forced_ids is None else forced_ids[:, step - 1]
+            logits = self._decode(context, batch, [(int(fed[s]), prompt + step - 1, s, True) for s in range(sequences)])
+            if kept is not None:
+                kept[:, keep_logits + step - 1] = logits
+            tokens[:, step] = logits.argmax(axis=1)
+            if stamp:
+                self.token_stamps.append(time.monotonic())
+        return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(kept)
