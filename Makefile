@@ -18,11 +18,17 @@ TEST_APT_PACKAGES := chromium postgresql mariadb-server
 # its cache, so setup fits on a disk with less room.
 export PIP_NO_CACHE_DIR := 1
 
+# llama.cpp, as llama-cpp-python carries it (built from source; see the llama-cpp target)
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_SRC        := $(VENV)/share/llama.cpp-src
+LLAMA_VENDOR     := $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+LLAMA_SHARE      := $(VENV)/share/llama.cpp
+
 MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages test-system-packages search test lint clean-venv
+.PHONY: setup system-packages test-system-packages search test lint clean-venv llama-cpp llama-tools
 
 setup: $(STAMP) $(IPEX_STAMP)
 
@@ -30,8 +36,34 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	@$(MAKE) --no-print-directory llama-cpp
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,llm]'
 	@touch $(STAMP)
+
+# llama.cpp for text generation: PyPI has only the source of llama-cpp-python, which carries llama.cpp itself;
+# pip compiles it for this CPU (-march=native; about 9 minutes on 2 cores). Its converter (convert_hf_to_gguf.py
+# with its conversion/ and gguf-py/) goes beside it in $(LLAMA_SHARE), where autotune looks for it.
+llama-cpp:
+	@if $(BIN)/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$(LLAMA_CPP_PYTHON)')" 2>/dev/null \
+		&& [ -f $(LLAMA_SHARE)/convert_hf_to_gguf.py ]; then exit 0; fi; \
+	set -e; rm -rf $(LLAMA_SRC); mkdir -p $(LLAMA_SRC) $(LLAMA_SHARE); \
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
+	tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); \
+	echo "building llama-cpp-python $(LLAMA_CPP_PYTHON) (llama.cpp from source, -march=native)"; \
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -c constraints.txt $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON); \
+	cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $(LLAMA_SHARE)/
+
+# llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
+# that compare autotune with them (docs/bench_engines.py); not needed to search.
+llama-tools: llama-cpp
+	@if [ -x $(LLAMA_SHARE)/bin/llama-batched-bench ]; then exit 0; fi; \
+	[ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \
+		$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
+		tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); }; \
+	cmake -S $(LLAMA_VENDOR) -B $(LLAMA_SRC)/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF; \
+	cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target llama-bench llama-batched-bench; \
+	mkdir -p $(LLAMA_SHARE)/bin && cp $(LLAMA_SRC)/build/bin/llama-bench $(LLAMA_SRC)/build/bin/llama-batched-bench $(LLAMA_SHARE)/bin/
 
 $(IPEX_STAMP): constraints-ipex.txt pyproject.toml
 	$(PYTHON) -m venv $(IPEX_VENV)

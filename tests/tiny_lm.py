@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 TEXT_MODULES = ("json", "pathlib", "argparse", "collections", "functools", "itertools", "textwrap", "string")
 
@@ -41,6 +41,20 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     modules, not nn.Linear."""
     config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=256, tie_word_embeddings=False)
     return GPT2LMHeadModel(config)
+
+
+def tiny_opt() -> OPTForCausalLM:
+    """An architecture llama.cpp's converter does not know (OPT)."""
+    config = OPTConfig(
+        hidden_size=64,
+        ffn_dim=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=256,
+        max_position_embeddings=256,
+        word_embed_proj_dim=64,
+    )
+    return OPTForCausalLM(config)
 
 
 def outlier_llama() -> LlamaForCausalLM:

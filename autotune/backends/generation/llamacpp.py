@@ -42,6 +42,8 @@ SPEC = BackendSpec(
     },
     requires=("llama_cpp",),
     uses_artifact=True,
+    # how the tokens are batched, never which kernels or types run: a fallback found once holds for all
+    scheduling_options=("n_batch", "n_ubatch"),
 )
 ARTIFACT_VERSION = 1
 
@@ -67,7 +69,7 @@ def unsupported(config: BackendConfig) -> str | None:
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """The GGUF depends on its type only (not threads, batches, attention or the KV cache)."""
-    return {"task": "generate", "engine": "llamacpp", "precision": config.precision}
+    return {"task": "generate", "precision": config.precision}
 
 
 def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,157 @@
+"""llama.cpp as a text-generation engine, in real processes: the tiny Llama (random init, and the one
+trained on the standard library's docstrings) converted by llama.cpp's own converter and quantizer, run
+through llama-cpp-python, its drift measured against FP32 eager like any backend's; an engine that is
+missing, or a model it cannot convert, leaves the other backends' trials running."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+from conftest import TESTS, assert_trials_ran, load_study, run_autotune
+
+from autotune.records.config import TrialConfig
+from autotune.records.metrics import TrialMetrics
+
+LM = TESTS / "tiny_lm.py"
+GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
+QUICK = ["--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    from tiny_lm import train_llama
+
+    return train_llama(tmp_path_factory.mktemp("lm"))
+
+
+def engine_space(path, backends: dict, sequences=(2,)):
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "sequences": list(sequences),
+                "allocator": ["glibc"],
+                "instances": [1],
+                "threads_per_instance": "auto",
+                "openmp": ["gnu"],
+                "backends": backends,
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize("factory", ["tiny_llama", "tiny_gpt2"])
+def test_an_f32_gguf_computes_what_pytorch_fp32_computes_on_the_same_ids(factory, tmp_path):
+    """The converter's F32 file with the placeholder vocabulary: the same ids, the same logits (prefill
+    positions and decode steps, teacher-forced) and the same greedy tokens as PyTorch's FP32 model."""
+    import tiny_lm
+
+    from autotune.backends.generation import Generator, prepare
+
+    torch.manual_seed(0)
+    model = getattr(tiny_lm, factory)().eval()
+    config = TrialConfig("llamacpp", "F32", batch_size=3, threads_per_instance=1, options={"n_batch": 64})
+    engine, details = prepare(model, config, 6)
+    assert details["tensor_types"] == {"F32": 15 if factory == "tiny_llama" else 9}  # the embedding left out
+    ids = torch.randint(0, 256, (3, 100), generator=torch.Generator().manual_seed(1))  # 4 chunks of 64 tokens
+    reference = Generator(model, 6)
+    greedy, expected = reference.generate_with_logits(ids, 16)
+    tokens, logits = engine.generate_with_logits(ids, 16, forced=greedy)
+    assert torch.equal(tokens, greedy)  # fed FP32's tokens, it predicts them
+    assert logits.shape == expected.shape == (3, 16 + 5, 256)
+    assert float((logits - expected).norm() / expected.norm()) < 1e-3
+    assert torch.equal(engine.generate(ids, stamp=False), reference.generate(ids, stamp=False))
+    assert len(engine.token_stamps) == 0  # unstamped calls leave no stamps
+    engine.generate(ids)
+    assert len(engine.token_stamps) == 6 and list(engine.token_stamps) == sorted(engine.token_stamps)
+
+
+def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_quant_that_falls_back_fails(
+    workdir, trained
+):
+    """Q8_0 within 2% perplexity, its tokens timed like any backend's (TTFT + (n-1) x TPOT is the call);
+    the GGUF converted once and loaded by the trial at another batch; Q4_K_M on rows too short for its
+    blocks (64 wide) holds Q5_0/Q8_0, and says so as a precision fallback."""
+    space = engine_space(
+        workdir / "space.yaml",
+        {"llamacpp": {"precision": ["Q8_0", "Q4_K_M"], "n_batch": [512], "kv_cache_type": ["f16"]}},
+        sequences=(2, 1),
+    )
+    result = run_autotune(
+        "search",
+        "--model",
+        f"{LM}:tiny_llama",
+        "--weights",
+        str(trained["weights"]),
+        "--data",
+        str(trained["text"]),
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--measure-seconds",
+        "0.3s-1s",
+        "--drift-metric",
+        "perplexity",
+        "--max-drift",
+        "2%",
+        "--no-speed-pruning",
+        *GENERATE,
+        cwd=workdir,
+        timeout=600,
+    )
+    assert_trials_ran(result)
+    study = load_study(workdir, "tiny_llama")
+    trials = [t for t in study.trials if t.user_attrs.get("config", {}).get("backend") == "llamacpp"]
+    q8 = [t for t in trials if t.user_attrs["config"]["precision"] == "Q8_0" and t.state.name == "COMPLETE"]
+    assert q8, [(t.state.name, t.user_attrs.get("fail_cause"), t.user_attrs.get("prune_reason")) for t in trials]
+    for trial in q8:
+        metrics = TrialMetrics.from_trial_attrs(trial.user_attrs)
+        drift, generation = metrics.drift, metrics.generation
+        assert drift is not None and generation is not None
+        assert drift.perplexity_increase <= 0.02, drift
+        from_tokens = generation.ttft_ms.mean + (generation.new_tokens - 1) * generation.tpot_ms.mean
+        assert from_tokens == pytest.approx(metrics.latency_ms.mean, rel=0.05), generation
+        assert trial.user_attrs["executed_precision"]["counts"] == {"int8": 15}
+    k_quants = [t for t in trials if t.user_attrs["config"]["precision"] == "Q4_K_M"]
+    assert k_quants and all(t.state.name in ("FAIL", "PRUNED") for t in k_quants)
+    cause = k_quants[0].user_attrs.get("fail_cause") or k_quants[0].user_attrs.get("prune_reason")
+    assert "Q4_K_M asked, 0 of 15 compute layers ran in int4" in cause, cause
+    # one GGUF per type, built by the first Q8_0 trial's prepare step and loaded by the others
+    ggufs = sorted((workdir / "studies" / ".cache").glob("artifacts/llamacpp-*-Q8_0-*/model.gguf"))
+    assert len(ggufs) == 1, ggufs
+    if len(q8) > 1:
+        assert [t.user_attrs["artifact"]["cached"] for t in q8[1:]] == [True] * (len(q8) - 1)
+
+
+def test_an_engine_that_cannot_run_here_is_left_out_in_one_line_and_the_others_run(workdir, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_LLAMA_CPP_CONVERTER", str(workdir / "nowhere"))
+    space = engine_space(
+        workdir / "space.yaml", {"eager": {"precision": ["fp32"]}, "llamacpp": {"precision": ["Q8_0"]}}
+    )
+    result = run_autotune(
+        "search", "--model", f"{LM}:tiny_llama", "--space", str(space), "--trials", "2", *QUICK, *GENERATE, cwd=workdir
+    )
+    assert_trials_ran(result)
+    assert f"note: backend llamacpp cannot run here (llama.cpp's converter is not in {workdir / 'nowhere'}" in (
+        result.stdout
+    )
+    study = load_study(workdir, "tiny_llama")
+    assert {t.user_attrs["config"]["backend"] for t in study.trials} == {"eager"}
+    assert any(t.state.name == "COMPLETE" for t in study.trials)
+
+
+def test_a_model_llama_cpp_cannot_convert_fails_its_trial_with_the_reason_and_the_study_goes_on(workdir):
+    space = engine_space(
+        workdir / "space.yaml", {"eager": {"precision": ["fp32"]}, "llamacpp": {"precision": ["Q8_0"]}}
+    )
+    result = run_autotune(
+        "search", "--model", f"{LM}:tiny_opt", "--space", str(space), "--trials", "2", *QUICK, *GENERATE, cwd=workdir
+    )
+    assert_trials_ran(result)
+    study = load_study(workdir, "tiny_opt")
+    engine = [t for t in study.trials if t.user_attrs["config"]["backend"] == "llamacpp"]
+    assert engine and engine[0].state.name == "FAIL"
+    assert "llama.cpp's converter does not support OPTForCausalLM" in engine[0].user_attrs["fail_cause"]
+    assert any(t.state.name == "COMPLETE" and t.user_attrs["config"]["backend"] == "eager" for t in study.trials)
