@@ -8,8 +8,12 @@ autotune/backends/__init__.py:
 - a classification backend: `prepare` (the callable from the torch module) where it builds no artifact,
   and `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (once, in its own process) and `load`
   (the callable from that artifact) where it builds one;
-- a generation backend: `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (the quantized weights)
-  and `prepare` (the generator, from those weights when the artifact loads).
+- a generation backend: `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (the quantized weights,
+  or an engine's own file) and `prepare` (the generator, from that artifact when it loads). The generator
+  decodes greedily with a stamp per token (`generate`, `generate_with_logits`, `token_stamps`: see
+  generation/decode_loop.py) and carries a `probe` when it holds no torch module. An engine outside PyTorch
+  (generation/llamacpp.py) may add `unavailable()` (why it cannot run in this runtime: the study leaves it
+  out with that line) and `cached_artifact(dir)` (its own file's check).
 """
 
 from __future__ import annotations

@@ -1,0 +1,224 @@
+"""llama.cpp through autotune against llama.cpp's own llama-batched-bench, on the same GGUF files, beside
+autotune's eager fp32: the 105M decoder of bench_generation.py (random init), interleaved in one run.
+
+    make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
+    .venv/bin/python docs/bench_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8] [--repeats 1]
+
+autotune's rows run autotune's protocol (a fresh pinned process per trial, warm-up, stop rule, a stamp per
+token); tokens/s is generated tokens over the timed calls' time (prefill and decode). llama-batched-bench's
+rows run `llama-batched-bench -m FILE -npp PROMPT -ntg NEW -npl SEQUENCES -t CORES -c CTX` (CTX: the
+tokens the shape needs, rounded up to 256, plus 256; its defaults
+otherwise: n_batch 2048, n_ubatch 512, flash attention auto) on the very file autotune's trial loaded, and
+their tokens/s is the same quantity read from its JSON line: pl x ntg / t (its own `speed` also counts the
+prompt's tokens). Drift is the autotune trial's (the same file): logits' relative L2 against FP32 eager.
+Writes docs/results/engines-<date>.json (machine, commit, command, rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs"))
+
+TYPES = ("F32", "BF16", "Q8_0", "Q4_K_M", "Q4_0")
+
+
+def batched_bench(tool: Path, gguf: Path, prompt: int, new: int, sequences: int, threads: int) -> dict:
+    """One llama-batched-bench run at its defaults; its JSON line for this shape."""
+    command = [
+        str(tool),
+        "-m",
+        str(gguf),
+        "-npp",
+        str(prompt),
+        "-ntg",
+        str(new),
+        "-npl",
+        str(sequences),
+        "-t",
+        str(threads),
+        "-c",  # the KV cache the shape needs, padded: a combination that does not fit is skipped silently
+        str(-(-sequences * (prompt + new) // 256) * 256 + 256),
+        "--output-format",
+        "jsonl",
+    ]
+    # llama.cpp's logger prints from a thread the tool does not wait for at exit: its result line is lost in
+    # about one run of three (stdout, stderr and --log-file alike), so a run that printed none is run again
+    for attempt in range(1, 6):  # noqa: B007 (read after the loop)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        row = next((line for line in lines if line.get("pl") == sequences), None)
+        if row is not None:
+            break
+    if row is None:
+        raise RuntimeError(f"{shlex.join(command)} printed no result in 5 runs: {done.stderr[-800:]}")
+    return {
+        **row,
+        "command": shlex.join(command),
+        "runs_to_print": attempt,
+        "generated_tokens_per_s": sequences * new / row["t"],
+    }
+
+
+def main() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.common.errors import TrialFailed
+    from autotune.machine.probe import probe_machine
+    from autotune.machine.runtimes import discover_runtimes
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.generation import GenerationWorkload
+    from autotune.model.sources import resolve_model
+    from autotune.records.config import TrialConfig
+    from autotune.runner.trials import TrialContext, compute_reference, run_config
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--sequences", default="1,8")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--window", type=float, default=5.0, help="minimum timed window per autotune run, seconds")
+    parser.add_argument("--types", default=",".join(TYPES))
+    args = parser.parse_args()
+    os.environ["BENCH_LAYERS"] = str(args.layers)
+    tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"
+    if not tool.is_file():
+        print(f"{tool} is missing: run `make llama-tools` first", file=sys.stderr)
+        return 2
+
+    console = Console(width=170)
+    machine = probe_machine()
+    cores = machine.physical_cores
+    workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
+    model = resolve_model(
+        f"{ROOT / 'docs' / 'bench_generation.py'}:decoder", None, f"input_ids:int64:{args.prompt}:0-32000"
+    )
+    work = Path("studies") / "benchmarks" / f"engines-l{args.layers}-p{args.prompt}-n{args.new}"
+    reference = compute_reference(model, work, 4, 1800, generation=workload)
+    measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)
+    ctx = TrialContext(machine, reference, measure, Path("studies") / ".cache", runtimes=discover_runtimes())
+    types = args.types.split(",")
+    console.print(
+        f"{machine.cpu_model}, {cores} cores; Llama {args.layers} layers hidden 768 vocab 32000 (random init); "
+        f"prompt {args.prompt}, {args.new} new tokens; 1 instance x {cores} threads",
+        markup=False,
+    )
+    rows: list[dict] = []
+    for sequences in (int(s) for s in args.sequences.split(",")):
+        configs = {"autotune eager fp32": TrialConfig("eager", "fp32", sequences, threads_per_instance=cores)}
+        options = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "kv_cache_type": "f16"}
+        for gguf_type in types:
+            configs[f"autotune llamacpp {gguf_type}"] = TrialConfig(
+                "llamacpp", gguf_type, sequences, threads_per_instance=cores, options=options
+            )
+        runs: dict[str, list[float]] = {name: [] for name in configs}
+        tool_runs: dict[str, list[dict]] = {gguf_type: [] for gguf_type in types}
+        drift: dict[str, float | None] = {}
+        files: dict[str, Path] = {}
+        for repeat in range(args.repeats):
+            for name, config in configs.items():
+                run_dir = work / "runs" / f"s{sequences}-{repeat}-{name.replace(' ', '_')}"
+                try:
+                    metrics = run_config(config, ctx, run_dir, 3600)[0]
+                except TrialFailed as exc:
+                    console.print(f"{sequences} seq. {name}: FAILED {exc.cause}", markup=False)
+                    continue
+                runs[name].append(metrics.throughput_sps)
+                drift[name] = metrics.drift.relative_l2 if metrics.drift else None
+                if metrics.artifact:
+                    files[config.precision] = Path(metrics.artifact["dir"]) / "model.gguf"
+                console.print(
+                    f"{sequences} seq. repeat {repeat + 1} {name}: {metrics.throughput_sps:.1f} tokens/s"
+                    f"{metrics.noisy_note()}",
+                    markup=False,
+                )
+                if config.backend == "llamacpp" and config.precision in files:
+                    measured = batched_bench(tool, files[config.precision], args.prompt, args.new, sequences, cores)
+                    tool_runs[config.precision].append(measured)
+                    console.print(
+                        f"{sequences} seq. repeat {repeat + 1} llama-batched-bench {config.precision}: "
+                        f"{measured['generated_tokens_per_s']:.1f} tokens/s",
+                        markup=False,
+                    )
+        base = statistics.median(runs["autotune eager fp32"]) if runs["autotune eager fp32"] else None
+        for name, values in runs.items():
+            if values:
+                rows.append(
+                    {
+                        "sequences": sequences,
+                        "row": name,
+                        "tokens_per_s": statistics.median(values),
+                        "runs": values,
+                        "vs_eager_fp32": statistics.median(values) / base if base else None,
+                        "drift_relative_l2": drift.get(name),
+                    }
+                )
+        for gguf_type, measured in tool_runs.items():
+            if measured:
+                values = [m["generated_tokens_per_s"] for m in measured]
+                rows.append(
+                    {
+                        "sequences": sequences,
+                        "row": f"llama-batched-bench {gguf_type}",
+                        "tokens_per_s": statistics.median(values),
+                        "runs": values,
+                        "vs_eager_fp32": statistics.median(values) / base if base else None,
+                        "drift_relative_l2": drift.get(f"autotune llamacpp {gguf_type}"),
+                        "command": measured[0]["command"],
+                        "speed_pp": [m["speed_pp"] for m in measured],
+                        "speed_tg": [m["speed_tg"] for m in measured],
+                    }
+                )
+    table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
+    for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "drift (rel. L2)"):
+        table.add_column(column, justify="left" if column == "row" else "right")
+    by_name = {(r["sequences"], r["row"]): r for r in rows}
+    for row in rows:
+        ratio = ""
+        if row["row"].startswith("autotune llamacpp"):
+            tool_row = by_name.get((row["sequences"], "llama-batched-bench " + row["row"].split()[-1]))
+            ratio = f"{row['tokens_per_s'] / tool_row['tokens_per_s']:.3f}" if tool_row else ""
+        drift_value = row["drift_relative_l2"]
+        table.add_row(
+            str(row["sequences"]),
+            row["row"],
+            f"{row['tokens_per_s']:.1f}",
+            f"{row['vs_eager_fp32']:.2f}x" if row["vs_eager_fp32"] else "-",
+            ratio,
+            f"{drift_value:.2e}" if drift_value is not None else "-",
+        )
+    console.print(table)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    out = ROOT / "docs" / "results" / f"engines-{datetime.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "llama.cpp through autotune against llama-batched-bench, same GGUF files",
+                "machine": {"cpu": machine.cpu_model, "physical_cores": cores, "isa": machine.isa},
+                "commit": commit.strip(),
+                "command": shlex.join([".venv/bin/python", "docs/bench_engines.py", *sys.argv[1:]]),
+                "workload": {"layers": args.layers, "prompt": args.prompt, "new": args.new},
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
+    console.print(f"wrote {out.relative_to(ROOT)}", markup=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
