@@ -36,8 +36,10 @@ def tiny(name: str = "tiny_cnn") -> str:
     return f"{TINY}:{name}"
 
 
-def run_autotune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_autotune(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "autotune.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -261,6 +261,13 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     assert "fp32" in runs and "woq_int4" in runs  # torchao 0.18's CPU int4 packing, in the main runtime
     named = [p for p in PRECISIONS if f" {p}," in runs + "," or f" {p} left out:" in left_out]
     assert sorted(named) == sorted(PRECISIONS), line  # every precision is either run or left out with a reason
+    # llama.cpp, which make setup builds: listed with the GGUF types it runs here, or why not
+    engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine llamacpp"))
+    assert engine.endswith("F32, BF16, F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q2_K run"), engine
+    missing = run_autotune(
+        "probe", cwd=workdir, timeout=300, env={"AUTOTUNE_LLAMA_CPP_CONVERTER": str(workdir / "nowhere")}
+    )
+    assert f"left out: llama.cpp's converter is not in {workdir / 'nowhere'}" in missing.stdout, missing.stdout
 
 
 def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdir, trained):
