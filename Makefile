@@ -9,9 +9,9 @@ STAMP  := $(VENV)/.setup-done
 # in their own environment beside the main one (found there by autotune).
 IPEX_VENV  := .venv-ipex
 IPEX_STAMP := $(IPEX_VENV)/.setup-done
-# Allocators and numactl for the search. For the tests only: chromium opens the dashboard and the report;
+# Allocators and numactl for the search, and a C++ toolchain that builds llama.cpp. For the tests only: chromium opens the dashboard and the report;
 # PostgreSQL and MariaDB servers are started by the tests of a study shared by several workers.
-APT_PACKAGES      := libgoogle-perftools4 libjemalloc2 numactl
+APT_PACKAGES      := libgoogle-perftools4 libjemalloc2 numactl build-essential cmake ninja-build
 TEST_APT_PACKAGES := chromium postgresql mariadb-server
 
 # The two runtimes hold about 14 GB of wheels (torch with its CUDA libraries, twice): pip keeps no second copy in
@@ -51,19 +51,21 @@ llama-cpp:
 	tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); \
 	echo "building llama-cpp-python $(LLAMA_CPP_PYTHON) (llama.cpp from source, -march=native)"; \
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -c constraints.txt $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON); \
+	rm -rf $(LLAMA_SHARE)/convert_hf_to_gguf.py $(LLAMA_SHARE)/conversion $(LLAMA_SHARE)/gguf-py; \
 	cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $(LLAMA_SHARE)/
 
 # llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
 # that compare autotune with them (docs/bench_engines.py); not needed to search.
-llama-tools: llama-cpp
-	@if [ -x $(LLAMA_SHARE)/bin/llama-batched-bench ]; then exit 0; fi; \
-	[ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \
+llama-tools: $(STAMP)
+	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = $(LLAMA_CPP_PYTHON) ]; then exit 0; fi; \
+	set -e; [ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \
 		$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
 		tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); }; \
 	cmake -S $(LLAMA_VENDOR) -B $(LLAMA_SRC)/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
 		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF; \
 	cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target llama-bench llama-batched-bench; \
-	mkdir -p $(LLAMA_SHARE)/bin && cp $(LLAMA_SRC)/build/bin/llama-bench $(LLAMA_SRC)/build/bin/llama-batched-bench $(LLAMA_SHARE)/bin/
+	mkdir -p $(LLAMA_SHARE)/bin && cp $(LLAMA_SRC)/build/bin/llama-bench $(LLAMA_SRC)/build/bin/llama-batched-bench $(LLAMA_SHARE)/bin/; \
+	echo $(LLAMA_CPP_PYTHON) > $(LLAMA_SHARE)/bin/VERSION
 
 $(IPEX_STAMP): constraints-ipex.txt pyproject.toml
 	$(PYTHON) -m venv $(IPEX_VENV)

@@ -141,6 +141,19 @@ def test_a_timed_prefill_computes_the_last_positions_logits_only_and_drift_the_c
     assert drift.widths == [min(128, PROMPT)] + [1] * (NEW - 1)
 
 
+def test_a_compiled_forwards_timed_prefill_keeps_the_drift_passs_positions(tmp_path):
+    """A compiled forward (inductor) runs one prefill graph for drift and timing: the same logits width
+    (another width is another graph, recompiled with the width symbolic in the timed one)."""
+    path, model = reference(tmp_path)
+    timed = LogitsWidth(model)
+    Generator(model, NEW, forward=timed, compiled=True).generate(torch.randint(0, 256, (2, PROMPT)))
+    drift = LogitsWidth(model)
+    generator = Generator(model, NEW, forward=drift, compiled=True)
+    measure_generation_drift(str(path), GenerationRunner(generator, {}), DRIFT_ROWS)
+    assert timed.widths[0] == drift.widths[0] == min(128, PROMPT)
+    assert timed.widths[1:] == drift.widths[1:] == [1] * (NEW - 1)
+
+
 def test_reference_covers_the_drift_rows_at_the_timed_length(tmp_path):
     path, _ = reference(tmp_path)
     saved = torch.load(path, weights_only=True)

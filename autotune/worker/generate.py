@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.backends.generation.decode_loop import DRIFT_POSITIONS
 from autotune.measure.drift import Drift, compute_generation_drift
 from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload, prompts
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
@@ -25,7 +26,7 @@ from autotune.records.job import WorkerJob
 from autotune.worker.teardown import keep_until_exit
 
 DRIFT_ROWS = 4  # prompts drift is measured on; a trial of fewer sequences makes more calls, of more repeats them
-EVAL_LENGTH = 128  # prefill positions compared per prompt: its last ones (all of a shorter prompt)
+EVAL_LENGTH = DRIFT_POSITIONS  # prefill positions compared per prompt: its last ones (all of a shorter prompt)
 
 
 def drift_prompts(workload: GenerationWorkload) -> Any:

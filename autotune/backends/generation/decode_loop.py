@@ -10,6 +10,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+# Prompt positions whose logits the drift pass compares (the last ones; all of a shorter prompt).
+DRIFT_POSITIONS = 128
+
 
 @dataclass
 class Generator:
@@ -24,6 +27,9 @@ class Generator:
     # The forward computes the output layer at the positions asked for only (transformers'
     # `logits_to_keep`): a timed prefill needs the last one, not prompt x vocabulary logits.
     _keeps_logits: bool = False
+    # A compiled forward (inductor): the timed prefill keeps the drift pass's positions, so both run one
+    # graph (another width is another graph, and a recompile makes the width symbolic in the timed one).
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         import inspect
@@ -83,7 +89,7 @@ class Generator:
                 past_key_values=cache,
                 use_cache=True,
                 cache_position=positions,
-                **self._kept(max(keep_logits, 1)),
+                **self._kept(min(DRIFT_POSITIONS, prompt) if self.compiled else max(keep_logits, 1)),
             ).logits
             if keep_logits:
                 kept = torch.empty(batch, keep_logits + self.new_tokens - 1, logits.shape[-1], dtype=torch.float32)

@@ -46,6 +46,7 @@ def prepare(
     details["inductor"] = inductor_settings(options)
     mode = "max-autotune-no-cudagraphs" if options.get("max_autotune") else None
     generator.forward = torch.compile(generator.model.forward, mode=mode, dynamic=None)
+    generator.compiled = True
     return generator, details
 
 

@@ -126,16 +126,36 @@ def prepare(
     )
     details["tensor_types"] = gguf_export.tensor_types(folder / GGUF_FILE)  # what this trial loads
     generator.probe = gguf_probe(details["tensor_types"])
+    if artifact is None:  # converted here: loaded (mapped) already, so the file goes now
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
     details["llama_cpp_system_info"] = generator.system_info()
     return generator, details
 
 
+_LOG_STATE = {"level": 0}
+_LOG_CALLBACK: Any = None  # one C callback for the process, never freed: llama.cpp keeps its pointer
+
+
 def _quiet_log(level: int, text: bytes, user_data: Any) -> None:
-    """llama.cpp's log callback: its load and context messages are dropped, errors kept on stderr."""
-    if level >= 4:  # GGML_LOG_LEVEL_ERROR
+    """llama.cpp's log callback: its load and context messages are dropped, errors kept on stderr (a
+    continuation fragment, level 5, follows the level of the message it continues)."""
+    if level != 5:  # GGML_LOG_LEVEL_CONT
+        _LOG_STATE["level"] = level
+    if _LOG_STATE["level"] == 4:  # GGML_LOG_LEVEL_ERROR
         import sys
 
         sys.stderr.write(text.decode(errors="replace"))
+
+
+def _install_quiet_log() -> None:
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        import llama_cpp
+
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(_quiet_log)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
 @dataclass
@@ -153,14 +173,12 @@ class LlamaCppGenerator:
     token_stamps: array = field(default_factory=lambda: array("d"))
     _model: Any = None
     _contexts: dict[tuple[int, int], Any] = field(default_factory=dict)
-    _log_callback: Any = None
     probe: Any = None  # what the worker asks what runs: the GGUF's tensor types (gguf_probe)
 
     def __post_init__(self) -> None:
         import llama_cpp
 
-        self._log_callback = llama_cpp.llama_log_callback(_quiet_log)  # kept: llama.cpp holds the pointer
-        llama_cpp.llama_log_set(self._log_callback, ctypes.c_void_p(0))
+        _install_quiet_log()
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
@@ -197,7 +215,8 @@ class LlamaCppGenerator:
                 raise RuntimeError(f"llama.cpp could not create a context for {sequences} x {length} tokens")
             self._contexts[key] = (context, llama_cpp.llama_batch_init(max(self.n_batch, sequences), 0, 1))
         context, batch = self._contexts[key]
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context), True)
+        # the cells' metadata only, as llama-batched-bench clears it: zeroing the buffers is timed work
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(context), False)
         return context, batch
 
     def _decode(self, context: Any, batch: Any, tokens: list[tuple[int, int, int, bool]]) -> Any:
