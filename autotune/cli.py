@@ -264,7 +264,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
-    from autotune.backends import backend_specs
+    from autotune.backends import backend_module, backend_specs
     from autotune.backends.generation import PRECISIONS
     from autotune.machine.probe import probe_machine
     from autotune.machine.probe_report import probe_json, probe_lines
@@ -285,7 +285,11 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
     if isinstance(unavailable, str):
         print(f"text generation in runtime main: not probed ({unavailable})")
     else:
-        engines = {name: spec for name, spec in backend_specs("generate").items() if spec.precisions != PRECISIONS}
+        engines = {  # the backends outside PyTorch: the ones that say whether they can run here
+            name: spec
+            for name, spec in backend_specs("generate").items()
+            if hasattr(backend_module(name, "generate"), "unavailable")
+        }
         runs = [p for p in PRECISIONS if p not in unavailable]
         left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items() if p not in engines)
         print(f"text generation in runtime main: {', '.join(runs) or 'nothing'} run{left_out}")

@@ -124,8 +124,7 @@ def prepare(
         flash_attn=bool(options.get("flash_attn", True)),
         kv_cache_type=str(options.get("kv_cache_type", "f16")),
     )
-    details["tensor_types"] = gguf_export.tensor_types(folder / GGUF_FILE)  # what this trial loads
-    generator.probe = gguf_probe(details["tensor_types"])
+    generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
     if artifact is None:  # converted here: loaded (mapped) already, so the file goes now
         import shutil
 
