@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 # llama.cpp for text generation: PyPI has only the source of llama-cpp-python, which carries llama.cpp itself;
-# pip compiles it for this CPU (-march=native; about 9 minutes on 2 cores). Its converter (convert_hf_to_gguf.py
+# pip compiles it for this CPU (-march=native; about 9 minutes on 2 cores), and the source (300 MB) goes. Its converter (convert_hf_to_gguf.py
 # with its conversion/ and gguf-py/) goes beside it in $(LLAMA_SHARE), where autotune looks for it.
 llama-cpp:
 	@if $(BIN)/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$(LLAMA_CPP_PYTHON)')" 2>/dev/null \
@@ -52,7 +52,8 @@ llama-cpp:
 	echo "building llama-cpp-python $(LLAMA_CPP_PYTHON) (llama.cpp from source, -march=native)"; \
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -c constraints.txt $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON); \
 	rm -rf $(LLAMA_SHARE)/convert_hf_to_gguf.py $(LLAMA_SHARE)/conversion $(LLAMA_SHARE)/gguf-py; \
-	cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $(LLAMA_SHARE)/
+	cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $(LLAMA_SHARE)/; \
+	rm -rf $(LLAMA_SRC)
 
 # llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
 # that compare autotune with them (docs/bench_engines.py); not needed to search.
@@ -65,7 +66,8 @@ llama-tools: $(STAMP)
 		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF; \
 	cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target llama-bench llama-batched-bench; \
 	mkdir -p $(LLAMA_SHARE)/bin && cp $(LLAMA_SRC)/build/bin/llama-bench $(LLAMA_SRC)/build/bin/llama-batched-bench $(LLAMA_SHARE)/bin/; \
-	echo $(LLAMA_CPP_PYTHON) > $(LLAMA_SHARE)/bin/VERSION
+	echo $(LLAMA_CPP_PYTHON) > $(LLAMA_SHARE)/bin/VERSION; \
+	rm -rf $(LLAMA_SRC)
 
 $(IPEX_STAMP): constraints-ipex.txt pyproject.toml
 	$(PYTHON) -m venv $(IPEX_VENV)

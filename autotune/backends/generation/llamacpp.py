@@ -104,31 +104,34 @@ def prepare(
     model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
 ) -> tuple[LlamaCppGenerator, dict[str, Any]]:
     """Load the GGUF the prepare step wrote (converted here when it was evicted since)."""
+    import shutil
     import tempfile
 
     details: dict[str, Any]
-    if artifact is None:
-        folder = Path(tempfile.mkdtemp(prefix="autotune-llamacpp-"))
-        details = build_artifact(model, calibration, config, folder)
-        details["converted_by"] = "the trial (no cached artifact)"
-    else:
-        folder = Path(artifact["dir"])
-        details = {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
-    options = dict(config.options)
-    generator = LlamaCppGenerator(
-        gguf=folder / GGUF_FILE,
-        new_tokens=new_tokens,
-        threads=max(1, int(config.threads_per_instance)),
-        n_batch=int(options.get("n_batch", 2048)),
-        n_ubatch=int(options.get("n_ubatch", 512)),
-        flash_attn=bool(options.get("flash_attn", True)),
-        kv_cache_type=str(options.get("kv_cache_type", "f16")),
-    )
+    scratch = Path(tempfile.mkdtemp(prefix="autotune-llamacpp-")) if artifact is None else None
+    try:
+        if scratch is not None:
+            folder = scratch
+            details = build_artifact(model, calibration, config, folder)
+            details["converted_by"] = "the trial (no cached artifact)"
+        else:
+            assert artifact is not None
+            folder = Path(artifact["dir"])
+            details = {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
+        options = dict(config.options)
+        generator = LlamaCppGenerator(
+            gguf=folder / GGUF_FILE,
+            new_tokens=new_tokens,
+            threads=max(1, int(config.threads_per_instance)),
+            n_batch=int(options.get("n_batch", 2048)),
+            n_ubatch=int(options.get("n_ubatch", 512)),
+            flash_attn=bool(options.get("flash_attn", True)),
+            kv_cache_type=str(options.get("kv_cache_type", "f16")),
+        )
+    finally:  # a GGUF converted here is mapped by now, or failed to load: either way the file goes
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
-    if artifact is None:  # converted here: loaded (mapped) already, so the file goes now
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
     details["llama_cpp_system_info"] = generator.system_info()
     return generator, details
 
