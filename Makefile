@@ -23,14 +23,19 @@ LLAMA_CPP_PYTHON := 0.3.36
 LLAMA_SRC        := $(VENV)/share/llama.cpp-src
 LLAMA_VENDOR     := $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 LLAMA_SHARE      := $(VENV)/share/llama.cpp
+# optimum-intel, which exports a language model to OpenVINO IR, pins transformers below the main runtime's:
+# it and the packages it pins go into an overlay of their own (autotune runs the export with it first on the path)
+OPTIMUM_SHARE    := $(VENV)/share/optimum-intel
+OPTIMUM_PACKAGES := optimum-intel==2.2.0 optimum==2.3.0 transformers==5.5.4 tokenizers==0.22.2 huggingface_hub==1.21.0 \
+	httpx==0.28.1 httpcore==1.0.9 certifi==2026.10.19.post1 requests==2.34.2 charset_normalizer==3.5.3 urllib3==2.8.0
 
 MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages test-system-packages search test lint clean-venv llama-cpp llama-tools
+.PHONY: setup system-packages test-system-packages search test lint clean-venv llama-cpp llama-tools optimum-intel
 
-setup: $(STAMP) $(IPEX_STAMP)
+setup: $(STAMP) $(IPEX_STAMP) optimum-intel
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory system-packages
@@ -54,6 +59,13 @@ llama-cpp:
 	rm -rf $(LLAMA_SHARE)/convert_hf_to_gguf.py $(LLAMA_SHARE)/conversion $(LLAMA_SHARE)/gguf-py; \
 	cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $(LLAMA_SHARE)/; \
 	rm -rf $(LLAMA_SRC)
+
+# optimum-intel's overlay (130 MB, no second torch: the export runs on the main runtime's torch, openvino, nncf)
+optimum-intel: $(STAMP)
+	@if [ "$$(cat $(OPTIMUM_SHARE)/VERSION 2>/dev/null)" = "$(OPTIMUM_PACKAGES)" ]; then exit 0; fi; \
+	set -e; rm -rf $(OPTIMUM_SHARE); \
+	$(BIN)/pip install --quiet --no-deps --target $(OPTIMUM_SHARE) $(OPTIMUM_PACKAGES); \
+	echo "$(OPTIMUM_PACKAGES)" > $(OPTIMUM_SHARE)/VERSION
 
 # llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
 # that compare autotune with them (docs/bench_engines.py); not needed to search.

@@ -1,5 +1,6 @@
-"""llama.cpp through autotune against llama.cpp's own llama-batched-bench, on the same GGUF files, beside
-autotune's eager fp32: the 105M decoder of bench_generation.py (random init), interleaved in one run.
+"""llama.cpp and OpenVINO through autotune against their own tools on the same files (llama.cpp's
+llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), beside autotune's eager fp32: the
+105M decoder of bench_generation.py (random init), interleaved in one run.
 
     make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
     .venv/bin/python docs/bench_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8] [--repeats 1]
@@ -10,7 +11,10 @@ rows run `llama-batched-bench -m FILE -npp PROMPT -ntg NEW -npl SEQUENCES -t COR
 tokens the shape needs, rounded up to 256, plus 256; its defaults
 otherwise: n_batch 2048, n_ubatch 512, flash attention auto) on the very file autotune's trial loaded, and
 their tokens/s is the same quantity read from its JSON line: pl x ntg / t (its own `speed` also counts the
-prompt's tokens). Drift is the autotune trial's (the same file): logits' relative L2 against FP32 eager.
+prompt's tokens). OpenVINO GenAI's rows run docs/genai_bench.py (its benchmark_genai sample's protocol on
+token ids: 1 warm-up, 3 timed calls, `INFERENCE_NUM_THREADS` = the cores) on the IR autotune's trial loaded;
+tokens/s is generated tokens over its mean generate duration. Drift is the autotune trial's (the same file):
+logits' relative L2 against FP32 eager.
 Writes docs/results/engines-<date>.json (machine, commit, command, rows).
 """
 
@@ -31,6 +35,27 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs"))
 
 TYPES = ("F32", "BF16", "Q8_0", "Q4_K_M", "Q4_0")
+OPENVINO_TYPES = ("int8_asym", "int4_sym")
+OPENVINO_OPTIONS = {"inference_precision": "f32", "kv_cache_precision": "u8", "dynamic_quantization_group_size": 32}
+
+
+def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: int) -> dict:
+    """OpenVINO GenAI's benchmark protocol (docs/genai_bench.py) on the IR, in its own process."""
+    command = [
+        sys.executable,
+        str(ROOT / "docs" / "genai_bench.py"),
+        str(ir_dir),
+        "--prompt",
+        str(prompt),
+        "--new",
+        str(new),
+        "--sequences",
+        str(sequences),
+        "--threads",
+        str(threads),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "command": shlex.join(command)}
 
 
 def batched_bench(tool: Path, gguf: Path, prompt: int, new: int, sequences: int, threads: int) -> dict:
@@ -91,6 +116,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--window", type=float, default=5.0, help="minimum timed window per autotune run, seconds")
     parser.add_argument("--types", default=",".join(TYPES))
+    parser.add_argument("--openvino-types", default=",".join(OPENVINO_TYPES))
     args = parser.parse_args()
     os.environ["BENCH_LAYERS"] = str(args.layers)
     tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"
@@ -109,7 +135,7 @@ def main() -> int:
     reference = compute_reference(model, work, 4, 1800, generation=workload)
     measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)
     ctx = TrialContext(machine, reference, measure, Path("studies") / ".cache", runtimes=discover_runtimes())
-    types = args.types.split(",")
+    types = [t for t in args.types.split(",") if t]
     console.print(
         f"{machine.cpu_model}, {cores} cores; Llama {args.layers} layers hidden 768 vocab 32000 (random init); "
         f"prompt {args.prompt}, {args.new} new tokens; 1 instance x {cores} threads",
@@ -123,8 +149,14 @@ def main() -> int:
             configs[f"autotune llamacpp {gguf_type}"] = TrialConfig(
                 "llamacpp", gguf_type, sequences, threads_per_instance=cores, options=options
             )
+        ov_types = [t for t in args.openvino_types.split(",") if t]
+        for ov_type in ov_types:
+            configs[f"autotune openvino {ov_type}"] = TrialConfig(
+                "openvino", ov_type, sequences, threads_per_instance=cores, options=OPENVINO_OPTIONS
+            )
         runs: dict[str, list[float]] = {name: [] for name in configs}
         tool_runs: dict[str, list[dict]] = {gguf_type: [] for gguf_type in types}
+        genai_runs: dict[str, list[dict]] = {ov_type: [] for ov_type in ov_types}
         drift: dict[str, float | None] = {}
         files: dict[str, Path] = {}
         for repeat in range(args.repeats):
@@ -139,6 +171,14 @@ def main() -> int:
                 drift[name] = metrics.drift.relative_l2 if metrics.drift else None
                 if metrics.artifact:
                     files[config.precision] = Path(metrics.artifact["dir"]) / "model.gguf"
+                if config.backend == "openvino" and metrics.artifact:
+                    measured = genai_bench(Path(metrics.artifact["dir"]), args.prompt, args.new, sequences, cores)
+                    genai_runs[config.precision].append(measured)
+                    console.print(
+                        f"{sequences} seq. repeat {repeat + 1} openvino-genai {config.precision}: "
+                        f"{measured['generated_tokens_per_s']:.1f} tokens/s",
+                        markup=False,
+                    )
                 console.print(
                     f"{sequences} seq. repeat {repeat + 1} {name}: {metrics.throughput_sps:.1f} tokens/s"
                     f"{metrics.noisy_note()}",
@@ -181,14 +221,32 @@ def main() -> int:
                         "speed_tg": [m["speed_tg"] for m in measured],
                     }
                 )
+        for ov_type, measured in genai_runs.items():
+            if measured:
+                values = [m["generated_tokens_per_s"] for m in measured]
+                rows.append(
+                    {
+                        "sequences": sequences,
+                        "row": f"openvino-genai {ov_type}",
+                        "tokens_per_s": statistics.median(values),
+                        "runs": values,
+                        "vs_eager_fp32": statistics.median(values) / base if base else None,
+                        "drift_relative_l2": drift.get(f"autotune openvino {ov_type}"),
+                        "command": measured[0]["command"],
+                        "ttft_ms": [m["ttft_ms"] for m in measured],
+                        "tpot_ms": [m["tpot_ms"] for m in measured],
+                    }
+                )
     table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
     for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "drift (rel. L2)"):
         table.add_column(column, justify="left" if column == "row" else "right")
     by_name = {(r["sequences"], r["row"]): r for r in rows}
     for row in rows:
         ratio = ""
-        if row["row"].startswith("autotune llamacpp"):
-            tool_row = by_name.get((row["sequences"], "llama-batched-bench " + row["row"].split()[-1]))
+        tools = {"autotune llamacpp": "llama-batched-bench ", "autotune openvino": "openvino-genai "}
+        prefix = " ".join(row["row"].split()[:2])
+        if prefix in tools:
+            tool_row = by_name.get((row["sequences"], tools[prefix] + row["row"].split()[-1]))
             ratio = f"{row['tokens_per_s'] / tool_row['tokens_per_s']:.3f}" if tool_row else ""
         drift_value = row["drift_relative_l2"]
         table.add_row(
@@ -206,7 +264,8 @@ def main() -> int:
     out.write_text(
         json.dumps(
             {
-                "benchmark": "llama.cpp through autotune against llama-batched-bench, same GGUF files",
+                "benchmark": "llama.cpp and OpenVINO through autotune against llama-batched-bench and OpenVINO "
+                "GenAI's benchmark, on the same files",
                 "machine": {"cpu": machine.cpu_model, "physical_cores": cores, "isa": machine.isa},
                 "commit": commit.strip(),
                 "command": shlex.join([".venv/bin/python", "docs/bench_engines.py", *sys.argv[1:]]),

@@ -264,10 +264,18 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     # llama.cpp, which make setup builds: listed with the GGUF types it runs here, or why not
     engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine llamacpp"))
     assert engine.endswith("F32, BF16, F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q2_K run"), engine
+    # OpenVINO, exported by the optimum-intel overlay make setup installs
+    engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine openvino"))
+    assert engine.endswith("fp32, fp16, int8_asym, int4_sym, int4_asym run"), engine
+    nowhere = str(workdir / "nowhere")
     missing = run_autotune(
-        "probe", cwd=workdir, timeout=300, env={"AUTOTUNE_LLAMA_CPP_CONVERTER": str(workdir / "nowhere")}
+        "probe",
+        cwd=workdir,
+        timeout=300,
+        env={"AUTOTUNE_LLAMA_CPP_CONVERTER": nowhere, "AUTOTUNE_OPTIMUM_INTEL": nowhere},
     )
-    assert f"left out: llama.cpp's converter is not in {workdir / 'nowhere'}" in missing.stdout, missing.stdout
+    assert f"left out: llama.cpp's converter is not in {nowhere}" in missing.stdout, missing.stdout
+    assert f"left out: optimum-intel is not in {nowhere}; make setup installs it" in missing.stdout, missing.stdout
 
 
 def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdir, trained):

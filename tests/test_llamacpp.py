@@ -126,17 +126,24 @@ def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_q
 
 
 def test_an_engine_that_cannot_run_here_is_left_out_in_one_line_and_the_others_run(workdir, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_LLAMA_CPP_CONVERTER", str(workdir / "nowhere"))
+    """llama.cpp's converter and OpenVINO's exporter both missing: each engine left out with its line."""
+    nowhere = workdir / "nowhere"
+    monkeypatch.setenv("AUTOTUNE_LLAMA_CPP_CONVERTER", str(nowhere))
+    monkeypatch.setenv("AUTOTUNE_OPTIMUM_INTEL", str(nowhere))
     space = engine_space(
-        workdir / "space.yaml", {"eager": {"precision": ["fp32"]}, "llamacpp": {"precision": ["Q8_0"]}}
+        workdir / "space.yaml",
+        {
+            "eager": {"precision": ["fp32"]},
+            "llamacpp": {"precision": ["Q8_0"]},
+            "openvino": {"precision": ["int8_asym"]},
+        },
     )
     result = run_autotune(
         "search", "--model", f"{LM}:tiny_llama", "--space", str(space), "--trials", "2", *QUICK, *GENERATE, cwd=workdir
     )
     assert_trials_ran(result)
-    assert f"note: backend llamacpp cannot run here (llama.cpp's converter is not in {workdir / 'nowhere'}" in (
-        result.stdout
-    )
+    assert f"note: backend llamacpp cannot run here (llama.cpp's converter is not in {nowhere}" in result.stdout
+    assert f"note: backend openvino cannot run here (optimum-intel is not in {nowhere}; make setup" in result.stdout
     study = load_study(workdir, "tiny_llama")
     assert {t.user_attrs["config"]["backend"] for t in study.trials} == {"eager"}
     assert any(t.state.name == "COMPLETE" for t in study.trials)

@@ -132,6 +132,21 @@ def test_cache_eviction_removes_least_recently_used_first_and_never_the_one_in_u
     assert sorted(p.name for p in (tmp_path / "artifacts").iterdir() if p.is_dir()) == ["half-built.building", "middle"]
 
 
+def test_two_artifacts_whose_names_differ_after_a_dot_are_built_under_two_locks(tmp_path):
+    """An int4 IR's name holds its ratio (1.0): builders of two such artifacts must not share a lock, nor
+    one held while building block the eviction of the other."""
+    import fcntl
+
+    from autotune.runner.artifact_cache import build_lock, lock_file
+
+    first = tmp_path / "artifacts" / "openvino-generate-int4_sym-32-1.0-aaaa"
+    second = tmp_path / "artifacts" / "openvino-generate-int4_sym-32-1.0-bbbb"
+    assert lock_file(first) != lock_file(second)
+    with build_lock(first), open(lock_file(second), "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: raises BlockingIOError when shared
+        fcntl.flock(other, fcntl.LOCK_UN)
+
+
 def test_an_isa_flag_probed_since_an_earlier_study_is_not_a_different_machine():
     """A study recorded before a flag (avx_vnni) was probed is still this machine's, for priors and fleets
     alike; a flag it recorded differently is a different machine."""

@@ -55,6 +55,11 @@ CLAIMED_BUCKET = {
     "Q4_K_M": "int4",
     "Q4_0": "int4",
     "Q2_K": "int2",
+    # OpenVINO's weight formats (NNCF): int4 with a ratio below 1 keeps the rest in int8
+    "fp16": "f16",
+    "int8_asym": "int8",
+    "int4_sym": "int4",
+    "int4_asym": "int4",
 }
 # GGUF block types by the bits of their weights.
 GGUF_BITS = {"Q8": "int8", "Q6": "int6", "Q5": "int5", "Q4": "int4", "IQ4": "int4", "Q3": "int3", "Q2": "int2"}
@@ -399,3 +404,12 @@ def gguf_probe(tensor_types: dict[str, int]) -> Callable[[Any, str], ExecutedPre
     for name, n in tensor_types.items():
         counts[bucket_of(name)] += n
     return lambda native_input, claimed: judge(claimed, {"GGUF tensor types": dict(counts)}, most=True)
+
+
+def ir_weight_probe(weight_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+    """An OpenVINO IR's probe: its matrix products by weight type (NNCF's u8/i4 constants; no call),
+    counted over every one, so NNCF keeping a matrix it cannot group in int8 is seen."""
+    counts: Counter[str] = Counter()
+    for name, n in weight_types.items():
+        counts[bucket_of(name)] += n
+    return lambda native_input, claimed: judge(claimed, {"IR weight types": dict(counts)}, most=True)

@@ -114,11 +114,17 @@ def read_meta(directory: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and "prepare_s" in meta else None
 
 
+def lock_file(directory: Path) -> Path:
+    """The artifact's lock beside it: its whole name and .lock (a name with a dot in it, e.g. a ratio of
+    1.0, is not cut at that dot, which would give two artifacts one lock)."""
+    return directory.parent / f"{directory.name}.lock"
+
+
 @contextmanager
 def build_lock(directory: Path) -> Iterator[None]:
     """Exclusive lock for building one artifact (other workers of a study wait, then reuse it)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.with_suffix(".lock"), "w") as lock:
+    with open(lock_file(directory), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -151,7 +157,7 @@ def evict_least_recently_used(cache_root: Path, cap_mib: float, keep: Path) -> l
             break
         if directory.resolve() == keep.resolve():
             continue
-        with open(directory.with_suffix(".lock"), "w") as lock:
+        with open(lock_file(directory), "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

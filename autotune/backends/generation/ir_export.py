@@ -1,0 +1,98 @@
+"""A causal language model to OpenVINO IR, exported by optimum-intel's own command (`optimum-cli export
+openvino --task text-generation-with-past`, what OpenVINO's LLM guides tell a user to run): a stateful IR
+(the KV cache kept inside the infer request) whose weights NNCF compresses on the way.
+
+optimum-intel pins transformers below the main runtime's, so it lives in an overlay of its own packages
+(`make setup` installs it under the venv's share/optimum-intel; AUTOTUNE_OPTIMUM_INTEL names another) and
+runs in a subprocess with that overlay first on its path, reusing this runtime's torch, openvino and nncf.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+OVERLAY_ENV = "AUTOTUNE_OPTIMUM_INTEL"
+IR_FILE = "openvino_model.xml"
+# autotune's precision: optimum-cli's weight format and flags (int4's group size and ratio are added)
+WEIGHT_FORMATS: dict[str, tuple[str, ...]] = {
+    "fp32": ("--weight-format", "fp32"),
+    "fp16": ("--weight-format", "fp16"),
+    "int8_asym": ("--weight-format", "int8"),
+    "int4_sym": ("--weight-format", "int4", "--sym"),
+    "int4_asym": ("--weight-format", "int4"),
+}
+INT4 = ("int4_sym", "int4_asym")
+# the operations between a compressed weight's constant and its MatMul (NNCF's decompression subgraph)
+DECOMPRESSION = {"Convert", "Subtract", "Multiply", "Reshape", "Transpose"}
+
+
+def overlay_dir() -> Path:
+    """Where optimum-intel and the transformers it pins are installed."""
+    return Path(os.environ.get(OVERLAY_ENV) or Path(sys.prefix) / "share" / "optimum-intel")
+
+
+def exporter_missing() -> str | None:
+    """Why optimum-intel's exporter cannot run here, or None."""
+    overlay = overlay_dir()
+    if not (overlay / "optimum" / "intel").is_dir():
+        return f"optimum-intel is not in {overlay}; make setup installs it"
+    return None
+
+
+def export(model: Any, precision: str, out_dir: Path, group_size: int = 128, ratio: float = 1.0) -> dict[str, Any]:
+    """Export `model` (a transformers causal LM) into out_dir with its weights in `precision`; returns the
+    command that ran. Raises RuntimeError with optimum-cli's own last words when it fails."""
+    if not hasattr(model, "save_pretrained"):  # a custom module: optimum-intel reads a transformers model's files
+        raise RuntimeError(f"optimum-intel exports transformers models only; {type(model).__name__} is not one")
+    flags = list(WEIGHT_FORMATS[precision])
+    if precision in INT4:
+        flags += ["--group-size", str(group_size), "--ratio", str(ratio)]
+    with tempfile.TemporaryDirectory(prefix="autotune-ir-") as scratch:
+        source = Path(scratch) / "hf"
+        model.save_pretrained(source)  # config.json and model.safetensors: what optimum-cli reads
+        command = [
+            sys.executable,
+            "-m",
+            "optimum.commands.optimum_cli",
+            "export",
+            "openvino",
+            "-m",
+            str(source),
+            "--task",
+            "text-generation-with-past",
+            *flags,
+            str(out_dir),
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(overlay_dir()), os.environ.get("PYTHONPATH")])),
+        }
+        result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0 or not (out_dir / IR_FILE).is_file():
+        last = [line for line in result.stderr.splitlines() if line.strip() and "Warning" not in line]
+        raise RuntimeError(f"optimum-cli export openvino failed: {last[-1] if last else result.returncode}")
+    shown = ["optimum-cli", "export", "openvino", "--task", "text-generation-with-past", *flags]
+    return {"exported_by": " ".join(shown)}
+
+
+def weight_types(ir_file: Path) -> dict[str, int]:
+    """The IR's matrix products by the element type of their weights (a compressed weight is a u8/i4
+    constant behind its Convert and scales), so the probe counts what NNCF really compressed."""
+    import openvino as ov
+
+    counts: dict[str, int] = {}
+    for node in ov.Core().read_model(ir_file).get_ordered_ops():
+        if node.get_type_name() != "MatMul":
+            continue
+        source = node.input(1).get_source_output().get_node()
+        while source.get_type_name() in DECOMPRESSION:
+            source = source.input(0).get_source_output().get_node()
+        if source.get_type_name() == "Constant":  # a matrix product of two activations (attention) is none
+            kind = str(source.get_element_type().get_type_name())
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts

@@ -1,0 +1,265 @@
+"""OpenVINO as a generation backend: the model exported once per weight format by optimum-intel (a stateful
+IR, weights compressed by NNCF: ir_export.py), then run in the trial's own process by the OpenVINO
+runtime's CPU plugin through one infer request that keeps the KV cache, as optimum-intel's `generate`
+and openvino-genai drive it: one batch of `sequences` prompts, then greedy decoding of exactly
+`new_tokens` tokens with a stamp per token, so TTFT, TPOT and tokens/s mean what they mean for the other
+backends.
+
+The IR gains one input, how many of the last positions reach the output layer (what openvino-genai
+slices to one): a timed prefill computes the last position's logits only; the drift pass asks for the
+compared positions and every decode step, fed FP32's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.base import BackendSpec
+from autotune.backends.generation import ir_export
+
+if TYPE_CHECKING:
+    from autotune.backends.base import BackendConfig
+
+PRECISIONS = tuple(ir_export.WEIGHT_FORMATS)
+KEEP_INPUT = "logits_to_keep"
+
+SPEC = BackendSpec(
+    name="openvino",
+    description="OpenVINO runtime: the model exported by optimum-intel, weights compressed by NNCF",
+    precisions=PRECISIONS,
+    task="generate",
+    options={
+        "inference_precision": ("f32", "bf16"),  # the CPU plugin's activations (bf16 where the CPU has it)
+        "kv_cache_precision": ("u8", "f16", "f32"),  # the CPU plugin's default is u8
+        "dynamic_quantization_group_size": (32, 0, 128),  # activations quantized per group for int weights
+        "group_size": (128, 64, 32),  # NNCF's int4 group
+        "ratio": (1.0, 0.8),  # share of the matrices in int4 (the rest int8)
+    },
+    option_precisions={"group_size": ir_export.INT4, "ratio": ir_export.INT4},
+    requires=("openvino",),
+    uses_artifact=True,
+)
+ARTIFACT_VERSION = 1
+
+
+def unavailable() -> str | None:
+    """Why OpenVINO cannot run text generation here (its exporter missing), or None."""
+    try:
+        import openvino  # noqa: F401
+    except Exception as exc:
+        return f"openvino does not import ({type(exc).__name__}: {exc})"
+    return ir_export.exporter_missing()
+
+
+def unsupported(config: BackendConfig) -> str | None:
+    return None
+
+
+def artifact_identity(config: BackendConfig) -> dict[str, Any]:
+    """The IR depends on its weight format (and int4's group and ratio) only, not on the runtime's hints."""
+    identity: dict[str, Any] = {"task": "generate", "precision": config.precision}
+    if config.precision in ir_export.INT4:
+        options = dict(config.options)
+        identity.update(group_size=int(options.get("group_size", 128)), ratio=float(options.get("ratio", 1.0)))
+    return identity
+
+
+def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
+    """Export (and compress) once into out_dir; returns what was done."""
+    import openvino as ov
+
+    identity = artifact_identity(config)
+    done = ir_export.export(
+        model.eval(), config.precision, out_dir, identity.get("group_size", 128), identity.get("ratio", 1.0)
+    )
+    ir = out_dir / ir_export.IR_FILE
+    return {
+        "precision": config.precision,
+        "engine": f"OpenVINO {ov.__version__}",
+        **done,
+        "weight_types": ir_export.weight_types(ir),
+        "weight_bytes": ir.with_suffix(".bin").stat().st_size,
+    }
+
+
+def cached_artifact(artifact_dir: str | Path) -> dict[str, Any] | None:
+    """The IR in `artifact_dir` with its build details, or None (not built, or evicted)."""
+    import json
+
+    directory = Path(artifact_dir)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (directory / ir_export.IR_FILE).is_file():
+        return None
+    return {"dir": directory, "details": meta["details"]}
+
+
+def prepare(
+    model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
+) -> tuple[OpenVinoGenerator, dict[str, Any]]:
+    """Compile the IR the prepare step wrote (exported here when it was evicted since)."""
+    import shutil
+    import tempfile
+
+    from autotune.backends.precision import ir_weight_probe
+
+    details: dict[str, Any]
+    scratch = Path(tempfile.mkdtemp(prefix="autotune-openvino-")) if artifact is None else None
+    try:
+        if artifact is None:
+            folder = scratch or Path()
+            details = build_artifact(model, calibration, config, folder)
+            details["converted_by"] = "the trial (no cached artifact)"
+        else:
+            folder = Path(artifact["dir"])
+            details = {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
+        options = dict(config.options)
+        generator = OpenVinoGenerator(
+            ir=folder / ir_export.IR_FILE,
+            new_tokens=new_tokens,
+            threads=max(1, int(config.threads_per_instance)),
+            inference_precision=str(options.get("inference_precision", "f32")),
+            kv_cache_precision=str(options.get("kv_cache_precision", "u8")),
+            dynamic_quantization_group_size=int(options.get("dynamic_quantization_group_size", 32)),
+        )
+    finally:  # compiled by now (the weights copied into the plugin), or failed: either way the files go
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    generator.probe = ir_weight_probe(details["weight_types"])
+    details["runtime"] = generator.runtime_properties()
+    return generator, details
+
+
+def with_logits_to_keep(model: Any) -> bool:
+    """Give the IR an input that says how many of the last positions reach the output layer (a Slice
+    before its MatMul); False when the logits do not come straight from one MatMul (all positions then)."""
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    head = model.output("logits").get_node()
+    while head.get_type_name() in ("Result", "Convert"):
+        head = head.input(0).get_source_output().get_node()
+    if head.get_type_name() != "MatMul":
+        return False
+    hidden = head.input(0).get_source_output()
+    keep = ops.parameter([1], ov.Type.i64, name=KEEP_INPUT)
+    keep.output(0).get_tensor().set_names({KEEP_INPUT})
+    last = ops.slice(
+        hidden,
+        ops.negative(keep),
+        ops.constant(np.array([np.iinfo(np.int64).max])),
+        ops.constant(np.array([1])),
+        ops.constant(np.array([1])),
+    )
+    head.input(0).replace_source_output(last.output(0))
+    model.add_parameters([keep])
+    model.validate_nodes_and_infer_types()
+    return True
+
+
+@dataclass
+class OpenVinoGenerator:
+    """Greedy decoding of exactly `new_tokens` tokens for a batch of prompts through one OpenVINO infer
+    request whose state is the KV cache, stamping each token (the Generator's contract, decode_loop.py)."""
+
+    ir: Path
+    new_tokens: int
+    threads: int
+    inference_precision: str = "f32"
+    kv_cache_precision: str = "u8"
+    dynamic_quantization_group_size: int = 32
+    token_stamps: array = field(default_factory=lambda: array("d"))
+    probe: Any = None  # what the worker asks what runs: the IR's weight types (ir_weight_probe)
+
+    def __post_init__(self) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(self.ir)
+        self.sliced = with_logits_to_keep(model)
+        self.vocab = int(model.output("logits").get_partial_shape()[-1].get_length())
+        self._compiled = core.compile_model(
+            model,
+            "CPU",
+            {
+                "INFERENCE_NUM_THREADS": self.threads,
+                "NUM_STREAMS": 1,
+                "INFERENCE_PRECISION_HINT": self.inference_precision,
+                "KV_CACHE_PRECISION": self.kv_cache_precision,
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.dynamic_quantization_group_size,
+            },
+        )
+        self._request = self._compiled.create_infer_request()
+        self.model = None  # no torch module: the probe reads the IR's weight types
+
+    def runtime_properties(self) -> dict[str, str]:
+        """What the CPU plugin compiled with (a bf16 hint on a CPU without bf16 reads f32 here)."""
+        names = (
+            "INFERENCE_PRECISION_HINT",
+            "KV_CACHE_PRECISION",
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+            "INFERENCE_NUM_THREADS",
+        )
+        values = {name: self._compiled.get_property(name) for name in names}
+        return {
+            name: value.to_string() if hasattr(value, "to_string") else str(value) for name, value in values.items()
+        }
+
+    def _infer(self, ids: Any, past: int, keep: int) -> Any:
+        """One call on `ids` (batch x tokens) after `past` cached positions; the last `keep` positions'
+        logits (batch x keep x vocab, a copy)."""
+        import numpy as np
+
+        sequences, tokens = ids.shape
+        feed = {
+            "input_ids": ids,
+            "attention_mask": np.ones((sequences, past + tokens), np.int64),
+            "position_ids": np.broadcast_to(np.arange(past, past + tokens, dtype=np.int64), (sequences, tokens)),
+            "beam_idx": np.arange(sequences, dtype=np.int32),
+        }
+        if self.sliced:
+            feed[KEEP_INPUT] = np.array([keep], np.int64)
+        logits = self._request.infer(feed)["logits"]
+        return np.array(logits[:, -keep:], np.float32)
+
+    def generate(self, input_ids: Any, stamp: bool = True) -> Any:
+        """The new tokens (batch x new_tokens); with `stamp`, each token's time is appended to token_stamps."""
+        return self._generate(input_ids, stamp, keep_logits=0)[0]
+
+    def generate_with_logits(self, input_ids: Any, positions: int, forced: Any = None) -> tuple[Any, Any]:
+        """The new tokens and the float32 next-token logits at the prompt's last `positions` and at every
+        decode step; with `forced`, each decode step is fed the forced token of the step before."""
+        return self._generate(input_ids, stamp=False, keep_logits=positions, forced=forced)
+
+    def _generate(self, input_ids: Any, stamp: bool, keep_logits: int, forced: Any = None) -> tuple[Any, Any]:
+        import numpy as np
+        import torch
+
+        ids = np.ascontiguousarray(input_ids.numpy() if hasattr(input_ids, "numpy") else input_ids, np.int64)
+        sequences, prompt = ids.shape
+        kept: list[Any] | None = [] if keep_logits else None
+        self._request.reset_state()
+        logits = self._infer(ids, 0, max(keep_logits, 1))
+        if kept is not None:
+            kept.append(logits)
+        tokens = np.empty((sequences, self.new_tokens), np.int64)
+        tokens[:, 0] = logits[:, -1].argmax(axis=1)
+        if stamp:
+            self.token_stamps.append(time.monotonic())
+        forced_ids = None if forced is None else (forced.numpy() if hasattr(forced, "numpy") else forced)
+        for step in range(1, self.new_tokens):
+            fed = tokens[:, step - 1] if forced_ids is None else forced_ids[:, step - 1]
+            logits = self._infer(np.ascontiguousarray(fed, np.int64)[:, None], prompt + step - 1, 1)
+            if kept is not None:
+                kept.append(logits)
+            tokens[:, step] = logits[:, -1].argmax(axis=1)
+            if stamp:
+                self.token_stamps.append(time.monotonic())
+        return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(np.concatenate(kept, axis=1))

@@ -1,0 +1,74 @@
+"""OpenVINO GenAI's own benchmark (samples/python/text_generation/benchmark_genai.py) on token ids: the
+models autotune benchmarks carry no tokenizer, so the prompt is random ids instead of text; the rest is
+that sample at its defaults: an LLMPipeline on CPU with prefix caching off and max_num_batched_tokens
+unbounded, 1 warm-up and 3 timed generate calls of max_new_tokens, perf_metrics summed over the timed
+calls. ignore_eos keeps every call at exactly max_new_tokens (a random model may emit its EOS id).
+
+    .venv/bin/python docs/genai_bench.py IR_DIR --prompt 512 --new 64 --sequences 1 --threads 2
+
+Prints one JSON line: TTFT, TPOT and throughput from perf_metrics, and generated tokens over the mean
+generate duration (the quantity docs/bench_engines.py compares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main() -> int:
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--sequences", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0, help="INFERENCE_NUM_THREADS; 0: the plugin's default")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=3)
+    args = parser.parse_args()
+
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.enable_prefix_caching = False
+    scheduler.max_num_batched_tokens = sys.maxsize
+    properties = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
+    pipe = openvino_genai.LLMPipeline(args.model, "CPU", scheduler_config=scheduler, **properties)
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = args.new
+    config.ignore_eos = True
+    config.apply_chat_template = False
+    ids = np.random.default_rng(0).integers(0, args.vocab, (args.sequences, args.prompt), dtype=np.int64)
+    inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+    for _ in range(args.warmup):
+        pipe.generate(inputs, config)
+    first = pipe.generate(inputs, config)
+    generated = first.perf_metrics.get_num_generated_tokens()  # one call's: every sequence's new tokens
+    if generated != args.sequences * args.new:
+        raise SystemExit(f"a call generated {generated} tokens, not {args.sequences} x {args.new}")
+    metrics = first.perf_metrics
+    for _ in range(args.iterations - 1):
+        metrics = metrics + pipe.generate(inputs, config).perf_metrics
+    duration_ms = metrics.get_generate_duration().mean
+    print(
+        json.dumps(
+            {
+                "genai": openvino_genai.__version__,
+                "ttft_ms": metrics.get_ttft().mean,
+                "tpot_ms": metrics.get_tpot().mean,
+                "throughput": metrics.get_throughput().mean,
+                "generate_ms": duration_ms,
+                "generated_per_call": generated,
+                "generated_tokens_per_s": generated / (duration_ms / 1e3),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

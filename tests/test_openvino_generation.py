@@ -1,0 +1,136 @@
+"""OpenVINO as a text-generation engine, in real processes: the tiny Llama (random init, and the one
+trained on the standard library's docstrings) exported by optimum-intel's own command with NNCF's
+weight compression, run by the OpenVINO runtime's CPU plugin, its drift measured against FP32 eager like
+any backend's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_trials_ran, load_study, run_autotune
+from test_llamacpp import LM, engine_space
+
+from autotune.records.config import TrialConfig
+from autotune.records.metrics import TrialMetrics
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    from tiny_lm import train_llama
+
+    return train_llama(tmp_path_factory.mktemp("lm"))
+
+
+def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_the_last_logits_only():
+    """optimum-intel's fp32 IR on the same ids: the same logits (prefill positions and decode steps,
+    teacher-forced) and the same greedy tokens as PyTorch's FP32 model; the output layer sees as many
+    positions as asked (one in a timed prefill)."""
+    import numpy as np
+    import tiny_lm
+
+    from autotune.backends.generation import Generator, prepare
+
+    torch.manual_seed(0)
+    model = tiny_lm.tiny_llama().eval()
+    options = {"kv_cache_precision": "f32", "dynamic_quantization_group_size": 0}
+    config = TrialConfig("openvino", "fp32", batch_size=3, threads_per_instance=1, options=options)
+    engine, details = prepare(model, config, 6)
+    assert details["weight_types"] == {"f32": 15}  # 2 layers x 7 projections and the output layer
+    assert details["runtime"]["KV_CACHE_PRECISION"] == "f32"
+    ids = torch.randint(0, 256, (3, 100), generator=torch.Generator().manual_seed(1))
+    reference = Generator(model, 6)
+    greedy, expected = reference.generate_with_logits(ids, 16)
+    tokens, logits = engine.generate_with_logits(ids, 16, forced=greedy)
+    assert torch.equal(tokens, greedy)  # fed FP32's tokens, it predicts them
+    assert logits.shape == expected.shape == (3, 16 + 5, 256)
+    assert float((logits - expected).norm() / expected.norm()) < 1e-4
+    assert torch.equal(engine.generate(ids, stamp=False), reference.generate(ids, stamp=False))
+    assert engine.sliced and engine._infer(ids.numpy(), 0, 1).shape == (3, 1, 256)
+    engine._request.reset_state()
+    raw = engine._request.infer({**_feed(ids.numpy()), "logits_to_keep": np.array([1], np.int64)})["logits"]
+    assert raw.shape == (3, 1, 256)  # the IR's own output: one position, not the prompt's 100
+    assert len(engine.token_stamps) == 0
+    engine.generate(ids)
+    assert len(engine.token_stamps) == 6 and list(engine.token_stamps) == sorted(engine.token_stamps)
+
+
+def _feed(ids):
+    import numpy as np
+
+    sequences, tokens = ids.shape
+    return {
+        "input_ids": ids,
+        "attention_mask": np.ones((sequences, tokens), np.int64),
+        "position_ids": np.tile(np.arange(tokens, dtype=np.int64), (sequences, 1)),
+        "beam_idx": np.arange(sequences, dtype=np.int32),
+    }
+
+
+def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4_runs_in_int4(workdir, trained):
+    """NNCF int8 within 2% perplexity, its tokens timed like any backend's (TTFT + (n-1) x TPOT is the
+    call), the IR exported once per weight format and loaded by the other trials; int4 (group 32) says
+    what ran: the projections in int4, the output layer kept in int8 by NNCF."""
+    space = engine_space(
+        workdir / "space.yaml",
+        {
+            "openvino": {
+                "precision": ["int8_asym", "int4_sym"],
+                "group_size": [32],
+                "ratio": [1.0],
+                "kv_cache_precision": ["u8", "f16"],
+            }
+        },
+        sequences=(2, 1),
+    )
+    result = run_autotune(
+        "search",
+        "--model",
+        f"{LM}:tiny_llama",
+        "--weights",
+        str(trained["weights"]),
+        "--data",
+        str(trained["text"]),
+        "--space",
+        str(space),
+        "--trials",
+        "4",
+        "--measure-seconds",
+        "0.3s-1s",
+        "--drift-metric",
+        "perplexity",
+        "--max-drift",
+        "2%",
+        "--no-speed-pruning",
+        "--prompt-tokens",
+        "32",
+        "--new-tokens",
+        "8",
+        "--eval-samples",
+        "8",
+        "--finalists",
+        "0",
+        cwd=workdir,
+        timeout=600,
+    )
+    assert_trials_ran(result)
+    study = load_study(workdir, "tiny_llama")
+    trials = [t for t in study.trials if t.user_attrs.get("config", {}).get("backend") == "openvino"]
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    assert {t.user_attrs["config"]["precision"] for t in done} == {"int8_asym", "int4_sym"}, [
+        (t.state.name, t.user_attrs.get("fail_cause"), t.user_attrs.get("prune_reason")) for t in trials
+    ]
+    counts = {"int8_asym": {"int8": 15}, "int4_sym": {"int4": 14, "int8": 1}}
+    for trial in done:
+        metrics = TrialMetrics.from_trial_attrs(trial.user_attrs)
+        drift, generation = metrics.drift, metrics.generation
+        assert drift is not None and generation is not None
+        if trial.user_attrs["config"]["precision"] == "int8_asym":
+            assert drift.perplexity_increase <= 0.02, drift
+        from_tokens = generation.ttft_ms.mean + (generation.new_tokens - 1) * generation.tpot_ms.mean
+        assert from_tokens == pytest.approx(metrics.latency_ms.mean, rel=0.05), generation
+        executed = trial.user_attrs["executed_precision"]
+        assert executed["status"] == "ok" and executed["counts"] == counts[trial.user_attrs["config"]["precision"]]
+    irs = sorted((workdir / "studies" / ".cache").glob("artifacts/openvino-*/openvino_model.xml"))
+    assert len(irs) == 2, irs  # one per weight format, whatever the KV cache and sequences
+    cached = [t.user_attrs["artifact"]["cached"] for t in done]
+    assert cached.count(False) == 2 and len(cached) - 2 == cached.count(True), cached
