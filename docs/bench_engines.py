@@ -117,6 +117,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=5.0, help="minimum timed window per autotune run, seconds")
     parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--openvino-types", default=",".join(OPENVINO_TYPES))
+    parser.add_argument("--out", help="results file (default docs/results/engines-<date>.json)")
     args = parser.parse_args()
     os.environ["BENCH_LAYERS"] = str(args.layers)
     tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"
@@ -259,7 +260,9 @@ def main() -> int:
         )
     console.print(table)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    out = ROOT / "docs" / "results" / f"engines-{datetime.date.today().isoformat()}.json"
+    out = (
+        Path(args.out) if args.out else ROOT / "docs" / "results" / f"engines-{datetime.date.today().isoformat()}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
@@ -275,7 +278,7 @@ def main() -> int:
             indent=2,
         )
     )
-    console.print(f"wrote {out.relative_to(ROOT)}", markup=False)
+    console.print(f"wrote {out}", markup=False)
     return 0
 
 

@@ -22,9 +22,10 @@ def trained(tmp_path_factory) -> dict:
 
 
 def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_the_last_logits_only():
-    """optimum-intel's fp32 IR on the same ids: the same logits (prefill positions and decode steps,
-    teacher-forced) and the same greedy tokens as PyTorch's FP32 model; the output layer sees as many
-    positions as asked (one in a timed prefill)."""
+    """optimum-intel's fp32 IR on the same ids: the drift pass's infer request computes the same logits
+    (prefill positions and decode steps, teacher-forced) as PyTorch's FP32 model, and its output layer
+    sees as many positions as asked; openvino-genai's pipeline, which the timed calls run, decodes the same
+    greedy tokens as PyTorch and as that infer request, with one stamp per token from GenAI's record."""
     import numpy as np
     import tiny_lm
 
@@ -44,14 +45,22 @@ def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_th
     assert torch.equal(tokens, greedy)  # fed FP32's tokens, it predicts them
     assert logits.shape == expected.shape == (3, 16 + 5, 256)
     assert float((logits - expected).norm() / expected.norm()) < 1e-4
-    assert torch.equal(engine.generate(ids, stamp=False), reference.generate(ids, stamp=False))
+    greedy_tokens = reference.generate(ids, stamp=False)
+    assert torch.equal(engine.generate(ids, stamp=False), greedy_tokens)  # GenAI's pipeline
+    assert torch.equal(engine.decode_steps(ids), greedy_tokens)  # the drift pass's infer request
+    engine.token_stamps = type(engine.token_stamps)("d")
     assert engine.sliced and engine._infer(ids.numpy(), 0, 1).shape == (3, 1, 256)
     engine._request.reset_state()
     raw = engine._request.infer({**_feed(ids.numpy()), "logits_to_keep": np.array([1], np.int64)})["logits"]
     assert raw.shape == (3, 1, 256)  # the IR's own output: one position, not the prompt's 100
     assert len(engine.token_stamps) == 0
+    import time
+
+    started = time.monotonic()
     engine.generate(ids)
-    assert len(engine.token_stamps) == 6 and list(engine.token_stamps) == sorted(engine.token_stamps)
+    stamps = list(engine.token_stamps)
+    assert len(stamps) == 6 and stamps == sorted(stamps)
+    assert started < stamps[0] and stamps[-1] < time.monotonic()  # GenAI's clock is autotune's
 
 
 def _feed(ids):

@@ -1,17 +1,18 @@
 """OpenVINO as a generation backend: the model exported once per weight format by optimum-intel (a stateful
-IR, weights compressed by NNCF: ir_export.py), then run in the trial's own process by the OpenVINO
-runtime's CPU plugin through one infer request that keeps the KV cache, as optimum-intel's `generate`
-and openvino-genai drive it: one batch of `sequences` prompts, then greedy decoding of exactly
-`new_tokens` tokens with a stamp per token, so TTFT, TPOT and tokens/s mean what they mean for the other
-backends.
+IR, weights compressed by NNCF: ir_export.py), then run in the trial's own process by openvino-genai's
+LLMPipeline on the CPU plugin, as OpenVINO GenAI's own benchmark runs it: one batch of `sequences` prompts
+(token ids), greedy decoding of exactly `new_tokens` tokens, a stamp per token from GenAI's own record, so
+TTFT, TPOT and tokens/s mean what they mean for the other backends.
 
-The IR gains one input, how many of the last positions reach the output layer (what openvino-genai
-slices to one): a timed prefill computes the last position's logits only; the drift pass asks for the
-compared positions and every decode step, fed FP32's greedy tokens.
+The drift pass needs logits, which the pipeline does not return: it drives the same IR with the same plugin
+settings through one stateful infer request (as optimum-intel's `generate` does), to which autotune adds
+one input, how many of the last positions reach the output layer: the compared positions, then one per
+decode step, fed FP32's greedy tokens.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ KEEP_INPUT = "logits_to_keep"
 
 SPEC = BackendSpec(
     name="openvino",
-    description="OpenVINO runtime: the model exported by optimum-intel, weights compressed by NNCF",
+    description="OpenVINO GenAI: the model exported by optimum-intel, weights compressed by NNCF",
     precisions=PRECISIONS,
     task="generate",
     options={
@@ -40,7 +41,7 @@ SPEC = BackendSpec(
         "ratio": (1.0, 0.8),  # share of the matrices in int4 (the rest int8)
     },
     option_precisions={"group_size": ir_export.INT4, "ratio": ir_export.INT4},
-    requires=("openvino",),
+    requires=("openvino", "openvino_genai"),
     uses_artifact=True,
 )
 ARTIFACT_VERSION = 1
@@ -50,8 +51,9 @@ def unavailable() -> str | None:
     """Why OpenVINO cannot run text generation here (its exporter missing), or None."""
     try:
         import openvino  # noqa: F401
+        import openvino_genai  # noqa: F401
     except Exception as exc:
-        return f"openvino does not import ({type(exc).__name__}: {exc})"
+        return f"openvino-genai does not import ({type(exc).__name__}: {exc}); make setup installs it"
     return ir_export.exporter_missing()
 
 
@@ -133,6 +135,7 @@ def prepare(
             shutil.rmtree(scratch, ignore_errors=True)
     generator.probe = ir_weight_probe(details["weight_types"])
     details["runtime"] = generator.runtime_properties()
+    details["runner"] = generator.engine
     return generator, details
 
 
@@ -166,8 +169,12 @@ def with_logits_to_keep(model: Any) -> bool:
 
 @dataclass
 class OpenVinoGenerator:
-    """Greedy decoding of exactly `new_tokens` tokens for a batch of prompts through one OpenVINO infer
-    request whose state is the KV cache, stamping each token (the Generator's contract, decode_loop.py)."""
+    """Greedy decoding of exactly `new_tokens` tokens for a batch of prompts by openvino-genai's
+    LLMPipeline on the IR (the Generator's contract, decode_loop.py): its continuous-batching scheduler and
+    paged attention, as OpenVINO GenAI's benchmark runs it; each token's stamp is the one GenAI records
+    (its raw metrics' new-token times, on the monotonic clock autotune's call stamps use). The drift pass
+    drives the same IR, compiled with the same plugin settings, through one stateful infer request that
+    returns logits (GenAI's pipeline returns tokens only)."""
 
     ir: Path
     new_tokens: int
@@ -180,22 +187,30 @@ class OpenVinoGenerator:
 
     def __post_init__(self) -> None:
         import openvino as ov
+        import openvino_genai
 
+        properties = {
+            "INFERENCE_NUM_THREADS": self.threads,
+            "INFERENCE_PRECISION_HINT": self.inference_precision,
+            "KV_CACHE_PRECISION": self.kv_cache_precision,
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.dynamic_quantization_group_size,
+        }
+        scheduler = openvino_genai.SchedulerConfig()  # benchmark_genai's: no prefix cache, no token cap
+        scheduler.enable_prefix_caching = False
+        scheduler.max_num_batched_tokens = sys.maxsize
+        self._pipeline = openvino_genai.LLMPipeline(
+            str(self.ir.parent), "CPU", scheduler_config=scheduler, **properties
+        )
+        self._config = openvino_genai.GenerationConfig()
+        self._config.max_new_tokens = self.new_tokens
+        self._config.min_new_tokens = self.new_tokens
+        self._config.ignore_eos = True  # exactly new_tokens, as every backend decodes
+        self._config.apply_chat_template = False
+        self.engine = f"openvino-genai {openvino_genai.__version__} LLMPipeline"
         core = ov.Core()
         model = core.read_model(self.ir)
         self.sliced = with_logits_to_keep(model)
-        self.vocab = int(model.output("logits").get_partial_shape()[-1].get_length())
-        self._compiled = core.compile_model(
-            model,
-            "CPU",
-            {
-                "INFERENCE_NUM_THREADS": self.threads,
-                "NUM_STREAMS": 1,
-                "INFERENCE_PRECISION_HINT": self.inference_precision,
-                "KV_CACHE_PRECISION": self.kv_cache_precision,
-                "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.dynamic_quantization_group_size,
-            },
-        )
+        self._compiled = core.compile_model(model, "CPU", {**properties, "NUM_STREAMS": 1})
         self._request = self._compiled.create_infer_request()
         self.model = None  # no torch module: the probe reads the IR's weight types
 
@@ -211,6 +226,31 @@ class OpenVinoGenerator:
         return {
             name: value.to_string() if hasattr(value, "to_string") else str(value) for name, value in values.items()
         }
+
+    def generate(self, input_ids: Any, stamp: bool = True) -> Any:
+        """The new tokens (batch x new_tokens) from GenAI's pipeline; with `stamp`, each token's time
+        (GenAI's own record of when the step that made it ended) is appended to token_stamps."""
+        import numpy as np
+        import openvino as ov
+        import openvino_genai
+        import torch
+
+        ids = np.ascontiguousarray(input_ids.numpy() if hasattr(input_ids, "numpy") else input_ids, np.int64)
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        result = self._pipeline.generate(inputs, self._config)
+        tokens = np.array(result.tokens, np.int64).reshape(ids.shape[0], self.new_tokens)
+        if stamp:
+            times = list(result.perf_metrics.raw_metrics.m_new_token_times)  # milliseconds, steady clock
+            if len(times) != self.new_tokens:
+                raise RuntimeError(f"openvino-genai recorded {len(times)} token times for {self.new_tokens} tokens")
+            self.token_stamps.extend(t / 1e3 for t in times)
+        return torch.from_numpy(tokens)
+
+    def generate_with_logits(self, input_ids: Any, positions: int, forced: Any = None) -> tuple[Any, Any]:
+        """The new tokens and the float32 next-token logits at the prompt's last `positions` and at every
+        decode step (the stateful infer request); with `forced`, each decode step is fed the forced token
+        of the step before."""
+        return self._generate(input_ids, stamp=False, keep_logits=positions, forced=forced)
 
     def _infer(self, ids: Any, past: int, keep: int) -> Any:
         """One call on `ids` (batch x tokens) after `past` cached positions; the last `keep` positions'
@@ -229,14 +269,9 @@ class OpenVinoGenerator:
         logits = self._request.infer(feed)["logits"]
         return np.array(logits[:, -keep:], np.float32)
 
-    def generate(self, input_ids: Any, stamp: bool = True) -> Any:
-        """The new tokens (batch x new_tokens); with `stamp`, each token's time is appended to token_stamps."""
-        return self._generate(input_ids, stamp, keep_logits=0)[0]
-
-    def generate_with_logits(self, input_ids: Any, positions: int, forced: Any = None) -> tuple[Any, Any]:
-        """The new tokens and the float32 next-token logits at the prompt's last `positions` and at every
-        decode step; with `forced`, each decode step is fed the forced token of the step before."""
-        return self._generate(input_ids, stamp=False, keep_logits=positions, forced=forced)
+    def decode_steps(self, input_ids: Any) -> Any:
+        """Greedy tokens through the infer request alone (the drift pass's path), stamped like generate."""
+        return self._generate(input_ids, stamp=True, keep_logits=0)[0]
 
     def _generate(self, input_ids: Any, stamp: bool, keep_logits: int, forced: Any = None) -> tuple[Any, Any]:
         import numpy as np
