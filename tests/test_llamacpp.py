@@ -41,6 +41,31 @@ def engine_space(path, backends: dict, sequences=(2,)):
     return path
 
 
+def search_trained(workdir, trained: dict, space, trials: int = 4):
+    """A short search on the trained tiny Llama, its perplexity allowed to rise 2%."""
+    return run_autotune(
+        "search",
+        "--model",
+        f"{LM}:tiny_llama",
+        "--weights",
+        str(trained["weights"]),
+        "--data",
+        str(trained["text"]),
+        "--space",
+        str(space),
+        "--trials",
+        str(trials),
+        "--drift-metric",
+        "perplexity",
+        "--max-drift",
+        "2%",
+        *QUICK,
+        *GENERATE,
+        cwd=workdir,
+        timeout=600,
+    )
+
+
 @pytest.mark.parametrize("factory", ["tiny_llama", "tiny_gpt2"])
 def test_an_f32_gguf_computes_what_pytorch_fp32_computes_on_the_same_ids(factory, tmp_path):
     """The converter's F32 file with the placeholder vocabulary: the same ids, the same logits (prefill
@@ -78,29 +103,7 @@ def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_q
         {"llamacpp": {"precision": ["Q8_0", "Q4_K_M"], "n_batch": [512], "kv_cache_type": ["f16"]}},
         sequences=(2, 1),
     )
-    result = run_autotune(
-        "search",
-        "--model",
-        f"{LM}:tiny_llama",
-        "--weights",
-        str(trained["weights"]),
-        "--data",
-        str(trained["text"]),
-        "--space",
-        str(space),
-        "--trials",
-        "4",
-        "--measure-seconds",
-        "0.3s-1s",
-        "--drift-metric",
-        "perplexity",
-        "--max-drift",
-        "2%",
-        "--no-speed-pruning",
-        *GENERATE,
-        cwd=workdir,
-        timeout=600,
-    )
+    result = search_trained(workdir, trained, space)
     assert_trials_ran(result)
     study = load_study(workdir, "tiny_llama")
     trials = [t for t in study.trials if t.user_attrs.get("config", {}).get("backend") == "llamacpp"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_trials_ran, load_study, run_autotune
-from test_llamacpp import LM, engine_space
+from conftest import assert_trials_ran, load_study
+from test_llamacpp import engine_space, search_trained
 
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
@@ -91,36 +91,7 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
         },
         sequences=(2, 1),
     )
-    result = run_autotune(
-        "search",
-        "--model",
-        f"{LM}:tiny_llama",
-        "--weights",
-        str(trained["weights"]),
-        "--data",
-        str(trained["text"]),
-        "--space",
-        str(space),
-        "--trials",
-        "4",
-        "--measure-seconds",
-        "0.3s-1s",
-        "--drift-metric",
-        "perplexity",
-        "--max-drift",
-        "2%",
-        "--no-speed-pruning",
-        "--prompt-tokens",
-        "32",
-        "--new-tokens",
-        "8",
-        "--eval-samples",
-        "8",
-        "--finalists",
-        "0",
-        cwd=workdir,
-        timeout=600,
-    )
+    result = search_trained(workdir, trained, space)
     assert_trials_ran(result)
     study = load_study(workdir, "tiny_llama")
     trials = [t for t in study.trials if t.user_attrs.get("config", {}).get("backend") == "openvino"]

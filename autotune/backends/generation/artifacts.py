@@ -77,6 +77,21 @@ def cached_artifact(artifact_dir: str | Path) -> dict[str, Any] | None:
     return {"dir": directory, "details": meta["details"]}
 
 
+def engine_file(artifact_dir: str | Path, file_name: str) -> dict[str, Any] | None:
+    """An engine's own file (a GGUF, an IR) in `artifact_dir` with its build details once the cache marked
+    it complete; None when it was never built or was evicted."""
+    import json
+
+    directory = Path(artifact_dir)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())  # the artifact cache's META_FILE
+    except (OSError, ValueError):
+        return None
+    if not (directory / file_name).is_file():
+        return None
+    return {"dir": directory, "details": meta["details"]}
+
+
 def load_quantized(model: Any, artifact_dir: Path, details: dict[str, Any]) -> float:
     """Put the prepared quantized weights in place of the model's (assigned, not copied into the float
     parameters); returns the seconds it took. Raises when they cannot be loaded here."""

@@ -88,16 +88,9 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
 
 def cached_artifact(artifact_dir: str | Path) -> dict[str, Any] | None:
     """The GGUF in `artifact_dir` with its build details, or None (not built, or evicted)."""
-    import json
+    from autotune.backends.generation.artifacts import engine_file
 
-    directory = Path(artifact_dir)
-    try:
-        meta = json.loads((directory / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not (directory / GGUF_FILE).is_file():
-        return None
-    return {"dir": directory, "details": meta["details"]}
+    return engine_file(artifact_dir, GGUF_FILE)
 
 
 def prepare(
