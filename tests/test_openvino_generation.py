@@ -77,8 +77,8 @@ def _feed(ids):
 
 def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4_runs_in_int4(workdir, trained):
     """NNCF int8 within 2% perplexity, its tokens timed like any backend's (TTFT + (n-1) x TPOT is the
-    call), the IR exported once per weight format and loaded by the other trials; int4 (group 32) says
-    what ran: the projections in int4, the output layer kept in int8 by NNCF."""
+    call, less GenAI's return after the last token), the IR exported once per weight format and loaded by
+    the other trials; int4 (group 32) says what ran: the projections in int4, the output layer in int8."""
     space = engine_space(
         workdir / "space.yaml",
         {
@@ -106,8 +106,11 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
         assert drift is not None and generation is not None
         if trial.user_attrs["config"]["precision"] == "int8_asym":
             assert drift.perplexity_increase <= 0.02, drift
+        # the tokens' stamps account for the call, up to GenAI's return after its last token (assembling
+        # the results and their metrics: 0.24 ms of a 4.5 ms call measured here, whatever the model's size)
         from_tokens = generation.ttft_ms.mean + (generation.new_tokens - 1) * generation.tpot_ms.mean
-        assert from_tokens == pytest.approx(metrics.latency_ms.mean, rel=0.05), generation
+        tail_ms = metrics.latency_ms.mean - from_tokens
+        assert 0 <= tail_ms <= max(0.05 * metrics.latency_ms.mean, 0.5), (tail_ms, generation)
         executed = trial.user_attrs["executed_precision"]
         assert executed["status"] == "ok" and executed["counts"] == counts[trial.user_attrs["config"]["precision"]]
     irs = sorted((workdir / "studies" / ".cache").glob("artifacts/openvino-*/openvino_model.xml"))

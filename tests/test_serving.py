@@ -4,6 +4,7 @@ search, and on simulated clocks for the rules (overload, the batching policy, th
 
 import json
 import math
+import shutil
 
 import mpmath
 import numpy as np
@@ -219,20 +220,8 @@ def server_search(workdir, model, shape, bound_ms, space, *extra, study="srv", b
     )
 
 
-def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
-    """One instance, batch 1, no wait: a single queue whose service time is the 2 ms each call spins.
-    Its highest rate with p99 <= 10 ms, found by the rate search in real time, lies within queueing
-    theory's bracket for this server: no lower than 85% of M/G/1's rate (Lindley's recursion) for calls
-    with the closed loop's spread, shifted to the mean call time of the probe that decided the answer (as
-    slow as they were measured there: a call after an idle gap costs more than one in a busy queue), and
-    no higher than 115% of M/D/1's closed form at the faster of that mean and the closed loop's (a
-    constant service time queues least); no rate past the server's capacity was reported sustained.
-
-    Measured on a shared 2-core EPYC in nine searches: 0.96-1.15 of the lower end, 0.82-1.05 of the upper
-    (then at the closed loop's mean, always the faster there). The test compared once with one figure,
-    M/G/1 at the closed loop's calls, within 15%; a sleep's wake-ups then made a closed-loop window 2.62 ms
-    a call against the probes' faster ones, and the rate came out 23% above it."""
-    space = write_space(workdir / "space.yaml", batch_size=[1], max_wait_ms=[0], threads_per_instance=[1])
+def sustained_rate_search(workdir, space) -> dict:
+    """The single-queue server's rate search; its best.json."""
     result = rerun_while_noisy(  # a clean closed loop is the winner whose server record is read
         lambda: server_search(
             workdir,
@@ -250,7 +239,36 @@ def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
         )
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    best = json.loads((workdir / "studies" / "srv" / "best.json").read_text())
+    return json.loads((workdir / "studies" / "srv" / "best.json").read_text())
+
+
+def disturbed_refusals(probes: list[dict]) -> list[float]:
+    """The rates refused while the machine took the server's core away: every call spins the same 2 ms,
+    so a probe whose call p99 is over twice its median had calls stretched by something else running
+    (seen in a full test run: calls of 6 ms at p99 in the probes that failed p99 <= 10 ms, 2.4-2.9 ms in
+    those that passed, and a sustained rate half the theory's)."""
+    return [p["rate_rps"] for p in probes if not p["sustained"] and p["call_ms"]["p99"] > 2 * p["call_ms"]["p50"]]
+
+
+def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
+    """One instance, batch 1, no wait: a single queue whose service time is the 2 ms each call spins.
+    Its highest rate with p99 <= 10 ms, found by the rate search in real time, lies within queueing
+    theory's bracket for this server: no lower than 85% of M/G/1's rate (Lindley's recursion) for calls
+    with the closed loop's spread, shifted to the mean call time of the probe that decided the answer (as
+    slow as they were measured there: a call after an idle gap costs more than one in a busy queue), and
+    no higher than 115% of M/D/1's closed form at the faster of that mean and the closed loop's (a
+    constant service time queues least); no rate past the server's capacity was reported sustained.
+
+    Measured on a shared 2-core EPYC in nine searches: 0.96-1.15 of the lower end, 0.82-1.05 of the upper
+    (then at the closed loop's mean, always the faster there). The test compared once with one figure,
+    M/G/1 at the closed loop's calls, within 15%; a sleep's wake-ups then made a closed-loop window 2.62 ms
+    a call against the probes' faster ones, and the rate came out 23% above it."""
+    space = write_space(workdir / "space.yaml", batch_size=[1], max_wait_ms=[0], threads_per_instance=[1])
+    for _attempt in range(3):
+        shutil.rmtree(workdir / "studies", ignore_errors=True)
+        best = sustained_rate_search(workdir, space)
+        if not disturbed_refusals(best["metrics"]["server"]["probes"]):
+            break
     server = best["server"]
     # the probe that decided the answer: the highest rate sustained, served by calls of its own duration
     probes = best["metrics"]["server"]["probes"]
@@ -263,7 +281,7 @@ def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
     service_s = float(closed_loop_s.mean())
     lowest = mg1_sustainable_rate(0.010, closed_loop_s - service_s + probe_call_s)  # the probe's calls, Lindley
     highest = md1_sustainable_rate(0.010, min(service_s, probe_call_s))
-    why = (server["sustained_rps"], probe_call_s, service_s, lowest, highest)
+    why = (server["sustained_rps"], probe_call_s, service_s, lowest, highest, disturbed_refusals(probes))
     assert 0.85 * lowest <= server["sustained_rps"] <= 1.15 * highest, why
     capacity = 1.0 / service_s
     assert all(p["rate_rps"] <= capacity for p in server["probes"] if p["sustained"]), server["probes"]
