@@ -110,7 +110,8 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
         # the results and their metrics: 0.24 ms of a 4.5 ms call measured here, whatever the model's size)
         from_tokens = generation.ttft_ms.mean + (generation.new_tokens - 1) * generation.tpot_ms.mean
         tail_ms = metrics.latency_ms.mean - from_tokens
-        assert 0 <= tail_ms <= max(0.05 * metrics.latency_ms.mean, 0.5), (tail_ms, generation)
+        # (means over the window's calls and over their tokens: not one sample set, so not exact at 0)
+        assert -0.05 * metrics.latency_ms.mean <= tail_ms <= max(0.05 * metrics.latency_ms.mean, 0.5), tail_ms
         executed = trial.user_attrs["executed_precision"]
         assert executed["status"] == "ok" and executed["counts"] == counts[trial.user_attrs["config"]["precision"]]
     irs = sorted((workdir / "studies" / ".cache").glob("artifacts/openvino-*/openvino_model.xml"))
