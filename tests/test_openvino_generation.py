@@ -37,7 +37,7 @@ def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_th
     config = TrialConfig("openvino", "fp32", batch_size=3, threads_per_instance=1, options=options)
     engine, details = prepare(model, config, 6)
     assert details["weight_types"] == {"f32": 15}  # 2 layers x 7 projections and the output layer
-    assert details["runtime"]["KV_CACHE_PRECISION"] == "f32"
+    assert details["drift_request_runtime"]["KV_CACHE_PRECISION"] == "f32"
     ids = torch.randint(0, 256, (3, 100), generator=torch.Generator().manual_seed(1))
     reference = Generator(model, 6)
     greedy, expected = reference.generate_with_logits(ids, 16)
@@ -49,11 +49,10 @@ def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_th
     assert torch.equal(engine.generate(ids, stamp=False), greedy_tokens)  # GenAI's pipeline
     assert torch.equal(engine.decode_steps(ids), greedy_tokens)  # the drift pass's infer request
     engine.token_stamps = type(engine.token_stamps)("d")
-    assert engine.sliced and engine._infer(ids.numpy(), 0, 1).shape == (3, 1, 256)
+    assert engine.sliced
     engine._request.reset_state()
     raw = engine._request.infer({**_feed(ids.numpy()), "logits_to_keep": np.array([1], np.int64)})["logits"]
     assert raw.shape == (3, 1, 256)  # the IR's own output: one position, not the prompt's 100
-    assert len(engine.token_stamps) == 0
     import time
 
     started = time.monotonic()

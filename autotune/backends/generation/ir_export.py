@@ -44,6 +44,18 @@ def exporter_missing() -> str | None:
     return None
 
 
+def exporter_version() -> str:
+    """A short digest of the overlay's pinned packages (its VERSION file, written by make setup): an IR
+    exported by other optimum-intel, optimum or transformers versions is another artifact."""
+    import hashlib
+
+    try:
+        pins = (overlay_dir() / "VERSION").read_bytes()
+    except OSError:
+        return "unpinned"
+    return hashlib.sha256(pins).hexdigest()[:8]
+
+
 def export(model: Any, precision: str, out_dir: Path, group_size: int = 128, ratio: float = 1.0) -> dict[str, Any]:
     """Export `model` (a transformers causal LM) into out_dir with its weights in `precision`; returns the
     command that ran. Raises RuntimeError with optimum-cli's own last words when it fails."""
@@ -74,8 +86,12 @@ def export(model: Any, precision: str, out_dir: Path, group_size: int = 128, rat
         }
         result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0 or not (out_dir / IR_FILE).is_file():
-        last = [line for line in result.stderr.splitlines() if line.strip() and "Warning" not in line]
-        raise RuntimeError(f"optimum-cli export openvino failed: {last[-1] if last else result.returncode}")
+        said = (result.stderr or result.stdout).splitlines()
+        last = [line for line in said if line.strip() and "Warning" not in line]
+        why = f"exit code {result.returncode}" + (f": {last[-1]}" if last else "")
+        if result.returncode == 0:
+            why += f"; no {IR_FILE} written"
+        raise RuntimeError(f"optimum-cli export openvino failed ({why})")
     shown = ["optimum-cli", "export", "openvino", "--task", "text-generation-with-past", *flags]
     return {"exported_by": " ".join(shown)}
 

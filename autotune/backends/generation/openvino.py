@@ -40,7 +40,12 @@ SPEC = BackendSpec(
         "group_size": (128, 64, 32),  # NNCF's int4 group
         "ratio": (1.0, 0.8),  # share of the matrices in int4 (the rest int8)
     },
-    option_precisions={"group_size": ir_export.INT4, "ratio": ir_export.INT4},
+    option_precisions={
+        "group_size": ir_export.INT4,
+        "ratio": ir_export.INT4,
+        # the plugin quantizes activations for int weights only: fp16/fp32 trials would repeat themselves
+        "dynamic_quantization_group_size": ("int8_asym", *ir_export.INT4),
+    },
     requires=("openvino", "openvino_genai"),
     uses_artifact=True,
 )
@@ -62,8 +67,13 @@ def unsupported(config: BackendConfig) -> str | None:
 
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
-    """The IR depends on its weight format (and int4's group and ratio) only, not on the runtime's hints."""
-    identity: dict[str, Any] = {"task": "generate", "precision": config.precision}
+    """The IR depends on its weight format (and int4's group and ratio) and the exporter's versions, not on
+    the runtime's hints."""
+    identity: dict[str, Any] = {
+        "task": "generate",
+        "precision": config.precision,
+        "exporter": ir_export.exporter_version(),
+    }
     if config.precision in ir_export.INT4:
         options = dict(config.options)
         identity.update(group_size=int(options.get("group_size", 128)), ratio=float(options.get("ratio", 1.0)))
@@ -108,7 +118,8 @@ def prepare(
     scratch = Path(tempfile.mkdtemp(prefix="autotune-openvino-")) if artifact is None else None
     try:
         if artifact is None:
-            folder = scratch or Path()
+            assert scratch is not None
+            folder = scratch
             details = build_artifact(model, calibration, config, folder)
             details["converted_by"] = "the trial (no cached artifact)"
         else:
@@ -127,7 +138,7 @@ def prepare(
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     generator.probe = ir_weight_probe(details["weight_types"])
-    details["runtime"] = generator.runtime_properties()
+    details["drift_request_runtime"] = generator.runtime_properties()
     details["runner"] = generator.engine
     return generator, details
 
@@ -208,7 +219,8 @@ class OpenVinoGenerator:
         self.model = None  # no torch module: the probe reads the IR's weight types
 
     def runtime_properties(self) -> dict[str, str]:
-        """What the CPU plugin compiled with (a bf16 hint on a CPU without bf16 reads f32 here)."""
+        """What the CPU plugin compiled the drift pass's infer request with (a bf16 hint on a CPU without
+        bf16 reads f32 here); GenAI's pipeline gets the same hints but does not report what it compiled."""
         names = (
             "INFERENCE_PRECISION_HINT",
             "KV_CACHE_PRECISION",
