@@ -65,6 +65,7 @@ optimum-intel: $(STAMP)
 	@if [ "$$(cat $(OPTIMUM_SHARE)/VERSION 2>/dev/null)" = "$(OPTIMUM_PACKAGES)" ]; then exit 0; fi; \
 	set -e; rm -rf $(OPTIMUM_SHARE); \
 	$(BIN)/pip install --quiet --no-deps --target $(OPTIMUM_SHARE) $(OPTIMUM_PACKAGES); \
+	PYTHONPATH=$(OPTIMUM_SHARE) $(BIN)/python -c "import optimum.exporters.openvino, optimum.commands.optimum_cli"; \
 	echo "$(OPTIMUM_PACKAGES)" > $(OPTIMUM_SHARE)/VERSION
 
 # llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
@@ -110,7 +111,7 @@ search: setup
 	$(BIN)/autotune search --model $(MODEL) --budget $(BUDGET) $(ARGS)
 
 test: setup test-system-packages
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
 
 # Format, lint and type checks (configured in pyproject.toml); CI runs them before the tests.
 lint: setup

@@ -278,18 +278,27 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
         unavailable: dict[str, str] | str = generation_precisions_unavailable(runtimes["main"])
     except UserError as exc:
         unavailable = str(exc)
+    engines = {  # the backends outside PyTorch: the ones that say whether they can run here
+        name: spec
+        for name, spec in backend_specs("generate").items()
+        if hasattr(backend_module(name, "generate"), "unavailable")
+    }
     if args.json:
-        print(json.dumps({**probe_json(machine, runtimes), "generation_precisions_unavailable": unavailable}, indent=2))
+        report: dict[str, Any] = {**probe_json(machine, runtimes), "generation_precisions_unavailable": unavailable}
+        if not isinstance(unavailable, str):  # precisions of PyTorch's path apart from the engines
+            report["generation_precisions_unavailable"] = {p: w for p, w in unavailable.items() if p not in engines}
+            report["generation_engines"] = {
+                name: {"runs": False, "reason": unavailable[name]}
+                if name in unavailable
+                else {"runs": True, "precisions": list(spec.precisions)}
+                for name, spec in engines.items()
+            }
+        print(json.dumps(report, indent=2))
         return 0
     print("\n".join(probe_lines(machine, runtimes)))
     if isinstance(unavailable, str):
         print(f"text generation in runtime main: not probed ({unavailable})")
     else:
-        engines = {  # the backends outside PyTorch: the ones that say whether they can run here
-            name: spec
-            for name, spec in backend_specs("generate").items()
-            if hasattr(backend_module(name, "generate"), "unavailable")
-        }
         runs = [p for p in PRECISIONS if p not in unavailable]
         left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items() if p not in engines)
         print(f"text generation in runtime main: {', '.join(runs) or 'nothing'} run{left_out}")

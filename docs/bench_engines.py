@@ -4,6 +4,12 @@ llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), beside a
 
     make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
     .venv/bin/python docs/bench_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8] [--repeats 1]
+        [--best studies/S/best.json ...]
+
+--best adds the winner of an `autotune search --task generate` on the same decoder as a row at its total
+sequences; the seed's recipe (inductor da8w8, max-autotune, C++ wrapper, concat_linear, freezing) is a row
+unless --no-recipe. The summary sets the winner beside the best tool row within --max-drift (relative L2,
+default 0.05: a tool row past it does not count) and beside the recipe.
 
 autotune's rows run autotune's protocol (a fresh pinned process per trial, warm-up, stop rule, a stamp per
 token); tokens/s is generated tokens over the timed calls' time (prefill and decode). llama-batched-bench's
@@ -95,6 +101,42 @@ def batched_bench(tool: Path, gguf: Path, prompt: int, new: int, sequences: int,
     }
 
 
+def targets(rows: list[dict], max_drift: float) -> list[dict]:
+    """Per sequences: the search's winner against the best of the tools' own rows whose file stays within
+    the drift bound (a row past it does not count), and against the seed's recipe."""
+    out = []
+    for sequences in sorted({r["sequences"] for r in rows}):
+        shape = [r for r in rows if r["sequences"] == sequences]
+        winner = next((r for r in shape if r["row"] == "autotune search winner"), None)
+        recipe = next((r for r in shape if r["row"] == "autotune inductor da8w8 recipe"), None)
+        tools = [r for r in shape if r["row"].startswith(("llama-batched-bench", "openvino-genai"))]
+        within = [r for r in tools if r["drift_relative_l2"] is not None and r["drift_relative_l2"] <= max_drift]
+        past = [r["row"] for r in tools if r not in within]
+        best_tool = max(within, key=lambda r: r["tokens_per_s"], default=None)
+        line: dict = {"sequences": sequences, "best_tool": best_tool and best_tool["row"], "tools_past_bound": past}
+        if winner and best_tool:
+            line["winner_vs_best_tool"] = winner["tokens_per_s"] / best_tool["tokens_per_s"]
+        if winner and recipe:
+            line["winner_vs_recipe"] = winner["tokens_per_s"] / recipe["tokens_per_s"]
+        text = f"{sequences} seq.: "
+        if winner is None:
+            text += "no search winner row"
+        else:
+            text += f"winner {winner['tokens_per_s']:.1f} tokens/s"
+            if best_tool:
+                text += (
+                    f", {line['winner_vs_best_tool']:.2f}x {best_tool['row']} ({best_tool['tokens_per_s']:.1f}; "
+                    f"target 1.1x)"
+                )
+            if recipe:
+                text += f", {line['winner_vs_recipe']:.2f}x the recipe ({recipe['tokens_per_s']:.1f}; target 1.2x)"
+        if past:
+            text += f"; past the drift bound {max_drift} (not counted): {', '.join(past)}"
+        line["text"] = text
+        out.append(line)
+    return out
+
+
 def main() -> int:
     from rich.console import Console
     from rich.table import Table
@@ -118,6 +160,14 @@ def main() -> int:
     parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--openvino-types", default=",".join(OPENVINO_TYPES))
     parser.add_argument("--out", help="results file (default docs/results/engines-<date>.json)")
+    parser.add_argument("--no-recipe", action="store_true", help="leave out the seed's recipe (inductor da8w8)")
+    parser.add_argument("--max-drift", type=float, default=0.05, help="a row past this relative L2 does not count")
+    parser.add_argument(
+        "--best",
+        action="append",
+        default=[],
+        help="best.json of a search on this decoder (repeatable): its winner is a row at its total sequences",
+    )
     args = parser.parse_args()
     os.environ["BENCH_LAYERS"] = str(args.layers)
     tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"
@@ -142,9 +192,26 @@ def main() -> int:
         f"prompt {args.prompt}, {args.new} new tokens; 1 instance x {cores} threads",
         markup=False,
     )
+    winners: dict[int, tuple[str, TrialConfig]] = {}
+    for best_file in args.best:
+        best = json.loads(Path(best_file).read_text())
+        generation = best["job"]["generation"]
+        if (generation["prompt_tokens"], generation["new_tokens"]) != (args.prompt, args.new):
+            parser.error(
+                f"{best_file} was tuned for prompt {generation['prompt_tokens']}, {generation['new_tokens']} new"
+            )
+        winner = TrialConfig.from_json(best["config"])
+        winners[winner.batch_size * winner.instances] = (best_file, winner)
     rows: list[dict] = []
     for sequences in (int(s) for s in args.sequences.split(",")):
         configs = {"autotune eager fp32": TrialConfig("eager", "fp32", sequences, threads_per_instance=cores)}
+        if not args.no_recipe:  # the seed's recipe applied by hand (as docs/bench_generation.py runs it)
+            recipe = {"kv_cache": "static", "max_autotune": True, "cpp_wrapper": True, "concat_linear": True}
+            configs["autotune inductor da8w8 recipe"] = TrialConfig(
+                "inductor", "da8w8", sequences, threads_per_instance=cores, options={**recipe, "freezing": True}
+            )
+        if sequences in winners:
+            configs["autotune search winner"] = winners[sequences][1]
         options = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "kv_cache_type": "f16"}
         for gguf_type in types:
             configs[f"autotune llamacpp {gguf_type}"] = TrialConfig(
@@ -204,6 +271,11 @@ def main() -> int:
                         "runs": values,
                         "vs_eager_fp32": statistics.median(values) / base if base else None,
                         "drift_relative_l2": drift.get(name),
+                        **(
+                            {"config": configs[name].to_json(), "best_json": winners[sequences][0]}
+                            if name == "autotune search winner"
+                            else {}
+                        ),
                     }
                 )
         for gguf_type, measured in tool_runs.items():
@@ -259,6 +331,9 @@ def main() -> int:
             f"{drift_value:.2e}" if drift_value is not None else "-",
         )
     console.print(table)
+    summary = targets(rows, args.max_drift)
+    for line in summary:
+        console.print(line["text"], markup=False)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     out = (
         Path(args.out) if args.out else ROOT / "docs" / "results" / f"engines-{datetime.date.today().isoformat()}.json"
@@ -274,6 +349,8 @@ def main() -> int:
                 "command": shlex.join([".venv/bin/python", "docs/bench_engines.py", *sys.argv[1:]]),
                 "workload": {"layers": args.layers, "prompt": args.prompt, "new": args.new},
                 "rows": rows,
+                "max_drift_relative_l2": args.max_drift,
+                "targets": summary,
             },
             indent=2,
         )

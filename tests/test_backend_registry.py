@@ -83,4 +83,5 @@ def test_a_trials_backend_environment_is_what_its_spec_declares(tmp_path):
     assert backend_env(TrialConfig("eager", "fp32", 1), tmp_path, "generate") == {}
     openvino = TrialConfig("openvino", "fp32", 1, allocator="jemalloc")
     assert backend_env(openvino, tmp_path, "classify") == {"TBB_ENABLE_SANITIZERS": "1"}
+    assert backend_env(openvino, tmp_path, "generate") == {"TBB_ENABLE_SANITIZERS": "1"}  # GenAI's pipeline too
     assert backend_env(TrialConfig("openvino", "fp32", 1), tmp_path, "classify") == {}

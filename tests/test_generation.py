@@ -263,7 +263,8 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     assert sorted(named) == sorted(PRECISIONS), line  # every precision is either run or left out with a reason
     # llama.cpp, which make setup builds: listed with the GGUF types it runs here, or why not
     engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine llamacpp"))
-    assert engine.endswith("F32, BF16, F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q2_K run"), engine
+    llamacpp_types = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q2_K")
+    assert engine.endswith(", ".join(llamacpp_types) + " run"), engine
     # OpenVINO, exported by the optimum-intel overlay make setup installs
     engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine openvino"))
     assert engine.endswith("fp32, fp16, int8_asym, int4_sym, int4_asym run"), engine
@@ -276,6 +277,14 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     )
     assert f"left out: llama.cpp's converter is not in {nowhere}" in missing.stdout, missing.stdout
     assert f"left out: optimum-intel is not in {nowhere}; make setup installs it" in missing.stdout, missing.stdout
+    # as JSON: PyTorch's precisions apart from the engines, each engine with its types or its reason
+    report = json.loads(
+        run_autotune("probe", "--json", cwd=workdir, timeout=300, env={"AUTOTUNE_OPTIMUM_INTEL": nowhere}).stdout
+    )
+    assert not set(report["generation_precisions_unavailable"]) & {"llamacpp", "openvino"}, report
+    assert report["generation_engines"]["llamacpp"] == {"runs": True, "precisions": list(llamacpp_types)}
+    assert report["generation_engines"]["openvino"]["runs"] is False
+    assert "optimum-intel is not in" in report["generation_engines"]["openvino"]["reason"]
 
 
 def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdir, trained):

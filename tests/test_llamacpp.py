@@ -25,12 +25,12 @@ def trained(tmp_path_factory) -> dict:
     return train_llama(tmp_path_factory.mktemp("lm"))
 
 
-def engine_space(path, backends: dict, sequences=(2,)):
+def engine_space(path, backends: dict, sequences=(2,), allocators=("glibc",)):
     path.write_text(
         yaml.safe_dump(
             {
                 "sequences": list(sequences),
-                "allocator": ["glibc"],
+                "allocator": list(allocators),
                 "instances": [1],
                 "threads_per_instance": "auto",
                 "openmp": ["gnu"],
@@ -90,6 +90,10 @@ def test_an_f32_gguf_computes_what_pytorch_fp32_computes_on_the_same_ids(factory
     assert len(engine.token_stamps) == 0  # unstamped calls leave no stamps
     engine.generate(ids)
     assert len(engine.token_stamps) == 6 and list(engine.token_stamps) == sorted(engine.token_stamps)
+    engine.generate(ids[:2, :50], stamp=False)  # another shape: its context replaces the first one's
+    assert list(engine._contexts) == [(2, 56)]
+    engine.close()  # the contexts and the weights llama.cpp held are freed
+    assert not engine._contexts and engine._model is None
 
 
 def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_quant_that_falls_back_fails(

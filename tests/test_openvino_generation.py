@@ -57,6 +57,7 @@ def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_th
 
     started = time.monotonic()
     engine.generate(ids)
+    assert engine._request is None  # the timed calls run without the drift pass's copy of the weights
     stamps = list(engine.token_stamps)
     assert len(stamps) == 6 and stamps == sorted(stamps)
     assert started < stamps[0] and stamps[-1] < time.monotonic()  # GenAI's clock is autotune's
@@ -89,6 +90,7 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
             }
         },
         sequences=(2, 1),
+        allocators=("tcmalloc",),  # preloaded: OpenVINO's oneTBB needs its DEEPBIND off (or compile aborts)
     )
     result = search_trained(workdir, trained, space)
     assert_trials_ran(result)
@@ -98,6 +100,7 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
     assert {t.user_attrs["config"]["precision"] for t in done} == {"int8_asym", "int4_sym"}, [
         (t.state.name, t.user_attrs.get("fail_cause"), t.user_attrs.get("prune_reason")) for t in trials
     ]
+    assert {t.user_attrs["config"]["allocator"] for t in done} == {"tcmalloc"}
     counts = {"int8_asym": {"int8": 15}, "int4_sym": {"int4": 14, "int8": 1}}
     for trial in done:
         metrics = TrialMetrics.from_trial_attrs(trial.user_attrs)
@@ -117,3 +120,20 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
     assert len(irs) == 2, irs  # one per weight format, whatever the KV cache and sequences
     cached = [t.user_attrs["artifact"]["cached"] for t in done]
     assert cached.count(False) == 2 and len(cached) - 2 == cached.count(True), cached
+
+
+def test_a_bf16_hint_is_refused_where_the_cpu_has_no_bf16():
+    """The CPU plugin compiles a bf16 hint as f32 on a CPU without bf16 instructions: such a trial would
+    repeat the f32 one, so it is refused before launch, with the plugin's own capabilities as the reason."""
+    from autotune.backends.generation import openvino as engine
+    from autotune.machine.probe import probe_machine
+
+    isa = probe_machine().isa
+    has_bf16 = bool(isa.get("avx512_bf16") or isa.get("amx_bf16"))
+    bf16 = TrialConfig("openvino", "int8_asym", 1, options={"inference_precision": "bf16"})
+    f32 = TrialConfig("openvino", "int8_asym", 1, options={"inference_precision": "f32"})
+    refusal = engine.unsupported(bf16)
+    assert (refusal is None) == has_bf16, (refusal, isa)
+    assert engine.unsupported(f32) is None
+    if refusal:
+        assert "offers no bf16" in refusal and "FP32" in refusal

@@ -3,7 +3,9 @@ by every trial with the same numerics (eager and inductor load the same ones).""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +92,28 @@ def engine_file(artifact_dir: str | Path, file_name: str) -> dict[str, Any] | No
     if not (directory / file_name).is_file():
         return None
     return {"dir": directory, "details": meta["details"]}
+
+
+@contextlib.contextmanager
+def engine_files(
+    artifact: dict[str, Any] | None, build: Callable[[Path], dict[str, Any]], prefix: str
+) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The folder of an engine's files (a GGUF, an IR) and their build details: the cached artifact's, or,
+    when it was evicted since the prepare step, built by `build` into a scratch folder that goes when the
+    block ends (the engine has loaded or compiled the files by then, or failed to)."""
+    import shutil
+    import tempfile
+
+    if artifact is not None:
+        yield Path(artifact["dir"]), {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
+        return
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        details = build(scratch)
+        details["converted_by"] = "the trial (no cached artifact)"
+        yield scratch, details
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def load_quantized(model: Any, artifact_dir: Path, details: dict[str, Any]) -> float:

@@ -31,6 +31,17 @@ def converter_dir() -> Path:
     return Path(os.environ.get(CONVERTER_ENV) or Path(sys.prefix) / "share" / "llama.cpp")
 
 
+def converter_version() -> str:
+    """The llama-cpp-python release whose source the converter and quantizer came from: a GGUF written by
+    another release is another artifact."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def converter_missing() -> str | None:
     """Why the converter cannot run here, or None."""
     folder = converter_dir()

@@ -68,8 +68,9 @@ def unsupported(config: BackendConfig) -> str | None:
 
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
-    """The GGUF depends on its type only (not threads, batches, attention or the KV cache)."""
-    return {"task": "generate", "precision": config.precision}
+    """The GGUF depends on its type and the converter's release (not threads, batches, attention or the
+    KV cache)."""
+    return {"task": "generate", "precision": config.precision, "converter": gguf_export.converter_version()}
 
 
 def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
@@ -97,20 +98,12 @@ def prepare(
     model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
 ) -> tuple[LlamaCppGenerator, dict[str, Any]]:
     """Load the GGUF the prepare step wrote (converted here when it was evicted since)."""
-    import shutil
-    import tempfile
+    from autotune.backends.generation.artifacts import engine_files
 
-    details: dict[str, Any]
-    scratch = Path(tempfile.mkdtemp(prefix="autotune-llamacpp-")) if artifact is None else None
-    try:
-        if scratch is not None:
-            folder = scratch
-            details = build_artifact(model, calibration, config, folder)
-            details["converted_by"] = "the trial (no cached artifact)"
-        else:
-            assert artifact is not None
-            folder = Path(artifact["dir"])
-            details = {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
+    def convert(folder: Path) -> dict[str, Any]:
+        return build_artifact(model, calibration, config, folder)
+
+    with engine_files(artifact, convert, "autotune-llamacpp-") as (folder, details):
         options = dict(config.options)
         generator = LlamaCppGenerator(
             gguf=folder / GGUF_FILE,
@@ -121,9 +114,6 @@ def prepare(
             flash_attn=bool(options.get("flash_attn", True)),
             kv_cache_type=str(options.get("kv_cache_type", "f16")),
         )
-    finally:  # a GGUF converted here is mapped by now, or failed to load: either way the file goes
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
     generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
     details["llama_cpp_system_info"] = generator.system_info()
     return generator, details
@@ -188,12 +178,37 @@ class LlamaCppGenerator:
 
         return str(llama_cpp.llama_print_system_info().decode(errors="replace")).strip()
 
+    def close(self) -> None:
+        """Free the contexts (their KV caches) and the weights llama.cpp holds outside Python's heap."""
+        import llama_cpp
+
+        self._free_contexts()
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the process's memory goes with it
+            pass
+
+    def _free_contexts(self) -> None:
+        import llama_cpp
+
+        for context, batch in self._contexts.values():
+            llama_cpp.llama_batch_free(batch)
+            llama_cpp.llama_free(context)
+        self._contexts.clear()
+
     def _context(self, sequences: int, length: int) -> Any:
-        """One context per shape (sequences x prompt + new tokens), its KV cache cleared between calls."""
+        """The context of this shape (sequences x prompt + new tokens), its KV cache cleared between calls;
+        one at a time: the drift pass's shape's cache is freed before the timed calls' is allocated."""
         import llama_cpp
 
         key = (sequences, length)
         if key not in self._contexts:
+            self._free_contexts()
             params = llama_cpp.llama_context_default_params()
             params.n_ctx = sequences * length
             params.n_batch = self.n_batch

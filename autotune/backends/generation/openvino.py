@@ -12,6 +12,7 @@ decode step, fed FP32's greedy tokens.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from array import array
@@ -48,6 +49,9 @@ SPEC = BackendSpec(
     },
     requires=("openvino", "openvino_genai"),
     uses_artifact=True,
+    # as for classification (backends/openvino.py): oneTBB's DEEPBIND frees with glibc what a preloaded
+    # allocator handed out, and compiling the IR aborts (free(): invalid pointer) without this setting
+    preloaded_allocator_env=(("TBB_ENABLE_SANITIZERS", "1"),),
 )
 ARTIFACT_VERSION = 1
 
@@ -63,7 +67,20 @@ def unavailable() -> str | None:
 
 
 def unsupported(config: BackendConfig) -> str | None:
+    """A bf16 hint the CPU plugin cannot honour compiles f32: the trial would repeat the f32 one."""
+    if dict(config.options).get("inference_precision") == "bf16":
+        offered = plugin_capabilities()
+        if "BF16" not in offered:
+            return f"the CPU plugin offers no bf16 here (its capabilities: {' '.join(offered)})"
     return None
+
+
+@functools.cache
+def plugin_capabilities() -> tuple[str, ...]:
+    """What OpenVINO's CPU plugin can run on this machine (FP32, BF16, INT8, ...), asked once."""
+    import openvino as ov
+
+    return tuple(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
 
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
@@ -109,22 +126,13 @@ def prepare(
     model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: dict[str, Any] | None = None
 ) -> tuple[OpenVinoGenerator, dict[str, Any]]:
     """Compile the IR the prepare step wrote (exported here when it was evicted since)."""
-    import shutil
-    import tempfile
-
+    from autotune.backends.generation.artifacts import engine_files
     from autotune.backends.precision import ir_weight_probe
 
-    details: dict[str, Any]
-    scratch = Path(tempfile.mkdtemp(prefix="autotune-openvino-")) if artifact is None else None
-    try:
-        if artifact is None:
-            assert scratch is not None
-            folder = scratch
-            details = build_artifact(model, calibration, config, folder)
-            details["converted_by"] = "the trial (no cached artifact)"
-        else:
-            folder = Path(artifact["dir"])
-            details = {**artifact["details"], "converted_by": "the prepare step (cached artifact)"}
+    def export(folder: Path) -> dict[str, Any]:
+        return build_artifact(model, calibration, config, folder)
+
+    with engine_files(artifact, export, "autotune-openvino-") as (folder, details):
         options = dict(config.options)
         generator = OpenVinoGenerator(
             ir=folder / ir_export.IR_FILE,
@@ -134,11 +142,8 @@ def prepare(
             kv_cache_precision=str(options.get("kv_cache_precision", "u8")),
             dynamic_quantization_group_size=int(options.get("dynamic_quantization_group_size", 32)),
         )
-    finally:  # compiled by now (the weights copied into the plugin), or failed: either way the files go
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        details["drift_request_runtime"] = generator.runtime_properties()  # compiled while the IR is here
     generator.probe = ir_weight_probe(details["weight_types"])
-    details["drift_request_runtime"] = generator.runtime_properties()
     details["runner"] = generator.engine
     return generator, details
 
@@ -190,7 +195,6 @@ class OpenVinoGenerator:
     probe: Any = None  # what the worker asks what runs: the IR's weight types (ir_weight_probe)
 
     def __post_init__(self) -> None:
-        import openvino as ov
         import openvino_genai
 
         properties = {
@@ -211,12 +215,29 @@ class OpenVinoGenerator:
         self._config.ignore_eos = True  # exactly new_tokens, as every backend decodes
         self._config.apply_chat_template = False
         self.engine = f"openvino-genai {openvino_genai.__version__} LLMPipeline"
-        core = ov.Core()
-        model = core.read_model(self.ir)
-        self.sliced = with_logits_to_keep(model)
-        self._compiled = core.compile_model(model, "CPU", {**properties, "NUM_STREAMS": 1})
-        self._request = self._compiled.create_infer_request()
+        self._properties = properties
+        self._compiled: Any = None
+        self._request: Any = None
+        self.sliced = False
         self.model = None  # no torch module: the probe reads the IR's weight types
+
+    def _drift_request(self) -> Any:
+        """The stateful infer request the passes that need logits run, compiled on first use: a second copy
+        of the weights, dropped when the timed calls begin (release_drift_request)."""
+        if self._request is None:
+            import openvino as ov
+
+            core = ov.Core()
+            model = core.read_model(self.ir)
+            self.sliced = with_logits_to_keep(model)
+            self._compiled = core.compile_model(model, "CPU", {**self._properties, "NUM_STREAMS": 1})
+            self._request = self._compiled.create_infer_request()
+        return self._request
+
+    def release_drift_request(self) -> None:
+        """Free the infer request's copy of the weights (compiled again if a later pass needs logits)."""
+        self._request = None
+        self._compiled = None
 
     def runtime_properties(self) -> dict[str, str]:
         """What the CPU plugin compiled the drift pass's infer request with (a bf16 hint on a CPU without
@@ -227,6 +248,7 @@ class OpenVinoGenerator:
             "DYNAMIC_QUANTIZATION_GROUP_SIZE",
             "INFERENCE_NUM_THREADS",
         )
+        self._drift_request()
         values = {name: self._compiled.get_property(name) for name in names}
         return {
             name: value.to_string() if hasattr(value, "to_string") else str(value) for name, value in values.items()
@@ -240,6 +262,8 @@ class OpenVinoGenerator:
         import openvino_genai
         import torch
 
+        if stamp:  # the timed calls: the drift pass is done, its weights need not stay resident
+            self.release_drift_request()
         ids = np.ascontiguousarray(input_ids.numpy() if hasattr(input_ids, "numpy") else input_ids, np.int64)
         inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
         result = self._pipeline.generate(inputs, self._config)
@@ -271,7 +295,7 @@ class OpenVinoGenerator:
         }
         if self.sliced:
             feed[KEEP_INPUT] = np.array([keep], np.int64)
-        logits = self._request.infer(feed)["logits"]
+        logits = self._drift_request().infer(feed)["logits"]
         return np.array(logits[:, -keep:], np.float32)
 
     def decode_steps(self, input_ids: Any) -> Any:
@@ -285,7 +309,7 @@ class OpenVinoGenerator:
         ids = np.ascontiguousarray(input_ids.numpy() if hasattr(input_ids, "numpy") else input_ids, np.int64)
         sequences, prompt = ids.shape
         kept: list[Any] | None = [] if keep_logits else None
-        self._request.reset_state()
+        self._drift_request().reset_state()
         logits = self._infer(ids, 0, max(keep_logits, 1))
         if kept is not None:
             kept.append(logits)
