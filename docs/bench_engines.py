@@ -278,38 +278,26 @@ def main() -> int:
                         ),
                     }
                 )
-        for gguf_type, measured in tool_runs.items():
-            if measured:
-                values = [m["generated_tokens_per_s"] for m in measured]
-                rows.append(
-                    {
-                        "sequences": sequences,
-                        "row": f"llama-batched-bench {gguf_type}",
-                        "tokens_per_s": statistics.median(values),
-                        "runs": values,
-                        "vs_eager_fp32": statistics.median(values) / base if base else None,
-                        "drift_relative_l2": drift.get(f"autotune llamacpp {gguf_type}"),
-                        "command": measured[0]["command"],
-                        "speed_pp": [m["speed_pp"] for m in measured],
-                        "speed_tg": [m["speed_tg"] for m in measured],
-                    }
-                )
-        for ov_type, measured in genai_runs.items():
-            if measured:
-                values = [m["generated_tokens_per_s"] for m in measured]
-                rows.append(
-                    {
-                        "sequences": sequences,
-                        "row": f"openvino-genai {ov_type}",
-                        "tokens_per_s": statistics.median(values),
-                        "runs": values,
-                        "vs_eager_fp32": statistics.median(values) / base if base else None,
-                        "drift_relative_l2": drift.get(f"autotune openvino {ov_type}"),
-                        "command": measured[0]["command"],
-                        "ttft_ms": [m["ttft_ms"] for m in measured],
-                        "tpot_ms": [m["tpot_ms"] for m in measured],
-                    }
-                )
+        tool_sets = (
+            ("llama-batched-bench", "autotune llamacpp", tool_runs, ("speed_pp", "speed_tg")),
+            ("openvino-genai", "autotune openvino", genai_runs, ("ttft_ms", "tpot_ms")),
+        )
+        for tool_name, autotune_row, by_type, kept in tool_sets:
+            for file_type, measured in by_type.items():
+                if measured:
+                    values = [m["generated_tokens_per_s"] for m in measured]
+                    rows.append(
+                        {
+                            "sequences": sequences,
+                            "row": f"{tool_name} {file_type}",
+                            "tokens_per_s": statistics.median(values),
+                            "runs": values,
+                            "vs_eager_fp32": statistics.median(values) / base if base else None,
+                            "drift_relative_l2": drift.get(f"{autotune_row} {file_type}"),  # the same file's
+                            "command": measured[0]["command"],
+                            **{key: [m[key] for m in measured] for key in kept},
+                        }
+                    )
     table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
     for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "drift (rel. L2)"):
         table.add_column(column, justify="left" if column == "row" else "right")
