@@ -33,7 +33,7 @@ MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages test-system-packages search test lint clean-venv llama-cpp llama-tools optimum-intel
+.PHONY: setup system-packages test-system-packages search test lint docs docs-serve clean-venv llama-cpp llama-tools optimum-intel
 
 setup: $(STAMP) $(IPEX_STAMP) optimum-intel
 
@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@$(MAKE) --no-print-directory llama-cpp
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,llm]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,llm,docs]'
 	@touch $(STAMP)
 
 # llama.cpp for text generation: PyPI has only the source of llama-cpp-python, which carries llama.cpp itself;
@@ -118,6 +118,14 @@ lint: setup
 	$(BIN)/ruff format --check autotune tests docs
 	$(BIN)/ruff check autotune tests docs
 	$(BIN)/mypy
+
+# the manual (docs/manual) as a site, --strict: a broken link, anchor or missing page fails
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet -f docs/mkdocs.yml
+	@echo "built studies/site/index.html"
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --strict -f docs/mkdocs.yml -a 127.0.0.1:8000
 
 clean-venv:
 	rm -rf $(VENV) $(IPEX_VENV)

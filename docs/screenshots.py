@@ -18,7 +18,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-OUT = Path(__file__).resolve().parent / "img"
+OUT = Path(__file__).resolve().parent / "manual" / "img"
 
 
 def free_port() -> int:

@@ -137,7 +137,7 @@ def test_a_search_runs_on_mysql_and_resumes_there(workdir, mariadb):
 
 
 def test_the_fleet_guide_uses_real_options_and_valid_manifests():
-    """docs/FLEET.md: every autotune command parses with the real CLI, the Kubernetes Job is valid YAML
+    """docs/manual/fleet.md: every autotune command parses with the real CLI, the Kubernetes Job is valid YAML
     whose command does too, and the systemd unit's ExecStart as well."""
     import shlex
 
@@ -145,7 +145,7 @@ def test_the_fleet_guide_uses_real_options_and_valid_manifests():
 
     from autotune.cli import build_parser
 
-    guide = (Path(__file__).resolve().parent.parent / "docs" / "FLEET.md").read_text()
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "manual" / "fleet.md").read_text()
     parser = build_parser()
     commands = [
         line.split("#")[0].strip()

@@ -1,7 +1,7 @@
 """best.json as a typed record: the winner (or, with `meets_drift: false`, the closest candidate), read
 back by `autotune.search(...)` and by anyone holding the file.
 
-The schema is documented in docs/best-json.md. Reading is strict about the fields every best.json has
+The schema is documented in docs/manual/reference/best-json.md. Reading is strict about the fields every best.json has
 (a missing one is one clear error naming it) and lenient about the rest: a field this autotune does
 not know (a newer one wrote the file) is kept in `extra` and written back by `to_json`.
 """
@@ -227,7 +227,7 @@ METRIC_KEYS = tuple(f.name for f in dataclasses.fields(BestMetrics) if f.name no
 
 @dataclass(frozen=True, kw_only=True)
 class BestJson(OpenRecord):
-    """The contents of a best.json (schema autotune.best/2, docs/best-json.md).
+    """The contents of a best.json (schema autotune.best/2, docs/manual/reference/best-json.md).
 
     A winner has `meets_drift` true, its `metrics`, `launch`, `job` and speedup; a file written when no
     configuration met the drift bound holds the closest candidate instead (`meets_drift` false, never
@@ -285,7 +285,7 @@ class BestJson(OpenRecord):
         if missing:
             raise RecordError(
                 f"best.json lacks its required {', '.join(repr(m) for m in missing)} "
-                f"field{'s' if len(missing) > 1 else ''} (schema: docs/best-json.md)"
+                f"field{'s' if len(missing) > 1 else ''} (schema: docs/manual/reference/best-json.md)"
             )
         schema = data["schema"]
         if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):

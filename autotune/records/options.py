@@ -1,7 +1,7 @@
 """The options of a search, written once: `SearchOptions` holds each option's name, type, default, help
 and how the command line spells it. The CLI parser (cli.py), `autotune.search(model, **options)` and the
-option table in the README are made from it, so an option cannot exist in one and not the others, nor
-differ in its default.
+option table of the manual's command reference are made from it, so an option cannot exist in one and not
+the others, nor differ in its default.
 
 Validation that needs the model, the data or the machine happens where the options become the stored
 SearchSpec (api.search_spec); what a value alone can say is checked here, one line naming the option.
@@ -53,7 +53,7 @@ class Flag:
     `--no-<name>` (it turns the option off); one whose default is False as `--<name>`."""
 
     help: str
-    doc: str = ""  # the README's longer text (markdown); the help when empty
+    doc: str = ""  # the manual's longer text (markdown); the help when empty
     aliases: tuple[str, ...] = ()
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
@@ -147,7 +147,8 @@ class SearchOptions:
         doc="what is measured, by MLPerf Inference's names: `offline` (full batches back to back, samples/s: the "
         "default, `--objective throughput`), `server` (the highest Poisson request rate whose p99 latency from "
         "arrival to answer stays within `--slo-ms`, with dynamic batching searched: see [Serving under "
-        "load](#serving-under-load-the-server-scenario)), `single-stream` (one request at a time, median latency: "
+        "load](../serving.md#serving-under-load-the-server-scenario)), `single-stream` (one request at a time, "
+        "median latency: "
         "`--objective latency`). `--objective` keeps working; the two must not disagree",
     )
     slo_ms: float | None = option(
@@ -274,7 +275,8 @@ class SearchOptions:
         "e.g. another torch version; repeatable. The main one and .venv-ipex are always used",
         doc="another Python environment (a virtual environment folder or its `python`) trials may run in, e.g. "
         "one with another torch version; repeatable (from Python: `runtimes=[...]`). Its trials compete with the "
-        "main runtime's for every backend it imports (see [Runtimes](#runtimes-ipex-in-its-own-environment))",
+        "main runtime's for every backend it imports (see "
+        "[Runtimes](../tuning.md#runtimes-ipex-in-its-own-environment))",
     )
     heartbeat_grace: Duration = option(
         "60s",
@@ -364,8 +366,9 @@ def add_arguments(
 
 
 def options_table() -> str:
-    """The README's table of `autotune search`'s options, made from SearchOptions (a test keeps the README's
-    copy equal to it; `python -m autotune.records.options` prints it)."""
+    """The table of `autotune search`'s options, made from SearchOptions: the manual's command reference
+    puts it in when the site is built (autotune/cli_reference.py); `python -m autotune.records.options`
+    prints it."""
     lines = ["| option | what it does | default |", "|---|---|---|"]
     for name in OPTION_FIELDS:
         metavar = flag_of(name).metavar

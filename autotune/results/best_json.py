@@ -1,6 +1,6 @@
 """best.json: the winner, how to reproduce it, what it measured, and what it is valid for.
 
-Reads the stored study only; never re-runs the search. Schema documented in docs/best-json.md.
+Reads the stored study only; never re-runs the search. Schema documented in docs/manual/reference/best-json.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""The manual (docs/manual) builds as a site with MkDocs --strict, as `make docs` and CI build it: its
+command reference is made from the parser, so it lists every command and every option of the code as it
+is, and a broken link fails the build."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(docs: Path, site: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` as `make docs` runs it, its hooks importing this checkout's autotune."""
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    command = [str(mkdocs), "build", "--strict", "-f", str(docs / "mkdocs.yml"), "-d", str(site)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_manual_builds_strict_and_its_reference_is_the_parsers(tmp_path):
+    """Every page builds without a warning; the reference page holds each command and each of its
+    options as the parser declares them (search's from its options record)."""
+    from autotune.cli import build_parser
+    from autotune.records.options import options_table
+
+    done = build(ROOT / "docs", tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        assert f'id="autotune-{name}"' in page, name
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"<code>{flag}" in page, (name, flag)
+    markdown = (ROOT / "docs" / "manual" / "reference" / "cli.md").read_text()
+    assert "| option |" not in markdown and options_table().count("\n") > 30  # made at build time, not pasted
+
+
+def test_a_broken_link_in_the_manual_fails_the_build(tmp_path):
+    """--strict is what makes the build a check: a link to a page that does not exist fails it."""
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs, ignore=shutil.ignore_patterns("results", "*.py", "img"))
+    shutil.copy(ROOT / "docs" / "hooks.py", docs / "hooks.py")
+    shutil.copytree(ROOT / "docs" / "manual" / "img", docs / "manual" / "img")
+    page = docs / "manual" / "troubleshooting.md"
+    page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    done = build(docs, tmp_path / "site")
+    assert done.returncode != 0
+    assert "no-such-page.md" in done.stderr, done.stderr[-2000:]
