@@ -54,3 +54,25 @@ def test_a_broken_link_in_the_manual_fails_the_build(tmp_path):
     done = build(docs, tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-page.md" in done.stderr, done.stderr[-2000:]
+
+
+def test_best_json_fields_are_each_described_and_each_description_names_a_field(tmp_path, monkeypatch):
+    """The manual's best.json table is made from descriptions checked against the record: none missing,
+    none of a field that is not there; a field added without a row, or a row left for a field renamed,
+    is named (and the built page holds every row)."""
+    import dataclasses
+
+    from autotune.records import best_fields
+
+    assert best_fields.undocumented() == [] and best_fields.unknown() == []
+    rows = best_fields.FIELDS
+    monkeypatch.setattr(best_fields, "FIELDS", tuple(r for r in rows if r.paths != ("launch.commands",)))
+    assert best_fields.undocumented() == ["launch.commands"]
+    renamed = dataclasses.replace(rows[0], paths=("metrics.throughput_ci_sps",))
+    monkeypatch.setattr(best_fields, "FIELDS", (*rows, renamed))
+    assert best_fields.unknown() == ["metrics.throughput_ci_sps"]  # TrialMetrics has it, best.json does not
+    monkeypatch.setattr(best_fields, "FIELDS", rows)
+    done = build(ROOT / "docs", tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (tmp_path / "site" / "reference" / "best-json" / "index.html").read_text()
+    assert all(f"<code>{path}</code>" in page for row in rows for path in row.paths)
