@@ -1,6 +1,7 @@
 """llama.cpp and OpenVINO through autotune against their own tools on the same files (llama.cpp's
-llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), beside autotune's eager fp32: the
-105M decoder of bench_generation.py (random init), interleaved in one run.
+llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), beside autotune's eager fp32 and the
+seed's recipe: the 105M decoder of bench_generation.py (or its 1B one, --model decoder_1b; random init),
+interleaved in one run.
 
     make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
     .venv/bin/python docs/bench_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8] [--repeats 1]
@@ -151,6 +152,12 @@ def main() -> int:
     from autotune.runner.trials import TrialContext, compute_reference, run_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model",
+        choices=("decoder", "decoder_1b"),
+        default="decoder",
+        help="bench_generation.py's factory: the 105M decoder (--layers sets its depth) or the 1B one",
+    )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=64)
@@ -180,15 +187,22 @@ def main() -> int:
     cores = machine.physical_cores
     workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
     model = resolve_model(
-        f"{ROOT / 'docs' / 'bench_generation.py'}:decoder", None, f"input_ids:int64:{args.prompt}:0-32000"
+        f"{ROOT / 'docs' / 'bench_generation.py'}:{args.model}", None, f"input_ids:int64:{args.prompt}:0-32000"
     )
-    work = Path("studies") / "benchmarks" / f"engines-l{args.layers}-p{args.prompt}-n{args.new}"
+    shape = f"l{args.layers}" if args.model == "decoder" else "1b"
+    work = Path("studies") / "benchmarks" / f"engines-{shape}-p{args.prompt}-n{args.new}"
     reference = compute_reference(model, work, 4, 1800, generation=workload)
     measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)
     ctx = TrialContext(machine, reference, measure, Path("studies") / ".cache", runtimes=discover_runtimes())
     types = [t for t in args.types.split(",") if t]
     console.print(
-        f"{machine.cpu_model}, {cores} cores; Llama {args.layers} layers hidden 768 vocab 32000 (random init); "
+        f"{machine.cpu_model}, {cores} cores; "
+        + (
+            f"Llama {args.layers} layers hidden 768"
+            if args.model == "decoder"
+            else "Llama 16 layers hidden 2048 (about 1B parameters)"
+        )
+        + f" vocab 32000 (random init); "
         f"prompt {args.prompt}, {args.new} new tokens; 1 instance x {cores} threads",
         markup=False,
     )
@@ -335,7 +349,7 @@ def main() -> int:
                 "machine": {"cpu": machine.cpu_model, "physical_cores": cores, "isa": machine.isa},
                 "commit": commit.strip(),
                 "command": shlex.join([".venv/bin/python", "docs/bench_engines.py", *sys.argv[1:]]),
-                "workload": {"layers": args.layers, "prompt": args.prompt, "new": args.new},
+                "workload": {"model": args.model, "layers": args.layers, "prompt": args.prompt, "new": args.new},
                 "rows": rows,
                 "max_drift_relative_l2": args.max_drift,
                 "targets": summary,

@@ -40,6 +40,23 @@ def decoder():
     return LlamaForCausalLM(config)
 
 
+def decoder_1b():
+    """A Llama-architecture decoder of about 1B parameters (hidden 2048, 16 layers, 32 heads, MLP 5632,
+    vocabulary 32000: 0.82B in the blocks, 0.13B in the embedding and output layers), random init."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=2048,
+    )
+    return LlamaForCausalLM(config)
+
+
 def perplexity_table() -> int:
     """Held-out perplexity of a decoder that learned real text, fp32 and each precision this torchao runs
     (random weights make perplexity meaningless, so the 100M decoder's drift columns are logits only)."""
