@@ -11,8 +11,25 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     from autotune.cli_reference import cli_reference
     from autotune.records.best_fields import fields_table
 
-    generated = {"<!-- autotune:cli-reference -->": cli_reference, "<!-- autotune:best-json-fields -->": fields_table}
+    generated = {
+        "<!-- autotune:cli-reference -->": cli_reference,
+        "<!-- autotune:best-json-fields -->": fields_table,
+        "<!-- autotune:benchmark-summary -->": _benchmark_summary,
+    }
     for marker, make in generated.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make())
     return markdown
+
+
+def _benchmark_summary() -> str:
+    """docs/benchmarks/summary.py's page, loaded by its path (the bench scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "benchmarks" / "summary.py"
+    spec = importlib.util.spec_from_file_location("benchmark_summary", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.summary())

@@ -5,6 +5,8 @@ is, and a broken link fails the build."""
 from __future__ import annotations
 
 import argparse
+import html
+import json
 import os
 import shutil
 import subprocess
@@ -39,6 +41,13 @@ def test_the_manual_builds_strict_and_its_reference_is_the_parsers(tmp_path):
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"<code>{flag}" in page, (name, flag)
+    # the benchmarks' summary: every results file, its command, its rows and a chart, made at build time
+    summary = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    for results in sorted((ROOT / "docs" / "results").glob("*.json")):
+        data = json.loads(results.read_text())
+        assert results.name in summary and html.escape(data["command"], quote=False) in summary, results.name
+        assert all(html.escape(row["row"], quote=False) in summary for row in data["rows"]), results.name
+    assert summary.count('src="data:image/svg+xml;base64,') == len(list((ROOT / "docs" / "results").glob("*.json")))
     markdown = (ROOT / "docs" / "manual" / "reference" / "cli.md").read_text()
     assert "| option |" not in markdown and options_table().count("\n") > 30  # made at build time, not pasted
 
@@ -46,9 +55,7 @@ def test_the_manual_builds_strict_and_its_reference_is_the_parsers(tmp_path):
 def test_a_broken_link_in_the_manual_fails_the_build(tmp_path):
     """--strict is what makes the build a check: a link to a page that does not exist fails it."""
     docs = tmp_path / "docs"
-    shutil.copytree(ROOT / "docs", docs, ignore=shutil.ignore_patterns("results", "*.py", "img"))
-    shutil.copy(ROOT / "docs" / "hooks.py", docs / "hooks.py")
-    shutil.copytree(ROOT / "docs" / "manual" / "img", docs / "manual" / "img")
+    shutil.copytree(ROOT / "docs", docs, ignore=shutil.ignore_patterns("__pycache__"))
     page = docs / "manual" / "troubleshooting.md"
     page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
     done = build(docs, tmp_path / "site")

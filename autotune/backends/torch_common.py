@@ -100,7 +100,7 @@ def attention_layers(model: torch.nn.Module) -> dict[str, int]:
     Attention: transformers' BertAttention, ViTSelfAttention...; a TorchScript module by its original
     class), outermost only, counted; empty for a convolutional network. The post-training int8 schemes
     that suit a CNN lose a transformer's accuracy: with static int8 on every operator a random-init
-    vit_b_16 drifted 0.49 (ONNX Runtime) and 0.47 (OpenVINO) against 0.05 (docs/manual/benchmarks.md)."""
+    vit_b_16 drifted 0.49 (ONNX Runtime) and 0.47 (OpenVINO) against 0.05 (docs/manual/benchmarks-log.md)."""
     found: dict[str, int] = {}
     counted: list[str] = []
     for path, module in model.named_modules():

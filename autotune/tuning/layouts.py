@@ -106,7 +106,7 @@ def coverage_batch(space: SearchSpace, objective: str, more_sequences: bool) -> 
     activations decoded garbage at one sequence (relative L2 in the thousands, pruned on drift after 2
     minutes each) and drifted 0.042-0.045 at 8. At 8 sequences against one, the layout round's winner
     made 194.1 tokens/s against 52.9 there, 170 against 98 on an EPYC with VNNI and 53.2 against 27.9 on an
-    AVX2-only EPYC (docs/manual/benchmarks.md). The sampler still searches every sequence count."""
+    AVX2-only EPYC (docs/manual/benchmarks-log.md). The sampler still searches every sequence count."""
     batch = space.baseline_batch_size
     if not (more_sequences and space.task == "generate" and objective == "throughput"):
         return batch
@@ -122,7 +122,7 @@ def round_layout(study: optuna.study.Study, batch_param: str) -> dict[str, int] 
     there (LayoutRound._release): a family's rank at the leader's layout is not its rank at the winning
     one (on a 2-core Xeon with AMX, 8 sequences: inductor da8w8 led at 185.9 tokens/s as 1 x 2 and made
     220.4 as 2 x 1; eager bf16's coverage trial, 187.0 as 1 x 2, came after the round, and its 2 x 1,
-    239.5 in a 60-minute search, was never measured in that 20-minute one; docs/manual/benchmarks.md)."""
+    239.5 in a 60-minute search, was never measured in that 20-minute one; docs/manual/benchmarks-log.md)."""
     first = study.user_attrs.get(Attr.LAYOUT_ROUND)
     leader_trial = next((t for t in study.get_trials(deepcopy=False) if t.number == first), None)
     if leader_trial is None:

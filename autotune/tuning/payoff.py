@@ -14,11 +14,11 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   weights), and the four trials took 3.8 minutes of a 20-minute search before the first fp32 family ran;
   efficientnet_b0's (57) four int8 families were all pruned on drift there (random weights: no speed
   measured), and its winner was ONNX Runtime's fp32, while resnet50 (368) and vit_b_16 (1221) won with
-  int8 there (docs/manual/benchmarks.md). The family still runs, among those expected to lose (after the
+  int8 there (docs/manual/benchmarks-log.md). The family still runs, among those expected to lose (after the
   layout round where one runs). bf16 is tier 0 where the CPU has AMX-BF16 tiles, tier 1 (after int8) where it has
   AVX512-BF16 alone: there an int8 dot product (VNNI) does twice a bf16 one's work per instruction,
   and resnet50's bf16 measured 3.6x eager fp32 against int8's 6.8x (OpenVINO, an AMD EPYC) and 1.0x
-  against 7.3x (a Xeon without AMX; docs/manual/benchmarks.md); last (tier 3) where it is emulated; other
+  against 7.3x (a Xeon without AMX; docs/manual/benchmarks-log.md); last (tier 3) where it is emulated; other
   fp32 backends are tier 2 (the baseline already measures fp32).
 - **Text generation** (decode is memory-bound: every token reads all weights; the coverage round runs
   the most sequences, tuning/layouts.coverage_batch): bf16 is tier 0 where the CPU has AMX-BF16 tiles
@@ -47,7 +47,7 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   recipe compiled by inductor with max-autotune and freezing 0.15x, each prefill about 20-26x fp32's).
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
-  OpenVINO's first. In the offline searches recorded (docs/manual/benchmarks.md) where its int8 passed the
+  OpenVINO's first. In the offline searches recorded (docs/manual/benchmarks-log.md) where its int8 passed the
   drift bound, it was the fastest int8 family at one instance or within 2% of it, and it prepares in
   less time than IPEX (its own runtime) or torchao (a compile), while ONNX Runtime's int8, cheaper to
   prepare, was slower: resnet50 on a Xeon with VNNI, OpenVINO 149.6 samples/s, IPEX 142.7, ONNX
@@ -107,7 +107,7 @@ LATE_TIER = 3
 # Multiply-adds per output element of the convolutions and linear layers (torch_common.with_reduction_depth)
 # under which a classifier's int8 without int8 dot products is expected to lose. Counted on torchvision's
 # models at 224x224: mobilenet_v3_large 49, efficientnet_b0 57, regnet_y_400mf 103 below it; convnext_tiny
-# 332, resnet50 368, vit_b_16 1221 above (only the four searched in docs/manual/benchmarks.md were measured).
+# 332, resnet50 368, vit_b_16 1221 above (only the four searched in docs/manual/benchmarks-log.md were measured).
 SHALLOW_REDUCTION = 128
 
 
@@ -127,7 +127,7 @@ def coverage_preferences(isa: dict[str, bool]) -> dict[tuple[str, str], Preferen
     makes it run them in f32. On a 2-core Xeon with AMX (`autotune bench`, batch 8, 1 x 2, medians of 3
     interleaved runs), vit_b_16's OpenVINO int8 ran at 43.4 samples/s with f32, the coverage trial's
     then, and 56.2 with bf16 (1.30x; a 20-minute search had found bf16 at 54% of its budget); resnet50,
-    a CNN with little left in float, at 419.5 and 412.2 (0.98x, the runs overlapping) (docs/manual/benchmarks.md).
+    a CNN with little left in float, at 419.5 and 412.2 (0.98x, the runs overlapping) (docs/manual/benchmarks-log.md).
     A language model's weight-only int8 and int4 take their activations in bf16 (the space's first) where
     the CPU computes bf16 natively, and in fp32 where it would emulate it: there bf16 is expected to lose
     (tier 3), and inductor's weight-only int8, which led an AVX2-only EPYC's search at 1.11x eager fp32, was

@@ -12,7 +12,7 @@ INT4 = ("woq_int4", "da8w4")
 # Weight-only precisions: the GEMMs take the activations in the model's float dtype. bf16 is what the
 # write-ups' A16W8 / A16W4 mean; torchao's CPU int4 kernel has no fast path for fp32 activations (a
 # 100M decoder's 512-token prefill took 32.7 s with fp32 activations against 0.51 s with bf16 ones on a
-# Xeon with AMX, docs/manual/benchmarks.md), so fp32 is an option, not the default.
+# Xeon with AMX, docs/manual/benchmarks-log.md), so fp32 is an option, not the default.
 WEIGHT_ONLY = ("woq_int8", "woq_int4")
 COMMON_OPTIONS: dict[str, tuple[Any, ...]] = {
     "kv_cache": ("dynamic", "static"),
