@@ -69,7 +69,7 @@ optimum-intel: $(STAMP)
 	echo "$(OPTIMUM_PACKAGES)" > $(OPTIMUM_SHARE)/VERSION
 
 # llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
-# that compare autotune with them (docs/bench_engines.py); not needed to search.
+# that compare autotune with them (docs/benchmarks/llm_engines.py); not needed to search.
 llama-tools: $(STAMP)
 	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = $(LLAMA_CPP_PYTHON) ]; then exit 0; fi; \
 	set -e; [ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \

@@ -204,7 +204,7 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if server and asked:
         raise UserError(
             "--independent and --vs-benchmark-app time closed-loop calls: not a sustained rate; for OpenVINO's "
-            "throughput mode under the same arrivals see docs/bench_server.py"
+            "throughput mode under the same arrivals see docs/benchmarks/server_scenario.py"
         )
     chosen = args.independent if args.independent is not None else ("0" if generation or server else "20s")
     independent = parse_duration(chosen) if chosen != "0" else 0.0

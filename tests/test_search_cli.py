@@ -127,10 +127,10 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert 0.5 < independent / ours < 2.0  # two stopwatches, same config: the same order of magnitude
 
     # The search's own benchmarks read the study: its best so far against the clock, and replays.
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 
     def budget_curve() -> subprocess.CompletedProcess:
-        command = [sys.executable, str(docs / "bench_budget.py"), "--study", "s", "--reference", "s"]
+        command = [sys.executable, str(docs / "search_budget.py"), "--study", "s", "--reference", "s"]
         return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=workdir)
 
     clock = budget_curve()
@@ -149,7 +149,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert f"best re-measured: #0, median {fastest * 10:.2f} of 3" in clock.stdout
     assert "s reached 95% of " in clock.stdout and f"s never reached 95% of {fastest * 10:.2f}" in clock.stdout
     replayed = subprocess.run(
-        [sys.executable, str(docs / "bench_replay.py"), "--study", "s", "--runs", "3", "--budget-min", "1"],
+        [sys.executable, str(docs / "sampler_replay.py"), "--study", "s", "--runs", "3", "--budget-min", "1"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -161,7 +161,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     winners = subprocess.run(
         [
             sys.executable,
-            str(docs / "bench_winners.py"),
+            str(docs / "winners_side_by_side.py"),
             "--best",
             "s=studies/s/best.json",
             "--baseline",
@@ -185,7 +185,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert f"  s: {TrialConfig.from_json(best['config']).summary()}" in winners.stdout
     assert winners.stdout.count("repeat 2/2 ") == 2  # both measured in the second round too
     refused = subprocess.run(
-        [sys.executable, str(docs / "bench_winners.py"), "--best", "studies/s/best.json"],
+        [sys.executable, str(docs / "winners_side_by_side.py"), "--best", "studies/s/best.json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -687,10 +687,11 @@ def test_the_ready_barrier_stops_a_trial_on_any_instances_gate_verdict():
 
 
 def load_bench_replay() -> Any:
-    """docs/bench_replay.py as a module (a script, not a package), registered so its dataclasses find it."""
+    """docs/benchmarks/sampler_replay.py as a module (a script, not a package), registered so its
+    dataclasses find it."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "bench_replay.py"
+    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "sampler_replay.py"
     spec = importlib.util.spec_from_file_location("bench_replay", path)
     assert spec is not None and spec.loader is not None
     replay = importlib.util.module_from_spec(spec)

@@ -362,7 +362,7 @@ def test_a_negative_wait_in_the_space_is_one_line_and_exit_2(workdir):
 
 
 def test_openvino_throughput_mode_is_fed_the_same_arrivals_and_judged_by_the_same_rules(workdir):
-    """The benchmark's point of comparison (docs/bench_server.py): an IR in OpenVINO's throughput mode,
+    """The benchmark's point of comparison (docs/benchmarks/server_scenario.py): an IR in OpenVINO's throughput mode,
     one request per arrival; its rate search ends at a sustained rate with its probes recorded."""
     import subprocess
     import sys

@@ -128,7 +128,7 @@ def without_smooth_quant(advanced: Any) -> Any:
     """NNCF's transformer model type keeps the norms, residual adds and softmax in float and quantizes
     activations asymmetrically (mixed preset); its SmoothQuant step is left out. On a random-init
     vit_b_16 with synthetic calibration (an EPYC with VNNI, OpenVINO 2026.4, NNCF 3.4;
-    docs/bench_int8_schemes.py), relative L2 against FP32: 0.473 with the CNN preset, 0.067 as a
+    docs/benchmarks/int8_scheme_drift.py), relative L2 against FP32: 0.473 with the CNN preset, 0.067 as a
     transformer with SmoothQuant (alpha 0.95), 0.041 without:
     SmoothQuant moves activation outliers into the weights, and where there are none it only adds
     weight error."""

@@ -33,7 +33,7 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   fp32 tier 2. Expected to lose on every CPU (tier 3, after the layout round): eager's int8 (weight-only,
   da8w8, SmoothQuant), which decoded slower than eager bf16 or fp32 on every CPU recorded (the Xeon with
   AMX at 8 sequences as 1 x 2: weight-only 89.4 tokens/s (a search's trial) and 61.8
-  (docs/bench_generation.py) with fp32 activations, 105.9 with bf16 ones, da8w8 125.3, eager bf16
+  (docs/benchmarks/generation_precisions.py) with fp32 activations, 105.9 with bf16 ones, da8w8 125.3, eager bf16
   183.3-221.2; on an EPYC with VNNI stopped at screening; on an AVX2-only EPYC
   da8w8 at 0.14-0.15x eager fp32 and weight-only int8 at 0.42-0.66x, three eager int8 trials taking 9.5
   minutes of a 60-minute search before inductor's ran); and int4 weights, whose prompt prefill runs

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def isa_summary(isa: dict[str, bool]) -> str:

@@ -6,7 +6,7 @@ window (stopwatch.combined_early_late); before, by each instance's own calls, wh
 that traded speed with a steady sum. This re-judges every attempt of a finished study both ways, from
 its stamps files (trials/NNNNN/stamps-*.npy and retry-*/), with the default limits:
 
-    .venv/bin/python docs/bench_noise_rules.py --study r60 --studies-dir studies
+    .venv/bin/python docs/benchmarks/noise_rules.py --study r60 --studies-dir studies
 
 Only the drift rule is re-judged: the other signals (foreign CPU, steal, spread, run queue) are the
 same under both rules and are not repeated here.

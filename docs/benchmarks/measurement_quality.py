@@ -10,7 +10,7 @@
    summed, against the window. autotune's rule against the earlier one (list of tuples to an array,
    a full sort, binomial ranks recomputed at each check).
 
-    .venv/bin/python docs/bench_measurement.py [--runs 300]
+    .venv/bin/python docs/benchmarks/measurement_quality.py [--runs 300]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from autotune.measure.stopwatch import (
     STOP_CHECK_EVERY_S,
     MeasureSettings,

@@ -1,11 +1,11 @@
 """llama.cpp and OpenVINO through autotune against their own tools on the same files (llama.cpp's
 llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), beside autotune's eager fp32 and the
-seed's recipe: the 105M decoder of bench_generation.py (or its 1B one, --model decoder_1b; random init),
+seed's recipe: the 105M decoder of decoders.py (or its 1B one, --model decoder_1b; random init),
 interleaved in one run.
 
     make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
-    .venv/bin/python docs/bench_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8] [--repeats 1]
-        [--best studies/S/best.json ...]
+    .venv/bin/python docs/benchmarks/llm_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8]
+        [--repeats 1] [--best studies/S/best.json ...]
 
 --best adds the winner of an `autotune search --task generate` on the same decoder as a row at its total
 sequences; the seed's recipe (inductor da8w8, max-autotune, C++ wrapper, concat_linear, freezing) is a row
@@ -18,7 +18,7 @@ rows run `llama-batched-bench -m FILE -npp PROMPT -ntg NEW -npl SEQUENCES -t COR
 tokens the shape needs, rounded up to 256, plus 256; its defaults
 otherwise: n_batch 2048, n_ubatch 512, flash attention auto) on the very file autotune's trial loaded, and
 their tokens/s is the same quantity read from its JSON line: pl x ntg / t (its own `speed` also counts the
-prompt's tokens). OpenVINO GenAI's rows run docs/genai_bench.py (its benchmark_genai sample's protocol on
+prompt's tokens). OpenVINO GenAI's rows run genai_benchmark.py (its benchmark_genai sample's protocol on
 token ids: 1 warm-up, 3 timed calls, `INFERENCE_NUM_THREADS` = the cores) on the IR autotune's trial loaded;
 tokens/s is generated tokens over its mean generate duration. Drift is the autotune trial's (the same file):
 logits' relative L2 against FP32 eager.
@@ -28,7 +28,6 @@ Writes docs/results/engines-<date>.json (machine, commit, command, rows).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -37,9 +36,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "docs"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TYPES = ("F32", "BF16", "Q8_0", "Q4_K_M", "Q4_0")
 OPENVINO_TYPES = ("int8_asym", "int4_sym")
@@ -47,10 +46,10 @@ OPENVINO_OPTIONS = {"inference_precision": "f32", "kv_cache_precision": "u8", "d
 
 
 def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: int) -> dict:
-    """OpenVINO GenAI's benchmark protocol (docs/genai_bench.py) on the IR, in its own process."""
+    """OpenVINO GenAI's benchmark protocol (genai_benchmark.py) on the IR, in its own process."""
     command = [
         sys.executable,
-        str(ROOT / "docs" / "genai_bench.py"),
+        str(Path(__file__).resolve().parent / "genai_benchmark.py"),
         str(ir_dir),
         "--prompt",
         str(prompt),
@@ -156,7 +155,7 @@ def main() -> int:
         "--model",
         choices=("decoder", "decoder_1b"),
         default="decoder",
-        help="bench_generation.py's factory: the 105M decoder (--layers sets its depth) or the 1B one",
+        help="decoders.py's factory: the 105M decoder (--layers sets its depth) or the 1B one",
     )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512)
@@ -187,7 +186,9 @@ def main() -> int:
     cores = machine.physical_cores
     workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
     model = resolve_model(
-        f"{ROOT / 'docs' / 'bench_generation.py'}:{args.model}", None, f"input_ids:int64:{args.prompt}:0-32000"
+        f"{Path(__file__).resolve().parent / 'decoders.py'}:{args.model}",
+        None,
+        f"input_ids:int64:{args.prompt}:0-32000",
     )
     shape = f"l{args.layers}" if args.model == "decoder" else "1b"
     work = Path("studies") / "benchmarks" / f"engines-{shape}-p{args.prompt}-n{args.new}"
@@ -219,7 +220,9 @@ def main() -> int:
     rows: list[dict] = []
     for sequences in (int(s) for s in args.sequences.split(",")):
         configs = {"autotune eager fp32": TrialConfig("eager", "fp32", sequences, threads_per_instance=cores)}
-        if not args.no_recipe:  # the seed's recipe applied by hand (as docs/bench_generation.py runs it)
+        if (
+            not args.no_recipe
+        ):  # the seed's recipe applied by hand (as docs/benchmarks/generation_precisions.py runs it)
             recipe = {"kv_cache": "static", "max_autotune": True, "cpp_wrapper": True, "concat_linear": True}
             configs["autotune inductor da8w8 recipe"] = TrialConfig(
                 "inductor", "da8w8", sequences, threads_per_instance=cores, options={**recipe, "freezing": True}
@@ -336,26 +339,17 @@ def main() -> int:
     summary = targets(rows, args.max_drift)
     for line in summary:
         console.print(line["text"], markup=False)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    out = (
-        Path(args.out) if args.out else ROOT / "docs" / "results" / f"engines-{datetime.date.today().isoformat()}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "llama.cpp and OpenVINO through autotune against llama-batched-bench and OpenVINO "
-                "GenAI's benchmark, on the same files",
-                "machine": {"cpu": machine.cpu_model, "physical_cores": cores, "isa": machine.isa},
-                "commit": commit.strip(),
-                "command": shlex.join([".venv/bin/python", "docs/bench_engines.py", *sys.argv[1:]]),
-                "workload": {"model": args.model, "layers": args.layers, "prompt": args.prompt, "new": args.new},
-                "rows": rows,
-                "max_drift_relative_l2": args.max_drift,
-                "targets": summary,
-            },
-            indent=2,
-        )
+    from results import write_results
+
+    out = write_results(
+        "engines",
+        "llama.cpp and OpenVINO through autotune against llama-batched-bench and OpenVINO GenAI's benchmark, on the "
+        "same files",
+        {"model": args.model, "layers": args.layers, "prompt": args.prompt, "new": args.new},
+        rows,
+        args.out,
+        max_drift_relative_l2=args.max_drift,
+        targets=summary,
     )
     console.print(f"wrote {out}", markup=False)
     return 0

@@ -42,8 +42,8 @@ before OpenVINO's int8 coverage ran its float layers in bf16 on a CPU with AMX-B
 layout variant the recorded study never measured counts as pruned at its leader's cost (no value is guessed
 for it).
 
-    .venv/bin/python docs/bench_replay.py --study resnet50 [--studies-dir studies] [--runs 50] [--budget-min 20]
-        [--reduction-depth 49]
+    .venv/bin/python docs/benchmarks/sampler_replay.py --study resnet50 [--studies-dir studies] [--runs 50]
+        [--budget-min 20] [--reduction-depth 49]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any
 
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rich.console import Console
 from rich.table import Table
 

@@ -13,7 +13,7 @@ computes what the earlier counting said and what autotune says now:
 
 Same stamps, so the difference is the counting alone, not the machine's noise.
 
-    .venv/bin/python docs/bench_counting.py [--model resnet50] [--repeats 3]
+    .venv/bin/python docs/benchmarks/multi_instance_counting.py [--model resnet50] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rich.console import Console
 from rich.table import Table
 

@@ -10,7 +10,7 @@ each trial's stated interval). The target is 95% of the reference study's best c
 reference ran a finalist round, also 95% of its fastest finalist's median over the round's interleaved
 runs (the best single measurement of many noisy trials runs high: the top of many draws).
 
-    .venv/bin/python docs/bench_budget.py --study vit20 --studies-dir /tmp/b18/vit20/studies \
+    .venv/bin/python docs/benchmarks/search_budget.py --study vit20 --studies-dir /tmp/b18/vit20/studies \
         --reference vit60 --reference-dir /tmp/b18/vit60/studies [--started 2026-11-23T20:09:54]
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rich.console import Console
 from rich.table import Table
 

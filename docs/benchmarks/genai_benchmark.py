@@ -4,10 +4,10 @@ that sample at its defaults: an LLMPipeline on CPU with prefix caching off and m
 unbounded, 1 warm-up and 3 timed generate calls of max_new_tokens, perf_metrics summed over the timed
 calls. ignore_eos keeps every call at exactly max_new_tokens (a random model may emit its EOS id).
 
-    .venv/bin/python docs/genai_bench.py IR_DIR --prompt 512 --new 64 --sequences 1 --threads 2
+    .venv/bin/python docs/benchmarks/genai_benchmark.py IR_DIR --prompt 512 --new 64 --sequences 1 --threads 2
 
 Prints one JSON line: TTFT, TPOT and throughput from perf_metrics, and generated tokens over the mean
-generate duration (the quantity docs/bench_engines.py compares).
+generate duration (the quantity docs/benchmarks/llm_engines.py compares).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # alone, beside a second worker timing on CPU 0 (disjoint cores), and beside one timing on CPU 1 too
 # (shared), each through `autotune bench` (fresh processes, autotune's measurement protocol).
 # Prints one row per case: median samples/s of the measured worker, ratio to alone, noisy runs.
-# Usage: bash docs/bench_shared_cores.sh [MODEL] [BATCH]
+# Usage: bash docs/benchmarks/shared_cores.sh [MODEL] [BATCH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-resnet18}

@@ -2,12 +2,13 @@
 decoder of realistic shape (a Llama config, random init), through autotune's protocol (fresh pinned
 processes, warm-up, stop rule, token stamps), interleaved so slow drifts of a shared machine hit all.
 
-    .venv/bin/python docs/bench_generation.py [--layers 8] [--prompt 512] [--new 64] [--repeats 2] [--best B]
+    .venv/bin/python docs/benchmarks/generation_precisions.py [--layers 8] [--prompt 512] [--new 64] [--repeats 2]
+        [--best B]
 
 --best adds the winner of a search on the same decoder (autotune search --model
-docs/bench_generation.py:decoder --task generate ...), to set it beside the hand-applied recipe.
+docs/benchmarks/decoders.py:decoder --task generate ...), to set it beside the hand-applied recipe.
 
-The model factory is docs/bench_generation.py:decoder (hidden 768, 12 heads, MLP 2048, vocabulary 32000).
+The model factory is docs/benchmarks/decoders.py:decoder (hidden 768, 12 heads, MLP 2048, vocabulary 32000).
 """
 
 from __future__ import annotations
@@ -18,43 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PINNED = "granularity=fine,compact,1,0"  # Intel OpenMP's KMP_AFFINITY as the search space lists it
-
-
-def decoder():
-    """A Llama-architecture decoder of about 100M parameters (layers from $BENCH_LAYERS, default 8)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=int(os.environ.get("BENCH_LAYERS", "8")),
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        vocab_size=32000,
-        max_position_embeddings=2048,
-    )
-    return LlamaForCausalLM(config)
-
-
-def decoder_1b():
-    """A Llama-architecture decoder of about 1B parameters (hidden 2048, 16 layers, 32 heads, MLP 5632,
-    vocabulary 32000: 0.82B in the blocks, 0.13B in the embedding and output layers), random init."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=2048,
-    )
-    return LlamaForCausalLM(config)
 
 
 def perplexity_table() -> int:
@@ -69,7 +36,7 @@ def perplexity_table() -> int:
 
     from autotune.backends.generation import PRECISIONS, apply_precision, unavailable_precisions
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from tiny_lm import llama_config, train_llama
 
     trained = train_llama(Path(tempfile.mkdtemp()))
@@ -135,7 +102,8 @@ def main() -> int:
     runtimes = discover_runtimes()
     cores = machine.physical_cores
     workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
-    model = resolve_model(f"{Path(__file__).resolve()}:decoder", None, f"input_ids:int64:{args.prompt}:0-32000")
+    factory = Path(__file__).resolve().parent / "decoders.py"
+    model = resolve_model(f"{factory}:decoder", None, f"input_ids:int64:{args.prompt}:0-32000")
     work = Path("studies") / "benchmarks" / f"generation-l{args.layers}-p{args.prompt}-n{args.new}"
     reference = compute_reference(model, work, 4, 1800, generation=workload)
     measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)

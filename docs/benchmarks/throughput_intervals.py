@@ -6,7 +6,7 @@ A trial's stamps (each instance's [start, end] per timed call, `stamps-N.npy` in
 read back and counted through `common_window_throughput` as the trial's measurement counted them; the
 study itself is never changed.
 
-    .venv/bin/python docs/bench_intervals.py --study g60 --studies-dir /tmp/b26/g60/studies
+    .venv/bin/python docs/benchmarks/throughput_intervals.py --study g60 --studies-dir /tmp/b26/g60/studies
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rich.console import Console
 from rich.table import Table
 

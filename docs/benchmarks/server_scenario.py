@@ -8,7 +8,7 @@
 
 each found by the same rate search on the same seeded arrivals, in fresh processes, interleaved per bound.
 
-    .venv/bin/python docs/bench_server.py --server studies/r50-server/best.json \\
+    .venv/bin/python docs/benchmarks/server_scenario.py --server studies/r50-server/best.json \\
         --offline studies/resnet50/best.json --bounds 100,50 [--repeats 1] [--measure-seconds 5s-20s]
 """
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def configured(best: dict[str, Any], bound_ms: float, window: tuple[float, float], wait_ms: float | None):

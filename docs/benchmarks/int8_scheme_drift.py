@@ -5,7 +5,7 @@ dynamic int8; NNCF's transformer model type without SmoothQuant) and other model
 (static int8 on every operator). This prints the drift of every scheme on one model, the same
 calibration and evaluation inputs for all, so the choice can be checked on a machine and a model:
 
-    .venv/bin/python docs/bench_int8_schemes.py --model vit_b_16
+    .venv/bin/python docs/benchmarks/int8_scheme_drift.py --model vit_b_16
 
 Random init (no weights are downloaded), seeded synthetic inputs; a torchvision model's zero-initialised
 classifier head is drawn again (normal, std 0.02) so that the outputs vary with the input. Drift is the

@@ -7,7 +7,7 @@ search's own protocol (autotune.runner.trials.run_config, as `autotune verify` d
 runs interleaved (A, B, C, A, B, C, ... as `autotune compare` and `bench` do); runs flagged as noisy
 are left out of the medians. Ratios are of medians from this one run.
 
-    .venv/bin/python docs/bench_winners.py --best r20=/tmp/b18/r20/studies/r20/best.json \
+    .venv/bin/python docs/benchmarks/winners_side_by_side.py --best r20=/tmp/b18/r20/studies/r20/best.json \
         --best r60=/tmp/b18/r60/studies/r60/best.json --baseline --rounds 5
 """
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rich.console import Console
 
 from autotune.common.errors import UserError
