@@ -35,13 +35,18 @@ def write_results(
     out: str | Path | None = None,
     **extra: Any,
 ) -> Path:
-    """Write the results file (default docs/results/<name>-<today>.json) and return its path."""
+    """Write the results file (default docs/results/<name>-<today>.json, -2, -3 ... when that one exists) and
+    return its path."""
     from autotune.machine.probe import probe_machine
 
     machine = probe_machine()
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
     path = Path(out) if out else RESULTS / f"{name}-{datetime.date.today().isoformat()}.json"
+    for again in range(2, 100):  # a second run the same day keeps the first one's file
+        if out or not path.exists():
+            break
+        path = RESULTS / f"{name}-{datetime.date.today().isoformat()}-{again}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": benchmark,
