@@ -27,6 +27,7 @@ LAYERS = {
     "api": 8,
     "cli": 9,
     "stopwatch_process": 9,  # a plain process, timed (python -m autotune.stopwatch_process): calls autotune.load()
+    "cli_reference": 10,  # the manual's command reference, made from the parser (cli) when the site is built
     "__init__": 9,
 }
 
