@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,6 +43,12 @@ MAX_PROBES = 8
 FIRST_PROBE_SHARE = 0.9  # the first probe: 90% of the closed-loop throughput
 UPPER_HEADROOM = 1.1  # the bisection may go 10% past the closed-loop throughput, measured in a short window
 LOWEST_SHARE = 1 / 64  # below this share of the closed-loop throughput the search gives up
+# A refused probe during which the server loop lost more than this share of the bound at once (woken late
+# from a wait, or a call stretched past the others) was refused for the machine, not the server: the
+# rate is probed again, at most STALL_RETRIES times per search. Seen in a full test run on 2 shared
+# cores: a 2 ms server sustained half of queueing theory's rate after one such refusal.
+STALL_SHARE_OF_BOUND = 0.5
+STALL_RETRIES = 2
 ROUTING = "random: each instance runs its own Poisson stream at rate / instances (seeded per instance and probe)"
 BATCHING = "padded: every call runs the full max_batch shape; the requests that fill it share its result"
 
@@ -60,6 +66,7 @@ class ServedRequests:
     send_times: np.ndarray
     start: float  # when the arrivals began (the probe's clock zero)
     duration_s: float  # how long arrivals came
+    longest_stall_s: float = 0.0  # the longest stretch the loop lost at once (see `serve`); 0 when not measured
 
     @property
     def latencies_s(self) -> np.ndarray:
@@ -124,7 +131,11 @@ def serve(
     when `max_batch` are queued, when the oldest has waited `max_wait_s`, or, with nothing more to
     wait for, when the model is free. After the last arrival it goes on answering for at most
     `drain_s` (an overloaded queue is not drained to the end: its requests stay unanswered). `clock` and
-    `wait` (until a moment) are real time unless a test gives a simulated pair."""
+    `wait` (until a moment) are real time unless a test gives a simulated pair.
+
+    The longest stall is what the machine took from the loop at once: the latest it woke from a wait
+    after the moment it asked for, or the most a call took past the median call (every call runs the
+    same shape)."""
     start = clock() if start is None else start
     wait = wait or (lambda moment: wait_until(moment, clock))
     arrivals = start + np.asarray(offsets, dtype=np.float64)
@@ -134,6 +145,7 @@ def serve(
     end_of_arrivals = start + (float(offsets[-1]) if total else 0.0)
     give_up = end_of_arrivals + drain_s
     head = 0  # the oldest request not yet sent
+    late = 0.0  # the latest wake-up after the moment waited for
     while head < total:
         now = clock()
         if now > give_up:
@@ -141,11 +153,15 @@ def serve(
         arrived = int(np.searchsorted(arrivals, now, side="right"))
         queued = arrived - head
         if queued == 0:
-            wait(arrivals[head])
+            woken = arrivals[head]
+            wait(woken)
+            late = max(late, clock() - woken)
             continue
         deadline = arrivals[head] + max_wait_s  # the oldest may wait until then (compared as sent: no rounding)
         if queued < max_batch and now < deadline and arrived < total:
-            wait(min(deadline, arrivals[arrived]))
+            woken = min(deadline, arrivals[arrived])
+            wait(woken)
+            late = max(late, clock() - woken)
             continue
         take = min(queued, max_batch)
         sends.append(now)
@@ -155,7 +171,7 @@ def serve(
         completions[head : head + take] = clock()
         head += take
     duration = float(offsets[-1]) if total else 0.0
-    return ServedRequests(
+    served = ServedRequests(
         arrivals,
         completions,
         np.asarray(fills, dtype=np.int64),
@@ -164,6 +180,9 @@ def serve(
         start,
         duration,
     )
+    calls = served.call_durations_s
+    stretched = float(calls.max() - np.median(calls)) if len(calls) else 0.0
+    return replace(served, longest_stall_s=max(late, stretched))
 
 
 def quantile_ci(values: np.ndarray, quantile: float, confidence: float = 0.95) -> list[float] | None:
@@ -209,6 +228,7 @@ class ServerProbe(Record):
     why: str  # in words: what decided it
     noise_flags: list[str] = field(default_factory=list)
     call_ms: LatencySummary | None = None  # the model's calls during the probe, send to completion
+    longest_stall_ms: float = 0.0  # the longest the server loop lost at once (ServedRequests.longest_stall_s)
 
 
 def growth_allowed(requests: int, max_batch: int) -> float:
@@ -250,6 +270,10 @@ def judge_probe(
     else:
         why = f"p99 {summary.p99:.1f} ms <= {slo_ms:g} ms, queue steady"
     sustained = not overloaded and summary.p99 is not None and summary.p99 <= slo_ms
+    stall_ms = max((s.longest_stall_s for s in served), default=0.0) * 1e3
+    flags = []
+    if not sustained and stall_ms > STALL_SHARE_OF_BOUND * slo_ms:
+        flags.append(f"stalled: the server loop lost {stall_ms:.1f} ms at once (the machine, not the server)")
     return ServerProbe(
         rate_rps=rate_rps,
         achieved_rps=in_time / duration if duration > 0 else 0.0,
@@ -264,7 +288,9 @@ def judge_probe(
         overloaded=overloaded,
         sustained=sustained,
         why=why,
+        noise_flags=flags,
         call_ms=latency_summary(calls, confidence) if len(calls) else None,
+        longest_stall_ms=stall_ms,
     )
 
 
@@ -274,7 +300,8 @@ class RateSearch:
     it (or at the rates given first, e.g. a winner's rate and +-10% for the finalists), then halfway
     between the highest sustained and the lowest unsustained rate, until they are within
     RELATIVE_TOLERANCE, MAX_PROBES are spent, or the next rate would be below `lowest_rps` (and 1/64 of
-    the upper bound) with none sustained."""
+    the upper bound) with none sustained. A refusal the machine disturbed (a stalled probe) is not a
+    verdict: that rate is offered again, up to STALL_RETRIES times, each one a probe more."""
 
     def __init__(
         self,
@@ -292,6 +319,7 @@ class RateSearch:
         self.queued = [r for r in (first_rates or []) if r > 0] or [FIRST_PROBE_SHARE * upper_rps]
         self.max_probes = max_probes
         self.probes = 0
+        self.retries = 0
 
     def next_rate(self) -> float | None:
         """The next rate to offer, or None when the search is over."""
@@ -307,8 +335,13 @@ class RateSearch:
             return None
         return (self.low + self.high) / 2 if self.low > 0 else self.high / 2
 
-    def record(self, rate: float, sustained: bool) -> None:
+    def record(self, rate: float, sustained: bool, disturbed: bool = False) -> None:
         self.probes += 1
+        if not sustained and disturbed and self.retries < STALL_RETRIES:
+            self.retries += 1
+            self.max_probes += 1
+            self.queued.insert(0, rate)
+            return
         if sustained:
             self.low = max(self.low, rate)
         else:

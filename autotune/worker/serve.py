@@ -61,7 +61,7 @@ class Peers:
                 batch_fill=served.batch_fill,
                 queue_at_send=served.queue_at_send,
                 send_times=served.send_times,
-                window=np.array([served.start, served.duration_s]),
+                window=np.array([served.start, served.duration_s, served.longest_stall_s]),
             )
         os.replace(path.with_suffix(".tmp"), path)
         result = []
@@ -76,6 +76,7 @@ class Peers:
                         data["send_times"],
                         float(data["window"][0]),
                         float(data["window"][1]),
+                        float(data["window"][2]),
                     )
                 )
         return result
@@ -157,7 +158,7 @@ def run_rate_search(
             peers.exchange_served(f"probe{number}", served), rate, slo_ms, requests_per_call, confidence
         )
         probes.append(probe)
-        search.record(rate, probe.sustained)
+        search.record(rate, probe.sustained, disturbed=bool(probe.noise_flags))
     return ServerMetrics(
         sustained_rps=search.sustained_rps,
         slo_ms=slo_ms,
