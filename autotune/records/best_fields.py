@@ -100,8 +100,8 @@ FIELDS: tuple[FieldDoc, ...] = (
         "which may differ from the closed loop's window; `call_p99_ms` is `null` below 100 calls, as with "
         "large batches, and both are `null` in records written before they were kept), `queue_start`, "
         "`queue_end`, `sustained`, `why`. `metrics.server` holds the full record (each probe's latency "
-        "summary and `call_ms` summary, `mean_batch_fill`, `overloaded`, `verdict`, `requests_per_call`, "
-        "`seed`)",
+        "summary and `call_ms` summary, `mean_batch_fill`, `overloaded`, `longest_stall_ms` and `noise_flags` "
+        "(a refusal the machine stalled, probed again), `verdict`, `requests_per_call`, `seed`)",
     ),
     FieldDoc(
         ("model",),
