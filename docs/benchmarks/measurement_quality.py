@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import sys
@@ -31,6 +30,7 @@ from autotune.measure.stopwatch import (
     MeasureSettings,
     common_window_throughput,
     median_ci,
+    median_ci_ranks,
     timed_window,
 )
 
@@ -72,20 +72,8 @@ def coverage(runs: int, window_s: float, rng: np.random.Generator) -> tuple[floa
 
 
 def old_timed_window(step, settings: MeasureSettings, agree_to_stop) -> None:
-    """The earlier stop-rule loop, kept here only to be measured against."""
-
-    def ranks(n: int, confidence: float = 0.95) -> tuple[int, int] | None:
-        alpha = 1 - confidence
-        if n <= 1000:
-            total, cumulative, k = 2**n, 0, -1
-            while True:
-                cumulative += math.comb(n, k + 1)
-                if cumulative / total > alpha / 2:
-                    break
-                k += 1
-            return None if k < 0 else (k, n - 1 - k)
-        k = math.floor(n / 2 - 1.96 * math.sqrt(n) / 2)
-        return k, n - 1 - k
+    """The earlier stop-rule loop, kept here only to be measured against: a full sort and the median's
+    binomial ranks (stopwatch.median_ci_ranks) recomputed at every check."""
 
     stamps: list[tuple[float, float]] = []
     window_start = time.monotonic()
@@ -102,7 +90,7 @@ def old_timed_window(step, settings: MeasureSettings, agree_to_stop) -> None:
             next_check = t1 + STOP_CHECK_EVERY_S
             array = np.asarray(stamps, dtype=np.float64)
             ordered = np.sort(array[:, 1] - array[:, 0])
-            r = ranks(len(ordered))
+            r = median_ci_ranks(len(ordered))
             median = float(np.median(ordered))
             rel = None if r is None else max(median - ordered[r[0]], ordered[r[1]] - median) / median
             if agree_to_stop(rel is not None and rel <= settings.ci_target_rel):

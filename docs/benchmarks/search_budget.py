@@ -24,6 +24,7 @@ from pathlib import Path
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console
 from rich.table import Table
 
@@ -64,6 +65,35 @@ def _reached(name: str, curve: list[tuple[float, float]], target: float, budget_
     return f"{name} reached 95% of {target:.2f} at {at / 60:.1f} min{share}"
 
 
+def completed_in_order(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that ended (completed, pruned or failed), in the order they ended."""
+    return sorted(
+        (t for t in study.trials if t.datetime_complete is not None and t.state.name in ("COMPLETE", "PRUNED", "FAIL")),
+        key=lambda t: t.datetime_complete,
+    )
+
+
+def launch_time(study: optuna.study.Study, started: str | None) -> datetime.datetime:
+    """When the search was launched (`started`, ISO) or else its first trial's start, in Optuna's local,
+    zone-less times."""
+    starts = [t.datetime_start for t in study.trials if t.datetime_start is not None]
+    if not starts:
+        raise SystemExit(f"study {study.study_name} has not started a trial")
+    moment = datetime.datetime.fromisoformat(started) if started else min(starts)
+    return moment.astimezone().replace(tzinfo=None) if moment.tzinfo is not None else moment
+
+
+def best_so_far(study: optuna.study.Study, started: datetime.datetime) -> list[tuple[float, float]]:
+    """(seconds since the launch, best clean value so far) at each clean trial's completion."""
+    clean = {t.number for t in clean_trials(study)}
+    curve: list[tuple[float, float]] = []
+    for trial in completed_in_order(study):
+        if trial.number in clean and trial.values:
+            best = max(trial.values[0], curve[-1][1] if curve else 0.0)
+            curve.append(((trial.datetime_complete - started).total_seconds(), best))
+    return curve
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True)
@@ -71,6 +101,7 @@ def main() -> int:
     parser.add_argument("--reference", required=True, help="the longer search of the same model")
     parser.add_argument("--reference-dir", default="studies")
     parser.add_argument("--started", help="ISO time the short search was launched (default: its first trial's start)")
+    parser.add_argument("--out", help="results file (default docs/results/search-budget-<study>-<today>.json)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     short, reference = _load(args.study, args.studies_dir), _load(args.reference, args.reference_dir)
@@ -79,12 +110,7 @@ def main() -> int:
         parser.error(f"study {args.reference} has no clean completed trial")
     reference_best = reference_clean[0]
     target = reference_best.values[0]
-    starts = [t.datetime_start for t in short.trials if t.datetime_start is not None]
-    if not starts:
-        parser.error(f"study {args.study} has not started a trial")
-    started = datetime.datetime.fromisoformat(args.started) if args.started else min(starts)
-    if started.tzinfo is not None:  # Optuna stores local times without a zone
-        started = started.astimezone().replace(tzinfo=None)
+    started = launch_time(short, args.started)
     budget_s = float((short.user_attrs.get("spec") or {}).get("budget_s") or 0.0)
     clean = {t.number for t in clean_trials(short)}
 
@@ -93,17 +119,12 @@ def main() -> int:
     for column in ("min", "% budget", "trial", "configuration", "value", "± (95%)", "best so far", "% of ref best"):
         table.add_column(column)
     best, first_int8_s = 0.0, None
-    curve: list[tuple[float, float]] = []  # (seconds since the launch, best so far) at each clean trial
-    done = sorted(
-        (t for t in short.trials if t.datetime_complete is not None and t.state.name in ("COMPLETE", "PRUNED", "FAIL")),
-        key=lambda t: t.datetime_complete,
-    )
-    for trial in done:
+    curve = best_so_far(short, started)
+    for trial in completed_in_order(short):
         at = (trial.datetime_complete - started).total_seconds()
         value = trial.values[0] if trial.number in clean and trial.values else None
         if value is not None:
             best = max(best, value)
-            curve.append((at, best))
             if first_int8_s is None and (trial.user_attrs.get("config") or {}).get("precision") == "int8":
                 first_int8_s = at
         ci_rel = (trial.user_attrs.get("measurement") or {}).get("throughput_ci_rel")
@@ -139,6 +160,35 @@ def main() -> int:
         console.print(_reached(args.study, curve, median, budget_s), markup=False)
     if first_int8_s is not None:
         console.print(f"first clean int8 measurement at {first_int8_s / 60:.1f} min", markup=False)
+    spec = short.user_attrs.get("spec") or {}
+    unit = "tokens/s" if spec.get("task") == "generate" else "requests/s" if spec.get("slo_ms") else "samples/s"
+    reached = [_reached(args.study, curve, target, budget_s)]
+    rows = [
+        {"row": f"{args.study}: best clean trial", "value": best or None, "runs": [best] if best else []},
+        {"row": f"{args.reference}: best clean trial", "value": target, "runs": [target], "line": "reference's best"},
+        {"row": "the target: 95% of the reference's best", "value": TARGET_SHARE * target, "line": "95% of it"},
+    ]
+    if remeasured is not None:
+        rows.append({"row": f"{args.reference}: fastest finalist's median", "value": remeasured[1], "runs": []})
+        reached.append(_reached(args.study, curve, remeasured[1], budget_s))
+    from results import write_results
+
+    out = write_results(
+        f"search-budget-{args.study}",
+        f"How fast a search gets near its best: {args.study} against the longer {args.reference}",
+        {
+            "study": args.study,
+            "budget": f"{budget_s / 60:.0f} min",
+            "reference": args.reference,
+            "reference budget": f"{reference_budget / 60:.0f} min",
+        },
+        rows,
+        args.out,
+        unit=unit,
+        targets=[{"text": text} for text in reached],
+        best_so_far={"study": args.study, "budget_s": budget_s, "points": [[round(t, 1), v] for t, v in curve]},
+    )
+    console.print(f"wrote {out}", markup=False)
     return 0
 
 

@@ -1,7 +1,12 @@
 """The benchmarks' summary page, made from the results files the bench scripts write (docs/results/*.json:
 machine, commit, command, workload, rows), so every number on it names its command and machine: one table
-per results file (per machine and workload), the speed of each row against eager fp32 as a bar chart
-(matplotlib SVG, inlined), and where a file holds them, the search winner's targets against the tools.
+per results file (per machine and workload), the speed of each row against the file's baseline as a bar
+chart (matplotlib SVG, inlined), where a file holds them the search winner's targets against the tools,
+and a search's best-so-far against time.
+
+A row holds `row`, its median (`value` in the file's `unit`; text-generation files: `tokens_per_s`), its
+`runs`, its ratio to the baseline (`vs_baseline`; text generation: `vs_eager_fp32`), other ratios
+(`vs_<row>`), `drift_relative_l2`, and for text generation the `sequences` it ran.
 
 docs/hooks.py puts it into docs/manual/benchmarks/index.md when the site is built;
 `python docs/benchmarks/summary.py` prints the Markdown.
@@ -29,36 +34,92 @@ def isa_summary(isa: dict[str, bool]) -> str:
     return "AVX2 only" if isa.get("avx2") else "no AVX2"
 
 
-def chart(rows: list[dict[str, Any]], title: str) -> str:
-    """Each row's speed against eager fp32 as horizontal bars, one group per sequences: an inlined SVG image."""
+def value_of(row: dict[str, Any]) -> float | None:
+    """A row's median in its file's unit."""
+    return row.get("value", row.get("tokens_per_s"))
+
+
+def ratio_of(row: dict[str, Any]) -> float | None:
+    """A row's speed against its file's baseline."""
+    return row.get("vs_baseline", row.get("vs_eager_fp32"))
+
+
+def label_of(row: dict[str, Any]) -> str:
+    return f"{row['sequences']} seq. · {row['row']}" if "sequences" in row else row["row"]
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [r for r in rows if r.get("vs_eager_fp32")]
-    figure, axes = plt.subplots(figsize=(7.5, 0.28 * len(shown) + 1.0))
-    labels = [f"{r['sequences']} seq. · {r['row']}" for r in shown]
-    values = [r["vs_eager_fp32"] for r in shown]
-    colours = ["#c0392b" if r["row"].startswith("autotune search winner") else "#2c7fb8" for r in shown]
-    axes.barh(range(len(shown)), values, color=colours)
-    axes.set_yticks(range(len(shown)), labels, fontsize=8)
-    axes.invert_yaxis()
-    axes.axvline(1.0, color="#555", linewidth=0.8)
-    axes.set_xlabel("x eager fp32 (same sequences)", fontsize=8)
-    axes.set_title(title, fontsize=9)
-    for index, value in enumerate(values):
-        axes.text(value, index, f" {value:.2f}x", va="center", fontsize=7)
+    return plt
+
+
+def _inline(figure: Any, title: str) -> str:
+    """The figure as an inlined SVG image, on one line (Markdown keeps it whole)."""
     figure.tight_layout()
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg")
-    plt.close(figure)
+    _pyplot().close(figure)
     encoded = base64.b64encode(buffer.getvalue().encode()).decode()
-    return f'<img alt="{title}" src="data:image/svg+xml;base64,{encoded}">'  # one line: Markdown keeps it whole
+    return f'<img alt="{title}" src="data:image/svg+xml;base64,{encoded}">'
+
+
+def chart(rows: list[dict[str, Any]], title: str, baseline: str = "eager fp32") -> str:
+    """Each row's speed against the baseline as horizontal bars (the search's winner in red)."""
+    plt = _pyplot()
+    shown = [r for r in rows if ratio_of(r)]
+    figure, axes = plt.subplots(figsize=(7.5, 0.28 * len(shown) + 1.0))
+    values = [ratio_of(r) for r in shown]
+    colours = ["#c0392b" if r["row"].startswith("autotune search winner") else "#2c7fb8" for r in shown]
+    axes.barh(range(len(shown)), values, color=colours)
+    axes.set_yticks(range(len(shown)), [label_of(r)[:90] for r in shown], fontsize=8)
+    axes.invert_yaxis()
+    axes.axvline(1.0, color="#555", linewidth=0.8)
+    axes.set_xlabel(f"x {baseline}" + (" (same sequences)" if any("sequences" in r for r in shown) else ""), fontsize=8)
+    axes.set_title(title, fontsize=9)
+    for index, value in enumerate(values):
+        axes.text(value, index, f" {value:.2f}x", va="center", fontsize=7)
+    return _inline(figure, title)
+
+
+def best_so_far_chart(record: dict[str, Any], rows: list[dict[str, Any]], unit: str, title: str) -> str:
+    """The search's best clean value against minutes since its launch, a step at each clean trial, with the
+    budget's first quarter marked and the rows the file marks (`line`: e.g. the baseline, the tool) as
+    horizontal lines."""
+    plt = _pyplot()
+    points = record["points"]
+    budget_min = record.get("budget_s", 0.0) / 60
+    figure, axes = plt.subplots(figsize=(7.5, 3.0))
+    end = max(budget_min, points[-1][0] / 60 if points else 0.0)
+    xs = [t / 60 for t, _ in points] + [end]
+    ys = [v for _, v in points] + [points[-1][1] if points else 0.0]
+    axes.step(xs, ys, where="post", color="#c0392b", label="autotune search: best so far")
+    axes.plot(xs[:-1], ys[:-1], "o", color="#c0392b", markersize=3)
+    styles = iter([("#2c7fb8", "--"), ("#555", ":"), ("#27ae60", "-."), ("#8e44ad", "--")])
+    for row in rows:  # the rows a file marks as reference lines (`line`: their short label)
+        if row.get("line") and value_of(row):
+            colour, style = next(styles, ("#555", ":"))
+            axes.axhline(value_of(row), color=colour, linestyle=style, linewidth=1, label=row["line"])
+    if budget_min:
+        axes.axvline(budget_min / 4, color="#999", linewidth=0.8, label="a quarter of the budget")
+    axes.set_xlim(0, end * 1.02 if end else 1)
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("minutes since the search was launched", fontsize=8)
+    axes.set_ylabel(unit, fontsize=8)
+    axes.set_title(title, fontsize=9)
+    axes.legend(fontsize=7, loc="lower right")
+    return _inline(figure, title)
 
 
 def _number(value: Any, digits: str = ".1f") -> str:
     return "" if value is None else format(value, digits)
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
 
 
 def results_section(path: Path) -> str:
@@ -75,25 +136,29 @@ def results_section(path: Path) -> str:
         "",
         f"    {data['command']}",
         "",
-        "| sequences | row | tokens/s | runs | vs eager fp32 | drift (rel. L2) |",
-        "|---:|---|---:|---:|---:|---:|",
     ]
-    for row in data["rows"]:
+    rows = data["rows"]
+    unit, baseline = data.get("unit", "tokens/s"), data.get("ratio_to", "eager fp32")
+    grouped = any("sequences" in row for row in rows)
+    others = sorted({key for row in rows for key in row if key.startswith("vs_")} - {"vs_baseline", "vs_eager_fp32"})
+    header = ["sequences"] * grouped + ["row", unit, "runs", f"vs {baseline}"]
+    header += [f"vs {key[3:].replace('_', ' ')}" for key in others] + ["drift (rel. L2)"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|"]
+    for row in rows:
         drift = row.get("drift_relative_l2")
-        lines.append(
-            f"| {row['sequences']} | {row['row']} | {_number(row['tokens_per_s'])} | {len(row.get('runs', []))} | "
-            f"{_number(row.get('vs_eager_fp32'), '.2f')}{'x' if row.get('vs_eager_fp32') else ''} | "
-            f"{'' if drift is None else format(drift, '.2g')} |"
-        )
+        cells = [str(row["sequences"])] * grouped + [row["row"], _number(value_of(row)), str(len(row.get("runs", [])))]
+        cells += [_ratio(ratio_of(row))] + [_ratio(row.get(key)) for key in others]
+        cells.append("" if drift is None else format(drift, ".2g"))
+        lines.append("| " + " | ".join(cells) + " |")
     targets = data.get("targets") or []
     if targets:
-        lines += [
-            "",
-            "Targets (the search's winner against the best tool row within the drift bound, and the recipe):",
-            "",
-        ]
+        lines += ["", "Targets:", ""]
         lines += [f"- {target['text']}" for target in targets]
-    lines += ["", chart(data["rows"], f"{machine['cpu']} · {workload}"), ""]
+    if any(ratio_of(row) for row in rows):
+        lines += ["", chart(rows, f"{machine['cpu']} · {workload}", baseline), ""]
+    if data.get("best_so_far", {}).get("points"):
+        title = f"{data['best_so_far']['study']}: best so far · {machine['cpu']}"
+        lines += [best_so_far_chart(data["best_so_far"], rows, unit, title), ""]
     return "\n".join(lines)
 
 

@@ -1,0 +1,159 @@
+"""A search's winner against what a user would run instead: its eager fp32 baseline, OpenVINO's
+`benchmark_app -hint throughput` on the NNCF int8 IR (one command), and the winner timed by benchmark_app
+itself as tuned (an independent stopwatch), interleaved in one run, as `autotune compare --independent
+--vs-benchmark-app` measures them; and the search's best-so-far against time from its study. Writes
+docs/results/<study>-<date>.json for the summary page (a table, a bar chart, the best-so-far curve).
+
+Medians of the clean runs (runs flagged noisy are counted, not averaged in); ratios of medians from this one
+run. Drift: the winner's and the baseline's as the search measured them (relative L2 of the outputs against
+FP32 eager on the study's evaluation inputs); benchmark_app's row runs the same int8 IR the search builds
+for `openvino int8`, whose drift the search measured when it tried that configuration.
+
+    .venv/bin/autotune search --model resnet50 --budget 20m --study resnet50-icelake
+    .venv/bin/python docs/benchmarks/winner_vs_benchmark_app.py --study resnet50-icelake --repeats 3 \\
+        --started 2026-11-28T13:48:00Z
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rich.console import Console
+
+from autotune.common.durations import parse_duration
+from autotune.records.spec import default_storage, study_dir
+from autotune.remeasure.bench import BenchRun, compare_with_baseline, median_throughput
+from autotune.results.best_json import read_best
+
+BASELINE = "baseline"
+WINNER = "winner"
+INDEPENDENT = "winner, independent"
+ONE_COMMAND = "benchmark_app, one command"
+
+
+def row_of(
+    label: str,
+    runs: list[BenchRun],
+    baseline: float | None,
+    tool: float | None,
+    drift: float | None,
+    settings: str,
+    line: str | None = None,
+) -> dict[str, Any]:
+    """One results row: the median, every run, and the ratios to the baseline and to benchmark_app (`line`:
+    its label as a reference line on the best-so-far chart)."""
+    median = median_throughput(runs)
+    return {
+        "row": f"{label}: {settings}",
+        "value": median,
+        "runs": [round(r.throughput_sps, 3) for r in runs],
+        "clean_runs": sum(r.valid for r in runs),
+        "vs_baseline": round(median / baseline, 3) if median and baseline else None,
+        "vs_benchmark_app": round(median / tool, 3) if median and tool else None,
+        "drift_relative_l2": drift,
+        **({"line": line} if line else {}),
+    }
+
+
+def int8_ir_drift(study: optuna.study.Study) -> float | None:
+    """The drift the search measured for OpenVINO int8 (the IR benchmark_app's row loads): the median over
+    the trials that measured it, or None when the search never tried it."""
+    drifts = [
+        d
+        for t in study.trials
+        if (t.user_attrs.get("config") or {}).get("backend") == "openvino"
+        and (t.user_attrs.get("config") or {}).get("precision") == "int8"
+        and (d := (t.user_attrs.get("drift") or {}).get("relative_l2")) is not None
+    ]
+    return statistics.median(drifts) if drifts else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--studies-dir", default="studies")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--independent", default="20s", help="benchmark_app's window on the winner")
+    parser.add_argument("--vs-benchmark-app", default="20s", help="benchmark_app's window on the one command")
+    parser.add_argument("--started", help="ISO time the search was launched (default: its first trial's start)")
+    parser.add_argument("--out", help="results file (default docs/results/<study>-<today>.json)")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    from search_budget import best_so_far, launch_time
+
+    console = Console(width=160)
+    best_path = study_dir(args.studies_dir, args.study) / "best.json"
+    best = read_best(best_path)
+    study = optuna.load_study(study_name=args.study, storage=default_storage(args.studies_dir, args.study))
+    runs = compare_with_baseline(
+        best_path, args.repeats, console, parse_duration(args.independent), parse_duration(args.vs_benchmark_app)
+    )
+    baseline, tool = median_throughput(runs[BASELINE]), median_throughput(runs.get(ONE_COMMAND, []))
+    assert best.baseline is not None and best.baseline.config is not None  # compare_with_baseline checked
+    winner_drift = best.drift.get("relative_l2")
+    rows = [
+        row_of("baseline", runs[BASELINE], baseline, tool, 0.0, best.baseline.config.summary(), "baseline"),
+        row_of(
+            "OpenVINO's benchmark_app -hint throughput (one command)",
+            runs.get(ONE_COMMAND, []),
+            baseline,
+            tool,
+            int8_ir_drift(study),
+            f"NNCF int8 IR, batch 1, {args.vs_benchmark_app}",
+            "benchmark_app, one command",
+        ),
+        row_of("autotune search winner", runs[WINNER], baseline, tool, winner_drift, best.config.summary()),
+        row_of(
+            "the winner timed by benchmark_app (independent stopwatch)",
+            runs.get(INDEPENDENT, []),
+            baseline,
+            tool,
+            winner_drift,
+            f"same IR and settings, pinned as tuned, {args.independent}",
+        ),
+    ]
+    started = launch_time(study, args.started)
+    budget_s = float((study.user_attrs.get("spec") or {}).get("budget_s") or 0.0)
+    curve = best_so_far(study, started)
+    winner = rows[2]
+    targets = []
+    if winner["vs_benchmark_app"] is not None:
+        targets.append(
+            {
+                "text": f"winner {winner['vs_benchmark_app']:.2f}x benchmark_app's one command and "
+                f"{winner['vs_baseline']:.2f}x the baseline (medians of {args.repeats} interleaved runs)"
+            }
+        )
+    from results import write_results
+
+    shape = "x".join(map(str, best.model["input_shape"]))
+    out = write_results(
+        args.study,
+        f"{best.model['name']}: the search's winner against its baseline and OpenVINO's benchmark_app",
+        {
+            "model": f"{best.model['name']} ({best.model.get('weights') or 'random init'})",
+            "input": shape,
+            "search budget": f"{budget_s / 60:.0f} min",
+            "interleaved runs": args.repeats,
+        },
+        rows,
+        args.out,
+        unit="samples/s",
+        ratio_to="baseline",
+        targets=targets,
+        best_so_far={"study": args.study, "budget_s": budget_s, "points": [[round(t, 1), v] for t, v in curve]},
+    )
+    console.print(f"wrote {out}", markup=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
