@@ -5,7 +5,8 @@ baseline measured 2.5 and 4.5 samples/s an hour apart on one machine). This re-m
 winner (and, with `--baseline`, the eager fp32 baseline of the first one) in fresh processes by the
 search's own protocol (autotune.runner.trials.run_config, as `autotune verify` does), once per round, the
 runs interleaved (A, B, C, A, B, C, ... as `autotune compare` and `bench` do); runs flagged as noisy
-are left out of the medians. Ratios are of medians from this one run.
+are left out of the medians. Ratios are of medians from this one run. Writes
+docs/results/winners-<model>-<date>.json for the summary page.
 
     .venv/bin/python docs/benchmarks/winners_side_by_side.py --best r20=/tmp/b18/r20/studies/r20/best.json \
         --best r60=/tmp/b18/r60/studies/r60/best.json --baseline --rounds 5
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console
 
 from autotune.common.errors import UserError
-from autotune.remeasure.bench import config_measure, measure_side_by_side, print_results
+from autotune.remeasure.bench import config_measure, measure_side_by_side, median_throughput, print_results
 from autotune.results.best_json import context_from_best, read_best
 
 OBJECTIVES = (None, "throughput", "server")  # what a re-measurement compares (as `autotune verify`)
@@ -72,6 +74,7 @@ def main() -> int:
     parser.add_argument("--baseline", action="store_true", help="also the first best.json's eager fp32 baseline")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--work", default="studies/bench_winners", help="where the runs' files go")
+    parser.add_argument("--out", help="results file (default docs/results/winners-<model>-<today>.json)")
     args = parser.parse_args()
     console = Console(width=170)  # read from a file too: a generation table has ten columns
     try:
@@ -84,6 +87,34 @@ def main() -> int:
     runs = measure_side_by_side(measures, args.rounds, Path(args.work), console)
     title = f"{model}: winners re-measured, {args.rounds} interleaved rounds"
     print_results(console, title, settings, runs, ["baseline"] if args.baseline else [])
+    baseline = median_throughput(runs.get("baseline", []))
+    rows = []
+    for label, measured in runs.items():
+        median = median_throughput(measured)
+        rows.append(
+            {
+                "row": f"{label}: {settings[label]}",
+                "value": median,
+                "runs": [round(r.throughput_sps, 3) for r in measured],
+                "clean_runs": sum(r.valid for r in measured),
+                "vs_baseline": round(median / baseline, 3) if median and baseline else None,
+                "drift_relative_l2": measured[0].drift.relative_l2 if measured and measured[0].drift else None,
+            }
+        )
+    from results import write_results
+
+    unit = next((r.unit for measured in runs.values() for r in measured), "samples/s")
+    out = write_results(
+        f"winners-{model}",
+        f"{model}: search winners re-measured side by side",
+        {"model": model, "interleaved rounds": args.rounds},
+        rows,
+        args.out,
+        unit="requests/s sustained" if unit == "requests/s" else unit,
+        ratio_to="baseline",
+        bests={label: str(path) for label, path in parse_bests(args.best)},
+    )
+    console.print(f"wrote {out}", markup=False)
     return 0
 
 
