@@ -75,7 +75,9 @@ def chart(rows: list[dict[str, Any]], title: str, baseline: str = "eager fp32") 
     values = [ratio_of(r) for r in shown]
     colours = ["#c0392b" if r["row"].startswith("autotune search winner") else "#2c7fb8" for r in shown]
     axes.barh(range(len(shown)), values, color=colours)
-    axes.set_yticks(range(len(shown)), [label_of(r)[:90] for r in shown], fontsize=8)
+    short = [label_of(r).split(": ")[0] for r in shown]  # the row's name; its settings are in the table
+    axes.set_yticks(range(len(shown)), [text if len(text) <= 64 else text[:63] + "…" for text in short], fontsize=8)
+    axes.set_xlim(0, max(values) * 1.15)
     axes.invert_yaxis()
     axes.axvline(1.0, color="#555", linewidth=0.8)
     axes.set_xlabel(f"x {baseline}" + (" (same sequences)" if any("sequences" in r for r in shown) else ""), fontsize=8)
@@ -146,7 +148,7 @@ def results_section(path: Path) -> str:
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|"]
     for row in rows:
         drift = row.get("drift_relative_l2")
-        cells = [str(row["sequences"])] * grouped + [row["row"], _number(value_of(row)), str(len(row.get("runs", [])))]
+        cells = ([str(row.get("sequences", ""))] if grouped else []) + [row["row"], _number(value_of(row)), str(len(row.get("runs", [])))]
         cells += [_ratio(ratio_of(row))] + [_ratio(row.get(key)) for key in others]
         cells.append("" if drift is None else format(drift, ".2g"))
         lines.append("| " + " | ".join(cells) + " |")
@@ -155,7 +157,7 @@ def results_section(path: Path) -> str:
         lines += ["", "Targets:", ""]
         lines += [f"- {target['text']}" for target in targets]
     if any(ratio_of(row) for row in rows):
-        lines += ["", chart(rows, f"{machine['cpu']} · {workload}", baseline), ""]
+        lines += ["", chart(rows, f"{machine['cpu']}, {machine['physical_cores']} cores", baseline), ""]
     if data.get("best_so_far", {}).get("points"):
         title = f"{data['best_so_far']['study']}: best so far · {machine['cpu']}"
         lines += [best_so_far_chart(data["best_so_far"], rows, unit, title), ""]
