@@ -148,7 +148,11 @@ def results_section(path: Path) -> str:
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|"]
     for row in rows:
         drift = row.get("drift_relative_l2")
-        cells = ([str(row.get("sequences", ""))] if grouped else []) + [row["row"], _number(value_of(row)), str(len(row.get("runs", [])))]
+        cells = ([str(row.get("sequences", ""))] if grouped else []) + [
+            row["row"],
+            _number(value_of(row)),
+            str(len(row.get("runs", []))),
+        ]
         cells += [_ratio(ratio_of(row))] + [_ratio(row.get(key)) for key in others]
         cells.append("" if drift is None else format(drift, ".2g"))
         lines.append("| " + " | ".join(cells) + " |")
