@@ -92,6 +92,7 @@ def main() -> int:
         help="instead: perplexity per precision of the tiny Llama the tests train on standard-library docstrings",
     )
     parser.add_argument("--best", help="a best.json of a search on this decoder: its winner becomes a row")
+    parser.add_argument("--out", help="results file (default docs/results/generation-precisions-<today>.json)")
     args = parser.parse_args()
     if args.perplexity:
         return perplexity_table()
@@ -234,6 +235,36 @@ def main() -> int:
             f"{sum(not m.valid for m in runs)}/{len(runs)}",
         )
     console.print(table)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import write_results
+
+    written = []
+    for name, runs in results.items():
+        if not runs:
+            continue
+        tps = statistics.median(m.throughput_sps for m in runs)
+        drift = runs[0].drift
+        written.append(
+            {
+                "sequences": args.sequences,
+                "row": f"autotune search winner ({rows[name].summary()})" if name == "search winner" else name,
+                "tokens_per_s": tps,
+                "runs": [round(m.throughput_sps, 3) for m in runs],
+                "clean_runs": sum(m.valid for m in runs),
+                "vs_eager_fp32": round(tps / base, 3) if base else None,
+                "ttft_p50_ms": statistics.median(m.generation.ttft_ms.p50 for m in runs if m.generation),
+                "tpot_p50_ms": statistics.median(m.generation.tpot_ms.p50 for m in runs if m.generation),
+                "drift_relative_l2": drift.relative_l2 if drift else None,
+            }
+        )
+    out = write_results(
+        "generation-precisions",
+        "Text generation in PyTorch: eager fp32 against every precision torchao runs here",
+        {"model": f"Llama {args.layers} layers, hidden 768 (random init)", "prompt": args.prompt, "new": args.new},
+        written,
+        args.out,
+    )
+    console.print(f"wrote {out}", markup=False)
     return 0
 
 
