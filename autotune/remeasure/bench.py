@@ -177,6 +177,11 @@ def _median_of(runs: list[BenchRun], key: str) -> str:
     return _fmt(statistics.median(values), 1) if values else "-"
 
 
+# The rows of `compare_with_baseline`'s table, as keys of what it returns.
+BASELINE_ROW, WINNER_ROW = "baseline", "winner"
+INDEPENDENT_ROW, ONE_COMMAND_ROW = "winner, independent", "benchmark_app, one command"
+
+
 def compare_with_baseline(
     best_path: Path, repeats: int, console: Console, independent_s: float = 0.0, vs_benchmark_app_s: float = 0.0
 ) -> dict[str, list[BenchRun]]:
@@ -189,23 +194,24 @@ def compare_with_baseline(
         raise UserError(f"{best_path} has no baseline trial to compare with")
     ctx = context_from_best(best)
     baseline, winner = best.baseline.config, best.config
-    measures: dict[str, Measure] = {"baseline": config_measure(baseline, ctx), "winner": config_measure(winner, ctx)}
-    settings = {"baseline": baseline.summary(), "winner": winner.summary()}
-    ratios_to = ["baseline"]
+    measures: dict[str, Measure] = {
+        BASELINE_ROW: config_measure(baseline, ctx),
+        WINNER_ROW: config_measure(winner, ctx),
+    }
+    settings = {BASELINE_ROW: baseline.summary(), WINNER_ROW: winner.summary()}
+    ratios_to = [BASELINE_ROW]
     if independent_s > 0:
-        measures["winner, independent"] = lambda work: BenchRun.of_stopwatch(
+        measures[INDEPENDENT_ROW] = lambda work: BenchRun.of_stopwatch(
             independent_winner(best, work, independent_s, ctx.runtime(winner.runtime))
         )
         tool = "benchmark_app, same IR and settings" if winner.backend == "openvino" else "plain timing loop"
-        settings["winner, independent"] = f"{tool}, {independent_s:.0f} s"
+        settings[INDEPENDENT_ROW] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
-        measures["benchmark_app, one command"] = lambda work: BenchRun.of_stopwatch(
+        measures[ONE_COMMAND_ROW] = lambda work: BenchRun.of_stopwatch(
             one_command_openvino(ctx, best.model["input_shape"], work, vs_benchmark_app_s)
         )
-        settings["benchmark_app, one command"] = (
-            f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
-        )
-        ratios_to.append("benchmark_app, one command")
+        settings[ONE_COMMAND_ROW] = f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
+        ratios_to.append(ONE_COMMAND_ROW)
     runs = measure_side_by_side(measures, repeats, best_path.parent / "compare", console)
     shape = "x".join(map(str, best.model["input_shape"]))
     print_results(console, f"{best.model['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to)

@@ -27,6 +27,25 @@ def commit() -> str:
     )
 
 
+def side_by_side_row(
+    row: str, runs: list[Any], references: dict[str, float | None], drift: float | None, **extra: Any
+) -> dict[str, Any]:
+    """A row of an interleaved run (autotune.remeasure.bench's BenchRun list): the median of its clean
+    runs, every run, and its ratio to each reference median (`vs_<name>`)."""
+    from autotune.remeasure.bench import median_throughput
+
+    median = median_throughput(runs)
+    return {
+        "row": row,
+        "value": median,
+        "runs": [round(r.throughput_sps, 3) for r in runs],
+        "clean_runs": sum(r.valid for r in runs),
+        **{f"vs_{name}": round(median / ref, 3) if median and ref else None for name, ref in references.items()},
+        "drift_relative_l2": drift,
+        **extra,
+    }
+
+
 def write_results(
     name: str,
     benchmark: str,

@@ -20,7 +20,6 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import optuna
 
@@ -30,37 +29,15 @@ from rich.console import Console
 
 from autotune.common.durations import parse_duration
 from autotune.records.spec import default_storage, study_dir
-from autotune.remeasure.bench import BenchRun, compare_with_baseline, median_throughput
+from autotune.remeasure.bench import (
+    BASELINE_ROW,
+    INDEPENDENT_ROW,
+    ONE_COMMAND_ROW,
+    WINNER_ROW,
+    compare_with_baseline,
+    median_throughput,
+)
 from autotune.results.best_json import read_best
-
-BASELINE = "baseline"
-WINNER = "winner"
-INDEPENDENT = "winner, independent"
-ONE_COMMAND = "benchmark_app, one command"
-
-
-def row_of(
-    label: str,
-    runs: list[BenchRun],
-    baseline: float | None,
-    tool: float | None,
-    drift: float | None,
-    settings: str,
-    line: str | None = None,
-) -> dict[str, Any]:
-    """One results row: the median, every run, and the ratios to the baseline and to benchmark_app (`line`:
-    its label as a reference line on the best-so-far chart)."""
-    median = median_throughput(runs)
-    return {
-        "row": f"{label}: {settings}",
-        "value": median,
-        "runs": [round(r.throughput_sps, 3) for r in runs],
-        "clean_runs": sum(r.valid for r in runs),
-        "vs_baseline": round(median / baseline, 3) if median and baseline else None,
-        "vs_benchmark_app": round(median / tool, 3) if median and tool else None,
-        "drift_relative_l2": drift,
-        **({"line": line} if line else {}),
-    }
 
 
 def int8_ir_drift(study: optuna.study.Study) -> float | None:
@@ -96,28 +73,32 @@ def main() -> int:
     runs = compare_with_baseline(
         best_path, args.repeats, console, parse_duration(args.independent), parse_duration(args.vs_benchmark_app)
     )
-    baseline, tool = median_throughput(runs[BASELINE]), median_throughput(runs.get(ONE_COMMAND, []))
+    baseline, tool = median_throughput(runs[BASELINE_ROW]), median_throughput(runs.get(ONE_COMMAND_ROW, []))
     assert best.baseline is not None and best.baseline.config is not None  # compare_with_baseline checked
     winner_drift = best.drift.get("relative_l2")
+    references = {"baseline": baseline, "benchmark_app": tool}
+    from results import side_by_side_row, write_results
+
     rows = [
-        row_of("baseline", runs[BASELINE], baseline, tool, 0.0, best.baseline.config.summary(), "baseline"),
-        row_of(
-            "OpenVINO's benchmark_app -hint throughput (one command)",
-            runs.get(ONE_COMMAND, []),
-            baseline,
-            tool,
-            int8_ir_drift(study),
-            f"NNCF int8 IR, batch 1, {args.vs_benchmark_app}",
-            "benchmark_app, one command",
+        side_by_side_row(
+            f"baseline: {best.baseline.config.summary()}", runs[BASELINE_ROW], references, 0.0, line="baseline"
         ),
-        row_of("autotune search winner", runs[WINNER], baseline, tool, winner_drift, best.config.summary()),
-        row_of(
-            "the winner timed by benchmark_app (independent stopwatch)",
-            runs.get(INDEPENDENT, []),
-            baseline,
-            tool,
+        side_by_side_row(
+            f"OpenVINO's benchmark_app -hint throughput (one command): NNCF int8 IR, batch 1, {args.vs_benchmark_app}",
+            runs.get(ONE_COMMAND_ROW, []),
+            references,
+            int8_ir_drift(study),
+            line="benchmark_app, one command",
+        ),
+        side_by_side_row(
+            f"autotune search winner: {best.config.summary()}", runs[WINNER_ROW], references, winner_drift
+        ),
+        side_by_side_row(
+            "the winner timed by benchmark_app (independent stopwatch): same IR and settings, pinned as tuned, "
+            + args.independent,
+            runs.get(INDEPENDENT_ROW, []),
+            references,
             winner_drift,
-            f"same IR and settings, pinned as tuned, {args.independent}",
         ),
     ]
     started = launch_time(study, args.started)
@@ -132,8 +113,6 @@ def main() -> int:
                 f"{winner['vs_baseline']:.2f}x the baseline (medians of {args.repeats} interleaved runs)"
             }
         )
-    from results import write_results
-
     shape = "x".join(map(str, best.model["input_shape"]))
     out = write_results(
         args.study,

@@ -87,22 +87,18 @@ def main() -> int:
     runs = measure_side_by_side(measures, args.rounds, Path(args.work), console)
     title = f"{model}: winners re-measured, {args.rounds} interleaved rounds"
     print_results(console, title, settings, runs, ["baseline"] if args.baseline else [])
-    baseline = median_throughput(runs.get("baseline", []))
-    rows = []
-    for label, measured in runs.items():
-        median = median_throughput(measured)
-        rows.append(
-            {
-                "row": f"{label}: {settings[label]}",
-                "value": median,
-                "runs": [round(r.throughput_sps, 3) for r in measured],
-                "clean_runs": sum(r.valid for r in measured),
-                "vs_baseline": round(median / baseline, 3) if median and baseline else None,
-                "drift_relative_l2": measured[0].drift.relative_l2 if measured and measured[0].drift else None,
-            }
-        )
-    from results import write_results
+    from results import side_by_side_row, write_results
 
+    references = {"baseline": median_throughput(runs.get("baseline", []))}
+    rows = [
+        side_by_side_row(
+            f"{label}: {settings[label]}",
+            measured,
+            references,
+            measured[0].drift.relative_l2 if measured and measured[0].drift else None,
+        )
+        for label, measured in runs.items()
+    ]
     unit = next((r.unit for measured in runs.values() for r in measured), "samples/s")
     out = write_results(
         f"winners-{model}",
