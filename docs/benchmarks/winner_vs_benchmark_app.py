@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console
 
 from autotune.common.durations import parse_duration
+from autotune.common.errors import UserError
 from autotune.records.spec import default_storage, study_dir
 from autotune.remeasure.bench import (
     BASELINE_ROW,
@@ -68,11 +69,19 @@ def main() -> int:
 
     console = Console(width=160)
     best_path = study_dir(args.studies_dir, args.study) / "best.json"
-    best = read_best(best_path)
-    study = optuna.load_study(study_name=args.study, storage=default_storage(args.studies_dir, args.study))
-    runs = compare_with_baseline(
-        best_path, args.repeats, console, parse_duration(args.independent), parse_duration(args.vs_benchmark_app)
-    )
+    try:  # every input checked before minutes of measuring
+        if not best_path.is_file():
+            raise UserError(f"{best_path} does not exist: run 'autotune search --study {args.study}' first")
+        best = read_best(best_path)
+        independent, versus = parse_duration(args.independent), parse_duration(args.vs_benchmark_app)
+        study = optuna.load_study(study_name=args.study, storage=default_storage(args.studies_dir, args.study))
+        try:
+            started = launch_time(study, args.started)
+        except ValueError:
+            raise UserError(f"--started {args.started!r}: expected an ISO time, e.g. 2026-11-28T13:45:33Z") from None
+    except UserError as exc:
+        parser.exit(2, f"winner_vs_benchmark_app: error: {exc}\n")
+    runs = compare_with_baseline(best_path, args.repeats, console, independent, versus)
     baseline, tool = median_throughput(runs[BASELINE_ROW]), median_throughput(runs.get(ONE_COMMAND_ROW, []))
     assert best.baseline is not None and best.baseline.config is not None  # compare_with_baseline checked
     winner_drift = best.drift.get("relative_l2")
@@ -101,7 +110,6 @@ def main() -> int:
             winner_drift,
         ),
     ]
-    started = launch_time(study, args.started)
     budget_s = float((study.user_attrs.get("spec") or {}).get("budget_s") or 0.0)
     curve = best_so_far(study, started)
     winner = rows[2]
