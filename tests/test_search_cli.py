@@ -131,6 +131,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
 
     def budget_curve() -> subprocess.CompletedProcess:
         command = [sys.executable, str(docs / "search_budget.py"), "--study", "s", "--reference", "s"]
+        command += ["--out", str(workdir / "budget.json")]  # a results file, kept out of docs/results
         return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=workdir)
 
     clock = budget_curve()
@@ -147,6 +148,8 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     clock = budget_curve()
     assert clock.returncode == 0, clock.stderr
     assert f"best re-measured: #0, median {fastest * 10:.2f} of 3" in clock.stdout
+    curve = json.loads((workdir / "budget.json").read_text())  # the summary page's best-so-far chart
+    assert [row["value"] for row in curve["rows"]][3] == fastest * 10 and len(curve["best_so_far"]["points"]) >= 1
     assert "s reached 95% of " in clock.stdout and f"s never reached 95% of {fastest * 10:.2f}" in clock.stdout
     replayed = subprocess.run(
         [sys.executable, str(docs / "sampler_replay.py"), "--study", "s", "--runs", "3", "--budget-min", "1"],
@@ -167,6 +170,8 @@ def test_search_completes_trials_and_exports_best_json(workdir):
             "--baseline",
             "--rounds",
             "2",
+            "--out",
+            str(workdir / "winners.json"),
         ],
         capture_output=True,
         text=True,
@@ -184,6 +189,8 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert float(rows["s"][0]) > 0 and float(rows["s"][-1].rstrip("x")) > 0  # its median, and over the baseline's
     assert f"  s: {TrialConfig.from_json(best['config']).summary()}" in winners.stdout
     assert winners.stdout.count("repeat 2/2 ") == 2  # both measured in the second round too
+    written = json.loads((workdir / "winners.json").read_text())
+    assert [len(row["runs"]) for row in written["rows"]] == [2, 2] and written["rows"][1]["vs_baseline"] == 1.0
     refused = subprocess.run(
         [sys.executable, str(docs / "winners_side_by_side.py"), "--best", "studies/s/best.json"],
         capture_output=True,

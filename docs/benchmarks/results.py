@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def write_results(
     machine = probe_machine()
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")  # a model named by its path: one file name
     path = Path(out) if out else RESULTS / f"{name}-{datetime.date.today().isoformat()}.json"
     for again in range(2, 100):  # a second run the same day keeps the first one's file
         if out or not path.exists():
