@@ -111,7 +111,7 @@ search: setup
 	$(BIN)/autotune search --model $(MODEL) --budget $(BUDGET) $(ARGS)
 
 test: setup test-system-packages
-	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
+	$(BIN)/python -m pytest -q --durations=40 $(ARGS)
 
 # Format, lint and type checks (configured in pyproject.toml); CI runs them before the tests.
 lint: setup

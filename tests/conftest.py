@@ -104,6 +104,15 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> dict:
+    """The tiny Llama trained on the standard library's docstrings (tiny_lm.train_llama), trained once for
+    every test that reads it: its weights, held-out text and perplexity are only read."""
+    from tiny_lm import train_llama
+
+    return train_llama(tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="session")
 def postgres():
     """A function returning the URL of a new database on a real PostgreSQL server on loopback."""
     from db_servers import start_postgres

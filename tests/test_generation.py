@@ -20,13 +20,6 @@ LM = TESTS / "tiny_lm.py"
 GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict:
-    from tiny_lm import train_llama
-
-    return train_llama(tmp_path_factory.mktemp("lm"))
-
-
 def generation_space(path: Path, precisions: list[str], sequences: tuple[int, ...] = (2,)) -> Path:
     path.write_text(
         yaml.safe_dump(

@@ -18,13 +18,6 @@ GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8",
 QUICK = ["--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict:
-    from tiny_lm import train_llama
-
-    return train_llama(tmp_path_factory.mktemp("lm"))
-
-
 def engine_space(path, backends: dict, sequences=(2,), allocators=("glibc",)):
     path.write_text(
         yaml.safe_dump(

@@ -5,20 +5,12 @@ any backend's."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from conftest import assert_trials_ran, load_study
 from test_llamacpp import engine_space, search_trained
 
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict:
-    from tiny_lm import train_llama
-
-    return train_llama(tmp_path_factory.mktemp("lm"))
 
 
 def test_an_fp32_ir_computes_what_pytorch_fp32_computes_and_its_prefill_keeps_the_last_logits_only():
