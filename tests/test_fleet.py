@@ -55,6 +55,20 @@ def running_trial_of(url: str, pid: int, timeout_s: float = 120) -> optuna.trial
     pytest.fail(f"worker {pid} started no trial within {timeout_s}s")
 
 
+def kill_mid_trial(url: str, worker: subprocess.Popen) -> optuna.trial.FrozenTrial:
+    """SIGKILL a worker a second into one of its trials, that trial still running (a short trial can end
+    within the second, and the kill would then land between trials or in the next one)."""
+    for _ in range(20):
+        trial = running_trial_of(url, worker.pid)
+        time.sleep(1.0)  # its trial's processes are measuring
+        if load(url).trials[trial.number].state == optuna.trial.TrialState.RUNNING:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+            assert load(url).trials[trial.number].state == optuna.trial.TrialState.RUNNING
+            return trial
+    pytest.fail(f"every trial of worker {worker.pid} ended within a second of starting")
+
+
 def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed_by_heartbeat_and_retried(
     workdir, postgres
 ):
@@ -72,10 +86,7 @@ def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed
     worker = ["join", *STUDY, "--storage", url, *grace]
     doomed = pinned("0", *worker, "--trials", "3", "--studies-dir", "studies-a", cwd=workdir)
     survivor = pinned("1", *worker, "--trials", "5", "--studies-dir", "studies-b", cwd=workdir)
-    killed = running_trial_of(url, doomed.pid)
-    time.sleep(1.0)  # its trial's processes are measuring
-    doomed.send_signal(signal.SIGKILL)
-    doomed.wait(timeout=30)
+    killed = kill_mid_trial(url, doomed)
 
     # Beside the survivor, on its cores: refused (timing on shared cores corrupts both).
     code, _, err = finish(pinned("1", *worker, "--trials", "1", "--studies-dir", "studies-c", cwd=workdir), timeout=120)
@@ -83,7 +94,7 @@ def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed
 
     code, out, err = finish(survivor)
     assert code == 0, err
-    assert f"trial {killed.number}: its worker" in out and "no heartbeat" in out
+    assert f"trial {killed.number}: its worker (host " in out and "no heartbeat for over 4s" in out, out
 
     study = load(url)
     trials = study.get_trials()
@@ -120,6 +131,32 @@ def test_two_workers_share_a_postgres_study_and_a_killed_workers_trial_is_failed
     clean = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert best["study"]["trial"] == max(clean, key=lambda t: t.value).number
     assert best["study"]["storage"].startswith("postgresql://autotune@127.0.0.1")
+
+
+def test_a_trial_failed_by_optunas_own_heartbeat_check_carries_its_cause_and_is_queued_again(workdir):
+    """Optuna fails stale trials itself at the start of every trial, besides autotune's check after every
+    trial: whichever gets there first, the trial says which worker went silent and runs again."""
+    from autotune.records.attributes import Attr
+    from autotune.tuning.storage import open_storage
+
+    said: list[str] = []
+    storage = open_storage(f"sqlite:///{workdir / 'fleet.db'}", grace_period_s=2, say=said.append)
+    study = optuna.create_study(study_name="fleet", storage=storage)
+    trial = study.ask()
+    trial.suggest_categorical("batch_size", [2, 4, 8])
+    trial.set_user_attr(Attr.ORCHESTRATOR, {"host": "node-7", "pid": 4242, "started": 1.0, "cpus": [0]})
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(3.5)  # past the 2 s grace
+
+    optuna.storages.fail_stale_trials(study)  # what optimize() runs before each trial
+
+    dead = study.trials[trial.number]
+    assert dead.state == optuna.trial.TrialState.FAIL
+    cause = dead.user_attrs.get(Attr.FAIL_CAUSE, "")
+    assert "host node-7, pid 4242" in cause and "no heartbeat for over 2s" in cause, dead.user_attrs
+    retries = [t for t in study.trials if t.user_attrs.get(Attr.RETRY_OF) == trial.number]
+    assert len(retries) == 1 and retries[0].state == optuna.trial.TrialState.WAITING
+    assert said == [f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again"]
 
 
 def test_a_search_runs_on_mysql_and_resumes_there(workdir, mariadb):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -68,49 +69,65 @@ def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenT
     study.enqueue_trial(params, user_attrs={**kept, Attr.RETRY_OF: trial.number, Attr.RETRIES: retries + 1})
 
 
-def _stale_trial_ids(storage: optuna.storages.BaseStorage, study_id: int) -> set[int]:
-    """RUNNING trials whose heartbeat is older than the grace period (Optuna's own test, which it
-    keeps private; without it, Optuna still fails them, only without the cause)."""
-    find = getattr(storage, "_get_stale_trial_ids", None)
-    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
-    return set(find(study_id)) if find is not None and interval is not None else set()
+def silent_worker_cause(trial: optuna.trial.FrozenTrial, grace_s: Any) -> str:
+    """Why a trial whose heartbeat stopped is failed: which host and pid went silent."""
+    owner = Orchestrator.from_json(trial.user_attrs.get(Attr.ORCHESTRATOR) or {})
+    where = f"host {_or_unknown(owner.host)}, pid {_or_unknown(owner.pid)}"
+    return f"its worker ({where}) sent no heartbeat for over {grace_s}s: it died or lost the database"
 
 
-def _grace_period(storage: optuna.storages.BaseStorage) -> Any:
-    """The storage's grace period; a study holds Optuna's cache in front of the RDBStorage."""
-    return getattr(getattr(storage, "_backend", storage), "grace_period", None)
+def record_silent_worker(storage: optuna.storages.BaseStorage, trial_id: int, grace_s: Any) -> None:
+    """Write the cause on a trial found stale, before anyone fails it: Optuna's own check (at the start of
+    every trial) and ours (after every trial) find the same trials, and whichever fails it, the cause is
+    already there (a finished trial's attributes can no longer be written)."""
+    trial = storage.get_trial(trial_id)
+    if trial.state != optuna.trial.TrialState.RUNNING or Attr.FAIL_CAUSE in trial.user_attrs:
+        return
+    try:
+        storage.set_trial_user_attr(trial_id, Attr.FAIL_CAUSE, silent_worker_cause(trial, grace_s))
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass  # another orchestrator failed it first, with the same cause
 
 
-def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None], dead_pids: bool = True) -> list[int]:
+class SilentWorkerRetry:
+    """The storage's callback for each trial whose heartbeat stopped that this process failed: queue its
+    configuration again and say so."""
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        self.say = say
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
+        retry_abandoned_trial(study, trial)
+        if self.say is not None:
+            cause = trial.user_attrs.get(Attr.FAIL_CAUSE, "its worker sent no heartbeat")
+            self.say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
+
+
+def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None], dead_pids: bool = True) -> None:
     """Fail the trials left RUNNING by a process that died, with the cause, and queue each again.
 
-    An orchestrator anywhere is found dead by its stale heartbeat; with `dead_pids` (when a run starts: a
-    crashed run being resumed) one of this host also by its pid being gone, without waiting."""
+    An orchestrator anywhere is found dead by its stale heartbeat, through Optuna's own check (the storage
+    records the cause and its callback retries and says so); with `dead_pids` (when a run starts: a crashed
+    run being resumed) one of this host also by its pid being gone, without waiting."""
     storage = study._storage
-    study_id = study._study_id
     host = socket.gethostname()
-    stale = _stale_trial_ids(storage, study_id)
-    grace = _grace_period(storage)
-    failed = []
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = Orchestrator.from_json(trial.user_attrs.get(Attr.ORCHESTRATOR) or {})
-        where = f"host {_or_unknown(owner.host)}, pid {_or_unknown(owner.pid)}"
-        if dead_pids and owner.host == host and owner.pid != os.getpid() and not is_alive(owner):
-            cause = f"the autotune process running it ({where}) died"
-        elif trial._trial_id in stale:
-            cause = f"its worker ({where}) sent no heartbeat for over {grace}s: it died or lost the database"
-        else:
-            continue
-        try:
-            storage.set_trial_user_attr(trial._trial_id, Attr.FAIL_CAUSE, cause)
-            if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+    if dead_pids:
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            owner = Orchestrator.from_json(trial.user_attrs.get(Attr.ORCHESTRATOR) or {})
+            if owner.host != host or owner.pid == os.getpid() or is_alive(owner):
                 continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue  # another orchestrator failed it first
-        failed.append(trial.number)
-        retry_abandoned_trial(study, storage.get_trial(trial._trial_id))
-        say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
-    return failed
+            cause = f"the autotune process running it (host {host}, pid {_or_unknown(owner.pid)}) died"
+            try:
+                storage.set_trial_user_attr(trial._trial_id, Attr.FAIL_CAUSE, cause)
+                if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                    continue
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # another orchestrator failed it first
+            retry_abandoned_trial(study, storage.get_trial(trial._trial_id))
+            say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
+    with warnings.catch_warnings():  # a storage without heartbeats has none to fail
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
 
 
 class AbandonedTrialsCheck:

@@ -4,6 +4,7 @@ the trials of a dead orchestrator are failed and retried."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,29 @@ from sqlalchemy.engine import make_url
 
 from autotune.common.errors import UserError
 from autotune.common.storage_urls import database_url, mask_url
-from autotune.tuning.fleet import retry_abandoned_trial
+from autotune.tuning.fleet import SilentWorkerRetry, record_silent_worker
 
 GRACE_PERIOD_S = 60  # a RUNNING trial whose orchestrator sent no heartbeat for this long is failed and retried
 # The drivers installed with autotune, for URLs that name none (SQLAlchemy would look for psycopg2, mysqlclient).
 
 
-def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.storages.RDBStorage:
-    """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds."""
+class HeartbeatStorage(optuna.storages.RDBStorage):
+    """Optuna's RDBStorage that writes on each trial it finds stale why it is failed, before Optuna's own
+    check or autotune's fails it: both look at the same moment's heartbeats, and a finished trial's
+    attributes can no longer be written."""
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        stale = super()._get_stale_trial_ids(study_id)
+        for trial_id in stale:
+            record_silent_worker(self, trial_id, self.grace_period)
+        return stale
+
+
+def open_storage(
+    url: str, grace_period_s: float = GRACE_PERIOD_S, say: Callable[[str], None] | None = None
+) -> optuna.storages.RDBStorage:
+    """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds; a trial whose
+    worker went silent is failed with its cause, queued again, and `say` tells."""
     given, url = url, database_url(url)
     parsed = make_url(url)
     kwargs: dict[str, Any] = {}
@@ -33,11 +49,11 @@ def open_storage(url: str, grace_period_s: float = GRACE_PERIOD_S) -> optuna.sto
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             grace = max(2, round(grace_period_s))
-            return optuna.storages.RDBStorage(
+            return HeartbeatStorage(
                 url,
                 heartbeat_interval=max(1, grace // 4),
                 grace_period=grace,
-                heartbeat_stale_trial_callback=retry_abandoned_trial,
+                heartbeat_stale_trial_callback=SilentWorkerRetry(say),
                 **kwargs,
             )
     except Exception as exc:  # driver missing, server down, bad credentials: one clear line

@@ -93,11 +93,15 @@ def baseline_throughput(study: optuna.study.Study) -> float | None:
 
 
 def open_study(
-    spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Any] | None = None
+    spec: SearchSpec,
+    machine: MachineProbe,
+    runtimes: dict[str, Any] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[optuna.study.Study, bool]:
-    """Create the study, or resume it after checking the settings are the same."""
+    """Create the study, or resume it after checking the settings are the same; `say` tells of trials
+    failed because their worker went silent."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = open_storage(spec.storage, spec.heartbeat_grace_s)
+    storage = open_storage(spec.storage, spec.heartbeat_grace_s, say)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True)
@@ -535,7 +539,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
     runtimes = discover_runtimes(spec.runtimes)
     space = _search_space(spec, machine, runtimes, say)
     spec.dir.mkdir(parents=True, exist_ok=True)
-    study, created = open_study(spec, machine, runtimes)
+    study, created = open_study(spec, machine, runtimes, say)
     say(
         f"{'created' if created else 'resuming'} study {spec.study!r} in {mask_url(spec.storage)} "
         f"({len(study.trials)} trials so far); budget {spec.budget_s:.0f}s"
