@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 # GGUF types, as llama.cpp names them (upper case: not the PyTorch backends' precisions).
 PRECISIONS = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q2_K")
 GGUF_FILE = "model.gguf"
+# llama.cpp's extra weight buffers (repacked, and AMX where the CPU has it) crashed llama_decode with SIGSEGV
+# on a model 64 wide on an AMX Xeon; models this narrow load without them (768 and 2048 wide ran with them on an
+# Ice Lake Xeon; wide models on AMX are not yet measured).
+EXTRA_BUFFERS_MIN_WIDTH = 256
+
 KV_CACHE_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of the K and V caches
 
 SPEC = BackendSpec(
@@ -167,6 +172,10 @@ class LlamaCppGenerator:
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
+        if self._model and llama_cpp.llama_model_n_embd(self._model) < EXTRA_BUFFERS_MIN_WIDTH:
+            llama_cpp.llama_model_free(self._model)
+            params.use_extra_bufts = False
+            self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {self.gguf}")
         self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model))
