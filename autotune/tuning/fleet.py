@@ -125,14 +125,14 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
                 continue  # another orchestrator failed it first
             retry_abandoned_trial(study, storage.get_trial(trial._trial_id))
             say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
-    with warnings.catch_warnings():  # a storage without heartbeats has none to fail
+    with warnings.catch_warnings():  # Optuna marks fail_stale_trials experimental; it does nothing without heartbeats
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
 
 
 class AbandonedTrialsCheck:
-    """Optuna callback: after every trial, look for trials of orchestrators whose heartbeat stopped (before
-    Optuna's own check, at the next trial's start, fails them without saying why)."""
+    """Optuna callback: after every trial, fail the trials of orchestrators whose heartbeat stopped (Optuna
+    checks only at a trial's start, so a worker's last trial would otherwise leave them running)."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say

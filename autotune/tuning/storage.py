@@ -20,9 +20,9 @@ GRACE_PERIOD_S = 60  # a RUNNING trial whose orchestrator sent no heartbeat for 
 
 
 class HeartbeatStorage(optuna.storages.RDBStorage):
-    """Optuna's RDBStorage that writes on each trial it finds stale why it is failed, before Optuna's own
-    check or autotune's fails it: both look at the same moment's heartbeats, and a finished trial's
-    attributes can no longer be written."""
+    """Optuna's RDBStorage that writes on each trial it finds stale why it is failed: whoever fails a stale
+    trial (Optuna at a trial's start, autotune after one) asks this first, and a finished trial's attributes
+    can no longer be written."""
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         stale = super()._get_stale_trial_ids(study_id)
@@ -35,7 +35,7 @@ def open_storage(
     url: str, grace_period_s: float = GRACE_PERIOD_S, say: Callable[[str], None] | None = None
 ) -> optuna.storages.RDBStorage:
     """Optuna's RDBStorage with heartbeats: every running trial beats every grace/4 seconds; a trial whose
-    worker went silent is failed with its cause, queued again, and `say` tells."""
+    worker went silent gets its cause when found stale and, once failed, is queued again and `say` tells."""
     given, url = url, database_url(url)
     parsed = make_url(url)
     kwargs: dict[str, Any] = {}
