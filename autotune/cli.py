@@ -269,15 +269,18 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
     from autotune.machine.probe import probe_machine
     from autotune.machine.probe_report import probe_json, probe_lines
     from autotune.machine.runtimes import discover_runtimes
-    from autotune.tuning.study import generation_precisions_unavailable
+    from autotune.tuning.study import GenerationProbe, probe_generation
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
     # text generation runs in the main runtime; its precisions are torchao configs whose CPU support
-    # moves between versions, so they are tried there, in a fresh process
+    # moves between versions, so they are tried there, in a fresh process; an engine that runs only in
+    # the IPEX runtime is tried there
     try:
-        unavailable: dict[str, str] | str = generation_precisions_unavailable(runtimes["main"])
+        probed: GenerationProbe | str = probe_generation(runtimes)
     except UserError as exc:
-        unavailable = str(exc)
+        probed = str(exc)
+    unavailable = probed if isinstance(probed, str) else probed.unavailable
+    routes = {} if isinstance(probed, str) else probed.routes
     engines = {  # the backends outside PyTorch: the ones that say whether they can run here
         name: spec
         for name, spec in backend_specs("generate").items()
@@ -290,7 +293,7 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
             report["generation_engines"] = {
                 name: {"runs": False, "reason": unavailable[name]}
                 if name in unavailable
-                else {"runs": True, "precisions": list(spec.precisions)}
+                else {"runs": True, "runtime": routes.get(name, ["main"])[0], "precisions": list(spec.precisions)}
                 for name, spec in engines.items()
             }
         print(json.dumps(report, indent=2))
@@ -303,8 +306,9 @@ def cmd_probe(args: argparse.Namespace, console: Console) -> int:
         left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items() if p not in engines)
         print(f"text generation in runtime main: {', '.join(runs) or 'nothing'} run{left_out}")
         for name, spec in engines.items():
+            where = f" in runtime {routes[name][0]}" if name in routes else ""
             status = f"left out: {unavailable[name]}" if name in unavailable else ", ".join(spec.precisions) + " run"
-            print(f"text generation engine {name} ({spec.description}): {status}")
+            print(f"text generation engine {name} ({spec.description}): {status}{where}")
     return 0
 
 

@@ -261,6 +261,9 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     # OpenVINO, exported by the optimum-intel overlay make setup installs
     engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine openvino"))
     assert engine.endswith("fp32, fp16, int8_asym, int4_sym, int4_asym run"), engine
+    # IPEX's ipex.llm.optimize imports only with torch 2.8: probed in, and routed to, the IPEX runtime
+    engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine ipex"))
+    assert engine.endswith("bf16, woq_int8, woq_int4, fp32 run in runtime ipex"), engine
     nowhere = str(workdir / "nowhere")
     missing = run_autotune(
         "probe",
@@ -275,7 +278,12 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
         run_autotune("probe", "--json", cwd=workdir, timeout=300, env={"AUTOTUNE_OPTIMUM_INTEL": nowhere}).stdout
     )
     assert not set(report["generation_precisions_unavailable"]) & {"llamacpp", "openvino"}, report
-    assert report["generation_engines"]["llamacpp"] == {"runs": True, "precisions": list(llamacpp_types)}
+    assert report["generation_engines"]["llamacpp"] == {
+        "runs": True,
+        "runtime": "main",
+        "precisions": list(llamacpp_types),
+    }
+    assert report["generation_engines"]["ipex"]["runtime"] == "ipex", report["generation_engines"]
     assert report["generation_engines"]["openvino"]["runs"] is False
     assert "optimum-intel is not in" in report["generation_engines"]["openvino"]["reason"]
 

@@ -22,6 +22,7 @@ from autotune.backends.base import (
 )
 from autotune.backends.generation import eager as generation_eager
 from autotune.backends.generation import inductor as generation_inductor
+from autotune.backends.generation import ipex as generation_ipex
 from autotune.backends.generation import llamacpp
 from autotune.backends.generation import openvino as generation_openvino
 
@@ -46,7 +47,13 @@ def register(module: Backend) -> None:
 # Grouped by the interface each satisfies, which mypy checks (base.py); ipex does both, int8 from a file.
 MODULE_BACKENDS: tuple[ModuleBackend, ...] = (eager, inductor, ipex)
 ARTIFACT_BACKENDS: tuple[ClassifyArtifactBackend, ...] = (ipex, onnxruntime, openvino, torchao)
-GENERATE_BACKENDS: tuple[GenerateBackend, ...] = (generation_eager, generation_inductor, llamacpp, generation_openvino)
+GENERATE_BACKENDS: tuple[GenerateBackend, ...] = (
+    generation_eager,
+    generation_inductor,
+    llamacpp,
+    generation_openvino,
+    generation_ipex,
+)
 for _backend in dict.fromkeys((*MODULE_BACKENDS, *ARTIFACT_BACKENDS, *GENERATE_BACKENDS)):
     register(_backend)
 

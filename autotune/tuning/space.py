@@ -245,9 +245,11 @@ class SearchSpace:
         task: str = "classify",
         unavailable: dict[str, str] | None = None,
         server: bool = False,
+        engine_routes: dict[str, list[str]] | None = None,
     ) -> SearchSpace:
         """Validate the YAML content and narrow it to what this machine and its runtimes can run.
         `unavailable`: precisions this machine's libraries cannot run (generation), each with its reason.
+        `engine_routes`: generation backends that run in a runtime other than the main one (IPEX's).
         `server`: the server scenario, whose batching adds max_wait_ms (the other scenarios ignore it)."""
         unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
         if unknown:
@@ -261,7 +263,12 @@ class SearchSpace:
         instances, threads = _instances_and_threads(data, cores)
         thread_pool = ThreadPoolDims.parse(data, machine, runtimes, notes)
         backends, routes = cls._backends(
-            data.get("backends", {"eager": {}}), runtimes, notes, backend_specs(task), unavailable or {}
+            data.get("backends", {"eager": {}}),
+            runtimes,
+            notes,
+            backend_specs(task),
+            unavailable or {},
+            engine_routes or {},
         )
         _check_explicit_runtimes_run_a_backend(data, runtimes, routes)
         baseline_bs = _baseline_batch_size(data, task, batch_key, batch_sizes, server)
@@ -288,6 +295,7 @@ class SearchSpace:
         notes: list[str],
         specs: dict[str, BackendSpec],
         unavailable: dict[str, str],
+        engine_routes: dict[str, list[str]],
     ) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[str]]]:
         if not isinstance(raw, dict) or not raw:
             raise UserError("search space: 'backends' must map backend names to their options")
@@ -320,14 +328,16 @@ class SearchSpace:
             if name in unavailable:  # an engine not installed here: the other backends' trials run
                 notes.append(f"backend {name} cannot run here ({unavailable[name]}): left out")
                 continue
-            left_out = [p for p in dims["precision"] if p in unavailable]
+            # Generation runs in the main runtime (transformers and torchao, probed there), but for an engine
+            # that runs only in another one (IPEX's); the main runtime's torchao precisions concern it alone.
+            route = engine_routes.get(name, ["main"])
+            left_out = [p for p in dims["precision"] if p in unavailable] if route == ["main"] else []
             for precision in left_out:
                 notes.append(f"precision {precision} cannot run here ({unavailable[precision]}): left out of {name}")
-            dims["precision"] = [p for p in dims["precision"] if p not in unavailable]
+            dims["precision"] = [p for p in dims["precision"] if p not in left_out]
             if not dims["precision"]:
                 continue
-            # Generation runs in the main runtime (transformers and torchao, probed above).
-            routes[name] = candidates(name, runtimes) if specs is BACKENDS else ["main"]
+            routes[name] = candidates(name, runtimes) if specs is BACKENDS else route
             if not routes[name]:
                 notes.append(f"backend {name} imports in no runtime ({why_not(name, runtimes)}): left out")
                 del routes[name]

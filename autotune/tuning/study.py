@@ -31,7 +31,7 @@ from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
-from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
+from autotune.machine.runtimes import MAIN, Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.measure.speed_gate import SpeedGate
 from autotune.model.generation import GenerationWorkload
@@ -581,14 +581,55 @@ def _search_space(
     spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Runtime], say: Callable[[str], None]
 ) -> SearchSpace:
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
-    unavailable = generation_precisions_unavailable(runtimes["main"]) if spec.task == "generate" else None
-    space = SearchSpace.parse(spec.space, machine, runtimes, spec.task, unavailable, spec.objective == "server")
+    generation = probe_generation(runtimes) if spec.task == "generate" else None
+    space = SearchSpace.parse(
+        spec.space,
+        machine,
+        runtimes,
+        spec.task,
+        generation.unavailable if generation else None,
+        spec.objective == "server",
+        generation.routes if generation else None,
+    )
     for note in space.notes:
         say(f"note: {note}")
     for backend, names in space.runtimes.items():
         if names != ["main"]:
             say(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}")
     return space
+
+
+@dataclass(frozen=True)
+class GenerationProbe:
+    """What text generation can run here: the main runtime's unavailable precisions and the engines that
+    run in no runtime (keyed by backend name), and the engines that run only outside the main runtime."""
+
+    unavailable: dict[str, str]
+    routes: dict[str, list[str]]  # engine -> the runtime its trials run in (never "main")
+
+
+def probe_generation(runtimes: dict[str, Runtime]) -> GenerationProbe:
+    """Probe the main runtime; an engine that cannot run there (IPEX's, which imports only with torch 2.8)
+    is probed in the IPEX runtime too, and its trials go there when it runs."""
+    from autotune.backends import backend_specs
+
+    main = generation_precisions_unavailable(runtimes[MAIN])
+    elsewhere = [name for name in backend_specs("generate") if name in main]
+    routes: dict[str, list[str]] = {}
+    reasons = dict(main)
+    for runtime in runtimes.values():
+        if runtime.role != "auto" or not elsewhere:
+            continue
+        try:
+            there = generation_precisions_unavailable(runtime)
+        except UserError as exc:
+            there = dict.fromkeys(elsewhere, str(exc))
+        for name in elsewhere:
+            if name not in there:
+                routes.setdefault(name, [runtime.name])
+            elif name not in routes:
+                reasons[name] = f"{main[name]}; in runtime {runtime.name}: {there[name]}"
+    return GenerationProbe({k: v for k, v in reasons.items() if k not in routes}, routes)
 
 
 def generation_precisions_unavailable(runtime: Runtime) -> dict[str, str]:
