@@ -89,6 +89,50 @@ def test_an_f32_gguf_computes_what_pytorch_fp32_computes_on_the_same_ids(factory
     assert not engine._contexts and engine._model is None
 
 
+# Runs in its own process: a crash inside llama.cpp kills the process, not the test run.
+WIDE_QUANTIZED = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from transformers import LlamaForCausalLM
+import tiny_lm
+from autotune.backends.generation import prepare
+from autotune.records.config import TrialConfig
+
+config = tiny_lm.llama_config()
+config.hidden_size, config.intermediate_size, config.num_hidden_layers = 512, 1024, 1
+config.num_attention_heads, config.num_key_value_heads = 8, 8
+torch.manual_seed(0)
+model = LlamaForCausalLM(config).eval()
+ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+out = {}
+for gguf_type in ("Q4_0", "Q8_0"):
+    engine, details = prepare(model, TrialConfig("llamacpp", gguf_type, batch_size=2, threads_per_instance=1), 4)
+    out[gguf_type] = {"tokens": engine.generate(ids).shape[1], "extra": details["extra_weight_buffers"],
+                      "system": details["llama_cpp_system_info"]}
+    engine.close()
+print(json.dumps(out))
+"""
+
+
+def test_quantized_ggufs_of_a_wide_model_decode_where_llama_cpp_has_amx():
+    """Q4_0 and Q8_0 of a 512-wide Llama decode in a process of their own: llama.cpp's AMX weight buffers
+    crashed llama_decode with SIGSEGV at 64 and 768 wide on an AMX Xeon, so a build with AMX loads without
+    its extra buffers (and says so); a build without keeps them."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", WIDE_QUANTIZED, str(TESTS)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for gguf_type, run in out.items():
+        assert run["tokens"] == 4, (gguf_type, run)
+        amx = "AMX_INT8 = 1" in run["system"]
+        assert run["extra"] == ("off: this llama.cpp build has AMX, whose buffers crash llama_decode" if amx else "on")
+
+
 def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_quant_that_falls_back_fails(
     workdir, trained
 ):

@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 # GGUF types, as llama.cpp names them (upper case: not the PyTorch backends' precisions).
 PRECISIONS = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q2_K")
 GGUF_FILE = "model.gguf"
-# llama.cpp's extra weight buffers (repacked, and AMX where the CPU has it) crashed llama_decode with SIGSEGV
-# on a model 64 wide on an AMX Xeon; models this narrow load without them (768 and 2048 wide ran with them on an
-# Ice Lake Xeon; wide models on AMX are not yet measured).
-EXTRA_BUFFERS_MIN_WIDTH = 256
+# llama.cpp's AMX weight buffers crash llama_decode with SIGSEGV in ggml_backend_amx_mul_mat (llama.cpp issue
+# 20824, open): on an AMX Xeon, Q4_0 and Q8_0 crashed at 64 and 768 wide, BF16 (not held in them) ran. A build
+# whose system info names AMX_INT8 loads without llama.cpp's extra weight buffers (`use_extra_bufts` turns the
+# AMX and the repacked ones off together); elsewhere they stay on (an Ice Lake Xeon ran 64-2048 wide with them).
+AMX_BUILD = "AMX_INT8 = 1"
 
 KV_CACHE_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of the K and V caches
 
@@ -121,6 +122,9 @@ def prepare(
         )
     generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
     details["llama_cpp_system_info"] = generator.system_info()
+    details["extra_weight_buffers"] = (
+        "on" if generator.extra_buffers else "off: this llama.cpp build has AMX, whose buffers crash llama_decode"
+    )
     return generator, details
 
 
@@ -171,11 +175,9 @@ class LlamaCppGenerator:
         _install_quiet_log()
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
+        self.extra_buffers = AMX_BUILD not in self.system_info()
+        params.use_extra_bufts = self.extra_buffers
         self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
-        if self._model and llama_cpp.llama_model_n_embd(self._model) < EXTRA_BUFFERS_MIN_WIDTH:
-            llama_cpp.llama_model_free(self._model)
-            params.use_extra_bufts = False
-            self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {self.gguf}")
         self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model))
