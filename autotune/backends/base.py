@@ -12,8 +12,9 @@ autotune/backends/__init__.py:
   or an engine's own file) and `prepare` (the generator, from that artifact when it loads). The generator
   decodes greedily with a stamp per token (`generate`, `generate_with_logits`, `token_stamps`: see
   generation/decode_loop.py) and carries a `probe` when it holds no torch module. An engine outside PyTorch
-  (generation/llamacpp.py) may add `unavailable()` (why it cannot run in this runtime: the study leaves it
-  out with that line) and `cached_artifact(dir)` (its own file's check).
+  (generation/llamacpp.py) may add `unavailable()` (why it cannot run in this runtime: the study runs its
+  trials in the IPEX runtime when it runs there, as generation/ipex.py does, else leaves it out with that
+  line) and `cached_artifact(dir)` (its own file's check).
 """
 
 from __future__ import annotations

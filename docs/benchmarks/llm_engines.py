@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TYPES = ("F32", "BF16", "Q8_0", "Q4_K_M", "Q4_0")
 OPENVINO_TYPES = ("int8_asym", "int4_sym")
+IPEX_TYPES = ("woq_int8", "bf16")
+IPEX_OPTIONS = {"lowp_mode": "int8"}
 OPENVINO_OPTIONS = {"inference_precision": "f32", "kv_cache_precision": "u8", "dynamic_quantization_group_size": 32}
 
 
@@ -165,6 +167,9 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=5.0, help="minimum timed window per autotune run, seconds")
     parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--openvino-types", default=",".join(OPENVINO_TYPES))
+    parser.add_argument(
+        "--ipex-types", default=",".join(IPEX_TYPES), help="ipex.llm.optimize precisions (run in the IPEX runtime)"
+    )
     parser.add_argument("--out", help="results file (default docs/results/engines-<date>.json)")
     parser.add_argument("--no-recipe", action="store_true", help="leave out the seed's recipe (inductor da8w8)")
     parser.add_argument("--max-drift", type=float, default=0.05, help="a row past this relative L2 does not count")
@@ -177,7 +182,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["BENCH_LAYERS"] = str(args.layers)
     tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"
-    if not tool.is_file():
+    if args.types and not tool.is_file():
         print(f"{tool} is missing: run `make llama-tools` first", file=sys.stderr)
         return 2
 
@@ -238,6 +243,10 @@ def main() -> int:
         for ov_type in ov_types:
             configs[f"autotune openvino {ov_type}"] = TrialConfig(
                 "openvino", ov_type, sequences, threads_per_instance=cores, options=OPENVINO_OPTIONS
+            )
+        for ipex_type in (t for t in args.ipex_types.split(",") if t):  # no tool of its own: IPEX's examples
+            configs[f"autotune ipex {ipex_type}"] = TrialConfig(  # time the same patched `generate`
+                "ipex", ipex_type, sequences, threads_per_instance=cores, options=IPEX_OPTIONS, runtime="ipex"
             )
         runs: dict[str, list[float]] = {name: [] for name in configs}
         tool_runs: dict[str, list[dict]] = {gguf_type: [] for gguf_type in types}
