@@ -1,7 +1,8 @@
 """llama.cpp and OpenVINO through autotune against their own tools on the same files (llama.cpp's
-llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), beside autotune's eager fp32 and the
-seed's recipe: the 105M decoder of decoders.py (or its 1B one, --model decoder_1b; random init),
-interleaved in one run.
+llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), IPEX's ipex.llm.optimize (--ipex-types,
+in the IPEX runtime; it has no benchmark tool of its own: its examples time the same `generate`), beside
+autotune's eager fp32 and the seed's recipe: the 105M decoder of decoders.py (or its 1B one, --model
+decoder_1b; random init), interleaved in one run.
 
     make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
     .venv/bin/python docs/benchmarks/llm_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8]
@@ -88,7 +89,10 @@ def batched_bench(tool: Path, gguf: Path, prompt: int, new: int, sequences: int,
     # llama.cpp's logger prints from a thread the tool does not wait for at exit: its result line is lost in
     # about one run of three (stdout, stderr and --log-file alike), so a run that printed none is run again
     for attempt in range(1, 6):  # noqa: B007 (read after the loop)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:  # a crash (llama.cpp's AMX kernels: SIGSEGV) is a result of its own
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}: {last}")
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
         row = next((line for line in lines if line.get("pl") == sequences), None)
         if row is not None:
@@ -223,6 +227,7 @@ def main() -> int:
         winner = TrialConfig.from_json(best["config"])
         winners[winner.batch_size * winner.instances] = (best_file, winner)
     rows: list[dict] = []
+    failures: list[dict] = []  # a tool's runs that crashed: no row, said in the results file
     for sequences in (int(s) for s in args.sequences.split(",")):
         configs = {"autotune eager fp32": TrialConfig("eager", "fp32", sequences, threads_per_instance=cores)}
         if (
@@ -279,7 +284,13 @@ def main() -> int:
                     markup=False,
                 )
                 if config.backend == "llamacpp" and config.precision in files:
-                    measured = batched_bench(tool, files[config.precision], args.prompt, args.new, sequences, cores)
+                    try:
+                        measured = batched_bench(tool, files[config.precision], args.prompt, args.new, sequences, cores)
+                    except RuntimeError as exc:
+                        failures.append({"sequences": sequences, "row": f"llama-batched-bench {config.precision}"})
+                        failures[-1]["failed"] = str(exc)
+                        console.print(f"{sequences} seq. llama-batched-bench {config.precision}: {exc}", markup=False)
+                        continue
                     tool_runs[config.precision].append(measured)
                     console.print(
                         f"{sequences} seq. repeat {repeat + 1} llama-batched-bench {config.precision}: "
@@ -348,6 +359,8 @@ def main() -> int:
     summary = targets(rows, args.max_drift)
     for line in summary:
         console.print(line["text"], markup=False)
+    for failure in failures:
+        console.print(f"{failure['sequences']} seq. {failure['row']} failed: {failure['failed']}", markup=False)
     from results import write_results
 
     out = write_results(
@@ -359,6 +372,7 @@ def main() -> int:
         args.out,
         max_drift_relative_l2=args.max_drift,
         targets=summary,
+        failed_tool_runs=failures,
     )
     console.print(f"wrote {out}", markup=False)
     return 0
