@@ -88,3 +88,27 @@ def test_best_json_fields_are_each_described_and_each_description_names_a_field(
     assert done.returncode == 0, done.stderr[-3000:]
     page = (tmp_path / "site" / "reference" / "best-json" / "index.html").read_text()
     assert all(f"<code>{path}</code>" in page for row in rows for path in row.paths)
+
+
+def test_the_engines_summary_counts_no_row_past_the_drift_bound_the_recipe_included():
+    """llm_engines.py's targets: the winner against the best tool row within the bound, never against a
+    tool row or a recipe past it (inductor da8w8 decoded garbage on an AMX Xeon: relative L2 8e3)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks"))
+    import llm_engines
+
+    def row(name: str, speed: float, drift: float) -> dict:
+        return {"sequences": 1, "row": name, "tokens_per_s": speed, "drift_relative_l2": drift}
+
+    rows = [
+        row("autotune search winner", 130.0, 0.036),
+        row("autotune inductor da8w8 recipe", 250.0, 8.2e3),
+        row("openvino-genai int8_asym", 100.0, 0.036),
+        row("openvino-genai int4_sym", 170.0, 0.44),
+    ]
+    (line,) = llm_engines.targets(rows, 0.05)
+    assert line["best_tool"] == "openvino-genai int8_asym" and line["winner_vs_best_tool"] == 1.3
+    assert "winner_vs_recipe" not in line and line["recipe_past_bound"] == 8.2e3
+    assert "the recipe (drift 8.2e+03; target 1.2x not measurable)" in line["text"], line["text"]
+    rows[1]["drift_relative_l2"] = 0.04
+    (line,) = llm_engines.targets(rows, 0.05)
+    assert line["winner_vs_recipe"] == 130.0 / 250.0 and "recipe_past_bound" not in line
