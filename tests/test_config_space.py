@@ -1266,3 +1266,24 @@ def test_a_drift_measured_by_an_older_artifact_builder_is_not_reused():
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     reused = same_numerics_drift(study, numerics_key_of(ort, space), "ref")
     assert reused is not None and reused.relative_l2 == 0.038 and reused.reused_from == 1
+
+
+def test_an_engine_routed_to_another_runtime_keeps_precisions_the_main_runtimes_torchao_cannot_run():
+    """torchao's unavailable precisions leave torchao's backends only: IPEX's woq_int4 (its own kernel, in
+    the IPEX runtime) stays, routed there, while eager's woq_int4 is left out with the reason."""
+    data = {
+        "sequences": [1],
+        "backends": {"eager": {"precision": ["fp32", "woq_int4"]}, "ipex": {"precision": ["woq_int4", "bf16"]}},
+    }
+    unavailable = {"woq_int4": "no CPU kernel in this torchao"}
+    space = SearchSpace.parse(
+        data, fake_machine(), RUNTIMES, task="generate", unavailable=unavailable, engine_routes={"ipex": ["ipex"]}
+    )
+    assert space.backends["eager"]["precision"] == ["fp32"]
+    assert space.backends["ipex"]["precision"] == ["woq_int4", "bf16"]
+    assert space.runtimes["ipex"] == ["ipex"] and space.runtimes["eager"] == ["main"]
+    assert "precision woq_int4 cannot run here (no CPU kernel in this torchao): left out of eager" in space.notes
+    assert not any("left out of ipex" in note for note in space.notes)
+    # a main runtime where IPEX imports too (torch 2.8): its woq_int4 still is not torchao's
+    here = SearchSpace.parse(data, fake_machine(), RUNTIMES, task="generate", unavailable=unavailable)
+    assert here.backends["ipex"]["precision"] == ["woq_int4", "bf16"] and here.runtimes["ipex"] == ["main"]

@@ -329,9 +329,10 @@ class SearchSpace:
                 notes.append(f"backend {name} cannot run here ({unavailable[name]}): left out")
                 continue
             # Generation runs in the main runtime (transformers and torchao, probed there), but for an engine
-            # that runs only in another one (IPEX's); the main runtime's torchao precisions concern it alone.
+            # that runs only in another one (IPEX's); the torchao precisions probed concern torchao's backends
+            # only (IPEX's woq_int4 is its own kernel, whatever its name shares).
             route = engine_routes.get(name, ["main"])
-            left_out = [p for p in dims["precision"] if p in unavailable] if route == ["main"] else []
+            left_out = [p for p in dims["precision"] if p in unavailable] if "torchao" in spec.requires else []
             for precision in left_out:
                 notes.append(f"precision {precision} cannot run here ({unavailable[precision]}): left out of {name}")
             dims["precision"] = [p for p in dims["precision"] if p not in left_out]

@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -581,7 +581,9 @@ def _search_space(
     spec: SearchSpec, machine: MachineProbe, runtimes: dict[str, Runtime], say: Callable[[str], None]
 ) -> SearchSpace:
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
-    generation = probe_generation(runtimes) if spec.task == "generate" else None
+    listed = spec.space.get("backends") if isinstance(spec.space, dict) else None
+    wanted = list(listed) if isinstance(listed, dict) else None
+    generation = probe_generation(runtimes, wanted) if spec.task == "generate" else None
     space = SearchSpace.parse(
         spec.space,
         machine,
@@ -608,17 +610,18 @@ class GenerationProbe:
     routes: dict[str, list[str]]  # engine -> the runtime its trials run in (never "main")
 
 
-def probe_generation(runtimes: dict[str, Runtime]) -> GenerationProbe:
-    """Probe the main runtime; an engine that cannot run there (IPEX's, which imports only with torch 2.8)
-    is probed in the IPEX runtime too, and its trials go there when it runs."""
+def probe_generation(runtimes: dict[str, Runtime], wanted: Collection[str] | None = None) -> GenerationProbe:
+    """Probe the main runtime; an engine of `wanted` (default: every one) that cannot run there (IPEX's,
+    which imports only with torch 2.8) is probed in the other runtimes too, the IPEX runtime first, and its
+    trials go to the first where it runs."""
     from autotune.backends import backend_specs
 
     main = generation_precisions_unavailable(runtimes[MAIN])
-    elsewhere = [name for name in backend_specs("generate") if name in main]
+    elsewhere = [name for name in backend_specs("generate") if name in main and (wanted is None or name in wanted)]
     routes: dict[str, list[str]] = {}
     reasons = dict(main)
-    for runtime in runtimes.values():
-        if runtime.role != "auto" or not elsewhere:
+    for runtime in sorted(runtimes.values(), key=lambda r: r.role != "auto"):
+        if runtime.role == MAIN or not [name for name in elsewhere if name not in routes]:
             continue
         try:
             there = generation_precisions_unavailable(runtime)

@@ -123,7 +123,7 @@ def targets(rows: list[dict], max_drift: float) -> list[dict]:
         if winner and best_tool:
             line["winner_vs_best_tool"] = winner["tokens_per_s"] / best_tool["tokens_per_s"]
         recipe_drift = recipe and recipe["drift_relative_l2"]
-        if recipe and (recipe_drift is None or recipe_drift > max_drift):  # a recipe decoding garbage: no target
+        if recipe and not (recipe_drift is not None and recipe_drift <= max_drift):  # garbage (or NaN): no target
             line["recipe_past_bound"] = recipe_drift
             recipe = None
         if winner and recipe:
@@ -141,7 +141,8 @@ def targets(rows: list[dict], max_drift: float) -> list[dict]:
             if recipe:
                 text += f", {line['winner_vs_recipe']:.2f}x the recipe ({recipe['tokens_per_s']:.1f}; target 1.2x)"
         if "recipe_past_bound" in line:
-            past = [*past, f"the recipe (drift {line['recipe_past_bound']:.3g}; target 1.2x not measurable)"]
+            drift_text = "unknown" if line["recipe_past_bound"] is None else f"{line['recipe_past_bound']:.3g}"
+            past = [*past, f"the recipe (drift {drift_text}; target 1.2x not measurable)"]
         if past:
             text += f"; past the drift bound {max_drift} (not counted): {', '.join(past)}"
         line["text"] = text

@@ -9,13 +9,15 @@ IPEX 2.8 imports only with torch 2.8, so this backend runs in the IPEX runtime (
 Decoding is greedy, exactly `new_tokens` tokens (no end-of-sequence token). A logits processor, which
 `generate` calls once per token right after the forward that produced it, stamps each token; in the drift
 pass it also keeps every step's logits and feeds FP32's tokens. The drift pass takes the prompt's
-compared positions from one forward of the optimized modules over the prompt: IPEX's first-token graph
-keeps the last position's logits only, and that forward's last position equals them to the bit (a tiny
-Llama, fp32, bf16 and weight-only int8).
+compared positions but the last from one forward of the optimized modules over the prompt: IPEX's
+first-token graph keeps the last position's logits only (those come from it), and that forward's last position
+equalled them to the bit (a tiny Llama, fp32, bf16 and weight-only int8).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 from array import array
 from collections import Counter
@@ -56,8 +58,9 @@ def unavailable() -> str | None:
         ("transformers", "make setup installs IPEX's own (4.51.3) in .venv-ipex"),
     ):
         try:
-            __import__(module)
-        except Exception as exc:  # an ImportError, or an extension built for another torch
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                __import__(module)
+        except BaseException as exc:  # an extension built for another torch may even exit the process
             first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
             return f"{module} does not import ({type(exc).__name__}: {first}); {hint}"
     return None
@@ -97,7 +100,6 @@ def prepare(
     options = dict(config.options)
     if not getattr(model.config, "architectures", None):  # IPEX picks its kernels by the architecture's name
         model.config.architectures = [type(model).__name__]
-    model.generation_config.eos_token_id = None  # exactly new_tokens tokens, as every backend decodes
     dtype = getattr(torch, model_dtype(config))
     quantization: dict[str, Any] = {}
     if config.precision in WEIGHT_ONLY:
@@ -188,10 +190,15 @@ class IpexGenerator:
         with torch.no_grad(), self._amp():
             output = self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
         prompt_logits = (output.logits if hasattr(output, "logits") else output[0])[:, -positions:, :]
+        if prompt_logits.shape[1] != positions:  # a forward that keeps fewer positions: never broadcast them
+            raise RuntimeError(
+                f"the optimized forward returned {prompt_logits.shape[1]} prompt positions, not {positions}"
+            )
         tokens, steps = self._generate(input_ids, stamp=False, keep=True, forced=forced)
         batch, vocab = input_ids.shape[0], prompt_logits.shape[-1]
         kept = torch.empty(batch, positions + self.new_tokens - 1, vocab, dtype=torch.float32)
-        kept[:, :positions] = prompt_logits
+        kept[:, : positions - 1] = prompt_logits[:, :-1]
+        kept[:, positions - 1] = steps[0]  # the last position: the first-token graph's own, which the timed calls run
         for step in range(1, self.new_tokens):
             kept[:, positions + step - 1] = steps[step]
         return tokens, kept
@@ -203,16 +210,19 @@ class IpexGenerator:
 
     def _generate(self, input_ids: Any, stamp: bool, keep: bool, forced: Any) -> tuple[Any, list[Any]]:
         import torch
-        from transformers import LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList
 
         processor = _step_processor(input_ids.shape[1], self.token_stamps if stamp else None, keep, forced)
+        # a fresh configuration, not the model's own: a pretrained one's repetition penalty, suppressed tokens
+        # or end-of-sequence token would change the logits and tokens that FP32's greedy loop never changes
+        greedy = GenerationConfig(
+            max_new_tokens=self.new_tokens, do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0
+        )
         with torch.no_grad(), self._amp():
             sequences = self.model.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=self.new_tokens,
-                do_sample=False,
-                num_beams=1,
+                generation_config=greedy,
                 logits_processor=LogitsProcessorList([processor]),
             )
         if keep:  # each step's own choice (what it would have fed), not the forced tokens
