@@ -17,7 +17,8 @@ autotune's rows run autotune's protocol (a fresh pinned process per trial, warm-
 token); tokens/s is generated tokens over the timed calls' time (prefill and decode). llama-batched-bench's
 rows run `llama-batched-bench -m FILE -npp PROMPT -ntg NEW -npl SEQUENCES -t CORES -c CTX` (CTX: the
 tokens the shape needs, rounded up to 256, plus 256; its defaults
-otherwise: n_batch 2048, n_ubatch 512, flash attention auto) on the very file autotune's trial loaded, and
+otherwise: n_batch 2048, n_ubatch 512, flash attention auto; `--no-repack` where llama.cpp's build has AMX,
+whose weight buffers crash it, as autotune's trials load it) on the very file autotune's trial loaded, and
 their tokens/s is the same quantity read from its JSON line: pl x ntg / t (its own `speed` also counts the
 prompt's tokens). OpenVINO GenAI's rows run genai_benchmark.py (its benchmark_genai sample's protocol on
 token ids: 1 warm-up, 3 timed calls, `INFERENCE_NUM_THREADS` = the cores) on the IR autotune's trial loaded;
@@ -67,8 +68,11 @@ def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: in
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "command": shlex.join(command)}
 
 
-def batched_bench(tool: Path, gguf: Path, prompt: int, new: int, sequences: int, threads: int) -> dict:
-    """One llama-batched-bench run at its defaults; its JSON line for this shape."""
+def batched_bench(
+    tool: Path, gguf: Path, prompt: int, new: int, sequences: int, threads: int, repack: bool = True
+) -> dict:
+    """One llama-batched-bench run at its defaults; its JSON line for this shape. `repack=False` adds
+    `--no-repack`: the extra weight buffers off, as autotune's trials load the GGUF on a build with AMX."""
     command = [
         str(tool),
         "-m",
@@ -85,6 +89,7 @@ def batched_bench(tool: Path, gguf: Path, prompt: int, new: int, sequences: int,
         str(-(-sequences * (prompt + new) // 256) * 256 + 256),
         "--output-format",
         "jsonl",
+        *([] if repack else ["--no-repack"]),
     ]
     # llama.cpp's logger prints from a thread the tool does not wait for at exit: its result line is lost in
     # about one run of three (stdout, stderr and --log-file alike), so a run that printed none is run again
@@ -154,6 +159,7 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from autotune.backends.generation.llamacpp import AMX_BUILD, LlamaCppGenerator
     from autotune.common.errors import TrialFailed
     from autotune.machine.probe import probe_machine
     from autotune.machine.runtimes import discover_runtimes
@@ -233,6 +239,9 @@ def main() -> int:
             )
         winner = TrialConfig.from_json(best["config"])
         winners[winner.batch_size * winner.instances] = (best_file, winner)
+    # like autotune's llama.cpp trials, the tool runs without the extra weight buffers where the build has AMX
+    # (their AMX kernels crash llama_decode); elsewhere both run with them
+    repack = not types or AMX_BUILD not in LlamaCppGenerator.system_info()
     rows: list[dict] = []
     failures: list[dict] = []  # a tool's runs that crashed: no row, said in the results file
     for sequences in (int(s) for s in args.sequences.split(",")):
@@ -292,7 +301,9 @@ def main() -> int:
                 )
                 if config.backend == "llamacpp" and config.precision in files:
                     try:
-                        measured = batched_bench(tool, files[config.precision], args.prompt, args.new, sequences, cores)
+                        measured = batched_bench(
+                            tool, files[config.precision], args.prompt, args.new, sequences, cores, repack
+                        )
                     except RuntimeError as exc:
                         failures.append({"sequences": sequences, "row": f"llama-batched-bench {config.precision}"})
                         failures[-1]["failed"] = str(exc)
