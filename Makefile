@@ -1,6 +1,6 @@
 # autotune — newcomer entry points:
 #   make search   the main job: an autotune study on the default SQLite storage (installs what is missing)
-#   make test     the test suite (installs what is missing)
+#   make test     the fast tier of the test suite (installs what is missing); make test-all runs all of it
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -33,7 +33,7 @@ MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages test-system-packages search test lint docs docs-serve clean-venv llama-cpp llama-tools optimum-intel
+.PHONY: setup system-packages test-system-packages search test test-all lint docs docs-serve clean-venv llama-cpp llama-tools optimum-intel
 
 setup: $(STAMP) $(IPEX_STAMP) optimum-intel
 
@@ -110,7 +110,12 @@ test-system-packages:
 search: setup
 	$(BIN)/autotune search --model $(MODEL) --budget $(BUDGET) $(ARGS)
 
+# The tiers come from the fixtures a test uses (tests/conftest.py): `make test` leaves out the end-to-end
+# searches (marked slow) but for a few smoke tests; `make test-all`, which CI runs, takes everything.
 test: setup test-system-packages
+	$(BIN)/python -m pytest -q --durations=20 -m "not slow" $(ARGS)
+
+test-all: setup test-system-packages
 	$(BIN)/python -m pytest -q --durations=40 $(ARGS)
 
 # Format, lint and type checks (configured in pyproject.toml); CI runs them before the tests.

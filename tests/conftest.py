@@ -1,4 +1,11 @@
-"""Shared helpers: run the real CLI in a subprocess, write small search spaces, read studies."""
+"""Shared helpers: run the real CLI in a subprocess, write small search spaces, read studies; and the test tiers.
+
+Tiers come from the fixtures a test uses, never from a hand-kept list (`pytest_collection_modifyitems`):
+a test whose fixtures run a real search end to end (`searcher`, `end_to_end`, the session's trained model)
+is `slow`, unless it is one of the few `smoke` tests the fast tier keeps; one that starts a database
+server is `needs_db`, a browser `browser`, the IPEX runtime `ipex`. `make test` runs `-m "not slow"`,
+`make test-all` everything.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +52,83 @@ def run_autotune(
     )
 
 
+LM = TESTS / "tiny_lm.py"
+# A language model's quick workload: short prompts, few tokens, a small drift set, no finalist round.
+GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
+QUICK_GENERATION = ["--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
+
+
+class Autotune:
+    """The real command line in a subprocess, run in one test's folder, and what it leaves there."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+
+    def __call__(
+        self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        return run_autotune(*args, cwd=self.workdir, timeout=timeout, env=env)
+
+    def space(self, name: str = "space.yaml", **overrides) -> Path:
+        return write_space(self.workdir / name, **overrides)
+
+    def study(self, name: str = "s") -> optuna.study.Study:
+        return load_study(self.workdir, name)
+
+    def best(self, study: str = "s") -> dict:
+        import json
+
+        return json.loads((self.workdir / "studies" / study / "best.json").read_text())
+
+
+class Searcher(Autotune):
+    """Autotune that also runs real searches: what a test gets through the `searcher` fixture, which makes it
+    an end-to-end (slow) test."""
+
+    def search(
+        self,
+        *extra: str,
+        model: str | None = None,
+        input_shape: str | None = "3x16x16",
+        space: Path | None = None,
+        study: str | None = "s",
+        trials: int | None = None,
+        budget: str = "3m",
+        quick: bool = True,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
+        """A tiny classification search: the tiny CNN on 3x16x16 in the default small space, short windows
+        (`study=None`: the study takes the model's name)."""
+        args = ["search", "--model", model or tiny(), "--budget", budget, "--space", str(space or self.space())]
+        if study is not None:
+            args += ["--study", study]
+        if input_shape:
+            args += ["--input-shape", input_shape]
+        if trials is not None:
+            args += ["--trials", str(trials)]
+        return self(*args, *(FAST if quick else []), *extra, timeout=timeout, env=env)
+
+    def generate(
+        self,
+        *extra: str,
+        space: Path,
+        model: str = "tiny_llama",
+        trials: int | None = None,
+        trained: dict | None = None,
+        timeout: float = 600,
+    ) -> subprocess.CompletedProcess:
+        """A short text-generation search of a tiny decoder from tests/tiny_lm.py; with `trained` (the
+        session's trained model), its weights and held-out text, perplexity allowed to rise 2%."""
+        args = ["search", "--model", f"{LM}:{model}", "--space", str(space)]
+        if trials is not None:
+            args += ["--trials", str(trials)]
+        if trained is not None:
+            args += ["--weights", str(trained["weights"]), "--data", str(trained["text"])]
+            args += ["--drift-metric", "perplexity", "--max-drift", "2%"]
+        return self(*args, *QUICK_GENERATION, *GENERATE, *extra, timeout=timeout)
+
+
 NOISY_REFUSAL = "was flagged as noisy"
 
 
@@ -89,6 +173,20 @@ def write_space(path: Path, **overrides) -> Path:
     return path
 
 
+def generation_space(path: Path, backends: dict, sequences=(2,), allocators=("glibc",)) -> Path:
+    """A text-generation search space: the given backends, one instance on all cores, GNU OpenMP."""
+    space = {
+        "sequences": list(sequences),
+        "allocator": list(allocators),
+        "instances": [1],
+        "threads_per_instance": "auto",
+        "openmp": ["gnu"],
+        "backends": backends,
+    }
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
 def load_study(workdir: Path, name: str) -> optuna.study.Study:
     storage = f"sqlite:///{workdir / 'studies' / name / 'study.db'}"
     return optuna.load_study(study_name=name, storage=storage)
@@ -103,6 +201,24 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def cli(workdir: Path) -> Autotune:
+    """The command line in this test's folder, for commands that search nothing (bad input, help, probe)."""
+    return Autotune(workdir)
+
+
+@pytest.fixture(scope="session")
+def end_to_end() -> type[Searcher]:
+    """Searcher, for fixtures of any scope that run real searches: depending on it makes a test `slow`."""
+    return Searcher
+
+
+@pytest.fixture
+def searcher(end_to_end: type[Searcher], workdir: Path) -> Searcher:
+    """Real searches end to end in this test's folder (`searcher.search(...)`, `searcher.generate(...)`)."""
+    return end_to_end(workdir)
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> dict:
     """The tiny Llama trained on the standard library's docstrings (tiny_lm.train_llama), trained once for
@@ -110,6 +226,16 @@ def trained(tmp_path_factory) -> dict:
     from tiny_lm import train_llama
 
     return train_llama(tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="session")
+def ipex_runtime():
+    """The IPEX runtime `make setup` builds beside the main one (.venv-ipex: torch 2.8 and IPEX)."""
+    from autotune.machine.runtimes import Runtime, default_ipex_runtime
+
+    python = default_ipex_runtime()
+    assert python is not None, "the IPEX runtime .venv-ipex is missing: make setup builds it"
+    return Runtime("ipex", str(python), "auto")
 
 
 @pytest.fixture(scope="session")
@@ -145,3 +271,42 @@ def openvino_computes_bf16() -> bool:
         and op.get_rt_info()["runtimePrecision"].astype(str) == "bf16"
         for op in compiled.get_runtime_model().get_ordered_ops()
     )
+
+
+# ---- tiers ---------------------------------------------------------------------------------------------
+# Which marker a fixture gives the tests that use it (directly or through another fixture).
+FIXTURE_MARKERS = {
+    "end_to_end": "slow",  # real searches in fresh processes
+    "trained": "slow",  # trains the tiny Llama (once per session, a minute)
+    "postgres": "needs_db",
+    "mariadb": "needs_db",
+    "browser": "browser",
+    "chromium": "browser",
+    "ipex_runtime": "ipex",
+}
+# A test of the fast tier that takes longer than this is named at the end of the run: its fixtures should
+# make it slow, or it should get faster.
+FAST_TIER_LIMIT_S = 60.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in used and not (marker == "slow" and item.get_closest_marker("smoke")):
+                item.add_marker(marker)
+
+
+_slow_in_fast_tier: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and "slow" not in report.keywords and report.duration > FAST_TIER_LIMIT_S:
+        _slow_in_fast_tier.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if _slow_in_fast_tier:
+        terminalreporter.section("fast-tier tests over a minute")
+        for nodeid, seconds in _slow_in_fast_tier:
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")

@@ -41,7 +41,7 @@ def complete(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory):
+def searched(tmp_path_factory, end_to_end):
     """A study of two trials run through autotune.search, the model named as the CLI takes it."""
     workdir = tmp_path_factory.mktemp("api")
     console, out = quiet_console()
@@ -60,6 +60,7 @@ def searched(tmp_path_factory):
     return workdir, result, out.getvalue()
 
 
+@pytest.mark.smoke
 def test_search_returns_the_study_and_best_json_as_a_typed_record(searched):
     workdir, result, printed = searched
     assert isinstance(result, autotune.Result) and not result.interrupted

@@ -3,7 +3,7 @@ Each completed int8 / bf16 trial ran compute layers in its precision; the one co
 not run as claimed (OpenVINO bf16 where its CPU plugin computes in f32) FAILs as a precision fallback."""
 
 import pytest
-from conftest import FAST, assert_trials_ran, load_study, openvino_computes_bf16, run_autotune, write_space
+from conftest import assert_trials_ran, openvino_computes_bf16
 
 from autotune.backends import BACKENDS
 
@@ -37,41 +37,31 @@ def assert_ran_as_claimed(trials) -> None:
             assert executed["status"] == "ok" and executed["counts"][precision] > 0, (backend, executed)
 
 
-def run_study(workdir, name, backends, trials):
-    space = write_space(workdir / f"{name}.yaml", batch_size=[4], baseline={"batch_size": 4}, backends=backends)
-    result = run_autotune(
-        "search",
-        "--model",
-        "resnet18",
-        "--input-shape",
-        "3x32x32",
-        "--study",
-        name,
-        "--space",
-        str(space),
-        "--trials",
-        str(trials),
-        "--budget",
-        "12m",
-        "--calibration-samples",
-        "16",
-        "--no-speed-pruning",
-        *FAST,
-        cwd=workdir,
+def run_study(searcher, name, backends, trials):
+    space = searcher.space(f"{name}.yaml", batch_size=[4], baseline={"batch_size": 4}, backends=backends)
+    result = searcher.search(
+        *("--calibration-samples", "16", "--no-speed-pruning"),
+        *("--model", "resnet18", "--input-shape", "3x32x32"),
+        study=name,
+        space=space,
+        trials=trials,
+        budget="12m",
         timeout=900,
     )
     assert_trials_ran(result)
-    return load_study(workdir, name)
+    return searcher.study(name)
 
 
 @pytest.fixture(scope="module")
-def shared_workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("backends")
+def every_backend(tmp_path_factory, end_to_end):
+    """One study of every backend x precision; its artifacts fill the cache of its studies folder."""
+    searcher = end_to_end(tmp_path_factory.mktemp("backends"))
+    return searcher, run_study(searcher, "all", ALL_BACKENDS, PAIRS)
 
 
 @pytest.mark.timeout(1200)
-def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
-    study = run_study(shared_workdir, "all", ALL_BACKENDS, PAIRS)
+def test_every_backend_and_precision_completes_with_its_drift(every_backend):
+    _, study = every_backend
     done = {(t.user_attrs["config"]["backend"], t.user_attrs["config"]["precision"]): t for t in study.trials}
     assert set(done) == {(b, p) for b, d in ALL_BACKENDS.items() for p in d["precision"]}
     assert_ran_as_claimed(done)
@@ -98,10 +88,11 @@ def test_every_backend_and_precision_completes_with_its_drift(shared_workdir):
 
 
 @pytest.mark.timeout(1200)
-def test_a_second_study_reuses_the_artifact_cache(shared_workdir):
-    """Runs after the test above, which fills the shared cache (pytest keeps file order)."""
+def test_a_second_study_reuses_the_artifact_cache(every_backend):
+    """A second study in the same studies folder as the every-backend one loads the artifacts it built."""
+    searcher, _ = every_backend
     pairs = sum(len(d["precision"]) for d in ARTIFACT_BACKENDS.values())
-    study = run_study(shared_workdir, "again", ARTIFACT_BACKENDS, pairs)
+    study = run_study(searcher, "again", ARTIFACT_BACKENDS, pairs)
     assert_ran_as_claimed(
         {(t.user_attrs["config"]["backend"], t.user_attrs["config"]["precision"]): t for t in study.trials}
     )

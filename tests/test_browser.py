@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FAST, load_study, rerun_while_noisy, run_autotune, tiny, write_space
+from conftest import load_study, rerun_while_noisy
 from playwright.sync_api import sync_playwright
 from test_dashboard import free_port
 
@@ -22,33 +22,16 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def study_dir(tmp_path_factory) -> Path:
+def study_dir(tmp_path_factory, end_to_end) -> Path:
     """A real study: three trials of a tiny model, best.json and its report."""
     assert CHROMIUM, "Debian's chromium is missing: run 'make setup' (as root) or 'apt-get install chromium'"
-    workdir = tmp_path_factory.mktemp("browser")
-    space = write_space(workdir / "space.yaml", batch_size=[2, 4, 8])
-    result = rerun_while_noisy(
-        lambda: run_autotune(
-            "search",
-            "--model",
-            tiny(),
-            "--input-shape",
-            "3x16x16",
-            "--study",
-            "b",
-            "--space",
-            str(space),
-            "--trials",
-            "4",
-            "--no-speed-pruning",
-            *FAST,
-            cwd=workdir,
-        )
-    )
+    searcher = end_to_end(tmp_path_factory.mktemp("browser"))
+    space = searcher.space(batch_size=[2, 4, 8])
+    result = rerun_while_noisy(lambda: searcher.search("--no-speed-pruning", study="b", space=space, trials=4))
     assert result.returncode == 0, result.stderr
-    report = run_autotune("report", "--study", "b", cwd=workdir)
+    report = searcher("report", "--study", "b")
     assert report.returncode == 0, report.stderr
-    return workdir
+    return searcher.workdir
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 import time
 import urllib.request
 
-from conftest import FAST, rerun_while_noisy, run_autotune, tiny, write_space
+from conftest import rerun_while_noisy, write_space
 
 
 def free_port() -> int:
@@ -16,24 +16,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_dashboard_serves_the_study_on_loopback(workdir):
+def test_dashboard_serves_the_study_on_loopback(searcher, workdir):
     space = write_space(workdir / "space.yaml")
     searched = rerun_while_noisy(  # its best.json is the study artifact the dashboard serves
-        lambda: run_autotune(
-            "search",
-            "--model",
-            tiny(),
-            "--input-shape",
-            "3x16x16",
-            "--study",
-            "d",
-            "--space",
-            str(space),
-            "--trials",
-            "1",
-            *FAST,
-            cwd=workdir,
-        )
+        lambda: searcher.search(study="d", space=space, trials=1)
     )
     assert searched.returncode == 0, searched.stderr
     port = free_port()

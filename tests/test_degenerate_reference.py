@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, TESTS, load_study, run_autotune, write_space
+from conftest import TESTS, load_study
 
 from autotune.machine.probe import probe_machine
 from autotune.measure.drift import constant_across_samples
@@ -27,27 +27,14 @@ def model(name: str) -> str:
     return f"{MODELS}:{name}"
 
 
-def search(workdir: Path, model_args: list[str], *extra: str, precisions=("fp32",)):
-    space = write_space(
-        workdir / "space.yaml",
-        batch_size=[4],
-        backends={"eager": {"precision": list(precisions), "memory_format": ["contiguous"]}},
+def search(searcher, model_args: list[str], *extra: str, precisions=("fp32",)):
+    """`model_args`: --model MODEL and what goes with it (--weights)."""
+    flag, model, *with_model = model_args
+    assert flag == "--model", model_args
+    space = searcher.space(
+        batch_size=[4], backends={"eager": {"precision": list(precisions), "memory_format": ["contiguous"]}}
     )
-    return run_autotune(
-        "search",
-        *model_args,
-        "--input-shape",
-        "3x16x16",
-        "--study",
-        "s",
-        "--space",
-        str(space),
-        "--budget",
-        "3m",
-        *FAST,
-        *extra,
-        cwd=workdir,
-    )
+    return searcher.search(*with_model, *extra, model=model, space=space)
 
 
 def test_constant_outputs_are_told_apart_from_varying_ones():
@@ -103,12 +90,12 @@ def test_an_int8_artifact_drifts_from_the_redrawn_reference(backend, tmp_path):
     assert reference.note.redrawn == ["head.weight"] and reference.model.weights_path  # the init trials load
 
 
-def test_a_zero_head_no_longer_hides_broken_numerics(workdir):
+def test_a_zero_head_no_longer_hides_broken_numerics(searcher, workdir):
     """The model's bf16 path is broken on purpose (negated features). Behind a zero head the old
     reference gave it drift 0 and it completed; now it is pruned, and the note says why drift is
     measured where it is, on the first lines and in best.json (the closest candidate's: nothing met
     the bound, so no timing, and no noisy machine, decides what the file holds)."""
-    result = search(workdir, ["--model", model("zero_head")], "--trials", "1", precisions=("bf16",))
+    result = search(searcher, ["--model", model("zero_head")], "--trials", "1", precisions=("bf16",))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     (note,) = [i for i, line in enumerate(lines) if line.startswith("note: the FP32 outputs are all zero")]
@@ -157,10 +144,10 @@ def zero_head_torchscript(workdir: Path) -> list[str]:
     ],
     ids=["no-layer-varies", "own-weights", "model-file"],
 )
-def test_a_reference_drift_cannot_see_past_is_refused(workdir, arguments, expected):
+def test_a_reference_drift_cannot_see_past_is_refused(searcher, workdir, arguments, expected):
     """No layer varies, or the constant head is in the user's own weights (not autotune's to change):
     a drift-bounded search would pass any numerics, so it is refused, in one line."""
-    result = search(workdir, arguments(workdir), "--trials", "1")
+    result = search(searcher, arguments(workdir), "--trials", "1")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "drift cannot tell a broken numerics from a correct one" in result.stderr and expected in result.stderr

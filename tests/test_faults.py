@@ -13,28 +13,15 @@ import sys
 import time
 
 import pytest
-from conftest import FAST, load_study, run_autotune, states, tiny, write_space
+from conftest import FAST, load_study, states, tiny, write_space
 from test_trials_subprocess import leftover_processes
 
 ARGS = ["--input-shape", "3x16x16", "--study", "s"]
 
 
-def search(workdir, model: str, *extra: str, space=None, timeout: float = 300):
-    space = space or write_space(workdir / "space.yaml", batch_size=[4])
-    return run_autotune(
-        "search",
-        "--model",
-        tiny(model),
-        *ARGS,
-        "--space",
-        str(space),
-        "--budget",
-        "3m",
-        *FAST,
-        *extra,
-        cwd=workdir,
-        timeout=timeout,
-    )
+def search(searcher, model: str, *extra: str, space=None, timeout: float = 300):
+    space = space or searcher.space(batch_size=[4])
+    return searcher.search(*extra, model=tiny(model), space=space, timeout=timeout)
 
 
 @pytest.mark.parametrize(
@@ -46,8 +33,8 @@ def search(workdir, model: str, *extra: str, space=None, timeout: float = 300):
         ("hanging", ["--trial-timeout", "8s"], "timed out after 8s"),
     ],
 )
-def test_a_faulty_trial_fails_with_its_cause_and_the_study_goes_on(workdir, model, extra, cause):
-    result = search(workdir, model, "--trials", "2", *extra)
+def test_a_faulty_trial_fails_with_its_cause_and_the_study_goes_on(searcher, workdir, model, extra, cause):
+    result = search(searcher, model, "--trials", "2", *extra)
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "s")
     assert states(study) == ["FAIL", "FAIL"]  # the first failure did not stop the second trial
@@ -58,9 +45,9 @@ def test_a_faulty_trial_fails_with_its_cause_and_the_study_goes_on(workdir, mode
     assert "no trial completed" in result.stdout
 
 
-def test_one_instance_dying_takes_its_siblings_down_and_is_recorded(workdir):
+def test_one_instance_dying_takes_its_siblings_down_and_is_recorded(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4], instances=[2], threads_per_instance=[1])
-    result = search(workdir, "dies_on_last_cpu", "--trials", "1", space=space)
+    result = search(searcher, "dies_on_last_cpu", "--trials", "1", space=space)
     assert result.returncode == 0, result.stderr
     trial = load_study(workdir, "s").trials[0]
     assert trial.state.name == "FAIL" and trial.user_attrs["fail_cause"] == "instance 1 killed by signal SIGABRT"
@@ -68,7 +55,7 @@ def test_one_instance_dying_takes_its_siblings_down_and_is_recorded(workdir):
     assert leftover_processes(trial.user_attrs["trial_dir"]) == []  # instance 0 was running: killed too
 
 
-def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on_resume(workdir):
+def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on_resume(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
     args = [
         sys.executable,
@@ -97,7 +84,7 @@ def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on
         time.sleep(0.2)
     assert leftover_processes(str(trial_dir)) == []
     assert states(load_study(workdir, "s")) == ["RUNNING"]
-    again = search(workdir, "hanging", "--trials", "1", "--trial-timeout", "5s", space=space)
+    again = search(searcher, "hanging", "--trials", "1", "--trial-timeout", "5s", space=space)
     assert again.returncode == 0, again.stderr
     assert (
         f"trial 0: the autotune process running it (host {socket.gethostname()}, pid {proc.pid}) died" in again.stdout
@@ -107,8 +94,8 @@ def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on
     assert retry.user_attrs["retry_of"] == 0 and retry.params == first.params  # its configuration, queued again
 
 
-def test_best_json_is_always_whole_when_export_is_killed_or_interrupted(workdir):
-    assert search(workdir, "tiny_cnn", "--trials", "2").returncode == 0
+def test_best_json_is_always_whole_when_export_is_killed_or_interrupted(searcher, workdir):
+    assert search(searcher, "tiny_cnn", "--trials", "2").returncode == 0
     best = workdir / "studies" / "s" / "best.json"
     original = json.loads(best.read_text())
     rng = random.Random(7)
@@ -127,12 +114,12 @@ def test_best_json_is_always_whole_when_export_is_killed_or_interrupted(workdir)
         assert document["schema"] == original["schema"] and document["config"] == original["config"]
 
 
-def test_when_no_config_meets_the_drift_bound_the_closest_is_exported_and_marked(workdir):
+def test_when_no_config_meets_the_drift_bound_the_closest_is_exported_and_marked(searcher, workdir):
     space = write_space(
         workdir / "space.yaml",
         backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous", "channels_last"]}},
     )
-    result = search(workdir, "tiny_cnn", "--trials", "3", "--max-drift", "1e-5", space=space)
+    result = search(searcher, "tiny_cnn", "--trials", "3", "--max-drift", "1e-5", space=space)
     assert result.returncode == 0, result.stderr
     assert "no trial met the drift bound" in result.stdout
     study = load_study(workdir, "s")
@@ -148,14 +135,14 @@ def test_when_no_config_meets_the_drift_bound_the_closest_is_exported_and_marked
     assert best["config"] == study.trials[best["study"]["trial"]].user_attrs["config"]
 
 
-def test_the_artifact_cache_evicts_the_least_recently_used_past_its_cap(workdir):
+def test_the_artifact_cache_evicts_the_least_recently_used_past_its_cap(searcher, workdir):
     space = write_space(
         workdir / "space.yaml",
         batch_size=[4],
         backends={"onnxruntime": {"precision": ["fp32", "int8"]}, "openvino": {"precision": ["fp32"], "streams": [1]}},
     )
     result = search(
-        workdir,
+        searcher,
         "tiny_cnn",
         "--trials",
         "3",

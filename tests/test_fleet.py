@@ -14,7 +14,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FAST, require, run_autotune, tiny, write_space
+from conftest import FAST, require, tiny, write_space
+
+# every test here runs searches end to end, in workers pinned as a user pins them
+pytestmark = pytest.mark.usefixtures("end_to_end")
 
 STUDY = ["--study", "fleet"]
 MODEL = ["--model", tiny(), "--input-shape", "3x16x16"]
@@ -159,13 +162,13 @@ def test_a_trial_failed_by_optunas_own_heartbeat_check_carries_its_cause_and_is_
     assert said == [f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again"]
 
 
-def test_a_search_runs_on_mysql_and_resumes_there(workdir, mariadb):
+def test_a_search_runs_on_mysql_and_resumes_there(searcher, workdir, mariadb):
     url = mariadb()
     space = write_space(workdir / "space.yaml", batch_size=[2, 4], threads_per_instance=[1])
     args = ["search", *MODEL, *STUDY, "--storage", url, "--space", str(space), "--trials", "1", *FAST]
-    first = run_autotune(*args, cwd=workdir)
+    first = searcher(*args)
     assert first.returncode == 0, first.stderr
-    again = run_autotune(*args, cwd=workdir)
+    again = searcher(*args)
     assert again.returncode == 0, again.stderr
     assert "resuming study 'fleet' in mysql://autotune@127.0.0.1" in again.stdout
     study = load(url)

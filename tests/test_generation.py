@@ -10,64 +10,27 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import TESTS, load_study, run_autotune, tiny
+from conftest import LM, generation_space, load_study, tiny
 
 from autotune.records.job import WorkerJob
 from autotune.records.metrics import TrialMetrics
 
-LM = TESTS / "tiny_lm.py"
-GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
+
+def eager_space(path: Path, precisions: list[str], sequences: tuple[int, ...] = (2,)) -> Path:
+    # the tiny model's layers are 64 wide: int4 groups of 32
+    eager = {"precision": precisions, "kv_cache": ["dynamic"], "group_size": [32]}
+    return generation_space(path, {"eager": eager}, sequences)
 
 
-def generation_space(path: Path, precisions: list[str], sequences: tuple[int, ...] = (2,)) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "sequences": list(sequences),
-                "allocator": ["glibc"],
-                "instances": [1],
-                "threads_per_instance": "auto",
-                "openmp": ["gnu"],
-                # the tiny model's layers are 64 wide: int4 groups of 32
-                "backends": {"eager": {"precision": precisions, "kv_cache": ["dynamic"], "group_size": [32]}},
-            }
-        )
-    )
-    return path
-
-
-def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(workdir, trained):
+def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(searcher, workdir, trained):
     """fp32/bf16/woq_int8/da8w8/woq_int4 on a model that learned real text: the int8 and int4 ones keep
     perplexity within 2%, int4 weights take less memory than int8, and every trial's TTFT +
     (new_tokens - 1) x mean TPOT matches the stopwatch's call time. The winner then goes through what a
     user does with it: autotune.load(), the report, the launch script and verify --through-load."""
     assert trained["perplexity"] < 40, "the tiny model did not learn the text (byte perplexity near 256 is chance)"
-    space = generation_space(workdir / "space.yaml", ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4"])
-    result = run_autotune(
-        "search",
-        "--model",
-        f"{LM}:tiny_llama",
-        "--weights",
-        str(trained["weights"]),
-        "--data",
-        str(trained["text"]),
-        "--space",
-        str(space),
-        "--trials",
-        "5",
-        "--budget",
-        "8m",
-        "--measure-seconds",
-        "0.5s-1.5s",
-        "--drift-metric",
-        "perplexity",
-        "--max-drift",
-        "2%",
-        "--no-speed-pruning",
-        *GENERATE,
-        cwd=workdir,
-        timeout=600,
+    space = eager_space(workdir / "space.yaml", ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4"])
+    result = searcher.generate(
+        "--budget", "8m", "--measure-seconds", "0.5s-1.5s", space=space, trials=5, trained=trained
     )
     # A machine busy with other work flags every measurement noisy and exports no winner: the numbers
     # checked below are still measured and recorded, so only that outcome is tolerated.
@@ -115,55 +78,40 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(work
         tokens = generate(prompt)
         assert tokens.shape == (2, 8) and tokens.dtype == torch.long
         assert torch.equal(tokens, generate(prompt.numpy())), "greedy decoding is deterministic"
-        report = run_autotune("report", "--study", "tiny_llama", cwd=workdir)
+        report = searcher("report", "--study", "tiny_llama")
         assert report.returncode == 0, report.stderr
         html = (workdir / "studies" / "tiny_llama" / "report.html").read_text()
         assert "tokens/s (one search measurement)" in html and "TPOT p99 ms" in html
-        exported = run_autotune("export", "--study", "tiny_llama", "--format", "sh", cwd=workdir)
+        exported = searcher("export", "--study", "tiny_llama", "--format", "sh")
         assert exported.returncode == 0, exported.stderr
         assert "2 sequence(s) of 32 prompt tokens, 8 new tokens each" in (best_path.parent / "launch.sh").read_text()
-        verified = run_autotune("verify", str(best_path), "--repeats", "1", "--through-load", cwd=workdir, timeout=600)
+        verified = searcher("verify", str(best_path), "--repeats", "1", "--through-load", timeout=600)
         assert verified.returncode in (0, 1, 3), verified.stdout + verified.stderr
         assert "tokens/s here" in verified.stdout or "no verdict" in verified.stdout, verified.stdout
         # through the launch script and autotune.load(): a plain loop counting the tokens it gets back
         assert "through autotune.load():" in verified.stdout and "16 tokens in" in verified.stdout, verified.stdout
-        compared = run_autotune("compare", "--best", str(best_path), "--repeats", "1", cwd=workdir, timeout=600)
+        compared = searcher("compare", "--best", str(best_path), "--repeats", "1", timeout=600)
         assert compared.returncode == 0, compared.stdout + compared.stderr
         assert re.search(r"repeat 1/1 winner +[\d.]+ tokens/s", compared.stdout), compared.stdout
         assert "TPOT" in compared.stdout and "TTFT" in compared.stdout, compared.stdout
-        refused = run_autotune("compare", "--best", str(best_path), "--independent", "2s", cwd=workdir)
+        refused = searcher("compare", "--best", str(best_path), "--independent", "2s")
         assert refused.returncode == 2 and "not a text generation winner" in refused.stderr, refused.stderr
 
 
-def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timing(workdir, trained, monkeypatch):
+def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timing(
+    searcher, workdir, trained, monkeypatch
+):
     """The same trained model with LLM-style activation outliers: DA8W8 (per-token activation scales)
     loses the other channels to the outlier's range and is pruned on drift, with no timed window;
     weight-only int8 keeps perplexity and is timed, and so does SmoothQuant, which moves the outlier
     into the weights before quantizing activations (what it was made for)."""
     monkeypatch.setenv("AUTOTUNE_TEST_LM_WEIGHTS", str(trained["weights"]))
-    space = generation_space(workdir / "space.yaml", ["woq_int8", "da8w8", "smoothquant_int8"])
-    result = run_autotune(
-        "search",
-        "--model",
-        f"{LM}:outlier_llama",
-        "--data",
-        str(trained["text"]),
-        "--space",
-        str(space),
-        "--trials",
-        "3",
-        "--budget",
-        "6m",
-        "--measure-seconds",
-        "0.3s-1s",
-        "--drift-metric",
-        "perplexity",
-        "--max-drift",
-        "5%",
-        "--no-speed-pruning",
-        *GENERATE,
-        cwd=workdir,
-        timeout=600,
+    space = eager_space(workdir / "space.yaml", ["woq_int8", "da8w8", "smoothquant_int8"])
+    result = searcher.generate(
+        *("--data", str(trained["text"]), "--drift-metric", "perplexity", "--max-drift", "5%", "--budget", "6m"),
+        model="outlier_llama",
+        space=space,
+        trials=3,
     )
     all_noisy = "was flagged as noisy" in result.stderr
     assert result.returncode == 0 or (result.returncode == 2 and all_noisy), result.stdout + result.stderr
@@ -182,16 +130,17 @@ def test_quantization_that_breaks_the_model_is_pruned_on_perplexity_before_timin
     assert smoothed.state.name == "COMPLETE" and smoothed.user_attrs["drift"]["perplexity_increase"] <= 0.05
 
 
-def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, trained):
+def test_a_language_models_drift_is_reused_at_the_same_sequences_only(searcher, workdir, trained):
     """A language model's drift is measured at the timed sequences (its decode steps run the batch's
     kernels: inductor's one-row int8 GEMM decoded garbage where eight rows did not), so a trial of the same
     numerics reuses it only at the same sequences and measures its own at others."""
-    space = generation_space(workdir / "space.yaml", ["fp32", "bf16"], sequences=(1, 2))
-    args = ["--model", f"{LM}:tiny_llama", "--weights", str(trained["weights"]), "--data", str(trained["text"])]
-    args += ["--space", str(space), "--budget", "6m", "--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
-    args += ["--drift-metric", "perplexity", "--max-drift", "5%", *GENERATE]
+    space = eager_space(workdir / "space.yaml", ["fp32", "bf16"], sequences=(1, 2))
+
+    def search(trials: int):
+        return searcher.generate("--budget", "6m", "--max-drift", "5%", space=space, trials=trials, trained=trained)
+
     # the baseline and both coverage trials (fp32's at 2 sequences is not the baseline's), in the CPU's order
-    first = run_autotune("search", *args, "--trials", "3", cwd=workdir, timeout=600)
+    first = search(3)
     assert first.returncode in (0, 2), first.stdout + first.stderr
     study = load_study(workdir, "tiny_llama")
     measured = next(t for t in study.trials if t.user_attrs.get("config", {}).get("precision") == "bf16")
@@ -203,7 +152,7 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, t
     assert "; 2 sequences, the most the space lists within 8x" in measured.user_attrs["order"]
     for other in (3 - sequences, sequences):  # what the search enqueues itself always runs
         study.enqueue_trial({**measured.params, "sequences": other}, user_attrs={"order": "enqueued by the search"})
-    again = run_autotune("search", *args, "--trials", "2", cwd=workdir, timeout=600)
+    again = search(2)
     assert again.returncode in (0, 2), again.stdout + again.stderr
     trials = load_study(workdir, "tiny_llama").trials
     later = [t for t in trials[measured.number + 1 :] if "drift" in t.user_attrs]
@@ -223,8 +172,8 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(workdir, t
         (f"{LM}:tiny_llama", ["--sequences", "0"], "counts must be 1 or more"),
     ],
 )
-def test_bad_generation_input_is_one_line_and_exit_2(workdir, model, extra, message):
-    result = run_autotune("search", "--model", model, *extra, "--budget", "1m", cwd=workdir, timeout=120)
+def test_bad_generation_input_is_one_line_and_exit_2(cli, model, extra, message):
+    result = cli("search", "--model", model, *extra, "--budget", "1m", timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -242,11 +191,11 @@ def test_perplexity_bound_reads_a_percentage():
     assert math.isclose(criterion.max_drop, 0.02)
 
 
-def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(workdir):
+def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(cli, workdir):
     """Each runtime is tried in its own process: fp32 always runs; a precision left out says why."""
     from autotune.backends.generation import PRECISIONS
 
-    result = run_autotune("probe", cwd=workdir, timeout=300)
+    result = cli("probe")
     assert result.returncode == 0, result.stderr
     prefix = "text generation in runtime main:"
     line = next(line for line in result.stdout.splitlines() if line.startswith(prefix))
@@ -265,18 +214,11 @@ def test_probe_says_which_generation_precisions_each_runtime_runs_and_why_not(wo
     engine = next(line for line in result.stdout.splitlines() if line.startswith("text generation engine ipex"))
     assert engine.endswith("bf16, woq_int8, woq_int4, fp32 run in runtime ipex"), engine
     nowhere = str(workdir / "nowhere")
-    missing = run_autotune(
-        "probe",
-        cwd=workdir,
-        timeout=300,
-        env={"AUTOTUNE_LLAMA_CPP_CONVERTER": nowhere, "AUTOTUNE_OPTIMUM_INTEL": nowhere},
-    )
+    missing = cli("probe", env={"AUTOTUNE_LLAMA_CPP_CONVERTER": nowhere, "AUTOTUNE_OPTIMUM_INTEL": nowhere})
     assert f"left out: llama.cpp's converter is not in {nowhere}" in missing.stdout, missing.stdout
     assert f"left out: optimum-intel is not in {nowhere}; make setup installs it" in missing.stdout, missing.stdout
     # as JSON: PyTorch's precisions apart from the engines, each engine with its types or its reason
-    report = json.loads(
-        run_autotune("probe", "--json", cwd=workdir, timeout=300, env={"AUTOTUNE_OPTIMUM_INTEL": nowhere}).stdout
-    )
+    report = json.loads(cli("probe", "--json", env={"AUTOTUNE_OPTIMUM_INTEL": nowhere}).stdout)
     assert not set(report["generation_precisions_unavailable"]) & {"llamacpp", "openvino"}, report
     assert report["generation_engines"]["llamacpp"] == {
         "runs": True,

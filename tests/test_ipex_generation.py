@@ -9,10 +9,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import assert_trials_ran, load_study, run_autotune
-from test_llamacpp import engine_space, search_trained
+from conftest import assert_trials_ran, generation_space, load_study
 
-from autotune.machine.runtimes import Runtime, default_ipex_runtime, runtime_env
+from autotune.machine.runtimes import runtime_env
 from autotune.records.metrics import TrialMetrics
 
 TESTS = Path(__file__).resolve().parent
@@ -52,17 +51,11 @@ print(json.dumps(out))
 """
 
 
-def ipex_runtime() -> Runtime:
-    python = default_ipex_runtime()
-    assert python is not None, "the IPEX runtime .venv-ipex is missing: make setup builds it"
-    return Runtime("ipex", str(python), "auto")
-
-
-def test_ipex_llm_optimize_computes_what_transformers_fp32_computes_and_stamps_each_token():
+def test_ipex_llm_optimize_computes_what_transformers_fp32_computes_and_stamps_each_token(ipex_runtime):
     """In the IPEX runtime, the optimized fp32 model fed FP32's tokens predicts them with FP32's logits
     (prefill positions and decode steps), its `generate` decodes FP32's greedy tokens with one stamp per
     token (none in the drift pass), and weight-only int8 runs IPEX's int8 kernels in every linear layer."""
-    runtime = ipex_runtime()
+    runtime = ipex_runtime
     done = subprocess.run(
         [runtime.python, "-c", SAME_IDS, str(TESTS)],
         capture_output=True,
@@ -85,18 +78,18 @@ def test_ipex_llm_optimize_computes_what_transformers_fp32_computes_and_stamps_e
 
 
 def test_a_trained_models_woq_int8_keeps_perplexity_in_the_ipex_runtime_and_its_tokens_account_for_the_call(
-    workdir, trained
+    searcher, workdir, trained, ipex_runtime
 ):
     """A search from the main runtime sends IPEX's trials to the IPEX runtime: weight-only int8 keeps the
     trained model's perplexity within 2% of FP32 eager's (computed in the main runtime), says it ran in
     int8, and its tokens' stamps account for the timed call; the winner re-measures through the launch
     script and autotune.load() in that runtime."""
-    space = engine_space(
+    space = generation_space(
         workdir / "space.yaml",
         {"ipex": {"precision": ["woq_int8", "bf16"], "lowp_mode": ["int8"]}},
         sequences=(2, 1),
     )
-    result = search_trained(workdir, trained, space, trials=3)
+    result = searcher.generate(space=space, trials=3, trained=trained)
     assert_trials_ran(result)
     assert "ipex runs in runtime ipex" in result.stdout, result.stdout[-3000:]
     study = load_study(workdir, "tiny_llama")
@@ -117,8 +110,6 @@ def test_a_trained_models_woq_int8_keeps_perplexity_in_the_ipex_runtime_and_its_
         assert -0.05 * metrics.latency_ms.mean <= tail_ms <= max(0.1 * metrics.latency_ms.mean, 1.0), tail_ms
     best = json.loads((workdir / "studies" / "tiny_llama" / "best.json").read_text())
     assert (best["config"]["backend"], best["runtime"]["name"]) == ("ipex", "ipex"), best["config"]
-    verified = run_autotune(
-        "verify", "studies/tiny_llama/best.json", "--repeats", "1", "--through-load", cwd=workdir, timeout=600
-    )
+    verified = searcher("verify", "studies/tiny_llama/best.json", "--repeats", "1", "--through-load", timeout=600)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "through autotune.load(): " in verified.stdout, verified.stdout

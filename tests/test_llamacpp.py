@@ -7,56 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
-from conftest import TESTS, assert_trials_ran, load_study, run_autotune
+from conftest import TESTS, assert_trials_ran, generation_space, load_study
 
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
-
-LM = TESTS / "tiny_lm.py"
-GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
-QUICK = ["--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
-
-
-def engine_space(path, backends: dict, sequences=(2,), allocators=("glibc",)):
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "sequences": list(sequences),
-                "allocator": list(allocators),
-                "instances": [1],
-                "threads_per_instance": "auto",
-                "openmp": ["gnu"],
-                "backends": backends,
-            }
-        )
-    )
-    return path
-
-
-def search_trained(workdir, trained: dict, space, trials: int = 4):
-    """A short search on the trained tiny Llama, its perplexity allowed to rise 2%."""
-    return run_autotune(
-        "search",
-        "--model",
-        f"{LM}:tiny_llama",
-        "--weights",
-        str(trained["weights"]),
-        "--data",
-        str(trained["text"]),
-        "--space",
-        str(space),
-        "--trials",
-        str(trials),
-        "--drift-metric",
-        "perplexity",
-        "--max-drift",
-        "2%",
-        *QUICK,
-        *GENERATE,
-        cwd=workdir,
-        timeout=600,
-    )
 
 
 @pytest.mark.parametrize("factory", ["tiny_llama", "tiny_gpt2"])
@@ -134,17 +88,17 @@ def test_quantized_ggufs_of_a_wide_model_decode_where_llama_cpp_has_amx():
 
 
 def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_quant_that_falls_back_fails(
-    workdir, trained
+    searcher, workdir, trained
 ):
     """Q8_0 within 2% perplexity, its tokens timed like any backend's (TTFT + (n-1) x TPOT is the call);
     the GGUF converted once and loaded by the trial at another batch; Q4_K_M on rows too short for its
     blocks (64 wide) holds Q5_0/Q8_0, and says so as a precision fallback."""
-    space = engine_space(
+    space = generation_space(
         workdir / "space.yaml",
         {"llamacpp": {"precision": ["Q8_0", "Q4_K_M"], "n_batch": [512], "kv_cache_type": ["f16"]}},
         sequences=(2, 1),
     )
-    result = search_trained(workdir, trained, space)
+    result = searcher.generate(space=space, trials=4, trained=trained)
     assert_trials_ran(result)
     study = load_study(workdir, "tiny_llama")
     trials = [t for t in study.trials if t.user_attrs.get("config", {}).get("backend") == "llamacpp"]
@@ -169,12 +123,12 @@ def test_a_trained_models_q8_0_keeps_perplexity_its_gguf_is_built_once_and_a_k_q
         assert [t.user_attrs["artifact"]["cached"] for t in q8[1:]] == [True] * (len(q8) - 1)
 
 
-def test_an_engine_that_cannot_run_here_is_left_out_in_one_line_and_the_others_run(workdir, monkeypatch):
+def test_an_engine_that_cannot_run_here_is_left_out_in_one_line_and_the_others_run(searcher, workdir, monkeypatch):
     """llama.cpp's converter and OpenVINO's exporter both missing: each engine left out with its line."""
     nowhere = workdir / "nowhere"
     monkeypatch.setenv("AUTOTUNE_LLAMA_CPP_CONVERTER", str(nowhere))
     monkeypatch.setenv("AUTOTUNE_OPTIMUM_INTEL", str(nowhere))
-    space = engine_space(
+    space = generation_space(
         workdir / "space.yaml",
         {
             "eager": {"precision": ["fp32"]},
@@ -182,9 +136,7 @@ def test_an_engine_that_cannot_run_here_is_left_out_in_one_line_and_the_others_r
             "openvino": {"precision": ["int8_asym"]},
         },
     )
-    result = run_autotune(
-        "search", "--model", f"{LM}:tiny_llama", "--space", str(space), "--trials", "2", *QUICK, *GENERATE, cwd=workdir
-    )
+    result = searcher.generate(space=space, trials=2)
     assert_trials_ran(result)
     assert f"note: backend llamacpp cannot run here (llama.cpp's converter is not in {nowhere}" in result.stdout
     assert f"note: backend openvino cannot run here (optimum-intel is not in {nowhere}; make setup" in result.stdout
@@ -193,13 +145,11 @@ def test_an_engine_that_cannot_run_here_is_left_out_in_one_line_and_the_others_r
     assert any(t.state.name == "COMPLETE" for t in study.trials)
 
 
-def test_a_model_llama_cpp_cannot_convert_fails_its_trial_with_the_reason_and_the_study_goes_on(workdir):
-    space = engine_space(
+def test_a_model_llama_cpp_cannot_convert_fails_its_trial_with_the_reason_and_the_study_goes_on(searcher, workdir):
+    space = generation_space(
         workdir / "space.yaml", {"eager": {"precision": ["fp32"]}, "llamacpp": {"precision": ["Q8_0"]}}
     )
-    result = run_autotune(
-        "search", "--model", f"{LM}:tiny_opt", "--space", str(space), "--trials", "2", *QUICK, *GENERATE, cwd=workdir
-    )
+    result = searcher.generate(model="tiny_opt", space=space, trials=2)
     assert_trials_ran(result)
     study = load_study(workdir, "tiny_opt")
     engine = [t for t in study.trials if t.user_attrs["config"]["backend"] == "llamacpp"]

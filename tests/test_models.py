@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 import torchvision
-from conftest import FAST, TINY, assert_trials_ran, load_study, run_autotune, states, write_space
+from conftest import TINY, assert_trials_ran, load_study, states, write_space
 
 from autotune.common.errors import UserError
 from autotune.model.sources import HUB_CACHE, RANDOM_INIT, WEIGHTS_FILE, build_model, resolve_model
@@ -82,7 +82,7 @@ def test_model_files_load_with_their_own_weights(tmp_path):
 
 
 @pytest.mark.parametrize("file", ["tiny.pt", "tiny.pt2"])
-def test_a_model_file_completes_a_short_study(workdir, file):
+def test_a_model_file_completes_a_short_study(searcher, workdir, file):
     _saved_models(workdir)
     space = write_space(
         workdir / "space.yaml",
@@ -92,23 +92,8 @@ def test_a_model_file_completes_a_short_study(workdir, file):
         },
     )
     trust = ["--allow-pickle"] if file.endswith(".pt2") else []
-    result = run_autotune(
-        "search",
-        "--model",
-        str(workdir / file),
-        *trust,
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        "--trials",
-        "3",
-        "--budget",
-        "3m",
-        "--no-speed-pruning",
-        *FAST,
-        cwd=workdir,
-        timeout=400,
+    result = searcher.search(
+        *trust, "--no-speed-pruning", model=str(workdir / file), space=space, trials=3, study=None, timeout=400
     )
     assert_trials_ran(result)
     assert "weights inside the model file" in result.stdout

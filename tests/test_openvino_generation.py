@@ -6,8 +6,7 @@ any backend's."""
 from __future__ import annotations
 
 import torch
-from conftest import assert_trials_ran, load_study
-from test_llamacpp import engine_space, search_trained
+from conftest import assert_trials_ran, generation_space, load_study
 
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
@@ -67,11 +66,13 @@ def _feed(ids):
     }
 
 
-def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4_runs_in_int4(workdir, trained):
+def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4_runs_in_int4(
+    searcher, workdir, trained
+):
     """NNCF int8 within 2% perplexity, its tokens timed like any backend's (TTFT + (n-1) x TPOT is the
     call, less GenAI's return after the last token), the IR exported once per weight format and loaded by
     the other trials; int4 (group 32) says what ran: the projections in int4, the output layer in int8."""
-    space = engine_space(
+    space = generation_space(
         workdir / "space.yaml",
         {
             "openvino": {
@@ -84,7 +85,7 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
         sequences=(2, 1),
         allocators=("tcmalloc",),  # preloaded: OpenVINO's oneTBB needs its DEEPBIND off (or compile aborts)
     )
-    result = search_trained(workdir, trained, space)
+    result = searcher.generate(space=space, trials=4, trained=trained)
     assert_trials_ran(result)
     study = load_study(workdir, "tiny_llama")
     trials = [t for t in study.trials if t.user_attrs.get("config", {}).get("backend") == "openvino"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, TESTS, load_study, openvino_computes_bf16, run_autotune, tiny, write_space
+from conftest import FAST, TESTS, load_study, openvino_computes_bf16, tiny, write_space
 from tiny_models import tiny_cnn, tiny_mlp, tiny_vit
 
 from autotune.backends import backend_module
@@ -265,7 +265,7 @@ def test_layers_of_unknown_type_decide_nothing_and_no_layer_is_unchecked():
     assert later.status == "ok" and later.source == "ATen operators"  # PyTorch's own bf16 kernels
 
 
-def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_launched_again(workdir):
+def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_launched_again(searcher, workdir):
     space = write_space(
         workdir / "space.yaml",
         batch_size=[BATCH],
@@ -279,7 +279,7 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
         },
     )
     args = ["--model", tiny(), "--input-shape", "3x16x16", "--study", "s", "--space", str(space)]
-    searched = run_autotune("search", *args, "--trials", "2", "--calibration-samples", "8", *FAST, cwd=workdir)
+    searched = searcher("search", *args, "--trials", "2", "--calibration-samples", "8", *FAST)
     assert "Traceback" not in searched.stderr, searched.stderr
     baseline, unfused = load_study(workdir, "s").trials
     assert baseline.state.name == "COMPLETE" and baseline.user_attrs["executed_precision"]["status"] == "unchecked"
@@ -293,7 +293,7 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
     if searched.returncode == 0:  # a winner exported (a machine too busy flags every trial noisy: none)
         exported = json.loads(best.read_text())["metrics"]["executed_precision"]
         assert exported == baseline.user_attrs["executed_precision"]
-    shown = run_autotune("show", "--study", "s", cwd=workdir)
+    shown = searcher("show", "--study", "s")
     assert shown.returncode == 0, shown.stderr
     flat = " ".join(re.sub("[│┃]", " ", shown.stdout).split())  # the table's cells, wrapped lines joined
     # grouped by the cause with its numbers masked, shown as the first trial's cause with its numbers
@@ -304,7 +304,7 @@ def test_a_trial_that_falls_back_fails_with_its_cause_shows_in_show_and_is_not_l
     mode = unfused.params["onnxruntime.execution_mode"]
     other_mode = "parallel" if mode == "sequential" else "sequential"
     load_study(workdir, "s").enqueue_trial({**unfused.params, "onnxruntime.execution_mode": other_mode})
-    again = run_autotune("search", *args, "--trials", "1", "--calibration-samples", "8", *FAST, cwd=workdir)
+    again = searcher("search", *args, "--trials", "1", "--calibration-samples", "8", *FAST)
     assert "Traceback" not in again.stderr, again.stderr
     repeated = load_study(workdir, "s").trials[-1]
     # Pruned, not failed, so the sampler learns from it (TPE ignores FAIL trials and proposes them again).

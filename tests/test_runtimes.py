@@ -10,11 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, assert_trials_ran, load_study, run_autotune, tiny, write_space
+from conftest import FAST, assert_trials_ran, load_study, tiny, write_space
 
 from autotune.machine.runtimes import discover_runtimes, probe_runtime
-
-IPEX_VENV = Path(sys.prefix).parent / ".venv-ipex"
 
 
 @pytest.fixture
@@ -29,12 +27,6 @@ def bare_venv(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bare") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     return path
-
-
-@pytest.fixture(scope="module")
-def ipex_venv() -> Path:
-    assert (IPEX_VENV / "bin" / "python").exists(), f"{IPEX_VENV} is missing: run 'make setup', which builds it"
-    return IPEX_VENV
 
 
 def test_the_main_runtime_reports_its_torch_and_backends(probe_cache):
@@ -61,9 +53,9 @@ def test_a_probe_is_cached_until_the_environment_changes(probe_cache, bare_venv)
     assert probe_runtime(python, "bare", "explicit").python_version != "from-cache"
 
 
-def test_a_runtime_that_does_not_exist_is_one_clear_line(workdir):
+def test_a_runtime_that_does_not_exist_is_one_clear_line(cli, workdir):
     for command in (["search", "--model", tiny(), "--input-shape", "3x16x16"], ["probe"]):
-        result = run_autotune(*command, "--runtime", str(workdir / "no-such-venv"), cwd=workdir)
+        result = cli(*command, "--runtime", str(workdir / "no-such-venv"))
         assert result.returncode == 2
         assert (
             result.stderr.strip().count("\n") == 0
@@ -72,22 +64,11 @@ def test_a_runtime_that_does_not_exist_is_one_clear_line(workdir):
         )
 
 
-def test_a_runtime_lacking_every_backend_of_the_space_is_refused(workdir, bare_venv):
-    space = write_space(workdir / "space.yaml")
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        "--runtime",
-        str(bare_venv),
-        "--trials",
-        "1",
-        *FAST,
-        cwd=workdir,
+def test_a_runtime_lacking_every_backend_of_the_space_is_refused(cli, bare_venv):
+    space = cli.space()
+    result = cli(
+        *("search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space)),
+        *("--runtime", str(bare_venv), "--trials", "1", *FAST),
     )
     assert result.returncode == 2, result.stderr
     assert (
@@ -98,7 +79,7 @@ def test_a_runtime_lacking_every_backend_of_the_space_is_refused(workdir, bare_v
 
 
 @pytest.mark.timeout(900)
-def test_ipex_trials_run_in_the_ipex_runtime_beside_main_runtime_trials(workdir, ipex_venv):
+def test_ipex_trials_run_in_the_ipex_runtime_beside_main_runtime_trials(searcher, workdir, ipex_runtime):
     space = write_space(
         workdir / "space.yaml",
         backends={
@@ -107,23 +88,7 @@ def test_ipex_trials_run_in_the_ipex_runtime_beside_main_runtime_trials(workdir,
             "openvino": {"precision": ["fp32"], "streams": [1]},
         },
     )
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        "--trials",
-        "4",
-        "--no-speed-pruning",
-        "--budget",
-        "10m",
-        *FAST,
-        cwd=workdir,
-        timeout=900,
-    )
+    result = searcher.search("--no-speed-pruning", space=space, study=None, trials=4, budget="10m", timeout=900)
     assert result.returncode == 0, result.stderr
     assert "ipex runs in runtime ipex" in result.stdout
     study = load_study(workdir, "tiny_cnn")
@@ -152,24 +117,15 @@ def test_ipex_trials_run_in_the_ipex_runtime_beside_main_runtime_trials(workdir,
 
 
 @pytest.mark.timeout(600)
-def test_an_extra_runtime_compares_torch_versions_in_one_study(workdir, ipex_venv):
+def test_an_extra_runtime_compares_torch_versions_in_one_study(searcher, workdir, ipex_runtime):
     space = write_space(workdir / "space.yaml", batch_size=[4], backends={"eager": {"precision": ["fp32"]}})
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
+    result = searcher.search(
         "--runtime",
-        str(ipex_venv),
-        "--trials",
-        "2",
+        str(Path(ipex_runtime.python).parent.parent),
         "--no-speed-pruning",
-        *FAST,
-        cwd=workdir,
-        timeout=600,
+        space=space,
+        study=None,
+        trials=2,
     )
     assert_trials_ran(result)
     study = load_study(workdir, "tiny_cnn")
@@ -185,21 +141,9 @@ def test_an_extra_runtime_compares_torch_versions_in_one_study(workdir, ipex_ven
 
 
 @pytest.mark.timeout(600)
-def test_intel_openmp_and_huge_pages_reach_the_trial_process(workdir):
+def test_intel_openmp_and_huge_pages_reach_the_trial_process(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4], openmp=["intel"], kmp_blocktime=[0], thp=[True])
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        "--trials",
-        "1",
-        *FAST,
-        cwd=workdir,
-    )
+    result = searcher.search(space=space, study=None, trials=1)
     assert_trials_ran(result)
     trial = load_study(workdir, "tiny_cnn").trials[0]
     assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_cause")

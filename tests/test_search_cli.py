@@ -19,7 +19,6 @@ from conftest import (
     assert_trials_ran,
     load_study,
     require,
-    run_autotune,
     states,
     tiny,
     write_space,
@@ -29,31 +28,9 @@ from autotune.records.config import TrialConfig
 from autotune.results.selection import clean_trials
 
 
-def search(workdir, *extra, model=None, space=None, study="s", budget="3m"):
-    space = space or write_space(workdir / "space.yaml")
-    return run_autotune(
-        "search",
-        "--model",
-        model or tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--study",
-        study,
-        "--space",
-        str(space),
-        "--budget",
-        budget,
-        *FAST,
-        *extra,
-        cwd=workdir,
-    )
-
-
-def test_search_completes_trials_and_exports_best_json(workdir):
+def test_search_completes_trials_and_exports_best_json(searcher, workdir):
     space = write_space(workdir / "space.yaml", allocator=["glibc", "jemalloc"], batch_size=[2, 4, 8])
-    result = search(
-        workdir, "--trials", "4", "--finalists", "2", "--finalist-repeats", "2", "--no-speed-pruning", space=space
-    )
+    result = searcher.search("--finalists", "2", "--finalist-repeats", "2", "--no-speed-pruning", space=space, trials=4)
     assert result.returncode == 0, result.stderr
     assert "RANDOM INIT" in result.stdout and "wrote" in result.stdout
     study = load_study(workdir, "s")
@@ -73,7 +50,7 @@ def test_search_completes_trials_and_exports_best_json(workdir):
         wall = (trial.datetime_complete - trial.datetime_start).total_seconds()
         assert budget["total_s"] <= wall
     assert study.trials[1].user_attrs["order"].startswith("sampled by")  # no coverage round: one backend
-    shown = run_autotune("show", "--study", "s", cwd=workdir)
+    shown = searcher("show", "--study", "s")
     assert "where the time went" in shown.stdout and "measuring" in shown.stdout and "finalists" in shown.stdout
 
     best = json.loads((workdir / "studies" / "s" / "best.json").read_text())
@@ -110,12 +87,12 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     recorded = best["metrics"]["throughput_sps"] / best["config"]["instances"]
     assert recorded / 3 < measured["throughput_sps"] < recorded * 3  # the same config, not another one
 
-    exported = run_autotune("export", "--study", "s", "-o", str(workdir / "out.json"), cwd=workdir)
+    exported = searcher("export", "--study", "s", "-o", str(workdir / "out.json"))
     assert exported.returncode == 0, exported.stderr
     assert json.loads((workdir / "out.json").read_text())["config"] == best["config"]
 
     # Side by side: baseline and winner through autotune's protocol, and the winner under a plain timing loop.
-    compared = run_autotune("compare", "--study", "s", "--repeats", "1", "--independent", "2s", cwd=workdir)
+    compared = searcher("compare", "--study", "s", "--repeats", "1", "--independent", "2s")
     assert compared.returncode == 0, compared.stderr
     rows = {
         line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
@@ -201,11 +178,11 @@ def test_search_completes_trials_and_exports_best_json(workdir):
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "LABEL=PATH" in refused.stderr
 
 
-def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):
+def test_drift_pruner_discards_configs_beyond_the_threshold(searcher, workdir):
     space = write_space(
         workdir / "space.yaml", backends={"eager": {"precision": ["bf16"], "memory_format": ["contiguous"]}}
     )
-    result = search(workdir, "--trials", "3", "--max-drift", "1e-4", space=space)
+    result = searcher.search("--trials", "3", "--max-drift", "1e-4", space=space)
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "s")
     # The space has no fp32: no baseline, and every bf16 trial drifts ~1e-3 > 1e-4.
@@ -216,28 +193,28 @@ def test_drift_pruner_discards_configs_beyond_the_threshold(workdir):
     assert "no trial met the drift bound" in result.stdout  # the closest is exported, marked (tests/test_faults.py)
 
 
-def test_rerun_resumes_and_refuses_changed_settings(workdir):
-    assert search(workdir, "--trials", "2").returncode == 0
-    again = search(workdir, "--trials", "2")
+def test_rerun_resumes_and_refuses_changed_settings(searcher, workdir):
+    assert searcher.search("--trials", "2").returncode == 0
+    again = searcher.search("--trials", "2")
     assert again.returncode == 0 and "resuming study 's'" in again.stdout
     assert len(load_study(workdir, "s").trials) == 4
-    changed = search(workdir, "--trials", "1", "--max-drift", "0.2")
+    changed = searcher.search("--trials", "1", "--max-drift", "0.2")
     assert changed.returncode == 2 and "different settings" in changed.stderr and "max_drift" in changed.stderr
     assert "Traceback" not in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
 
 
-def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(workdir):
+def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(searcher, workdir):
     """Studies in the same storage on the same hardware are a prior: the earlier winner (batch 4) is the
     new study's first trial after its baseline (batch 2), and says why."""
     earlier = write_space(workdir / "earlier.yaml", batch_size=[4])
     for _ in range(3):  # a busy machine may flag every trial noisy (none may win): resume with more
-        done = search(workdir, "--trials", "2", "--no-speed-pruning", space=earlier, study="earlier")
+        done = searcher.search("--trials", "2", "--no-speed-pruning", space=earlier, study="earlier")
         if done.returncode == 0 or NOISY_REFUSAL not in done.stderr:
             break
     assert done.returncode == 0, done.stderr
     won = clean_trials(load_study(workdir, "earlier"))[0].params
     space = write_space(workdir / "space.yaml", batch_size=[2, 4])
-    result = search(workdir, "--trials", "2", "--no-speed-pruning", space=space, study="later")
+    result = searcher.search("--trials", "2", "--no-speed-pruning", space=space, study="later")
     assert_trials_ran(result)
     assert "1 winner(s) of earlier studies on this machine tried first" in result.stdout
     later = load_study(workdir, "later")
@@ -246,13 +223,13 @@ def test_a_new_study_tries_the_winner_of_an_earlier_study_on_this_machine_first(
     assert later.trials[1].user_attrs["order"].startswith("prior: the winner of study earlier on this machine")
 
 
-def test_an_earlier_winner_outside_a_narrower_space_is_narrowed_or_left_out(workdir):
+def test_an_earlier_winner_outside_a_narrower_space_is_narrowed_or_left_out(searcher, workdir):
     """Studies in one studies folder, the new one with a narrower space: an earlier winner at batch 4 is
     enqueued without the value the new space lacks (sampled instead; Optuna raised on it before), and a
     winner whose backend the new space does not offer (openvino) is left out with a note. The earlier
     studies' winners are its real trial, recorded clean (a loaded machine may flag the real one noisy)."""
     earlier = write_space(workdir / "earlier.yaml", batch_size=[4])
-    assert_trials_ran(search(workdir, "--trials", "1", "--no-speed-pruning", space=earlier, study="earlier"))
+    assert_trials_ran(searcher.search("--trials", "1", "--no-speed-pruning", space=earlier, study="earlier"))
     ran = load_study(workdir, "earlier")
     first = ran.trials[0]
     for name, params in (
@@ -271,7 +248,7 @@ def test_an_earlier_winner_outside_a_narrower_space_is_narrowed_or_left_out(work
             optuna.trial.create_trial(value=first.value, params=params, distributions=choices, user_attrs=attrs)
         )
     narrower = write_space(workdir / "narrower.yaml", batch_size=[2, 8])
-    result = search(workdir, "--trials", "2", "--no-speed-pruning", space=narrower, study="later")
+    result = searcher.search("--trials", "2", "--no-speed-pruning", space=narrower, study="later")
     assert_trials_ran(result)
     assert "Traceback" not in result.stderr
     assert "the winner of study other on this machine" in result.stdout
@@ -284,7 +261,7 @@ def test_an_earlier_winner_outside_a_narrower_space_is_narrowed_or_left_out(work
     assert prior.params["backend"] == "eager" and prior.params["batch_size"] in (2, 8)
 
 
-def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(workdir):
+def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(searcher, workdir):
     """The layout round in a real search: the baseline (one instance on all cores) leads, the next trial is
     the same configuration split into one-thread instances, saying why (before, the sampler took it from
     there), and eager bf16's coverage trial runs after the round where bf16 is emulated (tier 3, expected
@@ -300,7 +277,7 @@ def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(w
         instances=[1, cores],
         backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
     )
-    result = search(workdir, "--trials", "3", "--no-speed-pruning", space=space)
+    result = searcher.search("--trials", "3", "--no-speed-pruning", space=space)
     assert_trials_ran(result)
     trials = load_study(workdir, "s").trials
     assert trials[0].user_attrs["baseline"] and trials[0].params["instances"] == 1
@@ -319,7 +296,7 @@ def test_once_the_enqueued_trials_ran_the_leader_runs_as_one_instance_per_core(w
 
 
 @pytest.mark.parametrize(("model", "attention"), [("tiny_vit", 2), ("tiny_cnn", 0)])
-def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_cpu(workdir, model, attention):
+def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_cpu(searcher, workdir, model, attention):
     """The reference process counts the model's attention layers, and the coverage round starts its int8
     with OpenVINO's, except for a model with attention layers on a CPU without int8 dot products: there
     ONNX Runtime's dynamic int8 first (on an AVX2-only EPYC it ran vit_b_16 faster than NNCF's
@@ -338,11 +315,7 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
         "openvino": {"precision": ["int8"]},
     }
     space = write_space(workdir / "space.yaml", batch_size=[4], backends=backends)
-    result = run_autotune(
-        *("search", "--model", tiny(model), "--input-shape", "3x32x32", "--space", str(space), "--study", "s"),
-        *("--budget", "3m", "--trials", "1", *FAST),
-        cwd=workdir,
-    )
+    result = searcher.search(model=tiny(model), input_shape="3x32x32", space=space, trials=1)
     assert result.returncode == 0, result.stderr
     meta = json.loads((workdir / "studies" / "s" / "reference" / "meta.json").read_text())
     assert meta["result"]["attention_layers"] == attention
@@ -363,9 +336,9 @@ def test_the_int8_coverage_starts_with_the_backend_suited_to_the_model_and_the_c
     assert all(("tier 3: int8 expected to lose" in t.user_attrs["order"]) == late for t in waiting), waiting
 
 
-def test_crashing_trials_never_kill_the_study(workdir):
+def test_crashing_trials_never_kill_the_study(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
-    result = search(workdir, "--trials", "2", model=tiny("crashing"), space=space)
+    result = searcher.search("--trials", "2", model=tiny("crashing"), space=space)
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "s")
     assert states(study) == ["FAIL", "FAIL"]
@@ -373,9 +346,9 @@ def test_crashing_trials_never_kill_the_study(workdir):
     assert all("stderr_tail" in t.user_attrs for t in study.trials)
 
 
-def test_budget_is_wall_clock(workdir):
+def test_budget_is_wall_clock(searcher, workdir):
     started = time.monotonic()
-    result = search(workdir, "--no-speed-pruning", budget="25s")
+    result = searcher.search("--no-speed-pruning", budget="25s")
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     study = load_study(workdir, "s")
@@ -383,7 +356,7 @@ def test_budget_is_wall_clock(workdir):
     assert elapsed < 25 + 15  # interpreter start-up and export on top of the budget
 
 
-def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
+def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
     args = [
         sys.executable,
@@ -429,7 +402,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
     from test_trials_subprocess import leftover_processes
 
     assert leftover_processes(str(trial_dir)) == []
-    again = search(workdir, "--trials", "1", "--trial-timeout", "5s", model=tiny("hanging"), space=space, budget="5m")
+    again = searcher.search("--trials", "1", "--trial-timeout", "5s", model=tiny("hanging"), space=space, budget="5m")
     assert again.returncode == 0 and "resuming study 's'" in again.stdout
 
 
@@ -460,8 +433,8 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(workdir):
         (["compare"], "compare needs --study NAME or --best FILE"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(workdir, args, message):
-    result = run_autotune(*args, cwd=workdir, timeout=120)
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    result = cli(*args, timeout=120)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -492,36 +465,34 @@ def test_bad_input_is_one_line_and_exit_2(workdir, args, message):
         ({"s.yaml": b"backends: [eager\n"}, ["--space", "s.yaml"], "is not valid YAML"),
     ],
 )
-def test_bad_files_are_one_line_and_exit_2(workdir, files, args, message):
+def test_bad_files_are_one_line_and_exit_2(cli, workdir, files, args, message):
     for name, content in files.items():
         (workdir / name).write_bytes(content)
-    result = run_autotune("search", "--model", "resnet18", *args, cwd=workdir, timeout=120)
+    result = cli("search", "--model", "resnet18", *args, timeout=120)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_latency_objective_minimises_median_latency(workdir):
-    result = search(
-        workdir, "--trials", "3", "--objective", "latency", space=write_space(workdir / "space.yaml", batch_size=[1, 8])
-    )
+def test_latency_objective_minimises_median_latency(searcher):
+    result = searcher.search("--objective", "latency", space=searcher.space(batch_size=[1, 8]), trials=3)
     assert result.returncode == 0, result.stderr
-    study = load_study(workdir, "s")
+    study = searcher.study()
     assert study.direction == optuna.study.StudyDirection.MINIMIZE
-    best = json.loads((workdir / "studies" / "s" / "best.json").read_text())
+    best = searcher.best()
     assert best["objective"]["value"] == min(
         t.value for t in study.trials if t.value is not None and t.user_attrs.get("valid")
     )
     assert best["objective"]["value"] == best["metrics"]["latency_ms"]["p50"]
 
 
-def test_speed_pruner_stops_a_clearly_slower_config_after_screening(workdir):
+def test_speed_pruner_stops_a_clearly_slower_config_after_screening(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[2, 4])
     model = tiny("slow_at_bad_batch")
-    assert search(workdir, "--trials", "1", model=model, space=space).returncode == 0  # the baseline, batch 2
+    assert searcher.search("--trials", "1", model=model, space=space).returncode == 0  # the baseline, batch 2
     study = load_study(workdir, "s")
     study.enqueue_trial({**study.trials[0].params, "batch_size": 4})  # same config, but the batch the model is slow at
-    result = search(workdir, "--trials", "1", model=model, space=space)
+    result = searcher.search("--trials", "1", model=model, space=space)
     assert result.returncode == 0, result.stderr
     trial = load_study(workdir, "s").trials[1]
     assert trial.state == optuna.trial.TrialState.PRUNED and trial.params["batch_size"] == 4
@@ -546,7 +517,7 @@ def eager_fp32_and_bf16_space(workdir: Path, **extra: Any) -> Path:
     )
 
 
-def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_speed_gate(workdir):
+def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_speed_gate(searcher, workdir):
     """64 evaluation samples at batch 4, one second a call in bf16: a 16 s drift evaluation, hundreds of
     times slower than the baseline. The gate stops it after about 10 s, before drift is judged or anything
     is timed (without the gate it ran to its end and screening pruned it). A family that lost by that
@@ -557,7 +528,7 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     model = tiny("crawls_in_bf16")
     samples = ("--eval-samples", "64")
     # the baseline, then the coverage round's bf16 trial
-    assert search(workdir, "--trials", "2", *samples, model=model, space=space).returncode == 0
+    assert searcher.search("--trials", "2", *samples, model=model, space=space).returncode == 0
     study = load_study(workdir, "s")
     trial = study.trials[1]
     assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
@@ -572,7 +543,7 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     assert trial.user_attrs["speed_gate"] == too_slow["gate"]  # the gate the search set is the one that tripped
     # The sampler's proposal (enqueued without an `order`, as a sampled trial has none): bf16 at batch 8.
     study.enqueue_trial({**trial.params, "batch_size": 8})
-    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
+    assert searcher.search("--trials", "1", *samples, model=model, space=space).returncode == 0
     again = load_study(workdir, "s").trials[2]
     assert again.state == optuna.trial.TrialState.PRUNED and again.user_attrs["config"]["batch_size"] == 8
     assert again.user_attrs["prune_reason"].startswith("not launched: every eager bf16 trial so far lost by far")
@@ -583,14 +554,14 @@ def test_a_config_far_slower_than_the_best_stops_its_drift_evaluation_at_the_spe
     assert not (workdir / "studies" / "s" / "trials" / f"{again.number:05d}").exists(), "it was launched"
     # What the search enqueues itself (coverage, layout rounds, priors) says why it runs, and always runs.
     study.enqueue_trial({**trial.params, "batch_size": 8}, user_attrs={"order": "enqueued by the search"})
-    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
+    assert searcher.search("--trials", "1", *samples, model=model, space=space).returncode == 0
     enqueued = load_study(workdir, "s").trials[3]
     assert (workdir / "studies" / "s" / "trials" / f"{enqueued.number:05d}").exists(), "it was not launched"
     assert "budget" in enqueued.user_attrs, enqueued.user_attrs  # the orchestrator split its time: it ran
     assert not enqueued.user_attrs.get("prune_reason", "").startswith("not launched"), enqueued.user_attrs
 
 
-def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_warm_up(workdir):
+def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_warm_up(searcher, workdir):
     """A drift evaluation of one call (4 samples at batch 4) ends before the gate judges anything, and a
     trial whose drift an earlier one measured has none at all: the gate then watches the warm-up. Six
     seconds a call in bf16: stopped after its second warm-up call (12 s, past the gate's 10), not after the
@@ -602,7 +573,7 @@ def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_war
     space = eager_fp32_and_bf16_space(workdir, instances=[1, 2])
     model = tiny("crawls_6s_in_bf16")
     samples = ("--eval-samples", "4")
-    assert search(workdir, "--trials", "3", *samples, model=model, space=space).returncode == 0
+    assert searcher.search("--trials", "3", *samples, model=model, space=space).returncode == 0
     study = load_study(workdir, "s")
     trial = next(t for t in study.trials if t.user_attrs.get("config", {}).get("precision") == "bf16")
     assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
@@ -619,7 +590,7 @@ def test_a_config_whose_drift_is_known_is_held_to_the_speed_gate_through_its_war
     # The same numerics at batch 8 as two instances, as the search enqueues it (so it runs): drift reused.
     layout = {"batch_size": 8, "instances": 2, "threads_per_instance": 1}
     study.enqueue_trial({**trial.params, **layout}, user_attrs={"order": "enqueued by the search"})
-    assert search(workdir, "--trials", "1", *samples, model=model, space=space).returncode == 0
+    assert searcher.search("--trials", "1", *samples, model=model, space=space).returncode == 0
     again = load_study(workdir, "s").trials[-1]
     assert again.state == optuna.trial.TrialState.PRUNED, again.user_attrs
     assert again.user_attrs["config"]["instances"] == 2 and again.user_attrs["config"]["batch_size"] == 8

@@ -10,7 +10,7 @@ import shutil
 import mpmath
 import numpy as np
 import pytest
-from conftest import TINY, rerun_while_noisy, run_autotune, tiny, write_space
+from conftest import TINY, rerun_while_noisy, tiny, write_space
 
 from autotune.measure.serving import (
     PROBE_REQUESTS,
@@ -253,19 +253,8 @@ def test_a_server_that_sustains_nothing_stops_before_probes_grow_longer_than_thr
 
 
 # ---- real processes ------------------------------------------------------------------------------------------
-def server_search(workdir, model, shape, bound_ms, space, *extra, study="srv", budget="4m"):
-    return run_autotune(
-        "search",
-        "--model",
-        model,
-        "--input-shape",
-        shape,
-        "--study",
-        study,
-        "--space",
-        str(space),
-        "--budget",
-        budget,
+def server_search(searcher, model, shape, bound_ms, space, *extra, study="srv", budget="4m"):
+    return searcher.search(
         "--scenario",
         "server",
         "--slo-ms",
@@ -273,16 +262,21 @@ def server_search(workdir, model, shape, bound_ms, space, *extra, study="srv", b
         "--eval-samples",
         "8",
         *extra,
-        cwd=workdir,
+        model=model,
+        input_shape=shape,
+        study=study,
+        space=space,
+        budget=budget,
+        quick=False,
         timeout=600,
     )
 
 
-def sustained_rate_search(workdir, space) -> dict:
+def sustained_rate_search(searcher, space) -> dict:
     """The single-queue server's rate search; its best.json."""
     result = rerun_while_noisy(  # a clean closed loop is the winner whose server record is read
         lambda: server_search(
-            workdir,
+            searcher,
             f"{TINY}:service_timed",
             "4",
             10,
@@ -297,7 +291,7 @@ def sustained_rate_search(workdir, space) -> dict:
         )
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((workdir / "studies" / "srv" / "best.json").read_text())
+    return searcher.best("srv")
 
 
 def disturbed_refusals(probes: list[dict]) -> list[float]:
@@ -313,7 +307,7 @@ def disturbed_refusals(probes: list[dict]) -> list[float]:
     ]
 
 
-def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
+def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(searcher, workdir):
     """One instance, batch 1, no wait: a single queue whose service time is the 2 ms each call spins.
     Its highest rate with p99 <= 10 ms, found by the rate search in real time, lies within queueing
     theory's bracket for this server: no lower than 85% of M/G/1's rate (Lindley's recursion) for calls
@@ -329,7 +323,7 @@ def test_the_sustained_rate_of_a_known_server_matches_queueing_theory(workdir):
     space = write_space(workdir / "space.yaml", batch_size=[1], max_wait_ms=[0], threads_per_instance=[1])
     for _attempt in range(3):  # searched again only when a disturbed refusal left the answer out of bounds
         shutil.rmtree(workdir / "studies", ignore_errors=True)
-        best = sustained_rate_search(workdir, space)
+        best = sustained_rate_search(searcher, space)
         bracket = queueing_bracket(best)
         if bracket.holds or not disturbed_refusals(best["metrics"]["server"]["probes"]):
             break
@@ -376,13 +370,13 @@ def queueing_bracket(best: dict) -> QueueingBracket:
     )
 
 
-def test_a_small_model_completes_a_server_study_and_everything_around_it_carries_the_scenario(workdir):
+def test_a_small_model_completes_a_server_study_and_everything_around_it_carries_the_scenario(searcher, workdir):
     """tiny_cnn, batch and wait searched, a finalist round probed at the leader's rate and +-10%:
     best.json names the scenario and the policy, show and the report speak in sustained requests/s, and
     the launch script exports the batching policy for the user's server."""
     space = write_space(workdir / "space.yaml", batch_size=[1, 4], max_wait_ms=[0, 2], threads_per_instance=[1])
     result = server_search(
-        workdir,
+        searcher,
         tiny(),
         "3x16x16",
         25,
@@ -408,13 +402,13 @@ def test_a_small_model_completes_a_server_study_and_everything_around_it_carries
     finalists = best["finalists"]  # re-measured by a rate search of its own, starting at the leader's rate
     assert finalists and finalists["candidates"][0]["values"][0] > 0, result.stdout[-3000:]
 
-    show = run_autotune("show", "--study", "srv", cwd=workdir)
+    show = searcher("show", "--study", "srv")
     assert show.returncode == 0 and "requests/s at p99<=25ms" in show.stdout, show.stdout
-    report = run_autotune("report", "--study", "srv", cwd=workdir)
+    report = searcher("report", "--study", "srv")
     assert report.returncode == 0, report.stderr
     page = (workdir / "studies" / "srv" / "report.html").read_text()
     assert "p99 latency against offered request rate" in page and "requests/s sustained" in page
-    export = run_autotune("export", "--study", "srv", "--format", "sh", cwd=workdir)
+    export = searcher("export", "--study", "srv", "--format", "sh")
     assert export.returncode == 0, export.stderr
     script = next((workdir / "studies" / "srv").glob("*.sh")).read_text()
     assert f"export AUTOTUNE_MAX_BATCH={server['max_batch']}" in script
@@ -432,18 +426,16 @@ def test_a_small_model_completes_a_server_study_and_everything_around_it_carries
         (["--scenario", "busy"], "invalid choice: 'busy'"),
     ],
 )
-def test_bad_server_input_is_one_line_and_exit_2(workdir, args, message):
-    result = run_autotune("search", "--model", "resnet18", *args, cwd=workdir, timeout=120)
+def test_bad_server_input_is_one_line_and_exit_2(cli, args, message):
+    result = cli("search", "--model", "resnet18", *args, timeout=120)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_a_negative_wait_in_the_space_is_one_line_and_exit_2(workdir):
+def test_a_negative_wait_in_the_space_is_one_line_and_exit_2(cli, workdir):
     (workdir / "s.yaml").write_text("max_wait_ms: [0, -1]\n")
-    result = run_autotune(
-        "search", "--model", "resnet18", "--space", "s.yaml", "--scenario", "server", "--slo-ms", "50", cwd=workdir
-    )
+    result = cli("search", "--model", "resnet18", "--space", "s.yaml", "--scenario", "server", "--slo-ms", "50")
     assert result.returncode == 2, result.stderr
     assert "max_wait_ms values are milliseconds" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -3,7 +3,7 @@
 import json
 
 import torch
-from conftest import load_study, run_autotune, tiny, write_space
+from conftest import load_study, tiny, write_space
 
 INPUTS = "input_ids:int64:32:0-1000,attention_mask:int64:32:1-2"
 BACKENDS = {
@@ -19,16 +19,13 @@ BACKENDS = {
 }
 
 
-def test_a_text_encoder_completes_a_study_on_token_data(workdir):
+def test_a_text_encoder_completes_a_study_on_token_data(searcher, workdir):
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 1000, (40, 32), generator=generator)
     mask = (torch.arange(32) < torch.randint(8, 33, (40, 1), generator=generator)).long()  # real padding
     torch.save({"inputs": {"input_ids": ids, "attention_mask": mask}}, workdir / "tokens.pt")
     space = write_space(workdir / "space.yaml", batch_size=[4], backends=BACKENDS, baseline={"batch_size": 4})
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny("sentence_encoder"),
+    result = searcher.search(
         "--inputs",
         INPUTS,
         "--data",
@@ -41,20 +38,18 @@ def test_a_text_encoder_completes_a_study_on_token_data(workdir):
         "cosine",
         "--max-drift",
         "0.05",
-        "--study",
-        "bert",
-        "--space",
-        str(space),
-        "--trials",
-        "6",
-        "--budget",
-        "12m",
         "--no-speed-pruning",
         "--measure-seconds",
         "0.3s-2s",
         "--finalists",
         "0",
-        cwd=workdir,
+        model=tiny("sentence_encoder"),
+        study="bert",
+        space=space,
+        trials=6,
+        budget="12m",
+        input_shape=None,
+        quick=False,
         timeout=900,
     )
     assert result.returncode == 0, result.stderr

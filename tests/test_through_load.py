@@ -9,23 +9,22 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, require, run_autotune, tiny, write_space
+from conftest import require, run_autotune, tiny
 from tiny_models import PACE_S
 
 import autotune
 from autotune.machine.probe import probe_machine
 
-ARGS = ["--input-shape", "3x16x16", "--study", "s", "--trials", "1", "--budget", "3m", *FAST]
 BATCH = 4
 
 
-def tuned_study(workdir, model: str, **space) -> dict:
+def tuned_study(searcher, model: str, **space) -> dict:
     """best.json of a one-trial study. A trial flagged noisy (another process on its cores) never wins, and
     then nothing is exported: the study is resumed (one more trial of the same config), at most twice."""
-    space_path = write_space(workdir / "space.yaml", batch_size=[BATCH], **space)
-    best_path = workdir / "studies" / "s" / "best.json"
+    space_path = searcher.space(batch_size=[BATCH], **space)
+    best_path = searcher.workdir / "studies" / "s" / "best.json"
     for _ in range(3):
-        result = run_autotune("search", "--model", tiny(model), *ARGS, "--space", str(space_path), cwd=workdir)
+        result = searcher.search(model=tiny(model), space=space_path, trials=1)
         if best_path.exists():
             return json.loads(best_path.read_text())
         assert "flagged as noisy" in result.stderr, result.stderr
@@ -33,23 +32,23 @@ def tuned_study(workdir, model: str, **space) -> dict:
 
 
 @pytest.fixture(scope="module")
-def paced(tmp_path_factory):
+def paced(tmp_path_factory, end_to_end):
     """An eager winner whose every call sleeps PACE_S: two one-core instances, jemalloc preloaded."""
     machine = probe_machine()
     require(machine.physical_cores >= 2, "two physical cores")
     require("jemalloc" in machine.allocators, "jemalloc")
-    workdir = tmp_path_factory.mktemp("paced")
-    tuned_study(workdir, "paced", instances=[2], threads_per_instance=[1], allocator=["jemalloc"])
-    return workdir
+    searcher = end_to_end(tmp_path_factory.mktemp("paced"))
+    tuned_study(searcher, "paced", instances=[2], threads_per_instance=[1], allocator=["jemalloc"])
+    return searcher.workdir
 
 
 @pytest.fixture(scope="module")
-def onnxruntime_winner(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("ort")
+def onnxruntime_winner(tmp_path_factory, end_to_end):
+    searcher = end_to_end(tmp_path_factory.mktemp("ort"))
     tuned_study(
-        workdir, "tiny_cnn", backends={"onnxruntime": {"precision": ["fp32"], "execution_mode": ["sequential"]}}
+        searcher, "tiny_cnn", backends={"onnxruntime": {"precision": ["fp32"], "execution_mode": ["sequential"]}}
     )
-    return workdir / "studies" / "s" / "best.json"
+    return searcher.workdir / "studies" / "s" / "best.json"
 
 
 def spy_on(infer) -> list:

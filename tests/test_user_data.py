@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import FAST, assert_trials_ran, load_study, run_autotune, tiny, write_space
+from conftest import assert_trials_ran, load_study, tiny
 from digits import garbage_calibration, train_digits
 
 INT8 = {
@@ -25,56 +25,36 @@ INT8 = {
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, end_to_end):
     workdir = tmp_path_factory.mktemp("digits")
     trained = train_digits(workdir)
     assert trained["accuracy"] > 0.9  # a real classifier, so that keeping its accuracy means something
-    return {**trained, "workdir": workdir}
+    return {**trained, "workdir": workdir, "searcher": end_to_end(workdir)}
 
 
-def digits_search(workdir, digits, study, *extra):
-    space = write_space(workdir / f"{study}.yaml", batch_size=[8], backends=INT8, baseline={"batch_size": 8})
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny("digits_net"),
-        "--input-shape",
-        "1x8x8",
-        "--weights",
-        str(digits["weights"]),
-        "--data",
-        str(digits["data"]),
-        "--eval-samples",
-        "300",
-        "--calibration-samples",
-        "200",
-        "--drift-metric",
-        "accuracy",
-        "--max-drift",
-        "2%",
-        "--study",
-        study,
-        "--space",
-        str(space),
-        "--trials",
-        "4",
-        "--budget",
-        "10m",
+def digits_search(digits, study, *extra):
+    """Int8 backends against fp32 eager on the trained classifier, accuracy bounded on its held-out digits."""
+    searcher = digits["searcher"]
+    space = searcher.space(f"{study}.yaml", batch_size=[8], backends=INT8, baseline={"batch_size": 8})
+    result = searcher.search(
+        *("--weights", str(digits["weights"]), "--data", str(digits["data"])),
+        *("--eval-samples", "300", "--calibration-samples", "200", "--drift-metric", "accuracy", "--max-drift", "2%"),
         "--no-speed-pruning",
-        "--measure-seconds",
-        "0.3s-2s",
-        "--finalists",
-        "0",
         *extra,
-        cwd=workdir,
+        model=tiny("digits_net"),
+        input_shape="1x8x8",
+        space=space,
+        study=study,
+        trials=4,
+        budget="10m",
         timeout=900,
     )
     assert result.returncode == 0, result.stderr
-    return result, load_study(workdir, study)
+    return result, searcher.study(study)
 
 
 def test_int8_keeps_a_trained_classifiers_accuracy(digits):
-    result, study = digits_search(digits["workdir"], digits, "kept")
+    result, study = digits_search(digits, "kept")
     assert "data: tensor file" in result.stdout and "warning" not in result.stdout
     int8 = [t for t in study.trials if t.user_attrs["config"]["precision"] == "int8"]
     assert len(int8) == 3 and all(t.state.name == "COMPLETE" for t in int8), [
@@ -96,7 +76,7 @@ def test_int8_keeps_a_trained_classifiers_accuracy(digits):
 
 def test_int8_calibrated_on_garbage_is_pruned(digits):
     garbage = garbage_calibration(digits["workdir"])
-    _, study = digits_search(digits["workdir"], digits, "garbage", "--calibration-data", str(garbage))
+    _, study = digits_search(digits, "garbage", "--calibration-data", str(garbage))
     int8 = [t for t in study.trials if t.user_attrs["config"]["precision"] == "int8"]
     assert len(int8) == 3
     for trial in int8:
@@ -112,37 +92,22 @@ def test_int8_calibrated_on_garbage_is_pruned(digits):
     assert study.trials[0].state.name == "COMPLETE"  # fp32 eager is untouched by calibration
 
 
-def test_drift_is_measured_once_per_numerics_and_reused(workdir):
-    space = write_space(
-        workdir / "space.yaml",
-        batch_size=[2, 4],
-        backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}},
+def test_drift_is_measured_once_per_numerics_and_reused(searcher, workdir):
+    space = searcher.space(
+        batch_size=[2, 4], backends={"eager": {"precision": ["fp32", "bf16"], "memory_format": ["contiguous"]}}
     )
-    common = [
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--study",
-        "s",
-        "--space",
-        str(space),
-        "--budget",
-        "3m",
-        "--no-cover-backends",
-        "--max-drift",
-        "1e-6",
-        *FAST,
-    ]
-    assert_trials_ran(run_autotune("search", *common, "--trials", "1", cwd=workdir))  # the fp32 baseline, batch 2
-    study = load_study(workdir, "s")
+
+    def search(trials: int):
+        return searcher.search("--no-cover-backends", "--max-drift", "1e-6", space=space, trials=trials)
+
+    assert_trials_ran(search(1))  # the fp32 baseline, batch 2
+    study = searcher.study()
     base = study.trials[0].params
     study.enqueue_trial({**base, "batch_size": 4})  # same numerics, another batch
     study.enqueue_trial({**base, "eager.precision": "bf16"})  # bf16: drift measured, beyond 1e-6
     study.enqueue_trial({**base, "eager.precision": "bf16", "batch_size": 4})  # same bf16 numerics: known to be beyond
-    result = run_autotune("search", *common, "--trials", "3", cwd=workdir)
-    assert_trials_ran(result)
-    trials = load_study(workdir, "s").trials
+    assert_trials_ran(search(3))
+    trials = searcher.study().trials
     assert trials[1].state.name == "COMPLETE" and trials[1].user_attrs["drift"]["reused_from"] == 0
     assert trials[1].user_attrs["drift"]["relative_l2"] == trials[0].user_attrs["drift"]["relative_l2"]
     assert trials[2].state.name == "PRUNED" and trials[2].user_attrs["drift"]["reused_from"] is None  # measured here
@@ -202,7 +167,7 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only():
     assert hopeless_family(study, at[8], criterion, "throughput", 99) is None
 
 
-def test_image_folder_with_class_subfolders_gives_labels(workdir):
+def test_image_folder_with_class_subfolders_gives_labels(searcher, workdir):
     from PIL import Image
 
     generator = torch.Generator().manual_seed(0)
@@ -211,32 +176,8 @@ def test_image_folder_with_class_subfolders_gives_labels(workdir):
         for i in range(6):
             pixels = (torch.rand((20, 24, 3), generator=generator) * 255).to(torch.uint8).numpy()
             Image.fromarray(pixels).save(workdir / "images" / label / f"{i}.png")
-    space = write_space(workdir / "space.yaml")
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--data",
-        str(workdir / "images"),
-        "--eval-samples",
-        "8",
-        "--calibration-samples",
-        "4",
-        "--study",
-        "img",
-        "--space",
-        str(space),
-        "--trials",
-        "1",
-        "--budget",
-        "2m",
-        "--measure-seconds",
-        "0.3s-2s",
-        "--finalists",
-        "0",
-        cwd=workdir,
+    result = searcher.search(
+        "--data", str(workdir / "images"), "--calibration-samples", "4", study="img", trials=1, budget="2m"
     )
     assert_trials_ran(result)
     assert "image folder" in result.stdout and "12 samples, with labels" in result.stdout
@@ -265,11 +206,11 @@ def test_image_folder_with_class_subfolders_gives_labels(workdir):
         (["--data", "DATA_FEW", "--eval-samples", "8", "--calibration-samples", "8"], "--data has 10 samples"),
     ],
 )
-def test_bad_data_input_is_one_line_and_exit_2(workdir, extra, message):
+def test_bad_data_input_is_one_line_and_exit_2(cli, workdir, extra, message):
     torch.save({"inputs": torch.rand(20, 1, 8, 8), "labels": torch.zeros(20, dtype=torch.long)}, workdir / "d.pt")
     torch.save(torch.rand(10, 3, 16, 16), workdir / "few.pt")
     extra = [{"DATA": str(workdir / "d.pt"), "DATA_FEW": str(workdir / "few.pt")}.get(a, a) for a in extra]
-    result = run_autotune("search", "--model", tiny(), "--input-shape", "3x16x16", *extra, cwd=workdir, timeout=120)
+    result = cli("search", "--model", tiny(), "--input-shape", "3x16x16", *extra, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -9,39 +9,20 @@ import sys
 
 import pytest
 import torch
-from conftest import FAST, load_study, rerun_while_noisy, run_autotune, tiny, write_space
-
-ARGS = ["--input-shape", "3x16x16", "--study", "s"]
+from conftest import FAST, rerun_while_noisy, run_autotune, tiny
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
+def tuned(tmp_path_factory, end_to_end):
     """A finished study: eager fp32, two instances of one core, jemalloc; best.json and launch.sh exported."""
-    workdir = tmp_path_factory.mktemp("tuned")
-    space = write_space(
-        workdir / "space.yaml", batch_size=[4], instances=[2], threads_per_instance=[1], allocator=["jemalloc"]
-    )
-    for _ in range(3):  # a trial flagged noisy (another process on its cores) never wins: resume, one more trial
-        result = run_autotune(
-            "search",
-            "--model",
-            tiny(),
-            *ARGS,
-            "--space",
-            str(space),
-            "--trials",
-            "1",
-            "--budget",
-            "3m",
-            *FAST,
-            cwd=workdir,
-        )
-        if result.returncode == 0 or "flagged as noisy" not in result.stderr:
-            break
+    searcher = end_to_end(tmp_path_factory.mktemp("tuned"))
+    space = searcher.space(batch_size=[4], instances=[2], threads_per_instance=[1], allocator=["jemalloc"])
+    # a trial flagged noisy (another process on its cores) never wins: resume, one more trial
+    result = rerun_while_noisy(lambda: searcher.search(space=space, trials=1))
     assert result.returncode == 0, result.stderr
-    exported = run_autotune("export", "--study", "s", "--format", "sh", cwd=workdir)
+    exported = searcher("export", "--study", "s", "--format", "sh")
     assert exported.returncode == 0, exported.stderr
-    return workdir
+    return searcher.workdir
 
 
 SERVE = """
@@ -104,24 +85,14 @@ def test_load_refuses_a_process_not_started_as_tuned(tuned):
     assert "TunedEnvironmentMismatch" in done.stderr and "libjemalloc" in done.stderr and "launch.sh" in done.stderr
 
 
-def test_show_prints_the_leaderboard_and_failures_grouped_by_cause(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[2, 4], baseline={"batch_size": 2})
-    assert (
-        run_autotune(
-            "search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "1", *FAST, cwd=workdir
-        ).returncode
-        == 0
-    )
-    study = load_study(workdir, "s")
+def test_show_prints_the_leaderboard_and_failures_grouped_by_cause(searcher):
+    space = searcher.space(batch_size=[2, 4], baseline={"batch_size": 2})
+    assert searcher.search(model=tiny("crashing"), space=space, trials=1).returncode == 0
+    study = searcher.study()
     for _ in range(2):  # the same config at the batch size the model crashes at
         study.enqueue_trial({**study.trials[0].params, "batch_size": 4})
-    assert (
-        run_autotune(
-            "search", "--model", tiny("crashing"), *ARGS, "--space", str(space), "--trials", "2", *FAST, cwd=workdir
-        ).returncode
-        == 0
-    )
-    shown = run_autotune("show", "--study", "s", cwd=workdir)
+    assert searcher.search(model=tiny("crashing"), space=space, trials=2).returncode == 0
+    shown = searcher("show", "--study", "s")
     assert shown.returncode == 0, shown.stderr
     assert "3 trials: 1 COMPLETE, 2 FAIL" in shown.stdout
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.stdout.splitlines() if line.startswith("│")]
@@ -161,7 +132,7 @@ def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned
     assert measured.throughput_sps == sum(measured.per_instance_sps)
 
 
-def test_verify_and_compare_refuse_what_they_cannot_remeasure(workdir):
+def test_verify_and_compare_refuse_what_they_cannot_remeasure(cli, workdir):
     from autotune.records.config import TrialConfig
 
     closest = {  # what a study where no configuration met the drift bound exports: never timed
@@ -176,14 +147,14 @@ def test_verify_and_compare_refuse_what_they_cannot_remeasure(workdir):
         "job": None,
     }
     (workdir / "nothing.json").write_text(json.dumps(closest))
-    result = run_autotune("verify", str(workdir / "nothing.json"), cwd=workdir)
+    result = cli("verify", str(workdir / "nothing.json"))
     assert result.returncode == 2 and "no timed winner" in result.stderr and "Traceback" not in result.stderr
     (workdir / "other.json").write_text(json.dumps({"meets_drift": False, "config": {}}))
-    result = run_autotune("verify", str(workdir / "other.json"), cwd=workdir)
+    result = cli("verify", str(workdir / "other.json"))
     assert result.returncode == 2 and "best.json lacks its required 'schema'" in result.stderr
     assert "Traceback" not in result.stderr
     for name, why in (("other.json", "best.json lacks its required 'schema'"), ("nothing.json", "no timed winner")):
-        compared = run_autotune("compare", "--best", str(workdir / name), cwd=workdir)  # the same one line
+        compared = cli("compare", "--best", str(workdir / name))  # the same one line
         assert compared.returncode == 2 and why in compared.stderr and "Traceback" not in compared.stderr
 
 
@@ -213,75 +184,50 @@ def _run_on_a_terminal(args: list[str], cwd, timeout: float = 300) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def test_live_progress_on_a_terminal_and_plain_lines_in_logs(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[2, 4])
+def test_live_progress_on_a_terminal_and_plain_lines_in_logs(searcher, workdir):
+    space = searcher.space(batch_size=[2, 4])
     args = ["search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), "--trials", "3", *FAST]
     drawn = _run_on_a_terminal([sys.executable, "-m", "autotune.cli", *args, "--study", "tty"], workdir)
     assert "autotune search" in drawn and "used," in drawn and "left" in drawn  # the live panel
     assert "running: trial" in drawn and "best so far: trial" in drawn
-    logged = run_autotune(*args, "--study", "log", cwd=workdir)
+    logged = searcher.search(space=space, trials=3, study="log")
     assert logged.returncode == 0, logged.stderr
     assert "\x1b" not in logged.stdout + logged.stderr and "\r" not in logged.stdout  # no control characters in a log
     assert len(re.findall(r"^trial +\d+ (COMPLETE|PRUNED|FAIL) ", logged.stdout, re.M)) == 3  # one plain line per trial
     assert "running: trial" not in logged.stdout
 
 
-def test_a_latency_slo_keeps_only_configs_whose_p99_stays_under_it(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[2])
-    common = [
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        "--trials",
-        "2",
-        "--no-speed-pruning",
-        *FAST,
-    ]
-    tight = run_autotune(*common, "--study", "tight", "--slo-ms", "0.0001", cwd=workdir)
+def test_a_latency_slo_keeps_only_configs_whose_p99_stays_under_it(searcher):
+    space = searcher.space(batch_size=[2])
+
+    def search(study: str, *slo: str):
+        return searcher.search("--no-speed-pruning", *slo, space=space, trials=2, study=study)
+
+    tight = search("tight", "--slo-ms", "0.0001")
     assert tight.returncode == 0, tight.stderr
-    for trial in load_study(workdir, "tight").trials:
+    for trial in searcher.study("tight").trials:
         assert trial.state.name == "PRUNED" and trial.user_attrs["prune_reason"].startswith("latency SLO: p99")
         assert (
             trial.user_attrs["slo"]["met"] is False and trial.user_attrs["latency_ms"]["p99"] > 0.0001
         )  # measured, then refused
         assert trial.user_attrs["measurement"]["calls"] >= 100
     assert "no trial completed" in tight.stdout
-    loose = run_autotune(*common, "--study", "loose", "--slo-ms", "100000", cwd=workdir)
+    loose = search("loose", "--slo-ms", "100000")
     assert loose.returncode == 0, loose.stderr
-    assert all(t.state.name == "COMPLETE" and t.user_attrs["slo"]["met"] for t in load_study(workdir, "loose").trials)
-    wrong = run_autotune(*common, "--study", "w", "--slo-ms", "5", "--objective", "latency", cwd=workdir)
+    assert all(t.state.name == "COMPLETE" and t.user_attrs["slo"]["met"] for t in searcher.study("loose").trials)
+    wrong = search("w", "--slo-ms", "5", "--objective", "latency")
     assert wrong.returncode == 2 and "--slo-ms" in wrong.stderr
 
 
-def test_the_pareto_objective_exports_the_front_of_throughput_and_p99(workdir):
-    space = write_space(workdir / "space.yaml", batch_size=[1, 16], baseline={"batch_size": 1})
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        "--trials",
-        "4",
-        "--objective",
-        "pareto",
-        "--study",
-        "p",
-        *FAST,
-        cwd=workdir,
-    )
+def test_the_pareto_objective_exports_the_front_of_throughput_and_p99(searcher):
+    space = searcher.space(batch_size=[1, 16], baseline={"batch_size": 1})
+    result = searcher.search("--objective", "pareto", space=space, trials=4, study="p")
     assert result.returncode == 0, result.stderr
-    study = load_study(workdir, "p")
+    study = searcher.study("p")
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(complete) >= 3 and all(t.values[1] == t.user_attrs["latency_ms"]["p99"] for t in complete)
-    front = json.loads((workdir / "studies" / "p" / "best.json").read_text())["pareto_front"]
+    front = searcher.best("p")["pareto_front"]
     assert front and [p["throughput_sps"] for p in front] == sorted((p["throughput_sps"] for p in front), reverse=True)
     for point in front:  # nothing completed beats a front point on both objectives
         assert not any(t.values[0] > point["throughput_sps"] and t.values[1] < point["p99_ms"] for t in complete)
