@@ -412,7 +412,7 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
         slo_ms=options.slo_ms,
         heartbeat_grace_s=heartbeat_grace_s(options.heartbeat_grace),
         task="generate" if workload else "classify",
-        generation=workload.to_json() if workload else None,
+        generation=workload,
         ttft_slo_ms=options.ttft_slo_ms,
         tpot_slo_ms=options.tpot_slo_ms,
     )
@@ -531,15 +531,13 @@ def search(model: PathArg | Callable[..., Any], *, console: Console | None = Non
 
 # ---- the tuned model ---------------------------------------------------------------------------------------
 def _load_generator(
-    workload: dict[str, Any], config: Any, model: Any, artifact_dir: str | None = None
+    settings: GenerationWorkload, config: Any, model: Any, artifact_dir: str | None = None
 ) -> Callable[..., Any]:
     """A generation winner as a callable: `generate(input_ids)` -> the new tokens (sequences x new_tokens),
     greedy, converted and compiled as tuned (the precision applied to `model` in place: the quantized
     weights the search prepared when they are still in the cache, else quantized here)."""
     from autotune.backends.generation import cached_artifact, prepare
-    from autotune.model.generation import GenerationWorkload
 
-    settings = GenerationWorkload.from_json(workload)
     # `model` given by the caller: its weights are replaced by the search's quantized ones (same model).
     artifact = cached_artifact(artifact_dir, config.backend) if artifact_dir else None
     calibration = None
@@ -602,7 +600,7 @@ def load(
     """
     from autotune.backends import BACKENDS, backend_module
     from autotune.model.inputs import as_batch, synthetic
-    from autotune.model.sources import ModelSource, build_model
+    from autotune.model.sources import build_model
     from autotune.records.best import BestJson
 
     path = Path(best_path or os.environ.get("AUTOTUNE_BEST") or "best.json")
@@ -620,18 +618,18 @@ def load(
                 f"'autotune export --format sh', e.g. ./launch.sh python your_program.py"
             )
     config = best.config
-    source = ModelSource.from_json(job["model"])
-    if job.get("generation"):
+    source = job.model
+    if job.generation:
         return _load_generator(
-            job["generation"], config, model if model is not None else build_model(source), job.get("artifact_dir")
+            job.generation, config, model if model is not None else build_model(source), job.artifact_dir
         )
     example = synthetic(source.specs, config.batch_size, 0)
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):
-        runner = module.load(example, config, Path(job["artifact_dir"]))
+        runner = module.load(example, config, Path(str(job.artifact_dir)))
     else:
         runner = module.prepare(
-            model if model is not None else build_model(source), example, config, Path(job["workdir"])
+            model if model is not None else build_model(source), example, config, Path(str(job.workdir))
         )
 
     import numpy as np

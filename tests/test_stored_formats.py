@@ -91,3 +91,17 @@ def test_the_workers_job_and_result_files_read_typed_and_lose_nothing(name):
             assert WorkerJob.from_json(files[kind]).to_json() == files[kind], kind
     result = files["trial_result"]
     assert lost(result, InstanceResult.from_json(result).to_json()) == []
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_attribute_a_stored_trial_holds_reads_typed(name):
+    """TrialAttrs reads an attribute of a layout it does not know as not recorded; none of what these
+    studies stored is such a one."""
+    from autotune.records.attributes import TrialAttrs
+
+    for trial in stored(name)["trials"]:
+        attrs = TrialAttrs.from_json(trial["user_attrs"])
+        for key in TrialAttrs.NESTED:
+            if trial["user_attrs"].get(key) is not None:
+                assert getattr(attrs, key) is not None, (trial["number"], key)
+                assert getattr(attrs, key).to_json() == trial["user_attrs"][key], (trial["number"], key)

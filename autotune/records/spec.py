@@ -7,15 +7,16 @@ compared must not change between runs of one study.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from autotune.common.errors import UserError
-from autotune.common.json_record import Record
+from autotune.common.json_record import JsonObject, Record
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
+from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr
 from autotune.records.options import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
@@ -77,12 +78,23 @@ def default_storage(studies_root: str | Path, study: str) -> str:
 
 
 @dataclass(frozen=True)
-class SearchSpec:
+class SearchSpec(Record):
+    """The study's settings, validated: the options (records/options.py), resolved against the model, the data
+    and the machine."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "model": ModelSource,
+        "data": DataSource,
+        "calibration_data": DataSource,
+        "measure": MeasureSettings,
+        "generation": GenerationWorkload,
+    }
+
     study: str
     model: ModelSource
     storage: str
     space_path: str
-    space: dict[str, Any]
+    space: dict[str, Any]  # the search space YAML as the user wrote it (tuning/space.py reads it)
     objective: str = "throughput"
     max_drift: float = 0.05
     drift_metric: str = "relative_l2"
@@ -112,7 +124,7 @@ class SearchSpec:
         None  # a worker joined from a machine that differs (autotune join --allow-mixed-hardware)
     )
     task: str = "classify"  # "generate": a causal language model generating text (TTFT, TPOT, tokens/s)
-    generation: dict[str, Any] | None = None  # the GenerationWorkload every trial runs (task generate)
+    generation: GenerationWorkload | None = None  # the workload every trial runs (task generate)
     ttft_slo_ms: float | None = None  # generation: p99 bound on time to first token
     tpot_slo_ms: float | None = None  # generation: p99 bound on time per output token
 
@@ -212,33 +224,12 @@ class SearchSpec:
         """The MLPerf scenario the objective measures (a Pareto study is closed loop: offline)."""
         return scenario_of(self.objective)
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["model"] = self.model.to_json()
-        data["measure"] = self.measure.to_json()
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SearchSpec:
-        known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k in known}  # settings of another autotune version are dropped
-        calibration = data.get("calibration_data")
-        return cls(
-            **{
-                **data,
-                "model": ModelSource.from_json(data["model"]),
-                "measure": MeasureSettings.from_json(data["measure"]),
-                "data": DataSource.from_json(data.get("data")),
-                "calibration_data": DataSource.from_json(calibration) if calibration else None,
-            }
-        )
-
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonObject:
         data = self.to_json()
         return {key: data[key] for key in IDENTITY_FIELDS}
 
 
-def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def identity_differences(stored: JsonObject, current: JsonObject) -> list[str]:
     """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']."""
     diffs = []
     for key in IDENTITY_FIELDS:
@@ -259,9 +250,11 @@ class StoredSpec(Record):
     study had before the field existed: a study written by any autotune version reads back, and a study
     created by hand (tests, Optuna alone) reads as the defaults."""
 
+    NESTED: ClassVar[dict[str, type[Record]]] = {"model": ModelSource}
+
     objective: str = "throughput"
     task: str = "classify"
-    model: dict[str, Any] = field(default_factory=dict)
+    model: ModelSource | None = None  # None: a study that stored no spec
     storage: str | None = None
     max_drift: float = 0.05
     drift_metric: str = "relative_l2"
@@ -287,7 +280,7 @@ class StoredSpec(Record):
 
     @property
     def model_name(self) -> str:
-        return str((self.model or {}).get("name", "?"))
+        return self.model.name if self.model is not None else "?"
 
 
 def scenario_of(objective: str) -> str:
