@@ -1,22 +1,26 @@
-"""The records that cross layers, typed all the way: the records best.json and a study nest read typed and
-write back what they read."""
+"""The records that cross layers, typed all the way: the job and result files name their format and a worker
+refuses one it does not know; the records best.json and a study nest read typed and write back what they
+read."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import TESTS
 
-from autotune.common.json_record import OpenRecord, RecordError
+from autotune.common.json_record import OpenRecord, RecordError, UnknownFormat
 from autotune.machine.runtimes import RuntimeRecord
 from autotune.model.sources import ModelSource
 from autotune.records.best import BestJson, DriftReport
 from autotune.records.config import TrialConfig
 from autotune.records.finalists import FinalistRound
 from autotune.records.fingerprint import Fingerprint
-from autotune.records.job import WorkerJob
-from autotune.records.reference import CalibrationSet
+from autotune.records.job import JOB_FORMAT, WorkerJob
+from autotune.records.metrics import InstanceResult, PrepareResult
+from autotune.records.reference import RESULT_FORMAT, CalibrationSet, ReferenceResult
 
 STORED = TESTS / "data" / "stored"
 MODEL = ModelSource("factory", f"{TESTS / 'tiny_models.py'}:tiny_cnn", (3, 16, 16))
@@ -24,6 +28,57 @@ MODEL = ModelSource("factory", f"{TESTS / 'tiny_models.py'}:tiny_cnn", (3, 16, 1
 
 def stored(name: str):
     return json.loads((STORED / name).read_text())
+
+
+# ---- formats: the job and result files name theirs ---------------------------------------------------------
+def test_a_job_names_its_format_first_and_one_without_a_format_is_version_1():
+    job = WorkerJob(task="reference", model=MODEL)
+    written = job.to_json()
+    assert next(iter(written.items())) == ("format", JOB_FORMAT) == ("format", "autotune.job/1")
+    older = {k: v for k, v in written.items() if k != "format"}  # as best.json files before it keep their job
+    assert WorkerJob.from_json(older) == job
+    assert WorkerJob.from_json(older).to_json() == older  # and it is written back as it was
+
+
+def test_a_job_of_a_format_this_autotune_does_not_read_is_refused_naming_both():
+    later = {**WorkerJob(task="reference", model=MODEL).to_json(), "format": "autotune.job/2"}
+    with pytest.raises(UnknownFormat, match=r"'autotune\.job/2'.*autotune\.job/1"):
+        WorkerJob.from_json(later)
+
+
+def test_a_worker_handed_a_job_of_an_unknown_format_refuses_it_in_one_line(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({**WorkerJob(task="reference", model=MODEL).to_json(), "format": "autotune.job/7"}))
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.worker", str(job)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "autotune.job/7" in lines[0] and "autotune.job/1" in lines[0]
+
+
+def test_a_worker_handed_something_that_is_not_a_job_says_so_in_one_line(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"model": MODEL.to_json()}))
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.worker", str(job)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "'task'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_results_a_worker_writes_name_their_format_and_an_unknown_one_is_refused():
+    files = stored("classify-worker.json")
+    result = InstanceResult.from_json(files["trial_result"])  # written before formats: version 1
+    assert result.to_json()["format"] == RESULT_FORMAT == "autotune.result/1"
+    for record, data in (
+        (InstanceResult, files["trial_result"]),
+        (PrepareResult, files["prepare_result"]),
+        (ReferenceResult, files["reference_result"]),
+    ):
+        assert record.from_json(data).to_json() == {"format": RESULT_FORMAT, **data}, record.__name__
+        with pytest.raises(UnknownFormat, match=r"autotune\.result/9"):
+            record.from_json({**data, "format": "autotune.result/9"})
 
 
 # ---- what best.json and a study keep, typed ----------------------------------------------------------------

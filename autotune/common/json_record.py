@@ -11,6 +11,10 @@ serialisers: `NESTED` / `NESTED_MAPS` (fields holding other records, lists or ma
 default left out, except those). `Record` ignores the fields it does not know; `OpenRecord` keeps them
 (`extra`) and writes them back, and leaves out again the fields the JSON it was read from lacked, so a
 file read and written again is the file it was.
+
+A record that crosses processes names its layout and version in a `format` field (metadata `FORMAT`): a
+file without one was written before versions were named and reads as version 1; another version is
+refused in one line (`UnknownFormat`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,20 @@ _BOOKKEEPING = {"bookkeeping": True}
 
 class RecordError(ValueError):
     """A stored record cannot be read: not a mapping, or a required field is missing."""
+
+
+class UnknownFormat(RecordError):
+    """A record names a format version this autotune does not read."""
+
+
+# The metadata of the `format` field of a record that names its layout and version, e.g.
+# `format: str = field(default="autotune.job/1", kw_only=True, metadata=FORMAT)`: always written; read,
+# a missing one is version 1 and any other than its default is refused.
+FORMAT = {"format": True}
+
+
+def _first_version(current: str) -> str:
+    return current.rpartition("/")[0] + "/1"
 
 
 def _dump(value: Any) -> Any:
@@ -91,6 +109,8 @@ class Record:
         return data
 
     def _left_out(self, f: dataclasses.Field[Any], value: Any) -> bool:
+        if f.metadata.get("format"):
+            return False
         if value is None and f.name in self.OMIT_IF_NONE:
             return True
         return self.OMIT_DEFAULTS and f.name not in self.ALWAYS_WRITTEN and _at_default(f, value)
@@ -103,6 +123,8 @@ class Record:
             raise RecordError(f"a {cls.__name__} record must be a mapping, got {type(data).__name__}")
         values: dict[str, Any] = {}
         for f in cls.record_fields():
+            if f.metadata.get("format"):
+                cls._check_format(data.get(f.name, _first_version(str(f.default))), str(f.default))
             flat = cls.FLATTENED.get(f.name)
             if flat is not None:  # present when its required fields are
                 inline = all(g.name in data for g in flat.record_fields() if _required(g))
@@ -114,6 +136,11 @@ class Record:
                 continue
             values[f.name] = cls._load(f.name, data[f.name])
         return cls(**values)
+
+    @classmethod
+    def _check_format(cls, got: Any, current: str) -> None:
+        if got != current:
+            raise UnknownFormat(f"format {got!r} is not one this autotune reads (it reads {current})")
 
     @classmethod
     def _load(cls, name: str, value: Any) -> Any:

@@ -3,14 +3,16 @@
 One record for the three tasks (the FP32 reference, an artifact's preparation, a trial's instance):
 each task reads the fields it needs. The JSON it travels as is the layout the job dicts had, so an
 older best.json still replays: a field at its default is left out, except the few always written.
+It names its format (`autotune.job/1`); a job without one was written before formats were named and
+is version 1, and a worker refuses a version it does not know.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from autotune.common.json_record import OpenRecord, Record, RecordError
+from autotune.common.json_record import FORMAT, OpenRecord, Record, RecordError
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import MeasureSettings
@@ -21,6 +23,7 @@ from autotune.records.config import TrialConfig
 from autotune.records.reference import CalibrationSet
 
 TASKS = ("reference", "prepare", "trial")
+JOB_FORMAT = "autotune.job/1"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class ServerSettings(Record):
 
 @dataclass(frozen=True)
 class WorkerJob(OpenRecord):
+    format: str = field(default=JOB_FORMAT, kw_only=True, metadata=FORMAT)
     task: str  # one of TASKS
     model: ModelSource
     config: TrialConfig | None = None  # prepare, trial

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from autotune.backends.precision import ExecutedPrecision
-from autotune.common.json_record import OpenRecord, Record, RecordError
+from autotune.common.json_record import FORMAT, OpenRecord, Record, RecordError
 from autotune.machine.runtimes import RuntimeRecord
 from autotune.measure.drift import Drift
 from autotune.measure.noise import WindowSignals
 from autotune.measure.serving import RELATIVE_TOLERANCE, ServerMetrics
 from autotune.measure.speed_gate import GateVerdict
 from autotune.measure.stopwatch import LatencySummary
-from autotune.records.reference import CalibrationSet
+from autotune.records.reference import RESULT_FORMAT, CalibrationSet
 
 
 # ---- what a worker checked of its own environment ------------------------------------------------------
@@ -77,6 +77,7 @@ class PrepareResult(Record):
 
     NESTED: ClassVar[dict[str, type[Record]]] = {"calibration": CalibrationSet}
 
+    format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
     pid: int
     prepare_s: float
     # What the backend reports of what it built (exporter, quantization, ...): each backend's own keys.
@@ -128,6 +129,7 @@ class InstanceResult(Record):
         "server": ServerMetrics,
     }
 
+    format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
     pid: int
     instance: int
     cpus: list[int]

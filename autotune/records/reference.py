@@ -7,8 +7,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from autotune.common.json_record import OpenRecord, Record
+from autotune.common.json_record import FORMAT, OpenRecord, Record
 from autotune.model.dataset import SYNTHETIC
+
+# The layout of what a worker process reports (its result JSON); one without a format is version 1.
+RESULT_FORMAT = "autotune.result/1"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class ReferenceResult(Record):
         "reduction_depth",
     )
 
+    format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
     pid: int
     output_shape: list[int]
     seconds: float

@@ -27,7 +27,7 @@ import numpy as np
 
 from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
-from autotune.common.json_record import Record
+from autotune.common.json_record import Record, UnknownFormat
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
@@ -494,7 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    return run_job(WorkerJob.from_json(read_json(argv[0])), print_result=False)
+    try:
+        job = WorkerJob.from_json(read_json(argv[0]))
+    except UnknownFormat as exc:  # written by another autotune than this worker's
+        print(f"autotune-worker: error: cannot run {argv[0]}: the job's {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:  # unreadable, not JSON, or not a job (RecordError)
+        print(f"autotune-worker: error: cannot read the job {argv[0]}: {exc}", file=sys.stderr)
+        return 2
+    return run_job(job, print_result=False)
 
 
 def run_job(job: WorkerJob, print_result: bool) -> int:
