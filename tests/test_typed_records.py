@@ -1,16 +1,23 @@
 """The records that cross layers, typed all the way: the job and result files name their format and a worker
-refuses one it does not know; the records best.json and a study nest read typed and write back what they
-read."""
+refuses one it does not know; the records best.json nests read typed and write back what they read; the
+search's settings take every default from the options, and messages name options as the command line
+spells them."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TESTS
 
+from autotune.common.durations import parse_duration
+from autotune.common.errors import UserError
 from autotune.common.json_record import OpenRecord, RecordError, UnknownFormat
 from autotune.machine.runtimes import RuntimeRecord
 from autotune.model.sources import ModelSource
@@ -20,7 +27,9 @@ from autotune.records.finalists import FinalistRound
 from autotune.records.fingerprint import Fingerprint
 from autotune.records.job import JOB_FORMAT, WorkerJob
 from autotune.records.metrics import InstanceResult, PrepareResult
+from autotune.records.options import OPTION_FIELDS, flag_names
 from autotune.records.reference import RESULT_FORMAT, CalibrationSet, ReferenceResult
+from autotune.records.spec import SearchSpec, StoredSpec
 
 STORED = TESTS / "data" / "stored"
 MODEL = ModelSource("factory", f"{TESTS / 'tiny_models.py'}:tiny_cnn", (3, 16, 16))
@@ -142,6 +151,82 @@ def test_an_open_record_keeps_what_it_does_not_know_and_leaves_out_what_its_file
     assert isinstance(runtime, OpenRecord) and runtime.name == "main" and runtime.extra == {"gpu": "none"}
     assert runtime.to_json() == {"python": "/p", "torch": "2.8.0", "packages": {}, "gpu": "none"}
     assert RuntimeRecord(name="ipex", torch="2.8.0").to_json() == {"name": "ipex", "torch": "2.8.0"}
+
+
+# ---- each default and flag name written once ---------------------------------------------------------------
+DURATIONS = {"budget_s": "budget", "trial_timeout_s": "trial_timeout", "heartbeat_grace_s": "heartbeat_grace"}
+SAME_NAMES = (
+    "objective",
+    "drift_metric",
+    "trials",
+    "eval_samples",
+    "calibration_samples",
+    "cover_backends",
+    "speed_pruning",
+    "finalists",
+    "finalist_repeats",
+    "finalist_share",
+    "slo_ms",
+    "ttft_slo_ms",
+    "tpot_slo_ms",
+)
+
+
+def test_the_spec_takes_its_defaults_from_the_options():
+    spec = {f.name: f for f in dataclasses.fields(SearchSpec)}
+    for name in SAME_NAMES:
+        assert spec[name].default == OPTION_FIELDS[name].default, name
+    for field, option in DURATIONS.items():
+        assert spec[field].default == parse_duration(OPTION_FIELDS[option].default), field
+    assert spec["max_drift"].default == float(OPTION_FIELDS["max_drift"].default)
+    assert spec["studies_root"].default == OPTION_FIELDS["studies_dir"].default
+    empty = StoredSpec.from_json({})  # a study that stored no spec reads as the options' defaults
+    assert (empty.objective, empty.max_drift, empty.finalists) == (
+        OPTION_FIELDS["objective"].default,
+        float(OPTION_FIELDS["max_drift"].default),
+        OPTION_FIELDS["finalists"].default,
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "option"),
+    [
+        ({"trials": 0}, "trials"),
+        ({"eval_samples": 0}, "eval_samples"),
+        ({"finalist_share": 1.5}, "finalist_share"),
+        ({"objective": "pareto"}, "speed_pruning"),
+        ({"slo_ms": -1.0}, "slo_ms"),
+        ({"calibration_samples": 0}, "calibration_samples"),
+        ({"max_drift": -0.1}, "max_drift"),
+    ],
+)
+def test_a_refused_setting_names_its_option_as_the_command_line_spells_it(changes, option, tmp_path):
+    with pytest.raises(UserError) as refused:
+        SearchSpec(study="s", model=MODEL, storage="sqlite://", space_path="s.yaml", space={}, **changes)
+    assert flag_names(option)[0] in str(refused.value)
+
+
+def test_the_settings_modules_spell_no_option_in_their_messages():
+    """The strings of records/spec.py and api.py (docstrings aside) name no option: flag() spells it."""
+    spelled = {name for option in OPTION_FIELDS for name in flag_names(option)}
+    root = Path(__file__).resolve().parent.parent / "autotune"
+    for module in ("records/spec.py", "api.py"):
+        tree = ast.parse((root / module).read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        texts = [
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        ]
+        found = sorted({name for text in texts for name in spelled if re.search(re.escape(name) + r"\b", text)})
+        assert found == [], module
 
 
 def test_a_stored_record_that_is_not_a_mapping_is_one_clear_error():

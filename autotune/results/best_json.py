@@ -36,6 +36,7 @@ from autotune.records.best import (
 from autotune.records.config import UNSET_IN_COMMANDS, TrialConfig
 from autotune.records.finalists import FinalistEntry, FinalistRound
 from autotune.records.fingerprint import Fingerprint
+from autotune.records.options import flag
 from autotune.records.reference import CalibrationSet, EvaluationSet, ReferenceNote
 from autotune.records.spec import StoredSpec
 from autotune.results.selection import (
@@ -388,8 +389,8 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
         selection=(
             f"NO configuration met the drift bound ({drift.criterion}); this is the closest candidate: "
             f"trial {trial.number} with {drift.metric} drop {drift.drop or 0.0:.4g}. It was not timed. Loosen "
-            "--max-drift, "
-            "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
+            f"{flag('max_drift')}, give calibration data ({flag('data')} / {flag('calibration_data')}), or add "
+            "precisions closer to fp32 to the space"
         ),
         model=_model_for_trials(study, spec),
         config=_config_of(attrs, trial.number),

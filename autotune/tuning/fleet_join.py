@@ -25,6 +25,7 @@ from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
 from autotune.records.attributes import Attr
 from autotune.records.fingerprint import Fingerprint
+from autotune.records.options import default_seconds
 from autotune.records.spec import SearchSpec, StoredSpec
 from autotune.tuning.storage import open_storage
 
@@ -67,7 +68,7 @@ def joining_spec(
     budget_s: float,
     trials: int | None,
     allow_mixed_hardware: bool,
-    heartbeat_grace_s: float = 60.0,
+    heartbeat_grace_s: float = default_seconds("heartbeat_grace"),
     finalists: int | None = None,
 ) -> SearchSpec:
     """This orchestrator's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
