@@ -595,6 +595,7 @@ def compute_reference(
         meta = read_json(ref_dir / "meta.json")
         # A reference from before constant outputs were looked for has no note: computed again.
         fresh = meta["wanted"] == wanted and "reference_note" in meta["result"] and outputs_path.exists()
+        ReferenceResult.from_json(meta["result"])  # a result of a layout this autotune does not read: again
     except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     if not fresh:
