@@ -232,3 +232,79 @@ def test_the_settings_modules_spell_no_option_in_their_messages():
 def test_a_stored_record_that_is_not_a_mapping_is_one_clear_error():
     with pytest.raises(RecordError, match="a WorkerJob record must be a mapping"):
         WorkerJob.from_json(["trial"])
+
+
+# ---- the finalist round, through its records -------------------------------------------------------------
+def test_a_finalist_round_is_stored_as_records_and_best_json_shows_it_as_before(monkeypatch):
+    """The round on a study made in memory, each run's measurement given (no process started): stored as the
+    FinalistRound's JSON, decided, and shown in best.json in the layout best.json files already hold."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+    import optuna
+
+    from autotune.measure.stopwatch import latency_summary
+    from autotune.records.metrics import Measurement, TrialMetrics
+    from autotune.results.best_json import build_best
+    from autotune.tuning import finalists
+
+    def metrics(value: float) -> TrialMetrics:
+        measurement = Measurement(
+            common_window_s=1.0,
+            calls=20,
+            samples=40,
+            throughput_ci_rel=0.01,
+            ci_confidence=0.95,
+            ci_target_rel=0.02,
+            ci_target_met=True,
+            samples_per_call=2,
+        )
+        return TrialMetrics(
+            throughput_sps=value, latency_ms=latency_summary(np.full(20, 0.01)), measurement=measurement
+        )
+
+    configs = [TrialConfig("eager", "fp32", 2), TrialConfig("eager", "fp32", 4), TrialConfig("inductor", "fp32", 4)]
+    speeds = [100.0, 150.0, 120.0]
+    study = optuna.create_study(direction="maximize")
+    for number, (config, speed) in enumerate(zip(configs, speeds)):
+        attrs = {**metrics(speed).to_json(), "config": config.to_json(), "config_summary": config.summary()}
+        study.add_trial(optuna.trial.create_trial(value=speed, user_attrs={**attrs, "baseline": number == 0}))
+    by_config = {config.summary(): speed for config, speed in zip(configs, speeds)}
+    monkeypatch.setattr(
+        finalists,
+        "run_config",
+        lambda config, *_, **__: (metrics(by_config[config.summary()]), [], None),
+    )
+    ctx = SimpleNamespace(server=None)
+    baseline = study.trials[0]
+    decided = finalists.run_finalists(
+        study,
+        ctx,
+        Path("/nonexistent"),
+        2,
+        3,
+        time.monotonic() + 3600,
+        600,
+        lambda m: m.throughput_sps,
+        baseline,
+        print,
+    )
+    assert isinstance(decided, FinalistRound) and decided.winner_trial == 1 and decided.repeats == 3
+    assert [c.trial for c in decided.candidates] == [1, 2, 0] and decided.candidates[2].baseline
+    assert all(len(c.runs) == 3 and c.summary is not None and c.summary.eligible for c in decided.candidates)
+    stored_round = study.user_attrs["finalists"]
+    assert FinalistRound.from_json(stored_round).to_json() == stored_round == decided.to_json()
+    assert [e["config"] for e in stored_round["candidates"]] == [
+        configs[1].to_json(),
+        configs[2].to_json(),
+        configs[0].to_json(),
+    ]
+
+    best = build_best(study, Path("best.json"))
+    assert best.trial == 1 and best.finalists is not None and best.selection.startswith("finalists: ")
+    shown = best.to_json()["finalists"]
+    layout = stored("classify-finalists-best.json")["finalists"]
+    assert list(shown) == list(layout) and list(shown["candidates"][0]) == list(layout["candidates"][0])
+    assert shown["candidates"][0]["config"] == configs[1].to_json() and shown["candidates"][0]["values"] == [150.0] * 3
+    assert best.speedup == pytest.approx(1.5) and best.objective.revalidated_median == 150.0
