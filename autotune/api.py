@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.common.errors import UserError
-from autotune.records.options import DEFAULT_SPACE, GENERATION_SPACE, TASKS, Duration, PathArg, SearchOptions
+from autotune.records.options import (
+    DEFAULT_SPACE,
+    GENERATION_SPACE,
+    TASKS,
+    Duration,
+    PathArg,
+    SearchOptions,
+    flag,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -174,7 +182,7 @@ def measure_window(value: Duration) -> tuple[float, float | None]:
         return window, None
     cap = seconds(high)
     if cap < window:
-        raise UserError(f"--measure-seconds {text}: the longest window must not be shorter than the shortest")
+        raise UserError(f"{flag('measure_seconds')} {text}: the longest window must not be shorter than the shortest")
     return window, cap
 
 
@@ -208,7 +216,7 @@ def seconds(value: Duration) -> float:
 def heartbeat_grace_s(value: Duration) -> float:
     grace = seconds(value)
     if grace < 2:
-        raise UserError(f"--heartbeat-grace must be at least 2s, got {value}")
+        raise UserError(f"{flag('heartbeat_grace')} must be at least 2s, got {value}")
     return grace
 
 
@@ -236,7 +244,7 @@ def _resolve_model_source(
 
     model = resolve_model(reference, weights, input_shape, allow_pickle)
     origin = {
-        "random-init": "RANDOM INIT (no --weights given and none in the torch hub cache)",
+        "random-init": f"RANDOM INIT (no {flag('weights')} given and none in the torch hub cache)",
         "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
         "weights-file": f"weights from {model.weights_path}",
         "model-file": "weights inside the model file",
@@ -251,7 +259,7 @@ def _drift_criterion(drift_metric: str, max_drift: str | float) -> DriftCriterio
     try:
         return DriftCriterion.parse(drift_metric, str(max_drift))
     except ValueError as exc:
-        raise UserError(f"--max-drift: {exc}") from None
+        raise UserError(f"{flag('max_drift')}: {exc}") from None
 
 
 def _resolve_drift_data(
@@ -266,12 +274,12 @@ def _resolve_drift_data(
     from autotune.model.dataset import check_sizes, resolve_data
 
     resolved = resolve_data(data, model.specs)
-    calibration = resolve_data(calibration_data, model.specs, "--calibration-data") if calibration_data else None
+    calibration = resolve_data(calibration_data, model.specs, flag("calibration_data")) if calibration_data else None
     check_sizes(resolved, calibration, eval_samples, calibration_samples)
     if resolved.kind == "synthetic":
         console.print(
-            "warning: no --data: drift is measured on synthetic random inputs, so it says little about accuracy; "
-            "pass --data (an image folder or a tensor file) to keep your accuracy",
+            f"warning: no {flag('data')}: drift is measured on synthetic random inputs, so it says little about "
+            f"accuracy; pass {flag('data')} (an image folder or a tensor file) to keep your accuracy",
             markup=False,
         )
     else:
@@ -298,13 +306,14 @@ def _generation_workload(
     from autotune.model.sources import MODEL_FILE_SUFFIXES, build_model, resolve_model
 
     if task not in TASKS:
-        raise UserError(f"--task {task!r} is not known; choose {', '.join(TASKS)}")
+        raise UserError(f"{flag('task')} {task!r} is not known; choose {', '.join(TASKS)}")
     factory = ":" in reference and not reference.endswith(MODEL_FILE_SUFFIXES)
     if task == "classify" or (task == "auto" and (not factory or input_shape is not None)):
         return None
     if not factory:
         raise UserError(
-            f"--task generate needs a factory returning a causal language model (file.py:function), got {reference!r}"
+            f"{flag('task')} generate needs a factory returning a causal language model (file.py:function), "
+            f"got {reference!r}"
         )
     check_workload(GenerationWorkload(prompt_tokens, new_tokens), None, reference)
     # torch logs deprecation notices when torchao registers its types: not for the user's terminal.
@@ -319,8 +328,8 @@ def _generation_workload(
         if task == "auto":
             return None
         raise UserError(
-            f"--task generate needs a causal language model: {reference} returns a {type(model).__name__}, which has "
-            "no config.vocab_size and no generate(); drop --task generate to tune its forward pass"
+            f"{flag('task')} generate needs a causal language model: {reference} returns a {type(model).__name__}, "
+            f"which has no config.vocab_size and no generate(); drop {flag('task')} generate to tune its forward pass"
         )
     workload = GenerationWorkload(
         prompt_tokens, new_tokens, info.vocab_size, info.context, str(Path(data).resolve()) if data else None
@@ -337,7 +346,7 @@ def _with_sequences(space: dict[str, Any], sequences: Sequence[int] | None) -> d
         return space
     values = list(sequences)
     if not values or any(int(v) < 1 for v in values):
-        raise UserError(f"--sequences must be positive counts, e.g. 1,2,4 (got {values})")
+        raise UserError(f"{flag('sequences')} must be positive counts, e.g. 1,2,4 (got {values})")
     baseline = dict(space.get("baseline") or {})
     if baseline.get("sequences") not in values:
         baseline["sequences"] = values[0]
@@ -355,7 +364,8 @@ def _say_generation(workload: GenerationWorkload, console: Console) -> None:
         console.print(f"data: {workload.data}: prompts and the text drift and perplexity are measured on", markup=False)
     else:
         console.print(
-            "warning: no --data: prompts and drift use random token ids, so perplexity says little; pass --data "
+            f"warning: no {flag('data')}: prompts and drift use random token ids, so perplexity says little; pass "
+            f"{flag('data')} "
             "(a text file, or a tensor file of token ids) to bound perplexity on your text",
             markup=False,
         )
@@ -407,12 +417,12 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
         finalist_share=options.finalist_share,
         speed_pruning=options.speed_pruning and not pareto,
         runtimes=[str(interpreter_of(os.fspath(path))) for path in options.runtimes],
-        memory_limit_mib=parse_size_mib(options.memory_limit, "--memory-limit", machine_memory_mib()),
-        cache_size_mib=parse_size_mib(options.cache_size, "--cache-size"),
+        memory_limit_mib=parse_size_mib(options.memory_limit, flag("memory_limit"), machine_memory_mib()),
+        cache_size_mib=parse_size_mib(options.cache_size, flag("cache_size")),
         slo_ms=options.slo_ms,
         heartbeat_grace_s=heartbeat_grace_s(options.heartbeat_grace),
         task="generate" if workload else "classify",
-        generation=workload.to_json() if workload else None,
+        generation=workload,
         ttft_slo_ms=options.ttft_slo_ms,
         tpot_slo_ms=options.tpot_slo_ms,
     )
@@ -455,7 +465,10 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
         _say_generation(workload, console)
         return _ResolvedInputs(source, space_path, space, DataSource(), None, workload)
     if options.sequences is not None or options.ttft_slo_ms is not None or options.tpot_slo_ms is not None:
-        raise UserError("--sequences, --ttft-slo-ms and --tpot-slo-ms are for generation (--task generate)")
+        raise UserError(
+            f"{flag('sequences')}, {flag('ttft_slo_ms')} and {flag('tpot_slo_ms')} are for generation "
+            f"({flag('task')} generate)"
+        )
     source = _resolve_model_source(reference, weights, _input_shape(options.input_shape), options.allow_pickle, console)
     drift_data, calibration = _resolve_drift_data(
         source,
@@ -476,11 +489,12 @@ def _scenario_objective(scenario: str | None, objective: str) -> str:
     if scenario is None:
         return objective
     if scenario not in SCENARIOS:
-        raise UserError(f"--scenario {scenario!r} is not known; choose {', '.join(SCENARIOS)}")
+        raise UserError(f"{flag('scenario')} {scenario!r} is not known; choose {', '.join(SCENARIOS)}")
     wanted = SCENARIOS[scenario]
     if objective not in ("throughput", wanted):
         raise UserError(
-            f"--scenario {scenario} measures {wanted}, but --objective {objective} was given: drop one of them"
+            f"{flag('scenario')} {scenario} measures {wanted}, but {flag('objective')} {objective} was given: "
+            "drop one of them"
         )
     return wanted
 
@@ -531,15 +545,13 @@ def search(model: PathArg | Callable[..., Any], *, console: Console | None = Non
 
 # ---- the tuned model ---------------------------------------------------------------------------------------
 def _load_generator(
-    workload: dict[str, Any], config: Any, model: Any, artifact_dir: str | None = None
+    settings: GenerationWorkload, config: Any, model: Any, artifact_dir: str | None = None
 ) -> Callable[..., Any]:
     """A generation winner as a callable: `generate(input_ids)` -> the new tokens (sequences x new_tokens),
     greedy, converted and compiled as tuned (the precision applied to `model` in place: the quantized
     weights the search prepared when they are still in the cache, else quantized here)."""
     from autotune.backends.generation import cached_artifact, prepare
-    from autotune.model.generation import GenerationWorkload
 
-    settings = GenerationWorkload.from_json(workload)
     # `model` given by the caller: its weights are replaced by the search's quantized ones (same model).
     artifact = cached_artifact(artifact_dir, config.backend) if artifact_dir else None
     calibration = None
@@ -602,7 +614,7 @@ def load(
     """
     from autotune.backends import BACKENDS, backend_module
     from autotune.model.inputs import as_batch, synthetic
-    from autotune.model.sources import ModelSource, build_model
+    from autotune.model.sources import build_model
     from autotune.records.best import BestJson
 
     path = Path(best_path or os.environ.get("AUTOTUNE_BEST") or "best.json")
@@ -620,18 +632,18 @@ def load(
                 f"'autotune export --format sh', e.g. ./launch.sh python your_program.py"
             )
     config = best.config
-    source = ModelSource.from_json(job["model"])
-    if job.get("generation"):
+    source = job.model
+    if job.generation:
         return _load_generator(
-            job["generation"], config, model if model is not None else build_model(source), job.get("artifact_dir")
+            job.generation, config, model if model is not None else build_model(source), job.artifact_dir
         )
     example = synthetic(source.specs, config.batch_size, 0)
     module = backend_module(config.backend)
     if BACKENDS[config.backend].builds_artifact(config.precision):
-        runner = module.load(example, config, Path(job["artifact_dir"]))
+        runner = module.load(example, config, Path(str(job.artifact_dir)))
     else:
         runner = module.prepare(
-            model if model is not None else build_model(source), example, config, Path(job["workdir"])
+            model if model is not None else build_model(source), example, config, Path(str(job.workdir))
         )
 
     import numpy as np

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from autotune.common.errors import UserError
 from autotune.measure.noise import NoiseLimits
-from autotune.records.options import SearchOptions, add_arguments
+from autotune.records.options import SearchOptions, add_arguments, default_text
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -352,7 +352,7 @@ def _add_study_commands(sub: Any) -> None:
             join,
             ("budget", "trials", "finalists", "heartbeat_grace"),
             overrides={
-                "budget": {"help": "this worker's wall-clock budget (default 20m)"},
+                "budget": {"help": f"this worker's wall-clock budget (default {default_text('budget')})"},
                 "finalists": {
                     "default": None,
                     "help": "top configs this worker re-measures at its end (default: the study's; 0 leaves it to "

@@ -82,24 +82,25 @@ def count_calls(call: Callable[[], Any], seconds: float) -> tuple[int, float, fl
 def time_load(seconds: float, warmup_s: float, run_dir: Path, instance: int, instances: int) -> dict[str, Any]:
     """A user's program: `autotune.load()`, then a plain loop of calls on one fixed batch."""
     import autotune
-    from autotune.model.generation import GenerationWorkload, prompts
+    from autotune.model.generation import prompts
     from autotune.model.inputs import synthetic
     from autotune.model.seeds import TIMING_SEED
-    from autotune.model.sources import ModelSource
     from autotune.records.best import BestJson
 
     t0 = time.monotonic()
     infer = autotune.load()  # best.json from AUTOTUNE_BEST; raises when the process was not started as tuned
     load_s = time.monotonic() - t0
     config = infer.config
-    job = BestJson.read(os.environ["AUTOTUNE_BEST"]).job or {}
-    if job.get("generation"):  # a language model: the timed prompts; each call hands back its new tokens
-        workload = GenerationWorkload.from_json(job["generation"])
+    job = BestJson.read(os.environ["AUTOTUNE_BEST"]).job
+    if job is None:  # autotune.load() refused a best.json without a timed winner already
+        raise ValueError("best.json holds no job")
+    if job.generation:  # a language model: the timed prompts; each call hands back its new tokens
+        workload = job.generation
         batch: tuple[Any, ...] = (prompts(workload, config.batch_size, TIMING_SEED + instance),)
         per_call, unit = config.batch_size * workload.new_tokens, "tokens/s"
         batch_text = f"{config.batch_size} prompts of {workload.prompt_tokens} tokens, {per_call} tokens generated"
     else:
-        batch = synthetic(ModelSource.from_json(job["model"]).specs, config.batch_size, TIMING_SEED + instance)
+        batch = synthetic(job.model.specs, config.batch_size, TIMING_SEED + instance)
         per_call, unit = config.batch_size, "samples/s"
         batch_text = str(per_call)
     t0 = time.monotonic()

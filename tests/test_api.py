@@ -85,13 +85,15 @@ def test_search_returns_the_study_and_best_json_as_a_typed_record(searched):
     assert best.trial == best.study.trial == on_disk["study"]["trial"] in [t.number for t in complete(result.study)]
     assert best.study.trials == on_disk["study"]["trials"] and best.study.trials["complete"] == 2
     assert best.throughput_sps == on_disk["metrics"]["throughput_sps"] > 0
-    assert best.latency_ms == on_disk["metrics"]["latency_ms"] and best.latency_ms["p50"] > 0
+    assert best.latency_ms is not None and best.latency_ms.to_json() == on_disk["metrics"]["latency_ms"]
+    assert (best.latency_ms.p50 or 0.0) > 0
     assert best.objective.name == "throughput" and best.objective.value == on_disk["objective"]["value"]
     assert best.speedup == on_disk["speedup_vs_baseline"] > 0
     assert best.baseline is not None and best.baseline.trial == 0 and best.baseline.config.backend == "eager"
     assert best.drift_drop == on_disk["drift"]["drop"] and best.max_drift == 0.05
     assert best.launch is not None and best.launch.commands == on_disk["launch"]["commands"]
-    assert best.environment == on_disk["environment"] and best.fingerprint == on_disk["fingerprint"]
+    assert best.environment == on_disk["environment"]
+    assert best.fingerprint is not None and best.fingerprint.to_json() == on_disk["fingerprint"]
     assert BestJson.read(result.best_path) == best
     # The CLI prints its last line from the same record.
     assert search_summary(result).startswith(

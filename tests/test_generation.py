@@ -256,8 +256,8 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     assert first.backend_details is not None and second.backend_details is not None
     assert first.backend_details["float_dtype"] == second.backend_details["float_dtype"] == "bfloat16"
     assert first.artifact is not None and second.artifact is not None
-    assert not first.artifact["cached"] and first.prepare_s > 0
-    assert second.artifact["cached"] and second.prepare_s == 0.0 and second.artifact["dir"] == first.artifact["dir"]
+    assert not first.artifact.cached and first.prepare_s > 0
+    assert second.artifact.cached and second.prepare_s == 0.0 and second.artifact.dir == first.artifact.dir
     assert second.backend_details is not None and "load_quantized_s" in second.backend_details
     assert first.generation is not None and second.generation is not None
     assert first.backend_details is not None and "load_quantized_s" in first.backend_details  # built, then loaded
@@ -268,14 +268,14 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     # a trial whose artifact was evicted in the meantime quantizes by itself rather than failing
     import shutil
 
-    shutil.rmtree(first.artifact["dir"])
+    shutil.rmtree(first.artifact.dir)
     options = {"group_size": 32, "activations": "bf16"}
     config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options=options)
     job = WorkerJob(
         task="trial",
         model=reference.model,
         generation=workload,
-        artifact_dir=first.artifact["dir"],
+        artifact_dir=first.artifact.dir,
     )
     from autotune.worker.generate import build_generation_runner
 
@@ -286,8 +286,6 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     options = {"group_size": 32, "kv_cache": "static", "activations": "fp32"}
     config = TrialConfig("eager", "woq_int4", 1, threads_per_instance=1, options=options)
     third = run_config(config, ctx, workdir / "trial-fp32", 600)[0]
-    assert (
-        third.artifact is not None and not third.artifact["cached"] and third.artifact["dir"] != first.artifact["dir"]
-    )
+    assert third.artifact is not None and not third.artifact.cached and third.artifact.dir != first.artifact.dir
     assert third.backend_details is not None and third.backend_details["float_dtype"] == "float32"
     assert second.executed_precision is not None and second.executed_precision.counts.get("int4", 0) > 0

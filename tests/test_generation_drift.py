@@ -176,7 +176,7 @@ def test_reference_perplexity_is_over_the_prompts_last_positions_and_fp32s_gener
     targets = text[:, PROMPT - 16 + 1 :]
     assert torch.equal(targets, next_tokens(saved["prompts"], saved["greedy"], 16))
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1)).exp()
-    assert result["reference_perplexity"] == pytest.approx(float(expected), rel=1e-4)
+    assert result.reference_perplexity == pytest.approx(float(expected), rel=1e-4)
     assert torch.allclose(saved["logits"], logits, atol=1e-4)  # the cached decode steps are the plain forward's
 
 

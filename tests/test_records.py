@@ -202,6 +202,7 @@ def test_the_trial_job_template_keeps_the_layout_best_json_stores():
         reference=reference, measure=MeasureSettings(), cache_dir="/c", calibration_samples=64, server=None
     )
     assert list(job_template(config, ctx, None).to_json().items()) == [  # type: ignore[arg-type]
+        ("format", "autotune.job/1"),  # what a worker checks before it reads the rest
         ("task", "trial"),
         ("model", model.to_json()),
         ("config", config.to_json()),

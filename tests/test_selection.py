@@ -11,7 +11,7 @@ import pytest
 
 from autotune.measure.drift import Drift, DriftCriterion
 from autotune.measure.stopwatch import latency_summary
-from autotune.records.metrics import Measurement, TrialMetrics
+from autotune.records.metrics import Measurement, Screening, TrialMetrics
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import complexity, select_winner, summarize_runs
 from autotune.tuning.pruners import DriftPruner, SpeedPruner
@@ -40,10 +40,25 @@ def full_metrics(throughput_sps: float) -> dict:
     return TrialMetrics(throughput_sps=throughput_sps, latency_ms=latency, measurement=measurement).to_json()
 
 
+def measured(ci_rel: float) -> dict:
+    """A stored measurement whose throughput is known to `ci_rel`."""
+    measurement = Measurement(
+        common_window_s=1.0,
+        calls=20,
+        samples=40,
+        throughput_ci_rel=ci_rel,
+        ci_confidence=0.95,
+        ci_target_rel=0.02,
+        ci_target_met=ci_rel <= 0.02,
+        samples_per_call=2,
+    )
+    return measurement.to_json()
+
+
 def completed(value: float, ci_rel: float = 0.01, valid: bool = True, **attrs) -> optuna.trial.FrozenTrial:
     return optuna.trial.create_trial(
         value=value,
-        user_attrs={"valid": valid, "measurement": {"throughput_ci_rel": ci_rel}, **attrs},
+        user_attrs={"valid": valid, "measurement": measured(ci_rel), **attrs},
     )
 
 
@@ -57,7 +72,7 @@ def study_with(*trials, direction: str = "maximize") -> optuna.study.Study:
 def screened(study: optuna.study.Study, value: float, ci_rel: float | None = 0.02, **attrs) -> bool:
     trial = study.ask()
     trial.set_user_attr("drift", WITHIN_BOUND)  # measured at the ready barrier, before any screening
-    trial.set_user_attr("screening", {"ci_rel": ci_rel})
+    trial.set_user_attr("screening", Screening(throughput_sps=value, p50_ms=1.0, ci_rel=ci_rel, calls=10).to_json())
     for key, val in attrs.items():
         trial.set_user_attr(key, val)
     trial.report(value, step=0)

@@ -16,6 +16,7 @@ from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
 from autotune.records.job import WorkerJob
+from autotune.records.metrics import ThreadsCheck
 from autotune.runner.launch import run_instances
 from autotune.runner.trials import TrialContext, compute_reference, plan_instances, run_config
 
@@ -57,13 +58,13 @@ def test_allocator_is_really_preloaded(allocator, reference, tmp_path):
     require(allocator == "glibc" or allocator in MACHINE.allocators, allocator)
     metrics, launches = run(TrialConfig("eager", "fp32", 2, allocator, 1, 1), reference, tmp_path)
     inst = metrics.instances[0]
-    assert inst.allocator["verified"] is True
-    mapped = " ".join(inst.allocator["mapped"])
+    assert inst.allocator is not None and inst.allocator.verified is True
+    mapped = " ".join(inst.allocator.mapped)
     if allocator == "glibc":
         assert mapped == "" and "LD_PRELOAD" not in launches[0].env
     else:
         assert allocator in mapped and launches[0].env["LD_PRELOAD"] == MACHINE.allocators[allocator]
-    assert inst.threads == {"asked": 1, "torch": 1, "OMP_NUM_THREADS": "1"}
+    assert inst.threads == ThreadsCheck(asked=1, torch=1, OMP_NUM_THREADS="1")
     assert inst.cpus == [MACHINE.cores[0].cpus[0]]
     assert metrics.drift.relative_l2 < 1e-5
     assert metrics.throughput_sps == pytest.approx(
@@ -193,7 +194,8 @@ def test_screening_reaches_the_hook_before_the_full_window(reference, tmp_path):
     screening = stages[2][1][0]
     assert screening["throughput_sps"] > 0 and screening["latency_ms"]["samples"] >= 3
     assert metrics.screening.throughput_sps == pytest.approx(screening["throughput_sps"])
-    assert metrics.measurement.calls >= 3 and metrics.instances[0].noise["cpu_s"] > 0
+    noise = metrics.instances[0].noise
+    assert metrics.measurement.calls >= 3 and noise is not None and noise.cpu_s > 0
 
 
 def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_path):
@@ -209,7 +211,8 @@ def test_interference_on_the_pinned_cpu_is_flagged_after_a_retry(reference, tmp_
     assert metrics.screening is not None and metrics.screening.calls >= 3  # the first attempt's, kept
     assert metrics.valid is False and len(attempts) == 2  # measured, found noisy, measured again, still noisy
     assert all(any("other processes used" in flag for flag in a.noise_flags) for a in attempts)
-    assert metrics.instances[0].noise["foreign_cpu"] > 0.3
+    noise = metrics.instances[0].noise
+    assert noise is not None and (noise.foreign_cpu or 0.0) > 0.3
 
 
 @pytest.mark.parametrize("allocator", ["tcmalloc", "jemalloc"])
@@ -218,7 +221,8 @@ def test_openvino_runs_with_a_preloaded_allocator(allocator, reference, tmp_path
     # Without TBB_ENABLE_SANITIZERS, oneTBB's RTLD_DEEPBIND makes compile_model abort with jemalloc.
     config = TrialConfig("openvino", "fp32", 2, allocator, 1, 1, {"hint": "LATENCY", "streams": 1})
     metrics, launches = run(config, reference, tmp_path)
-    assert metrics.instances[0].allocator["verified"] is True and metrics.instances[0].allocator["asked"] == allocator
+    checked = metrics.instances[0].allocator
+    assert checked is not None and checked.verified is True and checked.asked == allocator
     assert launches[0].set_env["TBB_ENABLE_SANITIZERS"] == "1"
 
 

@@ -121,8 +121,9 @@ def test_verify_remeasures_and_says_when_it_regressed_or_the_machine_differs(tun
 
 def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned):
     """`compare --independent`'s measurement of a non-OpenVINO winner: one stopwatch process per instance."""
+    from autotune.remeasure.context import context_from_best
     from autotune.remeasure.crosscheck import independent_winner
-    from autotune.results.best_json import context_from_best, read_best
+    from autotune.results.best_json import read_best
 
     best = read_best(tuned / "studies" / "s" / "best.json")
     ctx = context_from_best(best)

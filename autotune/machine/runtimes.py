@@ -20,12 +20,13 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.common.errors import UserError
 from autotune.common.files import read_json, write_json_atomic
+from autotune.common.json_record import OpenRecord, Record
 
 MAIN = "main"
 IPEX_VENV = ".venv-ipex"
@@ -34,7 +35,22 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the autotune package
 
 
 @dataclass(frozen=True)
-class Runtime:
+class RuntimeRecord(OpenRecord):
+    """What a trial and best.json keep about the runtime it ran in: its name, interpreter, torch, Python and
+    package versions (a fingerprint keeps each runtime's under its name, without it). A trial stored before
+    the record existed has the torch version only."""
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("python", "python_version", "packages")
+
+    name: str = MAIN
+    python: str | None = None
+    torch: str | None = None
+    python_version: str | None = None
+    packages: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Runtime(Record):
     """One Python environment and what its probe found."""
 
     name: str
@@ -52,22 +68,9 @@ class Runtime:
     def describe(self) -> str:
         return f"{self.name} ({self.python}, torch {self.torch or 'missing'})"
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> RuntimeRecord:
         """What a trial and best.json keep about the runtime it ran in."""
-        return {
-            "name": self.name,
-            "python": self.python,
-            "torch": self.torch,
-            "python_version": self.python_version,
-            "packages": self.packages,
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Runtime:
-        return cls(**data)
+        return RuntimeRecord(self.name, self.python, self.torch, self.python_version, self.packages)
 
 
 def interpreter_of(path: str | Path) -> Path:
@@ -117,13 +120,13 @@ def runtime_env(runtime: Runtime, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def replay_env(runtime_record: dict[str, Any] | None, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+def replay_env(runtime: RuntimeRecord | None, env: dict[str, str]) -> tuple[str, dict[str, str]]:
     """For commands a user pastes (best.json, launch script): the interpreter of the runtime a trial ran
     in, and its variables plus PYTHONPATH when that runtime is not the main one."""
-    runtime = runtime_record or {}
-    if runtime.get("name", MAIN) != MAIN:
+    runtime = runtime or RuntimeRecord()
+    if runtime.name != MAIN:
         env = {**env, "PYTHONPATH": worker_pythonpath()}
-    return runtime.get("python") or sys.executable, env
+    return runtime.python or sys.executable, env
 
 
 def _cache_path() -> Path:
@@ -238,11 +241,11 @@ def discover_runtimes(explicit: list[str] | tuple[str, ...] = ()) -> dict[str, R
     return {runtime.name: runtime for runtime in runtimes}
 
 
-def runtimes_with(record: dict[str, Any] | None) -> dict[str, Runtime]:
+def runtimes_with(record: RuntimeRecord | None) -> dict[str, Runtime]:
     """The runtimes found here, plus the one a best.json names when it was an extra (--runtime) one."""
     runtimes = discover_runtimes()
-    if record and record.get("name") not in runtimes and record.get("python") and Path(record["python"]).exists():
-        runtimes[record["name"]] = probe_runtime(Path(record["python"]), record["name"], "explicit")
+    if record and record.name not in runtimes and record.python and Path(record.python).exists():
+        runtimes[record.name] = probe_runtime(Path(record.python), record.name, "explicit")
     return runtimes
 
 

@@ -9,8 +9,7 @@ relative, as accuracy-aware quantization tools do (NNCF's max_drop / drop_type).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -154,7 +153,7 @@ def compute_generation_drift(
 
 
 @dataclass(frozen=True)
-class DriftCriterion:
+class DriftCriterion(Record):
     """The largest drop from FP32 a config may have on one metric; `relative` divides by FP32's value."""
 
     metric: str = "relative_l2"
@@ -216,6 +215,3 @@ class DriftCriterion:
         value = self.drop(drift)
         shown = "unknown" if value is None else f"{value:.3g}"
         return f"drift: {self.metric} drop {shown} > max {self.max_drop:g}{' (relative)' if self.relative else ''}"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)

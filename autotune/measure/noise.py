@@ -12,10 +12,11 @@ import os
 import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.common.errors import UserError
+from autotune.common.json_record import Record
 
 if TYPE_CHECKING:
     from autotune.measure.stopwatch import LatencySummary
@@ -29,7 +30,7 @@ MAX_STEAL_ENV = "AUTOTUNE_MAX_STEAL"
 
 
 @dataclass(frozen=True)
-class NoiseLimits:
+class NoiseLimits(Record):
     """Beyond these a measurement is contaminated. Spread and drift are judged on >= 20 calls only."""
 
     max_foreign_cpu: float = 0.15  # share of our CPUs' time used by other processes
@@ -44,9 +45,6 @@ class NoiseLimits:
     drift_per_iqr: float = 2.0
     max_runnable_others: float = 1.0  # runnable processes besides ours, per allowed CPU, before/after
     min_calls_for_shape: int = 20
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
     @classmethod
     def from_environment(cls) -> NoiseLimits:
@@ -116,22 +114,37 @@ def process_snapshot(cpus: list[int]) -> dict[str, Any]:
     }
 
 
-def window_signals(before: dict[str, Any], after: dict[str, Any], threads: int) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class WindowSignals(Record):
+    """Interference during one instance's window: its CPU time against the wall time and its threads, the
+    share of its CPUs other processes used or the hypervisor stole, and its context switches per second
+    (None where the window was too short to tell)."""
+
+    wall_s: float
+    cpu_s: float
+    cpu_over_wall_threads: float | None = None
+    foreign_cpu: float | None = None
+    steal: float | None = None
+    involuntary_cs_per_s: float | None = None
+    voluntary_cs_per_s: float | None = None
+
+
+def window_signals(before: dict[str, Any], after: dict[str, Any], threads: int) -> WindowSignals:
     """Interference during one instance's window, from two process snapshots."""
     wall = after["wall"] - before["wall"]
     cpu_s = after["cpu_s"] - before["cpu_s"]
     ticks = {k: after["cpu_ticks"][k] - before["cpu_ticks"][k] for k in ("busy", "steal", "total")}
     ours_ticks = cpu_s * CLOCK_TICKS
     total = ticks["total"]
-    return {
-        "wall_s": wall,
-        "cpu_s": cpu_s,
-        "cpu_over_wall_threads": cpu_s / (wall * threads) if wall > 0 and threads > 0 else None,
-        "foreign_cpu": max(0.0, ticks["busy"] - ours_ticks) / total if total > 0 else None,
-        "steal": ticks["steal"] / total if total > 0 else None,
-        "involuntary_cs_per_s": (after["involuntary_cs"] - before["involuntary_cs"]) / wall if wall > 0 else None,
-        "voluntary_cs_per_s": (after["voluntary_cs"] - before["voluntary_cs"]) / wall if wall > 0 else None,
-    }
+    return WindowSignals(
+        wall_s=wall,
+        cpu_s=cpu_s,
+        cpu_over_wall_threads=cpu_s / (wall * threads) if wall > 0 and threads > 0 else None,
+        foreign_cpu=max(0.0, ticks["busy"] - ours_ticks) / total if total > 0 else None,
+        steal=ticks["steal"] / total if total > 0 else None,
+        involuntary_cs_per_s=(after["involuntary_cs"] - before["involuntary_cs"]) / wall if wall > 0 else None,
+        voluntary_cs_per_s=(after["voluntary_cs"] - before["voluntary_cs"]) / wall if wall > 0 else None,
+    )
 
 
 def _drift_limit(summaries: list[LatencySummary], limits: NoiseLimits) -> float:

@@ -16,7 +16,7 @@ import math
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
@@ -37,7 +37,7 @@ CHECK_GROWTH = 1.5
 
 
 @dataclass(frozen=True)
-class MeasureSettings:
+class MeasureSettings(Record):
     warmup_min_iters: int = 3
     warmup_min_s: float = 1.0
     warmup_max_s: float = 10.0  # after the minimum, warm-up goes on until call times are steady, up to this
@@ -52,14 +52,6 @@ class MeasureSettings:
     # The cap waits for this many calls: an interval from a few long calls needs 2 more than instances
     # (call_rate_interval), and 8 sequences of a 100M decoder took 18-21 s a call, 1-2 in a 20 s cap.
     window_cap_min_calls: int = 3
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MeasureSettings:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
     def screening(self) -> MeasureSettings:
         """The short window used to screen a trial: no CI rule, capped at 3x its minimum."""

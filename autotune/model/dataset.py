@@ -8,12 +8,13 @@ both next to the FP32 outputs, so every trial and every artifact build reads the
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.common.errors import UserError
 from autotune.common.files import file_digest
+from autotune.common.json_record import Record
 from autotune.model.inputs import InputSpec, as_batch, describe, take
 
 SYNTHETIC = "synthetic"
@@ -25,19 +26,12 @@ SPLIT_SEED = 0
 
 
 @dataclass(frozen=True)
-class DataSource:
+class DataSource(Record):
     kind: str = SYNTHETIC
     path: str | None = None
     digest: str | None = None  # what the data is, whatever its path
     samples: int = 0  # how many the source holds (0: unlimited, synthetic)
     labels: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> DataSource:
-        return cls(**data) if data else cls()
 
     def describe(self) -> str:
         if self.kind == SYNTHETIC:

@@ -8,31 +8,25 @@ and an attention mask. Specs are written `3x224x224` (one float input) or
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from autotune.common.errors import UserError
+from autotune.common.json_record import Record
 
 DTYPES = ("float32", "int64", "int32")
 DEFAULT_NAME = "input"
 
 
 @dataclass(frozen=True)
-class InputSpec:
+class InputSpec(Record):
+    TUPLES: ClassVar[tuple[str, ...]] = ("shape",)
+
     name: str
     shape: tuple[int, ...]  # one sample, without the batch dimension
     dtype: str = "float32"
     low: int = 0  # integer inputs: synthetic values are drawn from [low, high)
     high: int = 2
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["shape"] = list(self.shape)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> InputSpec:
-        return cls(**{**data, "shape": tuple(data["shape"])})
 
     def describe(self) -> str:
         dims = "x".join(map(str, self.shape))

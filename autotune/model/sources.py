@@ -12,12 +12,13 @@ import importlib.util
 import os
 import sys
 import zipfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.common.errors import UserError
 from autotune.common.files import file_digest
+from autotune.common.json_record import Record
 from autotune.model.inputs import DEFAULT_NAME, DTYPES, InputSpec, as_batch, parse_inputs
 
 RANDOM_INIT = "random-init"
@@ -29,7 +30,10 @@ HUB_CACHE = "torch-hub-cache"
 
 
 @dataclass(frozen=True)
-class ModelSource:
+class ModelSource(Record):
+    NESTED: ClassVar[dict[str, type[Record]]] = {"inputs": InputSpec}
+    TUPLES: ClassVar[tuple[str, ...]] = ("input_shape",)
+
     kind: str  # "torchvision", "factory" (module:function or file.py:function), "torchscript" or "exported-program"
     name: str
     input_shape: tuple[int, ...]  # one sample, without the batch dimension
@@ -37,23 +41,14 @@ class ModelSource:
     weights_origin: str = RANDOM_INIT
     seed: int = 0
     weights_sha256: str | None = None  # what the weights are, whatever their path
-    inputs: list[dict[str, Any]] | None = None  # several or non-float inputs (InputSpec dicts); None: one float tensor
+    inputs: list[InputSpec] | None = None  # several or non-float inputs; None: one float tensor of input_shape
 
     @property
     def specs(self) -> tuple[InputSpec, ...]:
         """The model's inputs: the ones given, or one float tensor of input_shape."""
         if self.inputs:
-            return tuple(InputSpec.from_json(d) for d in self.inputs)
+            return tuple(self.inputs)
         return (InputSpec(DEFAULT_NAME, tuple(self.input_shape)),)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["input_shape"] = list(self.input_shape)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ModelSource:
-        return cls(**{**data, "input_shape": tuple(data["input_shape"])})
 
     @property
     def has_own_weights(self) -> bool:
@@ -96,7 +91,7 @@ def resolve_model(name: str, weights: str | None, input_shape: str | None, allow
         )
     source = _resolve_source(name, weights, specs[0].shape if specs else None)
     if specs and (len(specs) > 1 or specs[0].dtype != "float32"):
-        return replace(source, inputs=[spec.to_json() for spec in specs])
+        return replace(source, inputs=list(specs))
     return source
 
 
@@ -212,7 +207,7 @@ def _resolve_factory(spec: str, weights: str | None, shape: tuple[int, ...] | No
             )
         shape = found[0].shape
         if len(found) > 1 or found[0].dtype != "float32":
-            inputs = [s.to_json() for s in found]
+            inputs = list(found)
     return ModelSource(
         "factory",
         f"{target}:{func}",

@@ -12,55 +12,29 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from autotune.common.json_record import Record, RecordError
+from autotune.backends.precision import ExecutedPrecision
+from autotune.common.json_record import OpenRecord, Record, RecordError
+from autotune.machine.runtimes import RuntimeRecord
+from autotune.measure.drift import Drift
+from autotune.measure.serving import ServerMetrics
+from autotune.measure.stopwatch import LatencySummary, MeasureSettings
+from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
+from autotune.records.fingerprint import Fingerprint
 from autotune.records.job import WorkerJob
-from autotune.records.reference import ReferenceNote
+from autotune.records.metrics import (
+    ArtifactUse,
+    FinalistRun,
+    GenerationMetrics,
+    InstanceShare,
+    Measurement,
+    Screening,
+)
+from autotune.records.reference import CalibrationSet, EvaluationSet, ReferenceNote
 
 SCHEMA_PREFIX = "autotune.best/"
-OpenT = TypeVar("OpenT", bound="OpenRecord")
-
-
-@dataclass(frozen=True)
-class OpenRecord(Record):
-    """A record that keeps the fields it does not know in `extra`, and writes them back.
-
-    `OMIT_IF_NONE`: fields best.json only has in some files (e.g. `pareto_front`), left out when None."""
-
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ()
-
-    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls: type[OpenT], data: Any) -> OpenT:
-        record = super().from_json(data)
-        if isinstance(data, dict):
-            known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-            record = dataclasses.replace(record, extra={k: v for k, v in data.items() if k not in known})
-        return record
-
-    def to_json(self) -> dict[str, Any]:
-        data = super().to_json()
-        data.pop("extra", None)
-        for name in self.OMIT_IF_NONE:
-            if data.get(name) is None:
-                data.pop(name, None)
-        return {**data, **self.extra}
-
-
-def config_from_json(data: Any, where: str = "config") -> TrialConfig:
-    """A TrialConfig from best.json: its fields a newer autotune added are dropped, a missing one is an error."""
-    if isinstance(data, TrialConfig):
-        return data
-    if not isinstance(data, dict):
-        raise RecordError(f"best.json: {where} must be a mapping, got {type(data).__name__}")
-    known = {f.name: f for f in dataclasses.fields(TrialConfig)}
-    for name, f in known.items():
-        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RecordError(f"best.json: {where} lacks its {name!r} field")
-    return TrialConfig.from_json({k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,37 +76,29 @@ class Baseline(OpenRecord):
 
     OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sustained_rps",)
 
+    NESTED: ClassVar[dict[str, type[Record]]] = {"config": TrialConfig, "latency_ms": LatencySummary}
+
     trial: int
     config: TrialConfig | None = None
     throughput_sps: float | None = None
-    latency_ms: dict[str, Any] | None = None
+    latency_ms: LatencySummary | None = None
     sustained_rps: float | None = None  # the server scenario: its sustained request rate
-
-    @classmethod
-    def from_json(cls, data: Any) -> Baseline:
-        if isinstance(data, dict) and data.get("config") is not None:
-            data = {**data, "config": config_from_json(data["config"], "baseline.config")}
-        return super().from_json(data)
-
-    def to_json(self) -> dict[str, Any]:
-        data = super().to_json()
-        if self.config is not None:
-            data["config"] = self.config.to_json()
-        return data
 
 
 @dataclass(frozen=True)
 class FinalistCandidate(OpenRecord):
     """One candidate of the finalist round: its interleaved runs and their spread (over the clean runs)."""
 
+    NESTED: ClassVar[dict[str, type[Record]]] = {"config": TrialConfig, "runs": FinalistRun}
+
     trial: int
     winner: bool = False
     candidate: bool = True
     baseline: bool = False
-    config: dict[str, Any] | None = None
+    config: TrialConfig | None = None
     search_value: float | None = None
     values: list[float | None] = field(default_factory=list)
-    runs: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[FinalistRun] = field(default_factory=list)
     median: float | None = None
     min: float | None = None
     max: float | None = None
@@ -149,80 +115,126 @@ class Finalists(OpenRecord):
     NESTED: ClassVar[dict[str, type[Record]]] = {"candidates": FinalistCandidate}
 
     selection: str = ""
-    order: Any = None
+    order: str | None = None
     repeats: int | None = None
     seconds: float | None = None
-    left_out: list[Any] = field(default_factory=list)  # candidates the time left had no room for
+    left_out: list[int] = field(default_factory=list)  # candidates the time left had no room for
     candidates: list[FinalistCandidate] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ProbeSummary(OpenRecord):
+    """One probe of the server scenario's rate search: offered and achieved rate, the requests' p50/p90/p99
+    (and the p99's interval), the model's call time under that load, the queue at its start and end, and
+    whether the rate counts as sustained (with why not)."""
+
+    rate_rps: float
+    achieved_rps: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    p99_ci_ms: list[float] | None = None
+    requests: int | None = None
+    call_mean_ms: float | None = None
+    call_p99_ms: float | None = None
+    queue_start: float | None = None
+    queue_end: int | None = None
+    sustained: bool = False
+    why: str = ""
 
 
 @dataclass(frozen=True)
 class ServerSummary(OpenRecord):
     """The server scenario: the sustained rate at the bound, the batching policy and the rate search's probes."""
 
+    NESTED: ClassVar[dict[str, type[Record]]] = {"probes": ProbeSummary}
+
     sustained_rps: float
     slo_ms: float
     max_batch: int | None = None
     max_wait_ms: float | None = None
     upper_bound_rps: float | None = None
-    batching: Any = None
-    routing: Any = None
-    rule: Any = None
-    probes: list[dict[str, Any]] = field(default_factory=list)
+    batching: str | None = None
+    routing: str | None = None
+    rule: str | None = None
+    probes: list[ProbeSummary] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ParetoPoint(OpenRecord):
     """One non-dominated clean trial of a Pareto study: its throughput and p99, and how to run it."""
 
+    NESTED: ClassVar[dict[str, type[Record]]] = {"config": TrialConfig}
+
     trial: int
     throughput_sps: float
     p99_ms: float
-    config: dict[str, Any] | None = None
+    config: TrialConfig | None = None
     config_summary: str | None = None
 
 
 @dataclass(frozen=True)
 class BestMetrics(OpenRecord):
     """The winner's metrics as best.json copies them from its trial (TrialMetrics' JSON, these fields in
-    this order); a field a file written before it existed lacks reads as None."""
+    this order); a field a file written before it existed lacks reads as None, and is left out again."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "latency_ms": LatencySummary,
+        "artifact": ArtifactUse,
+        "measurement": Measurement,
+        "instances": InstanceShare,
+        "executed_precision": ExecutedPrecision,
+        "screening": Screening,
+        "generation": GenerationMetrics,
+        "server": ServerMetrics,
+    }
 
     throughput_sps: float | None = None
-    latency_ms: dict[str, Any] | None = None  # p50, p90, p99, mean (ms) and samples
+    latency_ms: LatencySummary | None = None  # p50, p90, p99, mean (ms) and samples
     peak_rss_mib: float | None = None
     peak_rss_mib_total: float | None = None
     prepare_s: float | None = None
     load_s: float | None = None
     first_call_s: float | None = None
-    artifact: dict[str, Any] | None = None
-    measurement: dict[str, Any] | None = None
-    instances: list[dict[str, Any]] | None = None
+    artifact: ArtifactUse | None = None
+    measurement: Measurement | None = None
+    instances: list[InstanceShare] | None = None
     torch_version: str | None = None
-    backend_details: dict[str, Any] | None = None
-    executed_precision: dict[str, Any] | None = None
-    screening: dict[str, Any] | None = None
+    backend_details: dict[str, Any] | None = None  # the backend's own report (TrialMetrics.backend_details)
+    executed_precision: ExecutedPrecision | None = None
+    screening: Screening | None = None
     valid: bool | None = None
-    generation: dict[str, Any] | None = None
-    server: dict[str, Any] | None = None
-    # The fields the file read lacked (written before they existed): left out again by `to_json`.
-    absent: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: Any) -> BestMetrics:
-        record = super().from_json(data)
-        if isinstance(data, dict):
-            known = [f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "absent")]
-            record = dataclasses.replace(record, absent=tuple(name for name in known if name not in data))
-        return record
-
-    def to_json(self) -> dict[str, Any]:
-        data = super().to_json()
-        data.pop("absent", None)
-        return {k: v for k, v in data.items() if k not in self.absent}
+    generation: GenerationMetrics | None = None
+    server: ServerMetrics | None = None
 
 
 # The trial metrics best.json copies into its `metrics` (results/best_json.py writes them, in this order).
-METRIC_KEYS = tuple(f.name for f in dataclasses.fields(BestMetrics) if f.name not in ("extra", "absent"))
+METRIC_KEYS = tuple(f.name for f in BestMetrics.record_fields())
+
+
+@dataclass(frozen=True)
+class DriftReport(OpenRecord):
+    """best.json's `drift`: every drift metric of the winner against FP32 (the Drift record's fields, inline;
+    none when it measured none), the metric bounded with its drop and bound, and what drift was measured on
+    (`reference`: set when the FP32 outputs were constant across inputs, saying what was done)."""
+
+    FLATTENED: ClassVar[dict[str, type[Record]]] = {"measured": Drift}
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "evaluation": EvaluationSet,
+        "calibration": CalibrationSet,
+        "reference": ReferenceNote,
+    }
+
+    measured: Drift | None = None
+    metric: str | None = None
+    drop: float | None = None
+    max_drift: float | None = None
+    relative: bool | None = None
+    criterion: str | None = None  # in words
+    data: str | None = None  # in words
+    evaluation: EvaluationSet | None = None
+    calibration: CalibrationSet | None = None
+    reference: ReferenceNote | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,12 +249,19 @@ class BestJson(OpenRecord):
     NESTED: ClassVar[dict[str, type[Record]]] = {
         "study": StudyInfo,
         "objective": ObjectiveInfo,
-        "launch": Launch,
-        "baseline": Baseline,
-        "finalists": Finalists,
         "server": ServerSummary,
         "pareto_front": ParetoPoint,
+        "finalists": Finalists,
+        "model": ModelSource,
+        "config": TrialConfig,
+        "runtime": RuntimeRecord,
+        "launch": Launch,
+        "job": WorkerJob,
         "metrics": BestMetrics,
+        "measure_settings": MeasureSettings,
+        "drift": DriftReport,
+        "baseline": Baseline,
+        "fingerprint": Fingerprint,
     }
     OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server")
 
@@ -256,19 +275,20 @@ class BestJson(OpenRecord):
     server: ServerSummary | None = None  # the server scenario: sustained rate, bound, batching policy, probes
     pareto_front: list[ParetoPoint] | None = None  # pareto studies: every non-dominated clean trial
     finalists: Finalists | None = None  # the finalist round, when one decided
-    model: dict[str, Any]  # how trials built the model (kind, name, input shape, weights)
+    # how trials built the model (kind, name, input shape, weights); None: a study that stored none
+    model: ModelSource | None
     config: TrialConfig
-    runtime: dict[str, Any] | None = None  # the Python environment the winner ran in
+    runtime: RuntimeRecord | None = None  # the Python environment the winner ran in
     environment: dict[str, str] | None = None  # the variables the configuration sets
     launch: Launch | None = None
-    job: dict[str, Any] | None = None  # what a worker needs to rebuild the winner
+    job: WorkerJob | None = None  # what a worker needs to rebuild the winner
     metrics: BestMetrics | None = None  # throughput_sps, latency_ms, peak_rss_mib, measurement, ...
-    measure_settings: dict[str, Any] | None = None
-    drift: dict[str, Any]  # every drift metric against FP32, the one bounded, its drop and the bound
+    measure_settings: MeasureSettings | None = None
+    drift: DriftReport  # every drift metric against FP32, the one bounded, its drop and the bound
     baseline: Baseline | None = None
     speedup_vs_baseline: float | None = None
     speedup_source: str | None = None
-    fingerprint: dict[str, Any] | None = None  # hardware, software, host
+    fingerprint: Fingerprint | None = None  # hardware, software, host
 
     @classmethod
     def from_json(cls, data: Any) -> BestJson:
@@ -291,15 +311,16 @@ class BestJson(OpenRecord):
         if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
             raise RecordError(f"not an autotune best.json: schema is {schema!r}, expected {SCHEMA_PREFIX}N")
         try:
-            return super().from_json({**data, "config": config_from_json(data["config"])})
+            return super().from_json(data)
         except RecordError as exc:
             message = str(exc)
             raise RecordError(message if message.startswith("best.json") else f"best.json: {message}") from None
 
-    def to_json(self) -> dict[str, Any]:
-        data = super().to_json()
-        data["config"] = self.config.to_json()
-        return data
+    @classmethod
+    def _load(cls, name: str, value: Any) -> Any:
+        if name == "model" and value == {}:  # a study that stored no spec (made by hand) wrote no model
+            return None
+        return super()._load(name, value)
 
     @classmethod
     def read(cls, path: str | Path) -> BestJson:
@@ -335,7 +356,7 @@ class BestJson(OpenRecord):
         return "tokens/s" if self.metrics and self.metrics.generation else "samples/s"
 
     @property
-    def latency_ms(self) -> dict[str, Any] | None:
+    def latency_ms(self) -> LatencySummary | None:
         """The winner's latency per call: p50, p90, p99, mean (ms) and samples."""
         return self.metrics.latency_ms if self.metrics else None
 
@@ -343,17 +364,12 @@ class BestJson(OpenRecord):
     def throughput_ci_rel(self) -> float | None:
         """The relative half-width of the confidence interval of the winner's throughput in its search trial."""
         measurement = self.metrics.measurement if self.metrics else None
-        return (measurement or {}).get("throughput_ci_rel")
+        return measurement.throughput_ci_rel if measurement else None
 
     @property
     def backend_details(self) -> dict[str, Any]:
         """What the backend reported it compiled for the winner (effective streams, precision, ...)."""
         return (self.metrics.backend_details if self.metrics else None) or {}
-
-    @property
-    def worker_job(self) -> WorkerJob | None:
-        """What a worker needs to rebuild the winner, typed (None: the closest candidate, never timed)."""
-        return WorkerJob.from_json(self.job) if self.job else None
 
     @property
     def speedup(self) -> float | None:
@@ -363,14 +379,13 @@ class BestJson(OpenRecord):
     @property
     def drift_drop(self) -> float | None:
         """The winner's drop from FP32 on the bounded drift metric."""
-        return self.drift.get("drop")
+        return self.drift.drop
 
     @property
     def max_drift(self) -> float | None:
-        return self.drift.get("max_drift")
+        return self.drift.max_drift
 
     @property
     def reference_note(self) -> ReferenceNote | None:
         """Set when the FP32 outputs were constant across inputs: what drift was measured on instead."""
-        note = self.drift.get("reference")
-        return ReferenceNote.from_json(note) if note else None
+        return self.drift.reference

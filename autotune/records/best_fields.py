@@ -150,7 +150,9 @@ FIELDS: tuple[FieldDoc, ...] = (
     ),
     FieldDoc(
         ("job",),
-        "what the worker needs to rebuild the winner: model, config, measurement settings, cache folder",
+        "what the worker needs to rebuild the winner: model, config, measurement settings, cache folder; its "
+        "`format` (`autotune.job/1`) says which layout it is in (a job without one, written before jobs named "
+        "their format, is version 1; a worker refuses a version it does not know)",
     ),
     FieldDoc(
         ("metrics.throughput_sps",),

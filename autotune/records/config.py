@@ -7,9 +7,10 @@ the numbers a model produces, and how to travel as JSON (into the study, best.js
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
+from autotune.common.json_record import Record
 from autotune.machine.probe import JEMALLOC_CONF, MachineProbe, format_cpu_list
 
 # Variables autotune owns: removed from the inherited environment so a trial gets exactly what it asks for.
@@ -30,13 +31,18 @@ UNSET_IN_COMMANDS = (
 
 
 @dataclass(frozen=True)
-class TrialConfig:
+class TrialConfig(Record):
+    # closed loop: stored as before the server scenario existed
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("max_wait_ms",)
+
     backend: str
     precision: str
     batch_size: int
     allocator: str = "glibc"
     instances: int = 1
     threads_per_instance: int = 1
+    # The backend's own options (its SPEC's names and values), kept in name order: free-form here, each
+    # backend reads its own.
     options: dict[str, Any] = field(default_factory=dict)
     runtime: str = "main"  # the Python environment its processes run in (autotune.machine.runtimes)
     # PyTorch's thread pool and allocations (torch backends only): GNU OpenMP as bundled with torch, or
@@ -49,30 +55,16 @@ class TrialConfig:
     # has waited this long (None: the closed-loop scenarios, which run full batches back to back).
     max_wait_ms: float | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", dict(sorted(self.options.items())))
+
     # ---- identity -------------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["options"] = dict(sorted(self.options.items()))
-        if data["max_wait_ms"] is None:  # closed loop: stored as before the server scenario existed
-            del data["max_wait_ms"]
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrialConfig:
-        return cls(**{**data, "options": dict(data.get("options", {}))})
-
-    @classmethod
-    def from_stored(cls, data: dict[str, Any]) -> TrialConfig:
-        """A config as a study stored it: the fields a newer autotune added are dropped."""
-        known = {f.name for f in fields(cls)}
-        return cls.from_json({k: v for k, v in data.items() if k in known})
-
     def numerics_key(self, without: tuple[str, ...] = (), builder: int | None = None) -> str:
         """What changes the outputs: backend, precision, backend options, the artifact builder's version
         (`builder`: a new quantization scheme under the same options) and the runtime (another torch may
         compute differently), not threads, allocator or OpenMP; nor the options named in `without`."""
-        options = {k: v for k, v in self.to_json()["options"].items() if k not in without}
-        key: dict[str, Any] = {"backend": self.backend, "precision": self.precision, "options": options}
+        options = {k: v for k, v in self.options.items() if k not in without}
+        key: dict[str, object] = {"backend": self.backend, "precision": self.precision, "options": options}
         if builder is not None:
             key["builder"] = builder
         if self.runtime != "main":

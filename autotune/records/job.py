@@ -3,27 +3,44 @@
 One record for the three tasks (the FP32 reference, an artifact's preparation, a trial's instance):
 each task reads the fields it needs. The JSON it travels as is the layout the job dicts had, so an
 older best.json still replays: a field at its default is left out, except the few always written.
+It names its format (`autotune.job/1`); a job without one was written before formats were named and
+is version 1, and a worker refuses a version it does not know.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from autotune.common.json_record import Record, RecordError
+from autotune.common.json_record import FORMAT, OpenRecord, Record, RecordError
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import MeasureSettings
+from autotune.model.dataset import DataSource
 from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
+from autotune.records.reference import CalibrationSet
 
 TASKS = ("reference", "prepare", "trial")
+JOB_FORMAT = "autotune.job/1"
 
 
 @dataclass(frozen=True)
-class WorkerJob(Record):
+class ServerSettings(Record):
+    """The server scenario's arrivals: the p99 bound, the seed the arrival streams are drawn from, and the
+    rates the rate search offers first (a finalist's: the leader's rate and +-10%)."""
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("first_rates",)
+
+    slo_ms: float
+    seed: int = 0
+    first_rates: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class WorkerJob(OpenRecord):
+    format: str = field(default=JOB_FORMAT, kw_only=True, metadata=FORMAT)
     task: str  # one of TASKS
     model: ModelSource
     config: TrialConfig | None = None  # prepare, trial
@@ -32,14 +49,14 @@ class WorkerJob(Record):
     workdir: str | None = None
     artifact_dir: str | None = None  # the prepared artifact (built there by prepare, loaded by a trial)
     calibration_samples: int = 0
-    calibration: dict[str, Any] | None = None  # the calibration set's description (best.json replays it)
+    calibration: CalibrationSet | None = None  # the calibration set's description (best.json replays it)
     calibration_description: str = "synthetic"  # prepare: what its calibration data was
     generation: GenerationWorkload | None = None  # a language model's workload
-    server: dict[str, Any] | None = None  # the server scenario's arrival settings
+    server: ServerSettings | None = None  # the server scenario's arrival settings
     # the reference task
     eval_samples: int = 0
-    data: dict[str, Any] | None = None  # DataSource's dict
-    calibration_data: dict[str, Any] | None = None
+    data: DataSource | None = None  # what drift (and calibration) is drawn from
+    calibration_data: DataSource | None = None  # calibration from its own source instead
     weights_out: str | None = None  # where the reference saves the random init every trial loads
     # one attempt of a trial
     screen: bool = False
@@ -55,25 +72,21 @@ class WorkerJob(Record):
     stamps_path: str | None = None
     precision_path: str | None = None
 
-    NESTED: ClassVar[dict[str, type[Record]]] = {"speed_gate": SpeedGate, "generation": GenerationWorkload}
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "model": ModelSource,
+        "config": TrialConfig,
+        "measure": MeasureSettings,
+        "calibration": CalibrationSet,
+        "generation": GenerationWorkload,
+        "server": ServerSettings,
+        "data": DataSource,
+        "calibration_data": DataSource,
+        "speed_gate": SpeedGate,
+        "drift_bound": DriftCriterion,
+    }
+    OMIT_DEFAULTS: ClassVar[bool] = True
     # Written even at their default: readers of best.json index them (job["calibration_samples"]).
     ALWAYS_WRITTEN: ClassVar[tuple[str, ...]] = ("task", "model", "calibration_samples", "artifact_dir")
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name not in self.ALWAYS_WRITTEN and value == f.default:
-                continue
-            data[f.name] = _dump_field(value)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any) -> WorkerJob:
-        if isinstance(data, dict):
-            converted = {k: _load_field(k, v) for k, v in data.items()}
-            return super().from_json(converted)
-        return super().from_json(data)
 
     def trial_config(self) -> TrialConfig:
         """The configuration a prepare or trial job runs (a reference job has none)."""
@@ -92,26 +105,3 @@ class WorkerJob(Record):
         if self.measure is None:
             raise RecordError(f"a {self.task} job needs its 'measure' field")
         return self.measure
-
-
-def _dump_field(value: Any) -> Any:
-    """The JSON of one field: the nested classes keep their own dict layout."""
-    if isinstance(value, (Record, TrialConfig, MeasureSettings, ModelSource, DriftCriterion)):
-        return value.to_json()
-    return value
-
-
-_FROM_JSON: dict[str, Any] = {
-    "model": ModelSource.from_json,
-    "config": TrialConfig.from_json,
-    "measure": MeasureSettings.from_json,
-    "drift_bound": lambda d: DriftCriterion(**d),
-}
-
-
-def _load_field(name: str, value: Any) -> Any:
-    """A field read back from JSON: the nested classes built from their dicts (records left to NESTED)."""
-    loader = _FROM_JSON.get(name)
-    if loader is None or value is None or not isinstance(value, dict):
-        return value
-    return loader(value)

@@ -1,6 +1,7 @@
-"""What a trial measured, as typed records: one instance's result (the worker's JSON), the trial's
-aggregated metrics (stored as the trial's user attributes, under the field names best.json and
-older studies use), the screening measurement, and one run of the finalist round.
+"""What a trial measured, as typed records: one instance's result (the worker's JSON) with the checks
+of its environment, what it reported at the ready barrier, the artifact it used, the trial's aggregated
+metrics (stored as the trial's user attributes, under the field names best.json and older studies use),
+the screening measurement, and one run of the finalist round.
 """
 
 from __future__ import annotations
@@ -9,10 +10,95 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from autotune.backends.precision import ExecutedPrecision
-from autotune.common.json_record import Record, RecordError
+from autotune.common.json_record import FORMAT, OpenRecord, Record, RecordError
+from autotune.machine.runtimes import RuntimeRecord
 from autotune.measure.drift import Drift
+from autotune.measure.noise import WindowSignals
 from autotune.measure.serving import RELATIVE_TOLERANCE, ServerMetrics
+from autotune.measure.speed_gate import GateVerdict
 from autotune.measure.stopwatch import LatencySummary
+from autotune.records.reference import RESULT_FORMAT, CalibrationSet
+
+
+# ---- what a worker checked of its own environment ------------------------------------------------------
+@dataclass(frozen=True)
+class AllocatorCheck(Record):
+    """The allocator asked for, LD_PRELOAD as the process saw it, the allocator libraries mapped, and
+    whether they agree."""
+
+    asked: str
+    ld_preload: str = ""
+    mapped: list[str] = field(default_factory=list)
+    verified: bool = False
+
+
+@dataclass(frozen=True)
+class ThreadsCheck(Record):
+    """The thread count asked for, torch's, and OMP_NUM_THREADS as the process saw it."""
+
+    asked: int
+    torch: int | None = None
+    OMP_NUM_THREADS: str | None = None
+
+
+@dataclass(frozen=True)
+class OpenMPCheck(Record):
+    """The OpenMP runtime asked for, the Intel and GNU OpenMP libraries mapped once torch was loaded, and
+    the variables that tune them, as the process saw them."""
+
+    asked: str
+    intel: list[str] = field(default_factory=list)
+    gnu: list[str] = field(default_factory=list)
+    KMP_AFFINITY: str | None = None
+    KMP_BLOCKTIME: str | None = None
+    THP_MEM_ALLOC_ENABLE: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadyReport(Record):
+    """What an instance says at the ready barrier: its drift (instance 0, when it measured one), whether the
+    speed gate found it too slow, and what reaching the barrier cost (loading, first call, warm-up)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"drift": Drift, "too_slow": GateVerdict}
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("too_slow",)
+
+    pid: int
+    drift: Drift | None = None
+    too_slow: GateVerdict | None = None  # a drift measured before a warm-up that tripped is kept
+    load_s: float = 0.0
+    first_call_s: float = 0.0
+    warmup_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PrepareResult(Record):
+    """What the process that built a backend's artifact reports (its result JSON; the artifact's meta.json
+    keeps its time, details and calibration)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"calibration": CalibrationSet}
+
+    format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
+    pid: int
+    prepare_s: float
+    # What the backend reports of what it built (exporter, quantization, ...): each backend's own keys.
+    details: dict[str, Any] = field(default_factory=dict)
+    calibration: CalibrationSet | None = None
+
+
+@dataclass(frozen=True)
+class ArtifactUse(OpenRecord):
+    """The backend artifact a trial used: where it is, whether the cache had it (`prepare_s` 0) or this trial
+    built it, how long building it took when cached (`built_in_s`), what the backend said of it, and the
+    least recently used artifacts evicted to keep the cache under its cap."""
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("built_in_s", "evicted")
+
+    dir: str
+    cached: bool
+    prepare_s: float
+    built_in_s: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # as PrepareResult.details
+    evicted: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -33,12 +119,17 @@ class InstanceResult(Record):
 
     NESTED: ClassVar[dict[str, type[Record]]] = {
         "latency_ms": LatencySummary,
+        "allocator": AllocatorCheck,
+        "threads": ThreadsCheck,
+        "openmp": OpenMPCheck,
         "drift": Drift,
+        "noise": WindowSignals,
         "screening": InstanceScreen,
         "executed_precision": ExecutedPrecision,
         "server": ServerMetrics,
     }
 
+    format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
     pid: int
     instance: int
     cpus: list[int]
@@ -55,14 +146,15 @@ class InstanceResult(Record):
     warmup_iters: int
     warmup_s: float
     warmup_steady: bool = False
-    allocator: dict[str, Any] = field(default_factory=dict)
-    threads: dict[str, Any] = field(default_factory=dict)
-    openmp: dict[str, Any] = field(default_factory=dict)
+    allocator: AllocatorCheck | None = None
+    threads: ThreadsCheck | None = None
+    openmp: OpenMPCheck | None = None
     python: str = ""
     drift: Drift | None = None
-    noise: dict[str, Any] | None = None
+    noise: WindowSignals | None = None
     screening: InstanceScreen | None = None
     startup_to_ready_s: float | None = None
+    # What the backend reports it compiled (effective streams, precision, ...): each backend's own keys.
     backend_details: dict[str, Any] | None = None
     executed_precision: ExecutedPrecision | None = None  # instance 0 only: what really ran, against the claim
     tokens_path: str | None = None  # generation: each timed call's token stamps, one row per call
@@ -73,7 +165,13 @@ class InstanceResult(Record):
 class InstanceShare(Record):
     """One instance inside a trial's metrics: its own numbers and its share of the common window."""
 
-    NESTED: ClassVar[dict[str, type[Record]]] = {"latency_ms": LatencySummary}
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "latency_ms": LatencySummary,
+        "allocator": AllocatorCheck,
+        "threads": ThreadsCheck,
+        "openmp": OpenMPCheck,
+        "noise": WindowSignals,
+    }
 
     pid: int
     cpus: list[int]
@@ -84,10 +182,10 @@ class InstanceShare(Record):
     window_s: float
     warmup_iters: int | None = None
     warmup_s: float | None = None
-    allocator: dict[str, Any] | None = None
-    threads: dict[str, Any] | None = None
-    openmp: dict[str, Any] | None = None
-    noise: dict[str, Any] | None = None
+    allocator: AllocatorCheck | None = None
+    threads: ThreadsCheck | None = None
+    openmp: OpenMPCheck | None = None
+    noise: WindowSignals | None = None
 
 
 @dataclass(frozen=True)
@@ -149,13 +247,29 @@ class Attempt(Record):
 
 
 @dataclass(frozen=True)
+class Warmup(Record):
+    """The warm-up before the window, the shortest of the instances': calls and seconds."""
+
+    iters: int = 0
+    s: float = 0.0
+
+
+@dataclass(frozen=True)
+class MachineLoad(Record):
+    """The machine's runnable processes and load averages just before and after the measurement."""
+
+    before: dict[str, float] | None = None
+    after: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
 class Measurement(Record):
     """How the trial's numbers were obtained: the common window (all instances running), the calls
     wholly inside it (`calls`: what the percentiles are computed from), the samples it holds (calls
     cut by its edges count by the fraction inside), the confidence interval against its target, the
     warm-up, the clock, the noise checks and the attempts."""
 
-    NESTED: ClassVar[dict[str, type[Record]]] = {"attempts": Attempt}
+    NESTED: ClassVar[dict[str, type[Record]]] = {"attempts": Attempt, "warmup": Warmup, "machine": MachineLoad}
 
     common_window_s: float
     calls: int
@@ -173,10 +287,10 @@ class Measurement(Record):
     # Several instances: the drift of the time per call from the first to the last third of the common
     # window, all instances together (stopwatch.combined_early_late); what the noise check judges them by.
     combined_early_late_rel: float | None = None
-    warmup: dict[str, Any] = field(default_factory=dict)
+    warmup: Warmup = field(default_factory=Warmup)
     clock: str = "time.monotonic per call, input in, output out"
     stamps: list[str] = field(default_factory=list)
-    machine: dict[str, Any] | None = None
+    machine: MachineLoad | None = None
     noise_flags: list[str] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
 
@@ -195,6 +309,8 @@ class TrialMetrics(Record):
         "executed_precision": ExecutedPrecision,
         "generation": GenerationMetrics,
         "server": ServerMetrics,
+        "runtime": RuntimeRecord,
+        "artifact": ArtifactUse,
     }
 
     throughput_sps: float
@@ -208,13 +324,13 @@ class TrialMetrics(Record):
     pids: list[int] = field(default_factory=list)
     drift: Drift | None = None
     torch_version: str | None = None
-    backend_details: dict[str, Any] | None = None
+    backend_details: dict[str, Any] | None = None  # as InstanceResult.backend_details, instance 0's
     instances: list[InstanceShare] = field(default_factory=list)
     screening: Screening | None = None
     valid: bool = True
-    runtime: dict[str, Any] | None = None
+    runtime: RuntimeRecord | None = None  # the Python environment the trial ran in
     prepare_s: float = 0.0
-    artifact: dict[str, Any] | None = None
+    artifact: ArtifactUse | None = None
     # What the model really executed against the precision the config claims (backends/precision.py);
     # None in trials stored before it was checked.
     executed_precision: ExecutedPrecision | None = None
@@ -224,7 +340,7 @@ class TrialMetrics(Record):
     server: ServerMetrics | None = None
 
     @classmethod
-    def from_trial_attrs(cls, attrs: dict[str, Any], trial_number: int | None = None) -> TrialMetrics:
+    def from_trial_attrs(cls, attrs: dict[str, object], trial_number: int | None = None) -> TrialMetrics:
         """The metrics of a COMPLETE trial, from its stored user attributes."""
         try:
             return cls.from_json(attrs)

@@ -320,6 +320,23 @@ def flag_names(name: str) -> list[str]:
     return spelled[1:] if flag.repeat else spelled
 
 
+def flag(name: str) -> str:
+    """The option as a message names it: --max-drift, --no-speed-pruning, --runtime."""
+    return flag_names(name)[0]
+
+
+def default_of(name: str) -> Any:
+    """The option's default, as SearchOptions holds it (a duration as given: "20m")."""
+    return OPTION_FIELDS[name].default
+
+
+def default_seconds(name: str) -> float:
+    """A duration option's default in seconds: budget "20m" -> 1200.0."""
+    from autotune.common.durations import parse_duration
+
+    return parse_duration(str(default_of(name)))
+
+
 def default_text(name: str) -> str | None:
     """The default as the command line would give it, or None when there is none to show."""
     default = OPTION_FIELDS[name].default

@@ -7,18 +7,19 @@ compared must not change between runs of one study.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from autotune.common.errors import UserError
-from autotune.common.json_record import Record
+from autotune.common.json_record import JsonObject, Record
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
+from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr
-from autotune.records.options import DEFAULT_FINALIST_REPEATS, DEFAULT_FINALIST_SHARE, DEFAULT_FINALISTS
+from autotune.records.options import default_of, default_seconds, flag
 
 OBJECTIVES = ("throughput", "latency", "pareto", "server")
 # MLPerf Inference's scenarios, as objectives: closed-loop throughput, one request at a time, and the
@@ -46,8 +47,9 @@ IDENTITY_FIELDS = (
     "ttft_slo_ms",
     "tpot_slo_ms",
 )
-# Fields added after studies already existed: a stored spec without them had these values.
-IDENTITY_DEFAULTS = {
+# Fields added after studies already existed: a stored spec without them had these values (what those
+# studies ran with then, whatever the options' defaults are now).
+IDENTITY_DEFAULTS: JsonObject = {
     "drift_metric": "relative_l2",
     "drift_relative": False,
     "data": DataSource().to_json(),
@@ -77,44 +79,53 @@ def default_storage(studies_root: str | Path, study: str) -> str:
 
 
 @dataclass(frozen=True)
-class SearchSpec:
+class SearchSpec(Record):
+    """The study's settings, validated: the options (records/options.py), resolved against the model, the data
+    and the machine. Each default is the option's (a duration in seconds), so a spec made in Python without
+    one runs as the command line would."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "model": ModelSource,
+        "data": DataSource,
+        "calibration_data": DataSource,
+        "measure": MeasureSettings,
+        "generation": GenerationWorkload,
+    }
+
     study: str
     model: ModelSource
     storage: str
     space_path: str
-    space: dict[str, Any]
-    objective: str = "throughput"
-    max_drift: float = 0.05
-    drift_metric: str = "relative_l2"
+    space: dict[str, Any]  # the search space YAML as the user wrote it (tuning/space.py reads it)
+    objective: str = default_of("objective")
+    max_drift: float = float(default_of("max_drift"))
+    drift_metric: str = default_of("drift_metric")
     drift_relative: bool = False  # max_drift is a share of FP32's value (accuracy)
     data: DataSource = field(default_factory=DataSource)  # drift (and calibration) data
     calibration_data: DataSource | None = None  # calibration from its own source instead of a split of `data`
-    budget_s: float = 1200.0
-    trials: int | None = None
-    trial_timeout_s: float = 600.0
-    eval_samples: int = 32
-    calibration_samples: int = 64
-    cover_backends: bool = True  # a new study first tries every backend x precision once
-    speed_pruning: bool = True  # screen each trial and prune the clearly slower ones
-    finalists: int = DEFAULT_FINALISTS
-    finalist_repeats: int = DEFAULT_FINALIST_REPEATS
-    finalist_share: float = DEFAULT_FINALIST_SHARE
-    studies_root: str = "studies"
+    budget_s: float = default_seconds("budget")
+    trials: int | None = default_of("trials")
+    trial_timeout_s: float = default_seconds("trial_timeout")
+    eval_samples: int = default_of("eval_samples")
+    calibration_samples: int = default_of("calibration_samples")
+    cover_backends: bool = default_of("cover_backends")  # a new study first tries every backend x precision once
+    speed_pruning: bool = default_of("speed_pruning")  # screen each trial and prune the clearly slower ones
+    finalists: int = default_of("finalists")
+    finalist_repeats: int = default_of("finalist_repeats")
+    finalist_share: float = default_of("finalist_share")
+    studies_root: str = default_of("studies_dir")
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     runtimes: list[str] = field(default_factory=list)  # --runtime interpreters, besides main (and .venv-ipex)
     memory_limit_mib: float | None = None  # per trial, all its processes together (None: no limit)
     cache_size_mib: float | None = None  # the artifact cache's cap (None: no cap)
-    slo_ms: float | None = None  # highest throughput whose p99 latency per call stays under this
-    heartbeat_grace_s: float = (
-        60.0  # a trial whose orchestrator is silent this long is failed and retried (per process)
-    )
-    mixed_hardware: list[str] | None = (
-        None  # a worker joined from a machine that differs (autotune join --allow-mixed-hardware)
-    )
+    slo_ms: float | None = default_of("slo_ms")  # highest throughput whose p99 latency per call stays under this
+    # a trial whose orchestrator is silent this long is failed and retried (per process)
+    heartbeat_grace_s: float = default_seconds("heartbeat_grace")
+    mixed_hardware: list[str] | None = None  # a worker joined from a machine that differs (--allow-mixed-hardware)
     task: str = "classify"  # "generate": a causal language model generating text (TTFT, TPOT, tokens/s)
-    generation: dict[str, Any] | None = None  # the GenerationWorkload every trial runs (task generate)
-    ttft_slo_ms: float | None = None  # generation: p99 bound on time to first token
-    tpot_slo_ms: float | None = None  # generation: p99 bound on time per output token
+    generation: GenerationWorkload | None = None  # the workload every trial runs (task generate)
+    ttft_slo_ms: float | None = default_of("ttft_slo_ms")  # generation: p99 bound on time to first token
+    tpot_slo_ms: float | None = default_of("tpot_slo_ms")  # generation: p99 bound on time per output token
 
     def __post_init__(self) -> None:
         validate_study_name(self.study)
@@ -123,60 +134,68 @@ class SearchSpec:
         try:
             DriftCriterion(self.drift_metric, self.max_drift, self.drift_relative)
         except ValueError as exc:
-            raise UserError(f"--drift-metric/--max-drift: {exc}") from None
+            raise UserError(f"{flag('drift_metric')}/{flag('max_drift')}: {exc}") from None
         if self.drift_metric == "accuracy" and not self.data.labels:
             raise UserError(
-                "--drift-metric accuracy needs labels: give --data as an image folder with one subfolder per class, "
-                "or a tensor file holding {'inputs': ..., 'labels': ...}"
+                f"{flag('drift_metric')} accuracy needs labels: give {flag('data')} as an image folder with one "
+                "subfolder per class, or a tensor file holding {'inputs': ..., 'labels': ...}"
             )
         if self.trials is not None and self.trials < 1:
-            raise UserError(f"--trials must be at least 1, got {self.trials}")
+            raise UserError(f"{flag('trials')} must be at least 1, got {self.trials}")
         if self.eval_samples < 1:
-            raise UserError(f"--eval-samples must be at least 1, got {self.eval_samples}")
+            raise UserError(f"{flag('eval_samples')} must be at least 1, got {self.eval_samples}")
         if self.finalists < 0 or self.finalist_repeats < 1:
             raise UserError(
-                f"--finalists must be >= 0 and --finalist-repeats >= 1, got {self.finalists} and "
+                f"{flag('finalists')} must be >= 0 and {flag('finalist_repeats')} >= 1, got {self.finalists} and "
                 f"{self.finalist_repeats}"
             )
         if not 0 <= self.finalist_share < 1:
-            raise UserError(f"--finalist-share is a fraction of the budget in [0, 1), got {self.finalist_share}")
+            raise UserError(
+                f"{flag('finalist_share')} is a fraction of the budget in [0, 1), got {self.finalist_share}"
+            )
         if self.objective == "server" and self.slo_ms is None:
             raise UserError(
-                "--scenario server searches the highest request rate at a p99 latency bound: give it with --slo-ms, "
-                "e.g. --slo-ms 50"
+                f"{flag('scenario')} server searches the highest request rate at a p99 latency bound: give it with "
+                f"{flag('slo_ms')}, e.g. {flag('slo_ms')} 50"
             )
         if self.slo_ms is not None and (self.objective not in ("throughput", "server") or self.slo_ms <= 0):
             raise UserError(
-                "--slo-ms must be a positive bound on p99 latency and goes with the offline or server scenario "
-                f"(--objective throughput), got {self.slo_ms}"
+                f"{flag('slo_ms')} must be a positive bound on p99 latency and goes with the offline or server "
+                f"scenario ({flag('objective')} throughput), got {self.slo_ms}"
             )
         if self.objective == "server" and self.task == "generate":
             raise UserError(
-                "--scenario server times requests of one forward pass; for a language model bound --ttft-slo-ms "
-                "or --tpot-slo-ms"
+                f"{flag('scenario')} server times requests of one forward pass; for a language model bound "
+                f"{flag('ttft_slo_ms')} or {flag('tpot_slo_ms')}"
             )
         if self.objective == "pareto" and (self.speed_pruning or self.finalists or self.measure.window_min_iters < 100):
             raise UserError(
-                "--objective pareto measures p99 (100 calls per measurement) and has no single value to prune or "
-                "re-measure finalists by: use it with --no-speed-pruning --finalists 0"
+                f"{flag('objective')} pareto measures p99 (100 calls per measurement) and has no single value to "
+                f"prune or re-measure finalists by: use it with {flag('speed_pruning')} {flag('finalists')} 0"
             )
         if self.slo_ms is not None and self.objective == "throughput" and self.measure.window_min_iters < 100:
-            raise UserError("--slo-ms needs at least 100 calls per measurement for a p99")
+            raise UserError(f"{flag('slo_ms')} needs at least 100 calls per measurement for a p99")
         if self.task not in TASKS:
-            raise UserError(f"--task {self.task!r} is not known; choose {' or '.join(TASKS)}")
+            raise UserError(f"{flag('task')} {self.task!r} is not known; choose {' or '.join(TASKS)}")
         if (self.task == "generate") != (self.generation is not None):
-            raise UserError("a generation study needs its workload (--prompt-tokens, --new-tokens)")
+            raise UserError(f"a generation study needs its workload ({flag('prompt_tokens')}, {flag('new_tokens')})")
         if self.task != "generate" and (self.ttft_slo_ms is not None or self.tpot_slo_ms is not None):
-            raise UserError("--ttft-slo-ms and --tpot-slo-ms bound a generation study (--task generate)")
+            raise UserError(
+                f"{flag('ttft_slo_ms')} and {flag('tpot_slo_ms')} bound a generation study ({flag('task')} generate)"
+            )
         if self.task == "generate" and self.slo_ms is not None:
-            raise UserError("--slo-ms bounds one call; for generation bound --ttft-slo-ms or --tpot-slo-ms")
-        for name, bound in (("--ttft-slo-ms", self.ttft_slo_ms), ("--tpot-slo-ms", self.tpot_slo_ms)):
+            raise UserError(
+                f"{flag('slo_ms')} bounds one call; for generation bound {flag('ttft_slo_ms')} or {flag('tpot_slo_ms')}"
+            )
+        for name, bound in (("ttft_slo_ms", self.ttft_slo_ms), ("tpot_slo_ms", self.tpot_slo_ms)):
             if bound is not None and (bound <= 0 or self.objective != "throughput"):
-                raise UserError(f"{name} must be a positive p99 bound and goes with --objective throughput")
+                raise UserError(
+                    f"{flag(name)} must be a positive p99 bound and goes with {flag('objective')} throughput"
+                )
         if self.ttft_slo_ms is not None and self.measure.window_min_iters < 100:
-            raise UserError("--ttft-slo-ms needs at least 100 generations per measurement for a p99")
+            raise UserError(f"{flag('ttft_slo_ms')} needs at least 100 generations per measurement for a p99")
         if self.calibration_samples < 1:
-            raise UserError(f"--calibration-samples must be at least 1, got {self.calibration_samples}")
+            raise UserError(f"{flag('calibration_samples')} must be at least 1, got {self.calibration_samples}")
 
     @property
     def dir(self) -> Path:
@@ -212,33 +231,12 @@ class SearchSpec:
         """The MLPerf scenario the objective measures (a Pareto study is closed loop: offline)."""
         return scenario_of(self.objective)
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["model"] = self.model.to_json()
-        data["measure"] = self.measure.to_json()
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SearchSpec:
-        known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k in known}  # settings of another autotune version are dropped
-        calibration = data.get("calibration_data")
-        return cls(
-            **{
-                **data,
-                "model": ModelSource.from_json(data["model"]),
-                "measure": MeasureSettings.from_json(data["measure"]),
-                "data": DataSource.from_json(data.get("data")),
-                "calibration_data": DataSource.from_json(calibration) if calibration else None,
-            }
-        )
-
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JsonObject:
         data = self.to_json()
         return {key: data[key] for key in IDENTITY_FIELDS}
 
 
-def identity_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def identity_differences(stored: JsonObject, current: JsonObject) -> list[str]:
     """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']."""
     diffs = []
     for key in IDENTITY_FIELDS:
@@ -259,17 +257,19 @@ class StoredSpec(Record):
     study had before the field existed: a study written by any autotune version reads back, and a study
     created by hand (tests, Optuna alone) reads as the defaults."""
 
-    objective: str = "throughput"
-    task: str = "classify"
-    model: dict[str, Any] = field(default_factory=dict)
+    NESTED: ClassVar[dict[str, type[Record]]] = {"model": ModelSource}
+
+    objective: str = default_of("objective")
+    task: str = IDENTITY_DEFAULTS["task"]
+    model: ModelSource | None = None  # None: a study that stored no spec
     storage: str | None = None
-    max_drift: float = 0.05
-    drift_metric: str = "relative_l2"
-    drift_relative: bool = False
+    max_drift: float = float(default_of("max_drift"))
+    drift_metric: str = IDENTITY_DEFAULTS["drift_metric"]
+    drift_relative: bool = IDENTITY_DEFAULTS["drift_relative"]
     eval_samples: int | None = None
     slo_ms: float | None = None
     runtimes: list[str] | None = None  # the Python environments trials may run in besides the main one
-    finalists: int | None = DEFAULT_FINALISTS
+    finalists: int | None = default_of("finalists")
 
     @classmethod
     def of(cls, study: Any) -> StoredSpec:
@@ -287,7 +287,7 @@ class StoredSpec(Record):
 
     @property
     def model_name(self) -> str:
-        return str((self.model or {}).get("name", "?"))
+        return self.model.name if self.model is not None else "?"
 
 
 def scenario_of(objective: str) -> str:

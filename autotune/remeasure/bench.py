@@ -28,7 +28,8 @@ from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
-from autotune.results.best_json import context_from_best, read_best
+from autotune.remeasure.context import context_from_best
+from autotune.results.best_json import read_best
 from autotune.results.selection import interleaved_schedule
 from autotune.runner.trials import TrialContext, compute_reference, run_config
 
@@ -193,6 +194,7 @@ def compare_with_baseline(
     if best.baseline is None or best.baseline.config is None:
         raise UserError(f"{best_path} has no baseline trial to compare with")
     ctx = context_from_best(best)
+    source = ctx.reference.model
     baseline, winner = best.baseline.config, best.config
     measures: dict[str, Measure] = {
         BASELINE_ROW: config_measure(baseline, ctx),
@@ -208,13 +210,13 @@ def compare_with_baseline(
         settings[INDEPENDENT_ROW] = f"{tool}, {independent_s:.0f} s"
     if vs_benchmark_app_s > 0:
         measures[ONE_COMMAND_ROW] = lambda work: BenchRun.of_stopwatch(
-            one_command_openvino(ctx, best.model["input_shape"], work, vs_benchmark_app_s)
+            one_command_openvino(ctx, list(source.input_shape), work, vs_benchmark_app_s)
         )
         settings[ONE_COMMAND_ROW] = f"benchmark_app -hint throughput, NNCF int8 IR, batch 1, {vs_benchmark_app_s:.0f} s"
         ratios_to.append(ONE_COMMAND_ROW)
     runs = measure_side_by_side(measures, repeats, best_path.parent / "compare", console)
-    shape = "x".join(map(str, best.model["input_shape"]))
-    print_results(console, f"{best.model['name']} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to)
+    shape = "x".join(map(str, source.input_shape))
+    print_results(console, f"{source.name} {shape}: {repeats} interleaved runs each", settings, runs, ratios_to)
     return runs
 
 

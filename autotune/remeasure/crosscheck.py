@@ -116,10 +116,12 @@ def independent_winner(
     config = best.config
     machine = probe_machine()
     env = runtime_env(runtime, {**clean_environment(dict(os.environ)), **(best.environment or {})})
-    job = best.job or {}
-    if best.model.get("inputs"):
+    job = best.job
+    if job is None:  # read_best refused a best.json without a timed winner already
+        raise TrialFailed("best.json holds no job to re-measure")
+    if job.model.inputs:
         raise TrialFailed("the independent cross-check feeds one input tensor; this model takes several")
-    shape = f"[{config.batch_size},{','.join(map(str, best.model['input_shape']))}]"
+    shape = f"[{config.batch_size},{','.join(map(str, job.model.input_shape))}]"
     commands = []
     if config.backend == "openvino":
         flags = _openvino_flags(config, best.backend_details)
@@ -129,7 +131,7 @@ def independent_winner(
                     *pin_prefix(cpus, machine),
                     benchmark_app_path(),
                     "-m",
-                    str(Path(job["artifact_dir"]) / "model.xml"),
+                    str(Path(str(job.artifact_dir)) / "model.xml"),
                     "-shape",
                     shape,
                     *flags,
@@ -143,7 +145,7 @@ def independent_winner(
         shutil.rmtree(ready, ignore_errors=True)
         ready.mkdir(parents=True)
         for i, cpus in enumerate(config.instance_cpus(machine)):
-            job_path = write_json_atomic(work / f"plain-job-{i}.json", {**job, "instance": i})
+            job_path = write_json_atomic(work / f"plain-job-{i}.json", replace(job, instance=i).to_json())
             commands.append(
                 [
                     *pin_prefix(cpus, machine),
@@ -176,7 +178,7 @@ def one_command_openvino(
     argv = [
         benchmark_app_path(),
         "-m",
-        str(Path(artifact["dir"]) / "model.xml"),
+        str(Path(artifact.dir) / "model.xml"),
         "-hint",
         "throughput",
         "-shape",

@@ -105,7 +105,7 @@ def run_through_load(
 
 def window_of(protocol: TrialMetrics, min_warmup_s: float) -> tuple[float, float]:
     """The window and warm-up a run through load() gets: the protocol run's own, so the two are side by side."""
-    return protocol.measurement.common_window_s, max(min_warmup_s, protocol.measurement.warmup.get("s") or 0.0)
+    return protocol.measurement.common_window_s, max(min_warmup_s, protocol.measurement.warmup.s)
 
 
 def pinning_differences(protocol: TrialMetrics, run: LoadRun) -> list[str]:

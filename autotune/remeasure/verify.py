@@ -18,8 +18,9 @@ from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.measure.serving import RELATIVE_TOLERANCE
 from autotune.records.best import BestJson
 from autotune.records.metrics import TrialMetrics
+from autotune.remeasure.context import context_from_best
 from autotune.remeasure.through_load import LoadRun, pinning_differences, run_through_load, summary, window_of
-from autotune.results.best_json import context_from_best, read_best
+from autotune.results.best_json import read_best
 from autotune.runner.trials import run_config
 
 MIN_REGRESSION = 0.10  # below this, a difference is not called a regression on a shared machine
@@ -79,7 +80,8 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
     if through_load and not (best.launch and best.launch.pin_prefixes):
         raise UserError(f"{best_path} names no launch (pin_prefixes): export it again with 'autotune export'")
     ctx = context_from_best(best)
-    differences = fingerprint_differences(best.fingerprint, fingerprint(ctx.machine, ctx.runtimes))
+    tuned_on = best.fingerprint.to_json() if best.fingerprint else None
+    differences = fingerprint_differences(tuned_on, fingerprint(ctx.machine, ctx.runtimes))
     if differences:
         console.print("this is not the machine or software it was tuned on:", markup=False)
         for line in differences:

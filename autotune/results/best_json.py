@@ -7,44 +7,48 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any
 
 import optuna
 
 from autotune.common.errors import UserError
 from autotune.common.files import write_json_atomic
 from autotune.common.json_record import RecordError
-from autotune.machine.probe import probe_machine
-from autotune.machine.runtimes import MAIN, replay_env, runtimes_with
+from autotune.machine.runtimes import MAIN, RuntimeRecord, replay_env
 from autotune.measure.drift import Drift
+from autotune.measure.serving import ServerMetrics
+from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.best import (
     METRIC_KEYS,
     Baseline,
     BestJson,
     BestMetrics,
+    DriftReport,
     FinalistCandidate,
     Finalists,
     Launch,
     ObjectiveInfo,
     ParetoPoint,
+    ProbeSummary,
     ServerSummary,
     StudyInfo,
-    config_from_json,
 )
-from autotune.records.config import UNSET_IN_COMMANDS
+from autotune.records.config import UNSET_IN_COMMANDS, TrialConfig
+from autotune.records.finalists import FinalistEntry, FinalistRound
+from autotune.records.fingerprint import Fingerprint
+from autotune.records.options import flag
+from autotune.records.reference import CalibrationSet, EvaluationSet, ReferenceNote
 from autotune.records.spec import StoredSpec
 from autotune.results.selection import (
     baseline_trial,
     clean_trials,
-    decide,
     drift_of,
-    maximizes,
+    finalist_round,
     metrics_of,
     primary_value,
 )
 from autotune.runner.launch import shell_command
-from autotune.runner.trials import Reference, TrialContext, replay_argv
+from autotune.runner.trials import replay_argv
 
 SCHEMA = "autotune.best/2"
 
@@ -66,7 +70,7 @@ def replay_commands(attrs: TrialAttrs, best_path: Path) -> list[str]:
     ]
 
 
-def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, dict[str, Any] | None, str]:
+def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, FinalistRound | None, str]:
     """The winning trial, the finalist record that chose it (if current), and why it won.
 
     A finalist round decides when it is newer than every completed trial; otherwise the best clean
@@ -82,53 +86,48 @@ def choose_winner(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, 
             f"every completed trial of study {study.study_name!r} was flagged as noisy (the last: {last_flags}): "
             "rerun 'autotune search' on a quieter machine (same command resumes)"
         )
-    maximize = maximizes(study)
-    record = study.user_attrs.get(Attr.FINALISTS)
-    if record:
-        record = decide(record, maximize)  # from the stored runs, with the current selection rule
+    record = finalist_round(study)  # from the stored runs, with the current selection rule
     # A noisy contender may win the finalist round: its interleaved clean runs decided, not its flag.
     by_number = {t.number: t for t in complete}
-    if (
-        record
-        and record.get("winner_trial") in by_number
-        and record.get("last_trial", -1) >= max(t.number for t in complete)
-    ):
-        return by_number[record["winner_trial"]], record, f"finalists: {record['selection']}"
+    if record is not None and record.winner_trial in by_number and record.last_trial >= max(t.number for t in complete):
+        return by_number[record.winner_trial], record, f"finalists: {record.selection}"
     return clean[0], None, "best clean single measurement (no finalist round after the last trial)"
 
 
-def _finalist_view(record: dict[str, Any] | None, winner: int) -> Finalists | None:
+def _finalist_view(record: FinalistRound | None, winner: int) -> Finalists | None:
     """best.json's summary of the finalist round: every candidate's repeats and their spread."""
     if record is None:
         return None
     return Finalists(
-        selection=record["selection"],
-        order=record["order"],
-        repeats=record["repeats"],
-        seconds=record["seconds"],
-        left_out=record.get("left_out", []),  # candidates the time left had no room for
-        candidates=[_finalist_candidate(c, winner) for c in record["candidates"]],
+        selection=record.selection or "",
+        order=record.order,
+        repeats=record.repeats,
+        seconds=record.seconds,
+        left_out=record.left_out,  # candidates the time left had no room for
+        candidates=[_finalist_candidate(c, winner) for c in record.candidates],
     )
 
 
-def _finalist_candidate(c: dict[str, Any], winner: int) -> FinalistCandidate:
-    summary = c["summary"]
+def _finalist_candidate(c: FinalistEntry, winner: int) -> FinalistCandidate:
+    summary = c.summary
+    if summary is None:  # decided before it is read: every entry has its summary
+        raise RecordError(f"the finalist round's entry for trial {c.trial} has no summary")
     return FinalistCandidate(
-        trial=c["trial"],
-        winner=c["trial"] == winner,
-        candidate=c["candidate"],
-        baseline=c["baseline"],
-        config=c.get("config"),
-        search_value=c["search_value"],
-        values=[r.get("value") for r in c["runs"]],
-        runs=c["runs"],
-        median=summary["median"],
-        min=summary["min"],
-        max=summary["max"],
-        spread_rel=summary["spread_rel"],
-        noise_rel=summary["noise_rel"],
-        clean_runs=summary["runs"],  # the median and range are over these only
-        eligible=summary.get("eligible", True),
+        trial=c.trial,
+        winner=c.trial == winner,
+        candidate=c.candidate,
+        baseline=c.baseline,
+        config=c.config,
+        search_value=c.search_value,
+        values=[r.value for r in c.runs],
+        runs=c.runs,
+        median=summary.median,
+        min=summary.min,
+        max=summary.max,
+        spread_rel=summary.spread_rel,
+        noise_rel=summary.noise_rel,
+        clean_runs=summary.runs,  # the median and range are over these only
+        eligible=summary.eligible,
     )
 
 
@@ -145,24 +144,32 @@ def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
     if baseline is None:
         return None
     metrics = metrics_of(baseline)
-    config = baseline.user_attrs.get(Attr.CONFIG)
     return Baseline(
         trial=baseline.number,
-        config=None if config is None else config_from_json(config, "baseline.config"),
+        config=TrialAttrs.of(baseline).config,
         throughput_sps=metrics.throughput_sps,
-        latency_ms=metrics.latency_ms.to_json(),
+        latency_ms=metrics.latency_ms,
         sustained_rps=baseline.values[0] if metrics.server else None,
     )
 
 
-def _study_drift(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def _study_drift(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> DriftReport:
+    evaluation = study.user_attrs.get(Attr.EVALUATION)
+    calibration = study.user_attrs.get(Attr.CALIBRATION)
+    note = study.user_attrs.get(Attr.REFERENCE_NOTE)
     return drift_report(
         drift_of(trial),
         StoredSpec.of(study),
-        study.user_attrs.get(Attr.EVALUATION),
-        study.user_attrs.get(Attr.CALIBRATION),
-        study.user_attrs.get(Attr.REFERENCE_NOTE),
+        EvaluationSet.from_json(evaluation) if evaluation else None,
+        CalibrationSet.from_json(calibration) if calibration else None,
+        ReferenceNote.from_json(note) if note else None,
     )
+
+
+def _model_for_trials(study: optuna.study.Study, spec: StoredSpec) -> ModelSource | None:
+    """How trials built the model: with the weights the reference saved (a random init's), else as specified."""
+    stored = study.user_attrs.get(Attr.MODEL_FOR_TRIALS)
+    return ModelSource.from_json(stored) if stored else spec.model
 
 
 def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
@@ -193,9 +200,9 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         server=server_summary(metrics.server) if metrics.server else None,
         pareto_front=pareto_front(study) if pareto else None,
         finalists=_finalist_view(record, best.number),
-        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.model),
-        config=config_from_json(attrs.config),
-        runtime=attrs.runtime or {"name": MAIN, "torch": attrs.torch_version},
+        model=_model_for_trials(study, spec),
+        config=_config_of(attrs, best.number),
+        runtime=attrs.runtime or RuntimeRecord(name=MAIN, torch=attrs.torch_version),
         environment=attrs.env or {},
         launch=Launch(
             pinning=attrs.pinning,
@@ -210,49 +217,54 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         baseline=_baseline(baseline),
         speedup_vs_baseline=speedup,
         speedup_source=source,
-        fingerprint=study.user_attrs.get(Attr.FINGERPRINT),
+        fingerprint=Fingerprint.of(study),
     )
+
+
+def _config_of(attrs: TrialAttrs, trial: int) -> TrialConfig:
+    if attrs.config is None:
+        raise RecordError(f"trial {trial} recorded no config")
+    return attrs.config
 
 
 def drift_report(
     drift: Drift | None,
     spec: StoredSpec,
-    evaluation: dict[str, Any] | None,
-    calibration: dict[str, Any] | None,
-    reference_note: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    evaluation: EvaluationSet | None,
+    calibration: CalibrationSet | None,
+    reference_note: ReferenceNote | None = None,
+) -> DriftReport:
     """The winner's drift: every metric, the one bounded with its drop and bound, and what it was
     measured on (`reference`: set when the FP32 outputs were constant across inputs, saying what was done)."""
     criterion = spec.criterion
-    evaluation = evaluation or {
-        "data": "synthetic seeded random inputs",
-        "samples": spec.eval_samples,
-        "synthetic": True,
-    }
-    return {
-        **(drift.to_json() if drift else {}),
-        "metric": criterion.metric,
-        "drop": criterion.drop(drift) if drift else None,
-        "max_drift": criterion.max_drop,
-        "relative": criterion.relative,
-        "criterion": criterion.describe(),
-        "data": f"{evaluation['data']}: {evaluation['samples']} evaluation samples, FP32 eager outputs as reference"
-        + (" (synthetic: says little about accuracy)" if evaluation.get("synthetic") else ""),
-        "evaluation": evaluation,
-        "calibration": calibration,
-        "reference": reference_note,
-    }
+    # a study from before the evaluation set was recorded: its synthetic inputs, as that layout had them
+    evaluation = evaluation or EvaluationSet(
+        data="synthetic seeded random inputs",
+        samples=spec.eval_samples,
+        synthetic=True,
+        absent=("labels", "reference_accuracy"),
+    )
+    return DriftReport(
+        measured=drift,
+        metric=criterion.metric,
+        drop=criterion.drop(drift) if drift else None,
+        max_drift=criterion.max_drop,
+        relative=criterion.relative,
+        criterion=criterion.describe(),
+        data=f"{evaluation.data}: {evaluation.samples} evaluation samples, FP32 eager outputs as reference"
+        + (" (synthetic: says little about accuracy)" if evaluation.synthetic else ""),
+        evaluation=evaluation,
+        calibration=calibration,
+        reference=reference_note,
+    )
 
 
-def _revalidated(record: dict[str, Any] | None, trial: int) -> float | None:
-    for candidate in (record or {}).get("candidates", []):
-        if candidate["trial"] == trial:
-            return candidate["summary"]["median"]
-    return None
+def _revalidated(record: FinalistRound | None, trial: int) -> float | None:
+    return record.median_of(trial) if record is not None else None
 
 
 def _speedup(
-    record: dict[str, Any] | None,
+    record: FinalistRound | None,
     best: optuna.trial.FrozenTrial,
     base_sps: float | None,
     objective: str | None,
@@ -272,17 +284,16 @@ def _speedup(
     )
 
 
-def _finalist_speedup(record: dict[str, Any] | None, best: optuna.trial.FrozenTrial) -> float | None:
+def _finalist_speedup(record: FinalistRound | None, best: optuna.trial.FrozenTrial) -> float | None:
     """The winner's finalist median over the baseline's, when the round re-measured both."""
-    if not record:
+    if record is None:
         return None
-    medians = {c["trial"]: c["summary"]["median"] for c in record["candidates"]}
-    base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)
-    return medians[best.number] / base if base and medians.get(best.number) else None
+    base, median = record.baseline_median(), record.median_of(best.number)
+    return median / base if base and median else None
 
 
 def _server_speedup(
-    record: dict[str, Any] | None, best: optuna.trial.FrozenTrial, base_value: float | None
+    record: FinalistRound | None, best: optuna.trial.FrozenTrial, base_value: float | None
 ) -> tuple[float | None, str]:
     """The server scenario's speedup: sustained rate over the baseline's, from the interleaved finalist
     runs when both were re-measured, else from their search trials."""
@@ -295,36 +306,36 @@ def _server_speedup(
     )
 
 
-def server_summary(server: dict[str, Any]) -> ServerSummary:
+def server_summary(server: ServerMetrics) -> ServerSummary:
     """best.json's `server`: the sustained rate at the bound, the batching policy a server should use,
     and the rate search's probes (each: offered and achieved rate, p50/p90/p99, the model's call time
     under that load, queue at start and end)."""
     return ServerSummary(
-        sustained_rps=server["sustained_rps"],
-        slo_ms=server["slo_ms"],
-        max_batch=server["max_batch"],
-        max_wait_ms=server["max_wait_ms"],
-        upper_bound_rps=server["upper_bound_rps"],
-        batching=server["batching"],
-        routing=server["routing"],
-        rule=server["rule"],
+        sustained_rps=server.sustained_rps,
+        slo_ms=server.slo_ms,
+        max_batch=server.max_batch,
+        max_wait_ms=server.max_wait_ms,
+        upper_bound_rps=server.upper_bound_rps,
+        batching=server.batching,
+        routing=server.routing,
+        rule=server.rule,
         probes=[
-            {
-                "rate_rps": p["rate_rps"],
-                "achieved_rps": p["achieved_rps"],
-                "p50_ms": p["latency_ms"]["p50"],
-                "p90_ms": p["latency_ms"]["p90"],
-                "p99_ms": p["latency_ms"]["p99"],
-                "p99_ci_ms": p["p99_ci_ms"],
-                "requests": p["requests"],
-                "call_mean_ms": (p.get("call_ms") or {}).get("mean"),
-                "call_p99_ms": (p.get("call_ms") or {}).get("p99"),
-                "queue_start": p["queue_start"],
-                "queue_end": p["queue_end"],
-                "sustained": p["sustained"],
-                "why": p["why"],
-            }
-            for p in server["probes"]
+            ProbeSummary(
+                rate_rps=p.rate_rps,
+                achieved_rps=p.achieved_rps,
+                p50_ms=p.latency_ms.p50,
+                p90_ms=p.latency_ms.p90,
+                p99_ms=p.latency_ms.p99,
+                p99_ci_ms=p.p99_ci_ms,
+                requests=p.requests,
+                call_mean_ms=p.call_ms.mean if p.call_ms else None,
+                call_p99_ms=p.call_ms.p99 if p.call_ms else None,
+                queue_start=p.queue_start,
+                queue_end=p.queue_end,
+                sustained=p.sustained,
+                why=p.why,
+            )
+            for p in server.probes
         ],
     )
 
@@ -344,8 +355,8 @@ def pareto_front(study: optuna.study.Study) -> list[ParetoPoint]:
             trial=t.number,
             throughput_sps=t.values[0],
             p99_ms=t.values[1],
-            config=t.user_attrs.get(Attr.CONFIG),
-            config_summary=t.user_attrs.get(Attr.CONFIG_SUMMARY),
+            config=(attrs := TrialAttrs.of(t)).config,
+            config_summary=attrs.config_summary,
         )
         for t in sorted(front, key=lambda t: -t.values[0])
     ]
@@ -357,7 +368,7 @@ def closest_candidate(study: optuna.study.Study) -> optuna.trial.FrozenTrial | N
     measured = [
         (criterion.drop(drift), t)
         for t in study.get_trials(deepcopy=False)
-        if (drift := drift_of(t)) is not None and t.user_attrs.get(Attr.CONFIG) and criterion.exceeded(drift)
+        if (drift := drift_of(t)) is not None and TrialAttrs.of(t).config and criterion.exceeded(drift)
     ]
     measured = [(drop, t) for drop, t in measured if drop is not None]
     return min(measured, key=lambda pair: (pair[0], pair[1].number))[1] if measured else None
@@ -376,17 +387,17 @@ def build_closest(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) ->
         study=_study_info(study, spec, trial.number),
         objective=ObjectiveInfo(name=spec.objective, direction=_directions(study)),
         selection=(
-            f"NO configuration met the drift bound ({drift['criterion']}); this is the closest candidate: "
-            f"trial {trial.number} with {drift['metric']} drop {drift['drop']:.4g}. It was not timed. Loosen "
-            "--max-drift, "
-            "give calibration data (--data / --calibration-data), or add precisions closer to fp32 to the space"
+            f"NO configuration met the drift bound ({drift.criterion}); this is the closest candidate: "
+            f"trial {trial.number} with {drift.metric} drop {drift.drop or 0.0:.4g}. It was not timed. Loosen "
+            f"{flag('max_drift')}, give calibration data ({flag('data')} / {flag('calibration_data')}), or add "
+            "precisions closer to fp32 to the space"
         ),
-        model=study.user_attrs.get(Attr.MODEL_FOR_TRIALS, spec.model),
-        config=config_from_json(attrs.config),
+        model=_model_for_trials(study, spec),
+        config=_config_of(attrs, trial.number),
         runtime=attrs.runtime,
         environment=attrs.env,
         drift=drift,
-        fingerprint=study.user_attrs.get(Attr.FINGERPRINT),
+        fingerprint=Fingerprint.of(study),
     )
 
 
@@ -411,26 +422,3 @@ def read_best(best_path: Path) -> BestJson:
             f"{best_path} holds no timed winner (no configuration met the drift bound): nothing to re-measure"
         )
     return best
-
-
-def context_from_best(best: BestJson | dict[str, Any]) -> TrialContext:
-    """What re-measuring an exported winner needs, from best.json alone: its reference, weights,
-    measurement settings, caches and runtime."""
-    best = BestJson.from_json(best)
-    job = best.worker_job
-    if job is None or job.reference_path is None or job.workdir is None:
-        raise RecordError("best.json: its job lacks the reference, the work folder or the job itself")
-    return TrialContext(
-        probe_machine(),
-        Reference(
-            Path(job.reference_path),
-            job.model,
-            job.calibration or {"data": "synthetic", "samples": job.calibration_samples},
-            generation=job.generation,
-        ),
-        job.measure_settings(),
-        Path(job.workdir),
-        job.calibration_samples,
-        runtimes=runtimes_with(best.runtime),
-        server={k: v for k, v in job.server.items() if k != "first_rates"} if job.server else None,
-    )

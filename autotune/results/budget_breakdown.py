@@ -7,8 +7,8 @@ from __future__ import annotations
 import optuna
 
 from autotune.common.durations import format_duration
-from autotune.records.attributes import Attr
-from autotune.records.metrics import TrialBudget
+from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.finalists import FinalistRound
 
 STAGES = (
     ("preparing", "preparing_s"),
@@ -31,13 +31,13 @@ def budget_breakdown(study: optuna.study.Study) -> list[tuple[str, float]]:
         return []
     sums = dict.fromkeys((name for name, _ in STAGES), 0.0)
     for trial in trials:
-        stored = trial.user_attrs.get(Attr.BUDGET)
-        if stored is None:
+        budget = TrialAttrs.of(trial).budget
+        if budget is None:
             continue
-        budget = TrialBudget.from_json(stored)
         for name, field in STAGES:
             sums[name] += getattr(budget, field)
-    finalists = float((study.user_attrs.get(Attr.FINALISTS) or {}).get("seconds") or 0.0)
+    stored = study.user_attrs.get(Attr.FINALISTS)
+    finalists = (FinalistRound.from_json(stored).seconds or 0.0) if stored else 0.0
     wall = (max(ends) - min(starts)).total_seconds() + finalists
     rows = [*sums.items(), ("finalists", finalists)]
     rows.append(("other (sampler, orchestration, unrecorded)", max(0.0, wall - sum(v for _, v in rows))))

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from autotune.machine.runtimes import MAIN, replay_env
+from autotune.machine.runtimes import RuntimeRecord, replay_env
 from autotune.records.best import BestJson, ServerSummary
 from autotune.records.config import UNSET_IN_COMMANDS
 
@@ -25,12 +25,12 @@ def launch_script(best: BestJson | dict[str, Any], best_path: Path) -> str:
     if best.launch is None or best.launch.pin_prefixes is None:
         raise ValueError(f"{best_path} names no launch (pin_prefixes): nothing to start")
     pin_prefixes = best.launch.pin_prefixes
-    runtime = best.runtime or {"name": MAIN}
+    runtime = best.runtime or RuntimeRecord()
     python, env = replay_env(runtime, best.environment or {})
-    generation = (best.job or {}).get("generation")
+    generation = best.job.generation if best.job else None
     batch = (
-        f"{config.batch_size} sequence(s) of {generation['prompt_tokens']} prompt tokens, "
-        f"{generation['new_tokens']} new tokens each"
+        f"{config.batch_size} sequence(s) of {generation.prompt_tokens} prompt tokens, "
+        f"{generation.new_tokens} new tokens each"
         if generation
         else f"batch {config.batch_size}"
     )
@@ -38,9 +38,9 @@ def launch_script(best: BestJson | dict[str, Any], best_path: Path) -> str:
     summary = f"{config.backend}/{config.precision} {batch}, {threads}"
     lines = [
         "#!/usr/bin/env bash",
-        f"# autotune launch script: {best.model['name']} as tuned in study {best.study.name} (trial "
-        f"{best.study.trial}),",
-        f"# {summary}, runtime {runtime.get('name', MAIN)} (torch {runtime.get('torch', '?')}).",
+        f"# autotune launch script: {best.model.name if best.model else '?'} as tuned in study {best.study.name} "
+        f"(trial {best.study.trial}),",
+        f"# {summary}, runtime {runtime.name} (torch {runtime.torch or '?'}).",
         "# Usage: ./launch.sh [COMMAND ARGS...]   one pinned process per instance runs COMMAND with the tuned",
         "# environment; each gets AUTOTUNE_INSTANCE (0..N-1), AUTOTUNE_INSTANCES and AUTOTUNE_BEST.",
         "# Without a command, each instance re-measures the tuned config and prints JSON.",

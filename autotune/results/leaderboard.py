@@ -14,7 +14,8 @@ import optuna
 from rich.table import Table
 
 from autotune.common.errors import UserError
-from autotune.records.attributes import Attr
+from autotune.machine.runtimes import MAIN
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.spec import StoredSpec
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import (
@@ -71,7 +72,7 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[Leaderboa
     base_sps = (baseline.value if server else metrics_of(baseline).throughput_sps) if baseline else None
     rows = []
     for rank, trial in enumerate(clean_trials(study)[:top], start=1):
-        metrics = metrics_of(trial)
+        metrics, attrs = metrics_of(trial), TrialAttrs.of(trial)
         sps = metrics.throughput_sps
         at_rate = metrics.server.at_sustained if metrics.server else None
         compared = metrics.server.sustained_rps if metrics.server else sps
@@ -80,7 +81,7 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[Leaderboa
             LeaderboardRow(
                 rank=rank,
                 trial=trial.number,
-                config=trial.user_attrs.get(Attr.CONFIG_SUMMARY, ""),
+                config=attrs.config_summary or "",
                 throughput_sps=sps,
                 p50_ms=metrics.latency_ms.p50,
                 p99_ms=metrics.latency_ms.p99,
@@ -93,8 +94,8 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[Leaderboa
                 sustained_rps=metrics.server.sustained_rps if metrics.server else None,
                 server_p99_ms=at_rate.latency_ms.p99 if at_rate else None,
                 max_wait_ms=metrics.server.max_wait_ms if metrics.server else None,
-                runtime=(metrics.runtime or {}).get("name", "main"),
-                baseline=bool(trial.user_attrs.get(Attr.BASELINE)),
+                runtime=metrics.runtime.name if metrics.runtime else MAIN,
+                baseline=attrs.baseline,
             )
         )
     return rows
@@ -157,10 +158,11 @@ MAX_LISTED_TRIALS = 8
 
 def _outcome_cause(trial: optuna.trial.FrozenTrial) -> tuple[str, str]:
     """(group key, the trial's own cause) of a failed or pruned trial."""
+    attrs = TrialAttrs.of(trial)
     if trial.state == optuna.trial.TrialState.FAIL:
-        cause = (trial.user_attrs.get(Attr.FAIL_CAUSE) or "unknown (no cause recorded)").splitlines()[0]
+        cause = (attrs.fail_cause or "unknown (no cause recorded)").splitlines()[0]
         return cause_group(cause), cause
-    reason = (trial.user_attrs.get(Attr.PRUNE_REASON) or "pruned").splitlines()[0]
+    reason = (attrs.prune_reason or "pruned").splitlines()[0]
     for prefix, kind in PRUNE_KINDS:
         if reason.startswith(prefix):
             return kind, reason
@@ -208,19 +210,18 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
     except UserError:
         return []
     unit = primary_unit(study)
-    name = f"trial {best.number} {best.user_attrs.get('config_summary', '')}".rstrip()
-    candidate = next((c for c in (record or {}).get("candidates", []) if c["trial"] == best.number), None)
-    if candidate is None or candidate["summary"]["median"] is None:
+    name = f"trial {best.number} {TrialAttrs.of(best).config_summary or ''}".rstrip()
+    candidate = record.entry(best.number) if record is not None else None
+    summary = candidate.summary if candidate is not None else None
+    if record is None or summary is None or summary.median is None:
         return [f"winner: {name}: {primary_value(best):.1f} {unit} from one search measurement ({why})"]
-    summary = candidate["summary"]
-    base = next((c["summary"]["median"] for c in record["candidates"] if c.get("baseline")), None)  # type: ignore[index]
-    speedup = (
-        f", {summary['median'] / base:.2f}x the baseline re-measured alike" if base and unit.endswith("/s") else ""
-    )
-    runs = f"{summary['runs']} clean runs of {summary.get('of_runs', summary['runs'])}"
+    base = record.baseline_median()
+    speedup = f", {summary.median / base:.2f}x the baseline re-measured alike" if base and unit.endswith("/s") else ""
+    runs = f"{summary.runs} clean runs of {summary.of_runs if summary.of_runs is not None else summary.runs}"
     return [
-        f"winner: {name}: {summary['median']:.1f} {unit} re-measured (median of {runs}, "
-        f"{summary['min']:.1f}-{summary['max']:.1f}){speedup}; its search measurement was {primary_value(best):.1f}",
+        f"winner: {name}: {summary.median:.1f} {unit} re-measured (median of {runs}, "
+        f"{summary.min or 0.0:.1f}-{summary.max or 0.0:.1f}){speedup}; its search measurement was "
+        f"{primary_value(best):.1f}",
         f"  {why}",
     ]
 

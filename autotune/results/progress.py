@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from autotune.common.durations import format_duration
-from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.attributes import TrialAttrs
 from autotune.results.selection import clean_trials, metrics_of, primary_unit
 
 
@@ -90,7 +90,7 @@ class ProgressPrinter:
 
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
         used = time.monotonic() - self.started
-        summary = trial.user_attrs.get(Attr.CONFIG_SUMMARY, "")
+        summary = TrialAttrs.of(trial).config_summary or ""
         line = f"trial {trial.number:>3} {trial.state.name:<8} {summary:<52} {_metric_text(trial)}"
         best = ""
         best_trial, sps, speedup = best_so_far(study, self.baseline_sps)
@@ -126,7 +126,7 @@ class LiveStatus:
         best, sps, speedup = best_so_far(study, self.baseline_sps)
         if best is not None:
             times = f" = {speedup:.2f}x the baseline" if speedup else ""
-            summary = best.user_attrs.get(Attr.CONFIG_SUMMARY, "")
+            summary = TrialAttrs.of(best).config_summary or ""
             self.best = f"best so far: trial {best.number} {summary}: {sps or 0:.1f} {primary_unit(study)}{times}"
 
     def lines(self) -> list[str]:

@@ -16,7 +16,8 @@ from typing import Any
 
 import optuna
 
-from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.attributes import TrialAttrs
+from autotune.records.fingerprint import Fingerprint, HardwareFacts
 from autotune.records.spec import StoredSpec
 from autotune.results.budget_breakdown import budget_breakdown
 from autotune.results.leaderboard import leaderboard_rows, outcome_groups, study_summary, winner_lines
@@ -69,14 +70,14 @@ def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, fl
     return sorted(front, key=lambda p: p[1])
 
 
-def _complete_points(study: optuna.study.Study) -> list[tuple[float, float, int, dict[str, Any]]]:
+def _complete_points(study: optuna.study.Study) -> list[tuple[float, float, int]]:
     points = []
     for trial in clean_trials(study):
         metrics = metrics_of(trial)
         latency = metrics.generation.tpot_ms if metrics.generation else metrics.latency_ms  # per token for LMs
         sps, p99 = metrics.throughput_sps, latency.p99 or latency.p50
         if sps and p99:
-            points.append((sps, p99, trial.number, trial.user_attrs))
+            points.append((sps, p99, trial.number))
     return points
 
 
@@ -86,7 +87,7 @@ def pareto_chart(study: optuna.study.Study) -> str | None:
         return None
     fig, ax = _figure()
     ax.scatter([p[1] for p in points], [p[0] for p in points], s=18, color="#9bb", label="clean trials")
-    front = pareto_front([(p[0], p[1], p[2]) for p in points])
+    front = pareto_front(points)
     ax.plot([p[1] for p in front], [p[0] for p in front], "o-", color="#c33", label="Pareto front")
     for sps, p99, number in front:
         ax.annotate(f"#{number}", (p99, sps), textcoords="offset points", xytext=(4, 4), fontsize=8)
@@ -128,8 +129,8 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
     base = (baseline.value if server else metrics_of(baseline).throughput_sps) if baseline else None
     best: dict[str, float] = {}
     for trial in clean_trials(study):
-        config = trial.user_attrs.get(Attr.CONFIG) or {}
-        key = f"{config.get('backend')} {config.get('precision')}"
+        config = TrialAttrs.of(trial).config
+        key = f"{config.backend} {config.precision}" if config else "None None"
         value = (trial.value or 0.0) if server else metrics_of(trial).throughput_sps
         best[key] = max(best.get(key, 0.0), value)
     if not best:
@@ -147,7 +148,7 @@ def speedup_chart(study: optuna.study.Study) -> str | None:
 
 
 def _backend(trial: optuna.trial.FrozenTrial) -> str | None:
-    config = TrialAttrs.of(trial).trial_config
+    config = TrialAttrs.of(trial).config
     return config.backend if config else None
 
 
@@ -268,7 +269,8 @@ def _leaderboard(study: optuna.study.Study, server: bool) -> str:
 def build_report(study: optuna.study.Study) -> str:
     spec = StoredSpec.of(study)
     model = spec.model_name
-    hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware", {})
+    stored = Fingerprint.of(study)
+    hardware = stored.hardware if stored and stored.hardware else HardwareFacts()
     server = is_server(study)
     charts = [
         (
@@ -287,7 +289,7 @@ def build_report(study: optuna.study.Study) -> str:
     )
     missing = [title for title, svg in charts if not svg]
     outcomes = [[g.state, len(g.trials), g.trial_list, g.example] for g in outcome_groups(study)]
-    cpu = html.escape(str(hardware.get("cpu_model", "?")))
+    cpu = html.escape(hardware.cpu_model or "?")
     winner = "".join(f"<p>{html.escape(line.strip())}</p>" for line in winner_lines(study)) or "<p>None yet.</p>"
     leaderboard = _leaderboard(study, server)
     failures = (
@@ -304,7 +306,7 @@ def build_report(study: optuna.study.Study) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>autotune report: {html.escape(study.study_name)}</title>
 <style>{STYLE}</style></head><body>
 <h1>autotune report: study {html.escape(study.study_name)}</h1>
-<p>model <b>{html.escape(str(model))}</b> on {cpu}, {hardware.get("physical_cores", "?")} physical cores;
+<p>model <b>{html.escape(str(model))}</b> on {cpu}, {hardware.physical_cores or "?"} physical cores;
 objective {html.escape(spec.objective)}; {html.escape(study_summary(study))}.
 <span class="note">Generated {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}.</span></p>
 <h2>Winner</h2>{winner}

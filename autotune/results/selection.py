@@ -1,6 +1,9 @@
 """Which trials may win and which one does: the study's baseline, its clean trials in order, its
 direction, and the finalist round's decision rule (a win must exceed the noise; ties go to the
 simpler configuration). Shared by the search (pruners, finalists) and everything that reads a study.
+
+The rule reads the round as the study stores it (records/finalists.FinalistRound's JSON): export decides
+again from the stored runs, and a round stored by an older autotune is decided by today's rule.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from typing import Any, TypeVar
 
 import optuna
 
+from autotune.common.json_record import JsonObject
 from autotune.measure.drift import Drift
 from autotune.measure.serving import RELATIVE_TOLERANCE
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig
+from autotune.records.finalists import FinalistRound
 from autotune.records.metrics import FinalistRun, TrialMetrics
 from autotune.records.spec import StoredSpec
 
@@ -22,7 +27,7 @@ from autotune.records.spec import StoredSpec
 def baseline_trial(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
     """The completed eager fp32 baseline trial, if the study has one."""
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if trial.user_attrs.get(Attr.BASELINE):
+        if TrialAttrs.of(trial).baseline:
             return trial
     return None
 
@@ -34,23 +39,22 @@ def metrics_of(trial: optuna.trial.FrozenTrial) -> TrialMetrics:
 
 def drift_of(trial: optuna.trial.FrozenTrial) -> Drift | None:
     """The drift a trial measured or reused (PRUNED trials have one too), or None."""
-    stored = trial.user_attrs.get(Attr.DRIFT)
-    return Drift.from_json(stored) if stored else None
+    return TrialAttrs.of(trial).drift
 
 
 def relative_noise(trial: optuna.trial.FrozenTrial) -> float:
     """Relative half-width of a completed trial's throughput (or median latency) confidence interval; for
     the server scenario, the rate search's tolerance."""
-    if trial.user_attrs.get(Attr.SERVER):
+    attrs = TrialAttrs.of(trial)
+    if attrs.server is not None:
         return RELATIVE_TOLERANCE
-    measurement = trial.user_attrs.get(Attr.MEASUREMENT) or {}
-    value = measurement.get("throughput_ci_rel")
+    value = attrs.measurement.throughput_ci_rel if attrs.measurement else None
     return float(value) if value is not None and math.isfinite(value) else 0.0
 
 
 def is_valid(trial: optuna.trial.FrozenTrial) -> bool:
     """A completed measurement that no noise check flagged (trials from before the checks count as valid)."""
-    return trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get(Attr.VALID, True) is not False
+    return trial.state == optuna.trial.TrialState.COMPLETE and TrialAttrs.of(trial).valid
 
 
 def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
@@ -59,7 +63,7 @@ def noisy_contenders(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.user_attrs.get(Attr.VALID, True) is False
+        if not TrialAttrs.of(t).valid
     ]
 
 
@@ -107,10 +111,10 @@ PRECISION_COMPLEXITY = {"fp32": 0, "bf16": 1, "int8": 2}
 MIN_TIE_NOISE = 0.01  # never call a gap under 1% a win
 
 
-def complexity(config: dict[str, Any]) -> tuple:
+def complexity(config: JsonObject) -> tuple:
     """Fewer moving parts first: eager < inductor < IPEX < ONNX Runtime < OpenVINO < torchao; fp32 < bf16 <
     int8; one instance; the system allocator; then the smaller batch (lower latency)."""
-    recorded = TrialConfig.from_stored(config)
+    recorded = TrialConfig.from_json(config)
     return (
         BACKEND_COMPLEXITY.get(recorded.backend, len(BACKEND_COMPLEXITY)),
         PRECISION_COMPLEXITY.get(recorded.precision, len(PRECISION_COMPLEXITY)),
@@ -271,3 +275,10 @@ def decide(record: dict[str, Any], maximize: bool) -> dict[str, Any]:
     except ValueError as exc:
         record.update(winner_trial=None, selection=str(exc) + note)
     return record
+
+
+def finalist_round(study: optuna.study.Study) -> FinalistRound | None:
+    """The study's finalist round, decided again from its stored runs with the current rule (None: no round
+    ran)."""
+    stored = study.user_attrs.get(Attr.FINALISTS)
+    return FinalistRound.from_json(decide(stored, maximizes(study))) if stored else None

@@ -18,10 +18,13 @@ from typing import Any
 
 from autotune.backends import backend_module
 from autotune.common.files import json_digest, read_json
+from autotune.common.json_record import JsonObject
 from autotune.machine.fingerprint import package_versions
 from autotune.machine.runtime_report import ARTIFACT_PACKAGES
+from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
+from autotune.records.reference import CalibrationSet
 
 META_FILE = "meta.json"
 LAST_USED = "last-used"
@@ -32,10 +35,10 @@ GENERATION_PACKAGES = (*ARTIFACT_PACKAGES, "transformers", "llama_cpp_python")
 def artifact_key(
     model: ModelSource,
     config: TrialConfig,
-    calibration: dict[str, Any],
+    calibration: CalibrationSet,
     runtime_packages: dict[str, str] | None = None,
-    generation: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    generation: GenerationWorkload | None = None,
+) -> JsonObject:
     """Everything the artifact's bytes depend on (and nothing else: not threads, not the allocator).
     `runtime_packages`: the versions in the runtime that builds it (default: this process's);
     `generation`: a language model's workload (its quantized weights come from the generation backends)."""
@@ -47,17 +50,17 @@ def artifact_key(
             "name": model.name,
             "input_shape": list(model.input_shape),
             "weights_sha256": model.weights_sha256,
-            **({"inputs": model.inputs} if model.inputs else {}),
+            **({"inputs": [spec.to_json() for spec in model.inputs]} if model.inputs else {}),
         },
         "backend": config.backend,
         "builder_version": backend_module(config.backend).ARTIFACT_VERSION,
         "identity": backend_module(config.backend).artifact_identity(config),
         # the data's digest, not its path; synthetic calibration keeps its old key so caches stay valid
-        "calibration": {
-            k: v
-            for k, v in calibration.items()
-            if k in (("digest", "samples", "after_eval") if "digest" in calibration else ("data", "samples"))
-        },
+        "calibration": (
+            {"data": calibration.data, "samples": calibration.samples}
+            if calibration.digest is None
+            else {"digest": calibration.digest, "samples": calibration.samples, "after_eval": calibration.after_eval}
+        ),
         "versions": (
             {k: v for k, v in runtime_packages.items() if k in ARTIFACT_PACKAGES}
             if runtime_packages is not None
@@ -67,8 +70,8 @@ def artifact_key(
 
 
 def _generation_key(
-    model: ModelSource, config: TrialConfig, generation: dict[str, Any], runtime_packages: dict[str, str] | None
-) -> dict[str, Any]:
+    model: ModelSource, config: TrialConfig, generation: GenerationWorkload, runtime_packages: dict[str, str] | None
+) -> JsonObject:
     """A language model's quantized weights: the model and its weights, the precision and its options,
     and for SmoothQuant the calibration text (the data's digest and the window length it is cut into)."""
     from autotune.backends import generation as backend
@@ -77,12 +80,12 @@ def _generation_key(
 
     module = backend_module(config.backend, "generate")
     identity = module.artifact_identity(config)
-    calibration: dict[str, Any] = {}
+    calibration: dict[str, str | int] = {}
     if config.precision == "smoothquant_int8":
-        data = generation.get("data")
+        data = generation.data
         calibration = {
             "data": file_digest(data) if data else "seeded token ids",
-            "length": min(backend.CALIBRATION_LENGTH, int(generation["prompt_tokens"])),
+            "length": min(backend.CALIBRATION_LENGTH, generation.prompt_tokens),
         }
     return {
         "model": {"kind": model.kind, "name": model.name, "weights_sha256": model.weights_sha256},

@@ -40,18 +40,22 @@ from autotune.model.dataset import DataSource
 from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
-from autotune.records.job import WorkerJob
+from autotune.records.job import ServerSettings, WorkerJob
 from autotune.records.metrics import (
+    ArtifactUse,
     Attempt,
     GenerationMetrics,
     InstanceResult,
     InstanceScreen,
     InstanceShare,
+    MachineLoad,
     Measurement,
+    PrepareResult,
     Screening,
     TrialMetrics,
+    Warmup,
 )
-from autotune.records.reference import ReferenceNote
+from autotune.records.reference import CalibrationSet, EvaluationSet, ReferenceNote, ReferenceResult
 from autotune.runner.artifact_cache import (
     META_FILE,
     artifact_dir,
@@ -73,8 +77,8 @@ class Reference:
     outputs_path: Path
     model: ModelSource  # with weights_path and weights_sha256 set: random inits are saved once and shared
     # What int8 artifacts are calibrated on (part of their cache key) and what drift is measured on.
-    calibration: dict[str, Any] = field(default_factory=lambda: {"data": "synthetic", "samples": 64})
-    evaluation: dict[str, Any] = field(default_factory=dict)
+    calibration: CalibrationSet = field(default_factory=lambda: CalibrationSet(samples=64))
+    evaluation: EvaluationSet | None = None
     generation: GenerationWorkload | None = None  # language models: the workload every trial runs
     note: ReferenceNote | None = None  # the FP32 outputs were constant across inputs: what was done about it
     digest: str = ""  # what it was computed from (model, data, sizes, format): drift is reused only against the same
@@ -98,7 +102,7 @@ class TrialContext:
     runtimes: dict[str, Runtime] | None = None  # None: discovered when first needed (main and .venv-ipex)
     memory_limit_mib: float | None = None  # all processes of a trial together (artifact builds too)
     cache_size_mib: float | None = None  # the artifact cache's cap: least recently used evicted past it
-    server: dict[str, Any] | None = None  # the server scenario: {"slo_ms", "seed"} (None: closed loop)
+    server: ServerSettings | None = None  # the server scenario's bound and arrivals (None: closed loop)
 
     def runtime(self, name: str) -> Runtime:
         """The runtime a config names; one the context does not know is a failed trial, not a crash."""
@@ -227,7 +231,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
                 combined_early_late(stamps, window.start, window.end) if len(stamps) > 1 else None
             ),
             samples_per_call=samples_per_call,
-            warmup={"iters": min(r.warmup_iters for r in results), "s": min(r.warmup_s for r in results)},
+            warmup=Warmup(iters=min(r.warmup_iters for r in results), s=min(r.warmup_s for r in results)),
             stamps=[r.stamps_path for r in results],
         ),
         screening=screening_of(results, settings.ci_confidence),
@@ -274,16 +278,19 @@ def judge_noise(
 ) -> TrialMetrics:
     """The metrics with the interference signals recorded and the reasons the measurement is noisy
     (`measurement.noise_flags`, empty when clean)."""
-    instances = [{"signals": inst.noise, "latency": inst.latency_ms} for inst in metrics.instances]
+    instances = [
+        {"signals": inst.noise.to_json() if inst.noise else {}, "latency": inst.latency_ms}
+        for inst in metrics.instances
+    ]
     combined = metrics.measurement.combined_early_late_rel
     flags = noise_flags(instances, machine_before, machine_after, allowed_cpus, limits, combined_drift=combined)
     measurement = replace(
-        metrics.measurement, machine={"before": machine_before, "after": machine_after}, noise_flags=flags
+        metrics.measurement, machine=MachineLoad(before=machine_before, after=machine_after), noise_flags=flags
     )
     return replace(metrics, measurement=measurement)
 
 
-def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any] | None) -> WorkerJob:
+def job_template(config: TrialConfig, ctx: TrialContext, artifact: ArtifactUse | None) -> WorkerJob:
     """What every instance's job holds in common (best.json keeps its JSON to replay the winner)."""
     return WorkerJob(
         task="trial",
@@ -292,29 +299,30 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: dict[str, Any
         measure=ctx.measure,
         reference_path=str(ctx.reference.outputs_path),
         workdir=str(ctx.cache_dir),
-        artifact_dir=artifact["dir"] if artifact else None,
+        artifact_dir=artifact.dir if artifact else None,
         calibration_samples=ctx.calibration_samples,
         calibration=ctx.reference.calibration,
         generation=ctx.reference.generation,
-        server=ctx.server or None,
+        server=ctx.server,
     )
 
 
-def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> dict[str, Any] | None:
+def ensure_artifact(config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float) -> ArtifactUse | None:
     """The backend's artifact, from the cache or built in its own process; says which happened, and
     which least recently used artifacts were evicted to keep the cache under its cap."""
     artifact = _cached_or_built_artifact(config, ctx, work_dir, timeout_s)
     if artifact is not None:
-        directory = Path(artifact["dir"])
+        directory = Path(artifact.dir)
         mark_used(directory)
         if ctx.cache_size_mib is not None:
-            artifact["evicted"] = evict_least_recently_used(ctx.cache_dir, ctx.cache_size_mib, keep=directory)
+            evicted = evict_least_recently_used(ctx.cache_dir, ctx.cache_size_mib, keep=directory)
+            artifact = replace(artifact, evicted=evicted)
     return artifact
 
 
 def _cached_or_built_artifact(
     config: TrialConfig, ctx: TrialContext, work_dir: Path, timeout_s: float
-) -> dict[str, Any] | None:
+) -> ArtifactUse | None:
     generation = ctx.reference.generation
     if not backend_specs("generate" if generation else "classify")[config.backend].builds_artifact(config.precision):
         return None
@@ -324,19 +332,15 @@ def _cached_or_built_artifact(
         config,
         ctx.reference.calibration,
         runtime.packages,
-        generation.to_json() if generation else None,
+        generation,
     )
     directory = artifact_dir(ctx.cache_dir, key)
     with build_lock(directory):
         meta = read_meta(directory)
         if meta is not None:
-            return {
-                "dir": str(directory),
-                "cached": True,
-                "prepare_s": 0.0,
-                "built_in_s": meta["prepare_s"],
-                "details": meta["details"],
-            }
+            return ArtifactUse(
+                dir=str(directory), cached=True, prepare_s=0.0, built_in_s=meta["prepare_s"], details=meta["details"]
+            )
         building = directory.with_name(directory.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(directory, ignore_errors=True)  # an unreadable or incomplete one
@@ -349,7 +353,7 @@ def _cached_or_built_artifact(
             artifact_dir=str(building),
             calibration_samples=ctx.calibration_samples,
             reference_path=str(ctx.reference.outputs_path),
-            calibration_description=ctx.reference.calibration["data"],
+            calibration_description=ctx.reference.calibration.data,
             result_path=str(work_dir / "prepare-result.json"),
             generation=generation,
         )
@@ -363,7 +367,9 @@ def _cached_or_built_artifact(
             stderr_path=work_dir / "prepare-stderr.log",
         )
         try:
-            result = run_instances([launch], timeout_s, memory_limit_mib=ctx.memory_limit_mib)[0]
+            result = PrepareResult.from_json(
+                run_instances([launch], timeout_s, memory_limit_mib=ctx.memory_limit_mib)[0]
+            )
         except TrialFailed as exc:
             shutil.rmtree(building, ignore_errors=True)
             raise TrialFailed(f"preparing the {config.backend} artifact failed: {exc.cause}", exc.stderr_tail) from exc
@@ -374,13 +380,13 @@ def _cached_or_built_artifact(
             building / META_FILE,
             {
                 "key": key,
-                "prepare_s": result["prepare_s"],
-                "details": result["details"],
-                "calibration": result["calibration"],
+                "prepare_s": result.prepare_s,
+                "details": result.details,
+                "calibration": result.calibration.to_json() if result.calibration else None,
             },
         )
         os.rename(building, directory)
-        return {"dir": str(directory), "cached": False, "prepare_s": result["prepare_s"], "details": result["details"]}
+        return ArtifactUse(dir=str(directory), cached=False, prepare_s=result.prepare_s, details=result.details)
 
 
 OnStage = Callable[[str, list[dict[str, Any]]], None]
@@ -398,7 +404,7 @@ def run_config(
     server_round: int = 0,
     speed_gate: SpeedGate | None = None,
     drift_bound: DriftCriterion | None = None,
-) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
+) -> tuple[TrialMetrics, list[InstanceLaunch], WorkerJob]:
     """Measure one configuration in fresh processes; raises TrialFailed when it cannot.
     `on_stage(stage, payloads)` hears "prepared" (the artifact is built; no payloads), then each barrier
     of the first attempt ("ready" with drift, "screened"); raising in it stops the trial.
@@ -444,10 +450,10 @@ def run_config(
         valid=not last.noise_flags,
         measurement=replace(last.measurement, attempts=[Attempt(m.throughput_sps, m.noise_flags) for m in attempts]),
         runtime=ctx.runtime(config.runtime).record(),
-        prepare_s=artifact["prepare_s"] if artifact else 0.0,
+        prepare_s=artifact.prepare_s if artifact else 0.0,
         artifact=artifact,
     )
-    return metrics, launches, template.to_json()
+    return metrics, launches, template
 
 
 def attempt_job(
@@ -465,7 +471,7 @@ def attempt_job(
     measure_drift = known_drift is None and first
     server = template.server
     if server is not None and (server_rates or server_round):
-        server = {**server, "first_rates": server_rates or [], "seed": server["seed"] + 104_729 * server_round}
+        server = replace(server, first_rates=server_rates or [], seed=server.seed + 104_729 * server_round)
     return replace(
         template,
         screen=screen and first,
@@ -577,18 +583,19 @@ def compute_reference(
     ref_dir = study_dir / "reference"
     outputs_path = (ref_dir / "reference.pt").resolve()
     weights_path = (ref_dir / "weights.pt").resolve()
-    sources = {"data": data.to_json(), "calibration_data": calibration_data.to_json() if calibration_data else None}
     wanted = {
         "model": model.to_json(),
         "eval_samples": eval_samples,
         "calibration_samples": calibration_samples,
-        **sources,
+        "data": data.to_json(),
+        "calibration_data": calibration_data.to_json() if calibration_data else None,
         **({"generation": generation.to_json(), "reference_format": REFERENCE_FORMAT} if generation else {}),
     }
     try:
         meta = read_json(ref_dir / "meta.json")
         # A reference from before constant outputs were looked for has no note: computed again.
         fresh = meta["wanted"] == wanted and "reference_note" in meta["result"] and outputs_path.exists()
+        ReferenceResult.from_json(meta["result"])  # a result of a layout this autotune does not read: again
     except (OSError, ValueError, KeyError, TypeError):
         fresh = False
     if not fresh:
@@ -598,27 +605,34 @@ def compute_reference(
             eval_samples=eval_samples,
             workdir=str(study_dir),
             calibration_samples=calibration_samples,
-            data=sources["data"],
-            calibration_data=sources["calibration_data"],
+            data=data,
+            calibration_data=calibration_data,
             reference_path=str(outputs_path),
             result_path=str((ref_dir / "result.json").resolve()),
             weights_out=None if model.has_own_weights else str(weights_path),
             generation=generation,
         )
         result = run_reference_process(job, ref_dir, timeout_s)
-        write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result})
-    result = read_json(ref_dir / "meta.json")["result"]
+        write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result.to_json()})
+    result = ReferenceResult.from_json(read_json(ref_dir / "meta.json")["result"])
     calibration = calibration_record(data, calibration_data, calibration_samples, result)
     evaluation = evaluation_record(data, result, bool(generation))
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
-    note = ReferenceNote.from_json(result["reference_note"]) if result.get("reference_note") else None
     digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
-    attention = result.get("attention_layers")
-    depth = result.get("reduction_depth")
-    return Reference(outputs_path, shared, calibration, evaluation, generation, note, digest, attention, depth)
+    return Reference(
+        outputs_path,
+        shared,
+        calibration,
+        evaluation,
+        generation,
+        result.reference_note,
+        digest,
+        result.attention_layers,
+        result.reduction_depth,
+    )
 
 
-def run_reference_process(job: WorkerJob, ref_dir: Path, timeout_s: float) -> dict[str, Any]:
+def run_reference_process(job: WorkerJob, ref_dir: Path, timeout_s: float) -> ReferenceResult:
     """The reference computed in a fresh process of the main runtime, as trials are measured: its result."""
     ref_dir.mkdir(parents=True, exist_ok=True)
     job_path = ref_dir / "job.json"
@@ -631,31 +645,31 @@ def run_reference_process(job: WorkerJob, ref_dir: Path, timeout_s: float) -> di
         stdout_path=ref_dir / "stdout.log",
         stderr_path=ref_dir / "stderr.log",
     )
-    return run_instances([launch], timeout_s)[0]
+    return ReferenceResult.from_json(run_instances([launch], timeout_s)[0])
 
 
 def calibration_record(
-    data: DataSource, calibration_data: DataSource | None, samples: int, result: dict[str, Any]
-) -> dict[str, Any]:
+    data: DataSource, calibration_data: DataSource | None, samples: int, result: ReferenceResult
+) -> CalibrationSet:
     """Which calibration set the artifacts were built from: it belongs to their cache key and best.json."""
     source = calibration_data or data
     if source.kind == "synthetic":
-        return {"data": "synthetic", "samples": samples}
-    return {
-        "data": source.describe(),
-        "digest": source.digest,
-        "samples": result["calibration_samples"],
-        "after_eval": None if calibration_data is not None else result["eval_samples"],  # where the split starts
-    }
+        return CalibrationSet(samples=samples)
+    return CalibrationSet(
+        data=source.describe(),
+        digest=source.digest,
+        samples=result.calibration_samples,
+        after_eval=None if calibration_data is not None else result.eval_samples,  # where the split starts
+    )
 
 
-def evaluation_record(data: DataSource, result: dict[str, Any], generation: bool) -> dict[str, Any]:
+def evaluation_record(data: DataSource, result: ReferenceResult, generation: bool) -> EvaluationSet:
     """What drift was measured on, as the report shows it."""
-    return {
-        "data": data.describe(),
-        "samples": result["eval_samples"],
-        "labels": result["labels"],
-        "reference_accuracy": result["reference_accuracy"],
-        "synthetic": data.kind == "synthetic",
-        **({"reference_perplexity": result["reference_perplexity"]} if generation else {}),
-    }
+    return EvaluationSet(
+        data=data.describe(),
+        samples=result.eval_samples,
+        labels=result.labels,
+        reference_accuracy=result.reference_accuracy,
+        synthetic=data.kind == "synthetic",
+        reference_perplexity=result.reference_perplexity if generation else None,
+    )

@@ -8,13 +8,10 @@ timing.
 
 from __future__ import annotations
 
-from typing import Any
-
 import optuna
 
 from autotune.measure.drift import Drift, DriftCriterion
-from autotune.records.attributes import Attr
-from autotune.results.selection import drift_of
+from autotune.records.attributes import Attr, TrialAttrs
 
 
 def drift_sequences(task: str, batch_size: int) -> int | None:
@@ -36,7 +33,7 @@ def reuse_known_drift(
 ) -> Drift | None:
     """The drift an earlier trial of the same numerics measured, recorded on this trial; beyond the bound,
     the trial is pruned before anything is launched."""
-    known = same_numerics_drift(trial.study, trial.user_attrs[Attr.NUMERICS_KEY], reference_digest, sequences)
+    known = same_numerics_drift(trial.study, TrialAttrs.of(trial).numerics_key, reference_digest, sequences)
     if known is not None:
         trial.set_user_attr(Attr.DRIFT, known.to_json())
         if drift_prunes(trial, known, criterion):
@@ -47,11 +44,10 @@ def reuse_known_drift(
     return known
 
 
-def judge_measured_drift(trial: optuna.trial.Trial, payload: dict[str, Any] | None, criterion: DriftCriterion) -> None:
+def judge_measured_drift(trial: optuna.trial.Trial, drift: Drift | None, criterion: DriftCriterion) -> None:
     """At the ready barrier: the drift instance 0 measured (None when reused: judged before launch)."""
-    if payload is None:
+    if drift is None:
         return
-    drift = Drift.from_json(payload)
     trial.set_user_attr(Attr.DRIFT, drift.to_json())
     if drift_prunes(trial, drift, criterion):
         reason = criterion.verdict(drift)
@@ -60,7 +56,7 @@ def judge_measured_drift(trial: optuna.trial.Trial, payload: dict[str, Any] | No
 
 
 def same_numerics_drift(
-    study: optuna.study.Study, numerics_key: str, reference_digest: str, sequences: int | None = None
+    study: optuna.study.Study, numerics_key: str | None, reference_digest: str, sequences: int | None = None
 ) -> Drift | None:
     """Drift depends on numerics (backend, precision, options), not on threads, allocator or instances:
     the drift an earlier trial measured for the same numerics against the same reference (a resumed study
@@ -68,13 +64,11 @@ def same_numerics_drift(
     `sequences`: a language model's drift, measured at its timed sequences, is reused at the same only
     (inductor da8w8 on a Xeon with AMX: garbage decode steps at 1 sequence, 0.045 at 8)."""
     for earlier in study.get_trials(deepcopy=False):
-        if earlier.user_attrs.get(Attr.NUMERICS_KEY) != numerics_key:
+        attrs = TrialAttrs.of(earlier)
+        if attrs.numerics_key != numerics_key or attrs.drift_reference != reference_digest:
             continue
-        if sequences is not None and (earlier.user_attrs.get(Attr.CONFIG) or {}).get("batch_size") != sequences:
+        if sequences is not None and (attrs.config.batch_size if attrs.config else None) != sequences:
             continue
-        if earlier.user_attrs.get(Attr.DRIFT_REFERENCE) != reference_digest:
-            continue
-        drift = drift_of(earlier)
-        if drift is not None and drift.reused_from is None:
-            return drift.reused_by_another(earlier.number)
+        if attrs.drift is not None and attrs.drift.reused_from is None:
+            return attrs.drift.reused_by_another(earlier.number)
     return None

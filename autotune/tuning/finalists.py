@@ -14,15 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
 
 from autotune.common.errors import TrialFailed
 from autotune.measure.drift import Drift
-from autotune.records.attributes import Attr
-from autotune.records.config import TrialConfig
-from autotune.records.metrics import FinalistRun, TrialBudget, TrialMetrics
+from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.finalists import FinalistEntry, FinalistRound
+from autotune.records.metrics import FinalistRun, TrialMetrics
 from autotune.results.selection import (
     clean_trials,
     decide,
@@ -41,7 +40,7 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
     decide it. In this order a round too short for all of them keeps the first (candidates_that_fit)."""
     picked, seen = [], set()
     for trial in clean_trials(study):
-        key = trial.user_attrs.get(Attr.CONFIG_SUMMARY) or str(trial.params)
+        key = TrialAttrs.of(trial).config_summary or str(trial.params)
         if key not in seen:
             seen.add(key)
             picked.append(trial)
@@ -53,7 +52,7 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
     best = primary_value(picked[0])
     ahead_of_best = []
     for trial in sorted(noisy_contenders(study), key=primary_value, reverse=maximize)[:count]:
-        key = trial.user_attrs.get(Attr.CONFIG_SUMMARY) or str(trial.params)
+        key = TrialAttrs.of(trial).config_summary or str(trial.params)
         ahead = primary_value(trial) > best if maximize else primary_value(trial) < best
         if ahead and key not in seen:
             seen.add(key)
@@ -72,7 +71,7 @@ def run_finalists(
     objective_value: Callable[[TrialMetrics], float],
     baseline: optuna.trial.FrozenTrial | None,
     log: Callable[[str], None],
-) -> dict[str, Any] | None:
+) -> FinalistRound | None:
     """Re-measure the top candidates (and the baseline) in interleaved rounds; store and return the record."""
     maximize = maximizes(study)
     picked = pick_candidates(study, count)
@@ -91,55 +90,43 @@ def run_finalists(
     lead = picked[0].value or 0.0
     server_rates = [lead, 1.1 * lead, 0.9 * lead] if ctx.server and lead > 0 else None
     stored = study.get_trials(deepcopy=False)  # one read of the storage: `study.trials` reads them all each time
-    trials = {e["trial"]: stored[e["trial"]] for e in entries}
+    trials = {e.trial: stored[e.trial] for e in entries}
     started = time.monotonic()
-    log(f"finalists: re-measuring trials {', '.join('#' + str(e['trial']) for e in entries)} x{repeats}, interleaved")
+    log(f"finalists: re-measuring trials {', '.join('#' + str(e.trial) for e in entries)} x{repeats}, interleaved")
     rounds = _InterleavedRounds(ctx, work_dir, deadline, timeout_s, objective_value, server_rates, log)
     rounds.run(entries, trials, repeats)
-    record: dict[str, Any] = {
-        "repeats": repeats,
-        "seconds": time.monotonic() - started,
-        "candidates": entries,
-        "last_trial": max(t.number for t in study.get_trials(deepcopy=False)),
-        "order": "rounds over the candidates and the baseline, each starting one entry later, fresh processes per run",
-        "left_out": [t.number for t in left_out],  # candidates whose rounds would not have fit the time left
-        **({"server_rates": server_rates} if server_rates else {}),
-        "host": socket.gethostname(),  # in a fleet, the orchestrator whose round this is (the last to finish)
-    }
-    decide(record, maximize)
-    study.set_user_attr(Attr.FINALISTS, record)
-    return record
+    record = FinalistRound(
+        repeats=repeats,
+        seconds=time.monotonic() - started,
+        candidates=entries,
+        last_trial=max(t.number for t in study.get_trials(deepcopy=False)),
+        order="rounds over the candidates and the baseline, each starting one entry later, fresh processes per run",
+        left_out=[t.number for t in left_out],
+        server_rates=server_rates,
+        host=socket.gethostname(),
+    )
+    decided = FinalistRound.from_json(decide(record.to_json(), maximize))
+    study.set_user_attr(Attr.FINALISTS, decided.to_json())
+    return decided
 
 
 def finalist_entries(
     picked: list[optuna.trial.FrozenTrial], baseline: optuna.trial.FrozenTrial | None
-) -> list[dict[str, Any]]:
+) -> list[FinalistEntry]:
     """The round's entries, each to collect its runs: the candidates in their order, then the baseline
     when it is not among them (it runs every round for the interleaved speedup without being a candidate)."""
     base_number = baseline.number if baseline is not None else None
-    entries = [
-        {
-            "trial": t.number,
-            "config": t.user_attrs[Attr.CONFIG],
-            "search_value": t.value,
-            "runs": [],
-            "candidate": True,
-            "baseline": t.number == base_number,
-        }
-        for t in picked
-    ]
+    entries = [_entry(t, candidate=True, baseline=t.number == base_number) for t in picked]
     if baseline is not None and base_number not in {t.number for t in picked}:
-        entries.append(
-            {
-                "trial": base_number,
-                "config": baseline.user_attrs[Attr.CONFIG],
-                "search_value": baseline.value,
-                "runs": [],
-                "candidate": False,
-                "baseline": True,
-            }
-        )
+        entries.append(_entry(baseline, candidate=False, baseline=True))
     return entries
+
+
+def _entry(trial: optuna.trial.FrozenTrial, candidate: bool, baseline: bool) -> FinalistEntry:
+    config = TrialAttrs.of(trial).config
+    if config is None:  # a completed trial always recorded its config
+        raise TrialFailed(f"trial {trial.number} recorded no config to re-measure")
+    return FinalistEntry(trial.number, config, trial.value, candidate=candidate, baseline=baseline)
 
 
 @dataclass
@@ -154,7 +141,7 @@ class _InterleavedRounds:
     server_rates: list[float] | None
     log: Callable[[str], None]
 
-    def run(self, entries: list[dict[str, Any]], trials: dict[int, optuna.trial.FrozenTrial], repeats: int) -> None:
+    def run(self, entries: list[FinalistEntry], trials: dict[int, optuna.trial.FrozenTrial], repeats: int) -> None:
         """Every entry once per round, `repeats` rounds, each run appended to its entry's runs; stops
         when the next run would not fit the time left."""
         seconds = {number: _trial_seconds(trial) for number, trial in trials.items()}
@@ -167,19 +154,19 @@ class _InterleavedRounds:
         # already measured it for every entry.
         known_drift = {number: _search_drift(trial) for number, trial in trials.items()}
         for round_index, entry in interleaved_schedule(entries, repeats):
-            if not run_fits(trials[entry["trial"]], self.deadline - time.monotonic()):
+            if not run_fits(trials[entry.trial], self.deadline - time.monotonic()):
                 self.log("finalists: budget reached; deciding on the runs made so far")
                 break
-            self._run_once(entry, round_index, timeouts[entry["trial"]], known_drift[entry["trial"]])
+            self._run_once(entry, round_index, timeouts[entry.trial], known_drift[entry.trial])
 
-    def _run_once(self, entry: dict[str, Any], round_index: int, timeout: float, known_drift: Drift | None) -> None:
+    def _run_once(self, entry: FinalistEntry, round_index: int, timeout: float, known_drift: Drift | None) -> None:
         """One re-measurement of the entry in fresh processes, appended to its runs (a failed one with its
         cause) and logged."""
-        run_dir = self.work_dir / f"round{round_index}-trial{entry['trial']:05d}"
-        label = f"finalists: round {round_index + 1} trial #{entry['trial']}"
+        run_dir = self.work_dir / f"round{round_index}-trial{entry.trial:05d}"
+        label = f"finalists: round {round_index + 1} trial #{entry.trial}"
         try:
             metrics, _, _ = run_config(
-                TrialConfig.from_json(entry["config"]),
+                entry.config,
                 self.ctx,
                 run_dir,
                 timeout,
@@ -188,16 +175,16 @@ class _InterleavedRounds:
                 server_round=round_index + 1,  # fresh arrivals each round, the same for every candidate in it
             )
         except TrialFailed as exc:
-            entry["runs"].append(FinalistRun(failed=exc.cause).to_json())
+            entry.runs.append(FinalistRun(failed=exc.cause))
             self.log(f"{label} FAILED: {exc.cause}")
             return
         value = self.objective_value(metrics)
         if metrics.server is not None and value <= 0:  # no rate sustained this time: a failed run, not a value
             cause = f"no rate sustained: {metrics.server.verdict}"
-            entry["runs"].append(FinalistRun(failed=cause).to_json())
+            entry.runs.append(FinalistRun(failed=cause))
             self.log(f"{label} FAILED: {cause}")
             return
-        entry["runs"].append(FinalistRun.of(value, metrics).to_json())
+        entry.runs.append(FinalistRun.of(value, metrics))
         self.log(f"{label} {value:.2f}{metrics.noisy_note()}")
 
 
@@ -240,11 +227,11 @@ def finalist_run_s(trial: optuna.trial.FrozenTrial) -> float:
     """What one finalist run of the trial should cost: its trial's time without the drift evaluation (a
     finalist reuses the search's drift) and without its artifact's preparation (the round reuses the
     cached artifact), unless another host built it (a fleet: this host's cache may not hold it)."""
-    recorded = trial.user_attrs.get(Attr.BUDGET)
-    if not recorded:  # a trial from before the budget was recorded
+    attrs = TrialAttrs.of(trial)
+    budget = attrs.budget
+    if budget is None:  # a trial from before the budget was recorded
         return _trial_seconds(trial)[0]
-    budget = TrialBudget.from_json(recorded)
-    elsewhere = trial.user_attrs.get(Attr.HOST) not in (None, socket.gethostname())
+    elsewhere = attrs.host not in (None, socket.gethostname())
     run_s = budget.total_s - budget.preparing_s - budget.starting_s + START_S
     return max(START_S, run_s + (budget.preparing_s if elsewhere else 0.0))
 
@@ -266,14 +253,14 @@ def finalist_timeout(trial_s: float, trial_timeout_s: float) -> float:
 
 
 def _search_drift(trial: optuna.trial.FrozenTrial) -> Drift | None:
-    drift = trial.user_attrs.get(Attr.DRIFT)
-    return None if not drift else Drift.from_json(drift).reused_by_another(trial.number)
+    drift = TrialAttrs.of(trial).drift
+    return None if drift is None else drift.reused_by_another(trial.number)
 
 
 def _trial_seconds(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
     """How long the trial took in the search: the seconds without its artifact's preparation (what a
     finalist run with a cached artifact takes), and the preparation's."""
     if trial.datetime_start and trial.datetime_complete:
-        prepare_s = trial.user_attrs.get(Attr.PREPARE_S) or 0.0
+        prepare_s = TrialAttrs.of(trial).prepare_s or 0.0
         return max(5.0, (trial.datetime_complete - trial.datetime_start).total_seconds() - prepare_s), prepare_s
     return 30.0, 0.0

@@ -19,7 +19,7 @@ import psutil
 
 from autotune.common.errors import UserError
 from autotune.machine.probe import format_cpu_ranges
-from autotune.records.attributes import Attr, Orchestrator
+from autotune.records.attributes import Attr, Orchestrator, TrialAttrs
 
 MAX_RETRIES = 2  # a configuration whose orchestrator died twice in a row is not tried a third time
 KEPT_ON_RETRY = (
@@ -61,7 +61,7 @@ def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenT
 
     Optuna's RetryFailedTrialCallback would copy every user attribute, the dead trial's cause and
     config included; the retry carries only why it was enqueued and which trial it repeats."""
-    retries = int(trial.user_attrs.get(Attr.RETRIES, 0))
+    retries = TrialAttrs.of(trial).retries
     params = trial.params or trial.system_attrs.get("fixed_params")  # an enqueued trial that died before suggesting
     if not params or retries >= MAX_RETRIES:
         return
@@ -71,7 +71,7 @@ def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenT
 
 def silent_worker_cause(trial: optuna.trial.FrozenTrial, grace_s: Any) -> str:
     """Why a trial whose heartbeat stopped is failed: which host and pid went silent."""
-    owner = Orchestrator.from_json(trial.user_attrs.get(Attr.ORCHESTRATOR) or {})
+    owner = TrialAttrs.of(trial).orchestrator or Orchestrator()
     where = f"host {_or_unknown(owner.host)}, pid {_or_unknown(owner.pid)}"
     return f"its worker ({where}) sent no heartbeat for over {grace_s}s: it died or lost the database"
 
@@ -81,7 +81,7 @@ def record_silent_worker(storage: optuna.storages.BaseStorage, trial_id: int, gr
     every trial) and ours (after every trial) find the same trials, and whichever fails it, the cause is
     already there (a finished trial's attributes can no longer be written)."""
     trial = storage.get_trial(trial_id)
-    if trial.state != optuna.trial.TrialState.RUNNING or Attr.FAIL_CAUSE in trial.user_attrs:
+    if trial.state != optuna.trial.TrialState.RUNNING or TrialAttrs.of(trial).fail_cause is not None:
         return
     try:
         storage.set_trial_user_attr(trial_id, Attr.FAIL_CAUSE, silent_worker_cause(trial, grace_s))
@@ -99,7 +99,7 @@ class SilentWorkerRetry:
     def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> None:
         retry_abandoned_trial(study, trial)
         if self.say is not None:
-            cause = trial.user_attrs.get(Attr.FAIL_CAUSE, "its worker sent no heartbeat")
+            cause = TrialAttrs.of(trial).fail_cause or "its worker sent no heartbeat"
             self.say(f"trial {trial.number}: {cause}; marked FAIL and its configuration queued again")
 
 
@@ -113,7 +113,7 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
     host = socket.gethostname()
     if dead_pids:
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            owner = Orchestrator.from_json(trial.user_attrs.get(Attr.ORCHESTRATOR) or {})
+            owner = TrialAttrs.of(trial).orchestrator or Orchestrator()
             if owner.host != host or owner.pid == os.getpid() or is_alive(owner):
                 continue
             cause = f"the autotune process running it (host {host}, pid {_or_unknown(owner.pid)}) died"

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import optuna
 
 from autotune.common.errors import UserError
+from autotune.common.json_record import JsonObject
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint, fingerprint_differences
 from autotune.machine.probe import probe_machine
 from autotune.machine.runtimes import discover_runtimes
 from autotune.records.attributes import Attr
+from autotune.records.fingerprint import Fingerprint
+from autotune.records.options import default_seconds
 from autotune.records.spec import SearchSpec, StoredSpec
 from autotune.tuning.storage import open_storage
 
 
-def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def stored_spec(study_name: str, storage_url: str) -> tuple[JsonObject, Fingerprint | None]:
     """The settings and fingerprint the creating `autotune search` stored on the study."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
@@ -40,19 +42,23 @@ def stored_spec(study_name: str, storage_url: str) -> tuple[dict[str, Any], dict
     spec = study.user_attrs.get(Attr.SPEC)
     if not spec:
         raise UserError(f"study {study_name!r} was not created by 'autotune search': it holds no settings to join with")
-    return spec, study.user_attrs.get(Attr.FINGERPRINT)
+    return spec, Fingerprint.of(study)
 
 
-def _comparable(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+def _comparable(recorded: Fingerprint | None) -> JsonObject | None:
     """What makes timings comparable between two processes: how many CPUs they may use, not which ones
     (two workers of one host pinned to disjoint cores time alike), and not the kernel's patch level."""
-    if not recorded:
-        return recorded
-    hardware = dict(recorded.get("hardware") or {})
+    if recorded is None:
+        return None
+    hardware = recorded.hardware.to_json() if recorded.hardware else {}
     if "allowed_cpus" in hardware:
         hardware["allowed_cpus"] = f"{len(hardware['allowed_cpus'])} CPUs"
-    software = {k: v for k, v in (recorded.get("software") or {}).items() if k != "kernel"}
-    return {**recorded, "hardware": hardware, "software": software}
+    software = recorded.software.to_json() if recorded.software else {}
+    return {
+        **recorded.to_json(),
+        "hardware": hardware,
+        "software": {k: v for k, v in software.items() if k != "kernel"},
+    }
 
 
 def joining_spec(
@@ -62,14 +68,14 @@ def joining_spec(
     budget_s: float,
     trials: int | None,
     allow_mixed_hardware: bool,
-    heartbeat_grace_s: float = 60.0,
+    heartbeat_grace_s: float = default_seconds("heartbeat_grace"),
     finalists: int | None = None,
 ) -> SearchSpec:
     """This orchestrator's SearchSpec: the study's settings, this machine's folder, budget and storage URL."""
     stored, recorded = stored_spec(study_name, storage_url)
     recorded_spec = StoredSpec.from_json(stored)
     runtimes = discover_runtimes(recorded_spec.runtimes or ())
-    here = fingerprint(probe_machine(), runtimes)
+    here = Fingerprint.from_json(fingerprint(probe_machine(), runtimes))
     differences = fingerprint_differences(_comparable(recorded), _comparable(here) or {})
     if differences and not allow_mixed_hardware:
         raise UserError(

@@ -14,14 +14,14 @@ priors: trials that carry their `order`) always runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 
 from autotune.backends.generation import precision_variant
-from autotune.measure.drift import Drift, DriftCriterion
+from autotune.common.json_record import JsonObject
+from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import GateVerdict
-from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.attributes import TrialAttrs
 from autotune.records.config import TrialConfig
 from autotune.results.selection import clean_trials, primary_value
 
@@ -51,15 +51,15 @@ class Proposal:
     sequences: int | None = None
 
 
-def precision_variant_of(config: dict[str, Any]) -> str:
+def precision_variant_of(config: TrialConfig | JsonObject) -> str:
     """A recorded trial config's precision as its kernels see it (backends/generation.precision_variant)."""
-    recorded = TrialConfig.from_stored(config)
+    recorded = TrialConfig.from_json(config)
     return precision_variant(recorded.precision, recorded.options)
 
 
 def config_of(trial: optuna.trial.FrozenTrial) -> TrialConfig | None:
     """A trial's recorded configuration (None: pruned before it had one)."""
-    return TrialAttrs.of(trial).trial_config
+    return TrialAttrs.of(trial).config
 
 
 def samples_per_core_s(config: TrialConfig, objective: str, value: float) -> float | None:
@@ -74,8 +74,7 @@ def samples_per_core_s(config: TrialConfig, objective: str, value: float) -> flo
 
 def gate_verdict(trial: optuna.trial.FrozenTrial) -> GateVerdict | None:
     """Why the speed gate stopped the trial (its pace, stage and instance), or None if it did not."""
-    too_slow = trial.user_attrs.get(Attr.TOO_SLOW)
-    return GateVerdict.from_json(too_slow) if too_slow else None
+    return TrialAttrs.of(trial).too_slow
 
 
 def gate_pace_per_core(trial: optuna.trial.FrozenTrial, verdict: GateVerdict) -> float:
@@ -86,10 +85,10 @@ def gate_pace_per_core(trial: optuna.trial.FrozenTrial, verdict: GateVerdict) ->
 
 def drift_far_beyond(trial: optuna.trial.FrozenTrial, criterion: DriftCriterion) -> float | None:
     """A trial pruned on drift beyond FAR_BEYOND_DRIFT_BOUND times the bound: its drop, else None."""
-    stored = trial.user_attrs.get(Attr.DRIFT)
-    if not stored or not str(trial.user_attrs.get(Attr.PRUNE_REASON, "")).startswith("drift"):
+    attrs = TrialAttrs.of(trial)
+    if attrs.drift is None or not attrs.pruned_on_drift:
         return None
-    drop = criterion.drop(Drift.from_json(stored))
+    drop = criterion.drop(attrs.drift)
     return drop if drop is not None and drop > FAR_BEYOND_DRIFT_BOUND * criterion.max_drop else None
 
 
@@ -106,9 +105,10 @@ def lost_by_far(
     (a language model's inductor int4 weights with fp32 activations on a Xeon with AMX: 600 s preparing, then TPE's next
     inductor int4 proposal 377 s more until the budget ran out); one cut short by the budget did not, nor
     the baseline, whose untuned settings are not the family's (a model that hangs there may not elsewhere)."""
-    cause = str(trial.user_attrs.get(Attr.FAIL_CAUSE, ""))
+    attrs = TrialAttrs.of(trial)
+    cause = attrs.fail_cause or ""
     timed_out = trial.state == optuna.trial.TrialState.FAIL and cause.startswith("timed out after")
-    if timed_out and not trial.user_attrs.get(Attr.BASELINE):
+    if timed_out and not attrs.baseline:
         return f"#{trial.number} {cause}"
     if trial.state != optuna.trial.TrialState.PRUNED:
         return None
@@ -121,10 +121,10 @@ def lost_by_far(
             f"#{trial.number} ran {per_core:.3g} samples/s per core in its {verdict.stage} against the best's "
             f"{best_per_core:.3g}"
         )
-    same_numerics = trial.user_attrs.get(Attr.FALLBACK_KEY) == proposal.fallback_key
-    if not same_numerics or trial.user_attrs.get(Attr.DRIFT_REFERENCE) != proposal.drift_reference:
+    same_numerics = attrs.fallback_key == proposal.fallback_key
+    if not same_numerics or attrs.drift_reference != proposal.drift_reference:
         return None
-    config = config_of(trial)
+    config = attrs.config
     if proposal.sequences is not None and (config.batch_size if config else None) != proposal.sequences:
         return None
     drop = drift_far_beyond(trial, criterion)
@@ -148,11 +148,11 @@ def hopeless_family(
         t
         for t in study.get_trials(deepcopy=False, states=FINISHED)
         if t.number < before
-        and "budget" in t.user_attrs  # launched: the orchestrator split its time
-        and (config := config_of(t)) is not None
+        and (attrs := TrialAttrs.of(t)).budget is not None  # launched: the orchestrator split its time
+        and (config := attrs.config) is not None
         and config.backend == proposal.backend
         and precision_variant(config.precision, config.options) == proposal.precision
-        and (host is None or t.user_attrs.get(Attr.HOST) == host)
+        and (host is None or attrs.host == host)
     ]
     if not launched:
         return None

@@ -33,20 +33,18 @@ token latency bound.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna
 
 from autotune.backends.generation import QUANTIZED, artifact_identity
 from autotune.common.json_record import Record
-from autotune.records.attributes import Attr
-from autotune.records.config import TrialConfig
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.results.selection import is_valid, primary_value
 from autotune.tuning.pruners import best_clean
 from autotune.tuning.space import InfeasibleConfig, SearchSpace, family, most_threads
 
 OBJECTIVES = ("throughput", "server")  # both maximized
-ENQUEUED_ROUNDS = ("baseline", "prior", "coverage")  # what the round waits for, in this process or another
 
 
 def layout_variants(
@@ -145,7 +143,7 @@ def round_trials(study: optuna.study.Study, leader_number: int) -> list[optuna.t
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.number == leader_number or t.user_attrs.get(Attr.LAYOUT)
+        if t.number == leader_number or TrialAttrs.of(t).layout
     ]
 
 
@@ -231,7 +229,7 @@ class LayoutRound:
         best = leader(study)
         if best is None:
             return "not yet"
-        if not best.user_attrs.get(Attr.BASELINE):
+        if not TrialAttrs.of(best).baseline:
             return "now"
         if not all(plan.late for plan in queue):
             return "not yet"
@@ -248,7 +246,7 @@ class LayoutRound:
         if not self.later_rounds or Attr.LAYOUT_ROUND not in study.user_attrs:
             return None
         best = best_clean(study)
-        if best is None or not (best.user_attrs.get(Attr.COVERAGE) or best.user_attrs.get(Attr.PRIOR)):
+        if best is None or not ((attrs := TrialAttrs.of(best)).coverage or attrs.prior):
             return None
         leaders = study.user_attrs[Attr.LAYOUT_ROUND], *study.user_attrs.get(Attr.LAYOUT_ROUNDS_LATER, [])
         families = {family(t.params) for t in study.get_trials(deepcopy=False) if t.number in leaders}
@@ -258,7 +256,7 @@ class LayoutRound:
         """The leader's splits ahead of those still held (a later leader's are the likelier winners), on
         the study; what is now held."""
         space = self.space
-        summary = best.user_attrs.get(Attr.CONFIG_SUMMARY, "")
+        summary = TrialAttrs.of(best).config_summary or ""
         # A split keeps a generation leader's sequences on each instance: each instance's decode step reads
         # every weight once for its own sequences, so halving them halves what each read serves (eager bf16
         # on a 2-core Xeon with AMX as 2 x 1, Intel OpenMP: 239.5 tokens/s with 8 sequences each, 164.1 with 4).
@@ -289,7 +287,7 @@ class LayoutRound:
         if best is not None and params is not None:
             layout = f"{params['instances']} instance(s) x {params['threads_per_instance']} thread(s)"
             why = (
-                f"layout round: the best layout #{best.number} ({best.user_attrs.get('config_summary', '')}) "
+                f"layout round: the best layout #{best.number} ({TrialAttrs.of(best).config_summary or ''}) "
                 f"as {layout} with {params[space.batch_param]} {space.batch_param} (the most the space lists)"
             )
             study.enqueue_trial(params, user_attrs={Attr.LAYOUT: True, Attr.ORDER: why}, skip_if_exists=True)
@@ -301,7 +299,7 @@ class LayoutRound:
     @staticmethod
     def _layouts_running(study: optuna.study.Study) -> bool:
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        return any(t.user_attrs.get(Attr.LAYOUT) for t in running)
+        return any(TrialAttrs.of(t).layout for t in running)
 
     def _release(self, study: optuna.study.Study, queue: list[HeldPlan], splits: list[dict[str, Any]]) -> None:
         """Enqueue the next held trial, then drop it from its queue (a run that dies between the two
@@ -378,11 +376,11 @@ class LayoutRound:
         if wanted["precision"] not in QUANTIZED:  # fp32 and bf16 are each backend's own conversion
             return None
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
-            config = trial.user_attrs.get(Attr.CONFIG)
-            if not (config and str(trial.user_attrs.get(Attr.PRUNE_REASON, "")).startswith("drift:")):
+            attrs = TrialAttrs.of(trial)
+            recorded = attrs.config
+            if recorded is None or not (attrs.prune_reason or "").startswith("drift:"):
                 continue
             try:
-                recorded = TrialConfig.from_json(config)
                 if recorded.backend == "eager" and artifact_identity(recorded) == wanted:
                     return trial
             except (TypeError, KeyError):  # a record of another version: not comparable
@@ -392,7 +390,8 @@ class LayoutRound:
     @staticmethod
     def _enqueued_rounds_running(study: optuna.study.Study) -> bool:
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        return any(t.user_attrs.get(key) for t in running for key in ENQUEUED_ROUNDS)
+        # what the round waits for, in this process or another: the baseline, priors and coverage
+        return any((a := TrialAttrs.of(t)).baseline or a.prior or a.coverage for t in running)
 
 
 @dataclass(frozen=True)
@@ -401,14 +400,13 @@ class HeldPlan(Record):
     runs, whether its family is expected to lose (`late`: it waits for the layout round) and whether it
     was put back once behind the other coverage (`deferred`, stored only when set)."""
 
-    params: dict[str, Any]
+    OMIT_DEFAULTS: ClassVar[bool] = True
+    ALWAYS_WRITTEN: ClassVar[tuple[str, ...]] = ("params", "order", "late")
+
+    params: dict[str, Any]  # Optuna's parameters, as the space names them
     order: str
     late: bool = False
     deferred: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"params": self.params, "order": self.order, "late": self.late}
-        return {**data, "deferred": True} if self.deferred else data
 
 
 def held_coverage(study: optuna.study.Study) -> list[HeldPlan]:

@@ -20,6 +20,7 @@ from autotune.backends.generation import WEIGHT_ONLY, activations_of
 from autotune.machine.fingerprint import fingerprint_differences
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig
+from autotune.records.fingerprint import Fingerprint
 from autotune.records.spec import SearchSpec, StoredSpec
 from autotune.results.selection import baseline_trial, clean_trials, metrics_of
 
@@ -56,7 +57,8 @@ def same_machine_studies(
             continue
         for summary in reversed(summaries):
             attrs = summary.user_attrs
-            recorded = (attrs.get(Attr.FINGERPRINT) or {}).get("hardware")
+            stored = Fingerprint.of(summary)
+            recorded = stored.hardware.to_json() if stored and stored.hardware else None
             # identical in every fact the earlier study recorded (a flag probed since is not a difference)
             if summary.study_name == study_name or not recorded or not hardware:
                 continue
@@ -87,14 +89,15 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
         if len(prior.winners) < MAX_PRIOR_WINNERS and clean[0].params:
             best = clean[0]
             speedup = f", {metrics_of(best).throughput_sps / base_value:.2f}x its baseline" if base_value else ""
-            params = as_measured(dict(best.params), TrialAttrs.of(best).trial_config)
+            params = as_measured(dict(best.params), TrialAttrs.of(best).config)
             prior.winners.append((params, f"prior: the winner of study {name} on this machine{speedup}"))
         if not (base_value and maximize):
             continue
         for trial in clean:
-            if trial.user_attrs.get(Attr.BASELINE):  # 1.00x by definition: says nothing of its family elsewhere
+            trial_attrs = TrialAttrs.of(trial)
+            if trial_attrs.baseline:  # 1.00x by definition: says nothing of its family elsewhere
                 continue
-            config = TrialAttrs.of(trial).trial_config
+            config = trial_attrs.config
             if config is None:  # a completed trial always recorded its config
                 continue
             if config.precision in WEIGHT_ONLY and "activations" not in config.options:

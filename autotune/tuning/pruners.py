@@ -9,7 +9,7 @@ from optuna.pruners import BasePruner
 
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
-from autotune.records.attributes import Attr
+from autotune.records.attributes import TrialAttrs
 from autotune.results.selection import clean_trials, drift_of, maximizes, primary_value, relative_noise
 
 
@@ -114,11 +114,11 @@ class SpeedPruner(BasePruner):
         return SpeedGate(min_samples_per_s=floor, after_s=GATE_AFTER_S, basis=basis)
 
     def prune(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        screening = trial.user_attrs.get(Attr.SCREENING) or {}
+        attrs = TrialAttrs.of(trial)
         verdict = self.verdict(
             study,
             trial.intermediate_values.get(self.screening_step),
-            screening.get("ci_rel"),
-            bool(trial.user_attrs.get(Attr.BASELINE)),
+            attrs.screening.ci_rel if attrs.screening else None,
+            attrs.baseline,
         )
         return bool(verdict and verdict["prune"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
 
 import optuna
 
@@ -17,6 +16,7 @@ from autotune.common.errors import TrialFailed
 from autotune.machine.probe import MachineProbe
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig, pin_prefix
+from autotune.records.job import WorkerJob
 from autotune.records.metrics import TrialMetrics
 from autotune.records.spec import SearchSpec
 from autotune.results.optuna_artifacts import attach_trial_log
@@ -51,7 +51,7 @@ def record_completed(
     trial_dir: Path,
     metrics: TrialMetrics,
     launches: list[InstanceLaunch],
-    template: dict[str, Any],
+    template: WorkerJob,
 ) -> None:
     """Everything a completed trial stores: its metrics field by field, and how to launch it again."""
     for key, value in metrics.to_json().items():
@@ -60,7 +60,7 @@ def record_completed(
     trial.set_user_attr(Attr.ENV, launches[0].set_env)
     trial.set_user_attr(Attr.COMMANDS, commands)
     trial.set_user_attr(Attr.PIN_PREFIXES, [pin_prefix(cpus, machine) for cpus in config.instance_cpus(machine)])
-    trial.set_user_attr(Attr.JOB, template)
+    trial.set_user_attr(Attr.JOB, template.to_json())
     trial.set_user_attr(Attr.PINNING, machine.pinning)
     trial.set_user_attr(Attr.MEASURE_SETTINGS, spec.measure.to_json())
     trial.set_user_attr(Attr.TRIAL_DIR, str(trial_dir))

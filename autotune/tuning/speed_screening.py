@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from autotune.measure.speed_gate import GateVerdict, SpeedGate
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import Screening
 from autotune.tuning.pruners import SpeedPruner
@@ -28,7 +28,7 @@ def speed_gate_for(trial: optuna.trial.Trial, config: TrialConfig, task: str) ->
     if (
         not isinstance(speed, SpeedPruner)
         or task == "generate"
-        or trial.user_attrs.get(Attr.BASELINE)
+        or TrialAttrs.of(trial).baseline
         or len(trial.study.directions) > 1
     ):
         return None

@@ -15,8 +15,8 @@ from typing import Any
 
 import optuna
 
-from autotune.records.attributes import Attr
-from autotune.records.metrics import TrialBudget, TrialMetrics
+from autotune.records.attributes import TrialAttrs
+from autotune.records.metrics import ReadyReport, TrialBudget, TrialMetrics
 
 DEFER_SHARE = 0.25  # a backend whose preparation alone took more than this share of the time left waits
 RESERVE_MARGIN = 1.5  # the finalists' reserve: this many times the round's estimated cost
@@ -35,9 +35,10 @@ class StageClock:
         """`payloads`: the instances' barrier payloads; at "ready" they say what loading and warm-up took,
         which is all a trial pruned there leaves to split its time by."""
         self.stages.setdefault(stage, time.monotonic())
-        if stage == "ready" and payloads and all("load_s" in p for p in payloads):
-            loading = max(p["load_s"] + p["first_call_s"] for p in payloads)
-            self.before_ready = (loading, max(p.get("warmup_s") or 0.0 for p in payloads))
+        if stage == "ready" and payloads:
+            reports = [ReadyReport.from_json(p) for p in payloads]
+            loading = max(r.load_s + r.first_call_s for r in reports)
+            self.before_ready = (loading, max(r.warmup_s for r in reports))
 
     def spent(self, metrics: TrialMetrics | None) -> TrialBudget:
         """The trial's time until now, split as far as what is known allows (see TrialBudget)."""
@@ -99,8 +100,7 @@ class FinalistReserve:
 
 
 def _budget_of(trial: optuna.trial.FrozenTrial) -> TrialBudget | None:
-    recorded = trial.user_attrs.get(Attr.BUDGET)
-    return TrialBudget.from_json(recorded) if recorded else None
+    return TrialAttrs.of(trial).budget
 
 
 def deferral(

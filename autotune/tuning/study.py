@@ -34,10 +34,11 @@ from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import MAIN, Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift
 from autotune.measure.speed_gate import SpeedGate
-from autotune.model.generation import GenerationWorkload
-from autotune.records.attributes import Attr
+from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig, clean_environment
-from autotune.records.metrics import TrialBudget, TrialMetrics
+from autotune.records.fingerprint import Fingerprint
+from autotune.records.job import ServerSettings, WorkerJob
+from autotune.records.metrics import ReadyReport, TrialMetrics
 from autotune.records.spec import SearchSpec, identity_differences
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study
@@ -160,7 +161,7 @@ class Objective:
 
     def __call__(self, trial: optuna.trial.Trial) -> float | tuple[float, float]:
         trial.set_user_attr(Attr.ORCHESTRATOR, orchestrator_record())  # first: a run that dies from here on is detected
-        sampled = "order" not in trial.user_attrs  # enqueued trials say why they run now themselves
+        sampled = TrialAttrs.of(trial).order is None  # enqueued trials say why they run now themselves
         if sampled:
             trial.set_user_attr(Attr.ORDER, f"sampled by {type(trial.study.sampler).__name__} after the coverage round")
         config = self._suggest(trial)
@@ -191,16 +192,14 @@ class Objective:
     def _defer_costly_coverage(self, trial: optuna.trial.Trial, config: TrialConfig) -> None:
         """A coverage trial of a backend whose preparation already took too much of the time left is
         pruned unlaunched, saying so (tuning/stage_times.py); the sampler may still come back to it."""
-        if not trial.user_attrs.get(Attr.COVERAGE):
+        if not TrialAttrs.of(trial).coverage:
             return
         earlier = [
-            (
-                t.number,
-                precision_variant_of(t.user_attrs[Attr.CONFIG]),
-                TrialBudget.from_json(t.user_attrs[Attr.BUDGET]),
-            )
+            (t.number, precision_variant_of(attrs.config), attrs.budget)
             for t in trial.study.get_trials(deepcopy=False)
-            if "budget" in t.user_attrs and (t.user_attrs.get(Attr.CONFIG) or {}).get("backend") == config.backend
+            if (attrs := TrialAttrs.of(t)).budget is not None
+            and attrs.config is not None
+            and attrs.config.backend == config.backend
         ]
         precision = precision_variant(config.precision, config.options)
         reason = deferral(config.backend, precision, earlier, self.deadline - time.monotonic())
@@ -213,11 +212,12 @@ class Objective:
         """A sampled config of a family whose every launched trial lost by far is pruned unlaunched
         (tuning/hopeless.py): pruned, so the sampler ranks it worst, as a known fallback. Sampled: a trial
         that came without an `order`, which everything the search enqueues itself carries."""
+        attrs = TrialAttrs.of(trial)
         proposal = Proposal(
             config.backend,
             precision_variant(config.precision, config.options),
-            trial.user_attrs[Attr.FALLBACK_KEY],
-            trial.user_attrs[Attr.DRIFT_REFERENCE],
+            attrs.fallback_key or "",
+            attrs.drift_reference or "",
             drift_sequences(self.spec.task, config.batch_size),
         )
         host = socket.gethostname() if self.spec.mixed_hardware else None  # other CPUs' verdicts do not apply
@@ -250,7 +250,7 @@ class Objective:
         that cause, unlaunched. Pruned, not failed: TPE learns nothing from a FAIL and proposes the same
         region again and again (a 60-minute mobilenet_v3_large search on an AVX2 EPYC sampled 520 OpenVINO
         bf16 configurations after its first fell back), while a pruned trial without a value ranks worst."""
-        found = known_fallback(trial.study, trial.user_attrs[Attr.FALLBACK_KEY], socket.gethostname())
+        found = known_fallback(trial.study, TrialAttrs.of(trial).fallback_key, socket.gethostname())
         if found is not None:
             number, precision = found
             reason = f"{precision.cause} (as trial {number} with the same numerics found): not launched"
@@ -272,7 +272,7 @@ class Objective:
         timeout: float,
         known_drift: Drift | None,
         gate: SpeedGate | None = None,
-    ) -> tuple[TrialMetrics, list[InstanceLaunch], dict[str, Any]]:
+    ) -> tuple[TrialMetrics, list[InstanceLaunch], WorkerJob]:
         """Run the config; the barriers ask the pruners (drift, then screening) before the timed window.
         A failure is recorded with its cause and the trial's log."""
 
@@ -281,7 +281,7 @@ class Objective:
         def on_stage(stage: str, payloads: list[dict[str, Any]]) -> None:
             clock.reached(stage, payloads)
             if stage == "ready":  # drift first: a warm-up the gate stopped comes with it, kept for reuse
-                judge_measured_drift(trial, payloads[0].get("drift"), self.spec.criterion)
+                judge_measured_drift(trial, ReadyReport.from_json(payloads[0]).drift, self.spec.criterion)
                 stop_too_slow(trial, config, self.spec.objective, first_too_slow(payloads))
             elif stage == "screened":
                 screening = screening_value(payloads, self.spec.measure.ci_confidence)
@@ -314,19 +314,19 @@ class Objective:
             trial.set_user_attr(Attr.BUDGET, clock.spent(metrics).to_json())
 
 
-def known_fallback(study: optuna.study.Study, fallback_key: str, host: str) -> tuple[int, ExecutedPrecision] | None:
+def known_fallback(
+    study: optuna.study.Study, fallback_key: str | None, host: str
+) -> tuple[int, ExecutedPrecision] | None:
     """What the backend executes depends on numerics (backend, precision, the options that choose
     kernels, runtime) and the machine (a fleet may mix CPUs with and without bf16), not on batch,
     threads, instances or the options that only schedule the work: the first earlier trial with the
     same `fallback_key` on this host that found a precision fallback, with its record, or None."""
     for earlier in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-        stored = earlier.user_attrs.get(Attr.EXECUTED_PRECISION)
-        key = earlier.user_attrs.get(Attr.FALLBACK_KEY, earlier.user_attrs.get(Attr.NUMERICS_KEY))  # older trials
-        same = key == fallback_key and earlier.user_attrs.get(Attr.HOST) == host
-        if same and stored:
-            precision = ExecutedPrecision.from_json(stored)
-            if precision.fallback:
-                return earlier.number, precision
+        attrs = TrialAttrs.of(earlier)
+        precision = attrs.executed_precision
+        same = attrs.fallback_or_numerics_key == fallback_key and attrs.host == host
+        if same and precision is not None and precision.fallback:
+            return earlier.number, precision
     return None
 
 
@@ -407,7 +407,8 @@ def _enqueue_first_trials(first: FirstTrials) -> None:
     coverage waits on the study, released a trial at a time (tuning/layouts.py)."""
     study, space, spec, console = first.study, first.space, first.spec, first.console
     baseline = _enqueue_baseline(study, space, console)
-    hardware = (study.user_attrs.get(Attr.FINGERPRINT) or {}).get("hardware") or {}
+    stored = Fingerprint.of(study)
+    hardware = stored.hardware.to_json() if stored and stored.hardware else {}
     storages = [study._storage, *sibling_storages(spec.dir.parent, spec.dir / "study.db")]  # Optuna: no accessor
     prior = read_prior(storages, study.study_name, hardware, prior_kind(spec))
     winners = _enqueue_prior_winners(study, space, prior.winners, baseline, console)
@@ -560,7 +561,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         runtimes=runtimes,
         memory_limit_mib=spec.memory_limit_mib,
         cache_size_mib=spec.cache_size_mib,
-        server={"slo_ms": spec.slo_ms, "seed": SERVER_SEED} if spec.objective == "server" else None,
+        server=ServerSettings(spec.slo_ms, SERVER_SEED) if spec.objective == "server" and spec.slo_ms else None,
     )
     # The finalists' reserve is kept for the end, sized from what trials cost once some have completed.
     reserve = FinalistReserve(
@@ -662,7 +663,7 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
             spec.data,
             spec.calibration_data,
             spec.calibration_samples,
-            GenerationWorkload.from_json(spec.generation) if spec.generation else None,
+            spec.generation,
         )
     except TrialFailed as exc:
         raise UserError(
@@ -674,8 +675,8 @@ def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:
         raise UserError(reference.note.message)
     study.set_user_attr(Attr.REFERENCE_NOTE, reference.note.to_json() if reference.note else None)
     study.set_user_attr(Attr.MODEL_FOR_TRIALS, reference.model.to_json())
-    study.set_user_attr(Attr.EVALUATION, reference.evaluation)
-    study.set_user_attr(Attr.CALIBRATION, reference.calibration)
+    study.set_user_attr(Attr.EVALUATION, reference.evaluation.to_json() if reference.evaluation else None)
+    study.set_user_attr(Attr.CALIBRATION, reference.calibration.to_json())
     return reference
 
 

@@ -6,9 +6,9 @@ refuses to measure, so no number is ever recorded for an environment it did not 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from autotune.records.config import TrialConfig
+from autotune.records.metrics import AllocatorCheck, OpenMPCheck, ThreadsCheck
 
 
 class EnvironmentMismatch(RuntimeError):
@@ -26,7 +26,7 @@ def mapped_libraries() -> list[str]:
     return sorted(paths)
 
 
-def check_allocator(allocator: str) -> dict[str, Any]:
+def check_allocator(allocator: str) -> AllocatorCheck:
     """Verify the allocator asked for is mapped (and that no other one sneaked in)."""
     preload = os.environ.get("LD_PRELOAD", "")
     mapped = mapped_libraries()
@@ -36,7 +36,7 @@ def check_allocator(allocator: str) -> dict[str, Any]:
     else:
         wanted = {os.path.realpath(p) for p in preload.split(":") if allocator in os.path.basename(p)}
         ok = bool(wanted) and any(os.path.realpath(p) in wanted for p in found)
-    report = {"asked": allocator, "ld_preload": preload, "mapped": found, "verified": ok}
+    report = AllocatorCheck(asked=allocator, ld_preload=preload, mapped=found, verified=ok)
     if not ok:
         raise EnvironmentMismatch(
             f"allocator {allocator!r} asked for, but mapped allocator libraries are {found or 'none (glibc)'}"
@@ -44,19 +44,19 @@ def check_allocator(allocator: str) -> dict[str, Any]:
     return report
 
 
-def check_openmp(config: TrialConfig) -> dict[str, Any]:
+def check_openmp(config: TrialConfig) -> OpenMPCheck:
     """After torch is imported: Intel OpenMP mapped when asked for (and only then), with its settings."""
     mapped = mapped_libraries()
     intel = [p for p in mapped if os.path.basename(p).startswith("libiomp5")]
     gnu = [p for p in mapped if os.path.basename(p).startswith("libgomp")]
-    report = {
-        "asked": config.openmp,
-        "intel": intel,
-        "gnu": gnu,
-        "KMP_AFFINITY": os.environ.get("KMP_AFFINITY"),
-        "KMP_BLOCKTIME": os.environ.get("KMP_BLOCKTIME"),
-        "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-    }
+    report = OpenMPCheck(
+        asked=config.openmp,
+        intel=intel,
+        gnu=gnu,
+        KMP_AFFINITY=os.environ.get("KMP_AFFINITY"),
+        KMP_BLOCKTIME=os.environ.get("KMP_BLOCKTIME"),
+        THP_MEM_ALLOC_ENABLE=os.environ.get("THP_MEM_ALLOC_ENABLE"),
+    )
     if config.openmp == "intel" and not intel:
         raise EnvironmentMismatch(
             f"Intel OpenMP asked for, but libiomp5 is not mapped (mapped OpenMP: {gnu or 'none'})"
@@ -66,11 +66,11 @@ def check_openmp(config: TrialConfig) -> dict[str, Any]:
     return report
 
 
-def check_threads(expected: int) -> dict[str, Any]:
+def check_threads(expected: int) -> ThreadsCheck:
     import torch
 
     actual = torch.get_num_threads()
-    report = {"asked": expected, "torch": actual, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+    report = ThreadsCheck(asked=expected, torch=actual, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
     if actual != expected:
         raise EnvironmentMismatch(f"asked for {expected} threads, torch runs with {actual}")
     return report

@@ -23,6 +23,8 @@ from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
 from autotune.model.sources import build_model
 from autotune.records.config import TrialConfig
 from autotune.records.job import WorkerJob
+from autotune.records.metrics import PrepareResult
+from autotune.records.reference import CalibrationSet, ReferenceResult
 from autotune.worker.teardown import keep_until_exit
 
 DRIFT_ROWS = 4  # prompts drift is measured on; a trial of fewer sequences makes more calls, of more repeats them
@@ -94,7 +96,7 @@ def perplexity(logits: Any, targets: Any) -> float:
         return math.inf
 
 
-def run_generation_reference(job: WorkerJob, save: Any) -> dict[str, Any]:
+def run_generation_reference(job: WorkerJob, save: Any) -> ReferenceResult:
     """FP32 eager: greedy tokens and the logits of the prefill and every decode step on the drift prompts,
     all rows in one call; saves the random init so every trial uses it."""
     import torch
@@ -109,19 +111,18 @@ def run_generation_reference(job: WorkerJob, save: Any) -> dict[str, Any]:
     ids = drift_prompts(workload)
     greedy, logits = evaluate(Generator(model, workload.new_tokens), ids, ids.shape[0])
     save({"prompts": ids, "logits": logits, "greedy": greedy, "format": REFERENCE_FORMAT}, job.reference_path)
-    return {
-        "pid": os.getpid(),
-        "output_shape": list(logits.shape),
-        "seconds": time.monotonic() - t0,
-        "torch": torch.__version__,
-        "eval_samples": int(logits.shape[0] * logits.shape[1]),
-        "calibration_samples": 0,
-        "labels": False,
-        "reference_accuracy": None,
-        "reference_perplexity": perplexity(logits, next_tokens(ids, greedy)),
-        "reference_note": None,  # logits over a vocabulary vary with the text: never a constant head
-        "reference_format": REFERENCE_FORMAT,
-    }
+    return ReferenceResult(
+        pid=os.getpid(),
+        output_shape=list(logits.shape),
+        seconds=time.monotonic() - t0,
+        torch=torch.__version__,
+        eval_samples=int(logits.shape[0] * logits.shape[1]),
+        calibration_samples=0,
+        labels=False,
+        reference_perplexity=perplexity(logits, next_tokens(ids, greedy)),
+        reference_note=None,  # logits over a vocabulary vary with the text: never a constant head
+        reference_format=REFERENCE_FORMAT,
+    )
 
 
 def calibration_ids(workload: GenerationWorkload) -> Any:
@@ -174,7 +175,7 @@ def build_generation_runner(job: WorkerJob, config: TrialConfig) -> GenerationRu
     )
 
 
-def run_generation_prepare(job: WorkerJob) -> dict[str, Any]:
+def run_generation_prepare(job: WorkerJob) -> PrepareResult:
     """Quantize the language model once into the artifact folder (SmoothQuant calibrated on the
     calibration text), for every trial with the same numerics to load."""
     from autotune.backends.generation import build_artifact
@@ -187,15 +188,15 @@ def run_generation_prepare(job: WorkerJob) -> dict[str, Any]:
     out_dir = Path(str(job.artifact_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     details = build_artifact(model, calibration, config, out_dir)
-    return {
-        "pid": os.getpid(),
-        "prepare_s": time.monotonic() - t0,
-        "details": details,
-        "calibration": {
-            "data": "seeded token ids" if workload.data is None else workload.data,
-            "samples": 0 if calibration is None else int(calibration.shape[0]),
-        },
-    }
+    return PrepareResult(
+        pid=os.getpid(),
+        prepare_s=time.monotonic() - t0,
+        details=details,
+        calibration=CalibrationSet(
+            data="seeded token ids" if workload.data is None else workload.data,
+            samples=0 if calibration is None else int(calibration.shape[0]),
+        ),
+    )
 
 
 def timing_prompts(job: WorkerJob, config: TrialConfig, instance: int) -> Any:

@@ -27,7 +27,7 @@ import numpy as np
 
 from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
-from autotune.common.json_record import Record
+from autotune.common.json_record import Record, UnknownFormat
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
 from autotune.measure.noise import process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
@@ -38,7 +38,8 @@ from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED, to_nu
 from autotune.model.sources import ModelSource, build_model, primary_output
 from autotune.records.config import TrialConfig
 from autotune.records.job import WorkerJob
-from autotune.records.metrics import InstanceResult, InstanceScreen
+from autotune.records.metrics import InstanceResult, InstanceScreen, OpenMPCheck, PrepareResult, ReadyReport
+from autotune.records.reference import CalibrationSet, ReferenceResult
 from autotune.worker import reference_check
 from autotune.worker.checks import EnvironmentMismatch, check_allocator, check_openmp, check_threads
 from autotune.worker.serve import Peers, ServerMetrics, run_rate_search
@@ -103,7 +104,7 @@ def save_atomic(obj: Any, path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def run_reference(job: WorkerJob) -> dict[str, Any]:
+def run_reference(job: WorkerJob) -> ReferenceResult:
     """FP32 eager outputs on the evaluation set; also saves a random init so every trial uses it (with
     an all-zero head redrawn when the outputs would otherwise be the same for every input)."""
     import torch
@@ -121,8 +122,8 @@ def run_reference(job: WorkerJob) -> dict[str, Any]:
     model = keep_until_exit(build_model(source))
     seeds = {"eval": EVAL_SEED, "calibration": CALIBRATION_SEED}
     sets = evaluation_and_calibration(
-        DataSource.from_json(job.data),
-        DataSource.from_json(job.calibration_data) if job.calibration_data else None,
+        job.data or DataSource(),
+        job.calibration_data,
         source,
         job.eval_samples,
         job.calibration_samples,
@@ -152,23 +153,22 @@ def run_reference(job: WorkerJob) -> dict[str, Any]:
     )
     labels = sets["labels"]
     accuracy = top1_accuracy(outputs, labels.numpy()) if labels is not None and outputs.ndim == 2 else None
-    return {
-        "pid": os.getpid(),
-        "output_shape": list(outputs.shape),
-        "seconds": time.monotonic() - t0,
-        "torch": torch.__version__,
-        "eval_samples": batch_len(inputs),
-        "calibration_samples": batch_len(sets["calibration"]),
-        "labels": labels is not None,
-        "reference_accuracy": accuracy,
-        "reference_note": note.to_json() if note else None,
-        # the coverage round's int8 order depends on it (tuning/payoff.int8_first_backend)
-        "attention_layers": sum(attention_layers(model).values()),
-        "reduction_depth": depth,  # and on this (tuning/payoff.expected_payoff)
-    }
+    return ReferenceResult(
+        pid=os.getpid(),
+        output_shape=list(outputs.shape),
+        seconds=time.monotonic() - t0,
+        torch=torch.__version__,
+        eval_samples=batch_len(inputs),
+        calibration_samples=batch_len(sets["calibration"]),
+        labels=labels is not None,
+        reference_accuracy=accuracy,
+        reference_note=note,
+        attention_layers=sum(attention_layers(model).values()),
+        reduction_depth=depth,
+    )
 
 
-def run_prepare(job: WorkerJob) -> dict[str, Any]:
+def run_prepare(job: WorkerJob) -> PrepareResult:
     """Build a backend's artifact (export, conversion, quantization) once, into a fresh folder."""
     from autotune.backends import backend_module
 
@@ -196,15 +196,12 @@ def run_prepare(job: WorkerJob) -> dict[str, Any]:
     out_dir = Path(str(job.artifact_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     details = module.build_artifact(model, example, calibration, config, out_dir)
-    return {
-        "pid": os.getpid(),
-        "prepare_s": time.monotonic() - t0,
-        "details": details,
-        "calibration": {
-            "data": job.calibration_description,
-            "samples": batch_len(calibration_inputs),
-        },
-    }
+    return PrepareResult(
+        pid=os.getpid(),
+        prepare_s=time.monotonic() - t0,
+        details=details,
+        calibration=CalibrationSet(data=job.calibration_description, samples=batch_len(calibration_inputs)),
+    )
 
 
 def build_runner(job: WorkerJob, config: TrialConfig, source: ModelSource, example: Any):
@@ -226,7 +223,7 @@ class LoadedModel:
     native_input: Any
     load_s: float
     first_call_s: float
-    openmp: dict[str, Any]
+    openmp: OpenMPCheck
 
     def step(self) -> Any:
         """One timed call: the fixed batch in, the outputs out."""
@@ -419,11 +416,8 @@ def report_ready(
     """Tell the orchestrator at the ready barrier what reaching it cost (so a trial pruned there still says
     where its time went), its drift and whether it was too slow; a too slow one is aborted there."""
     if barrier:
-        ready: dict[str, Any] = {"pid": os.getpid(), "drift": drift.to_json() if drift else None}
-        if too_slow is not None:  # a drift measured before a warm-up that tripped is kept
-            ready["too_slow"] = too_slow.to_json()
-        ready.update({"load_s": model.load_s, "first_call_s": model.first_call_s, "warmup_s": warmup_s})
-        wait_at_barrier(barrier, "ready", job.instance, ready, job.barrier_timeout_s)
+        ready = ReadyReport(os.getpid(), drift, too_slow, model.load_s, model.first_call_s, warmup_s)
+        wait_at_barrier(barrier, "ready", job.instance, ready.to_json(), job.barrier_timeout_s)
     if too_slow is not None:  # the orchestrator aborts at the barrier: exits there
         raise RuntimeError(f"{too_slow.reason()}, but the trial was not stopped")
 
@@ -448,7 +442,8 @@ def timed_calls(
     peers = Peers(barrier, job.instance, job.instances, timeout_s)
     server = run_rate_search(
         model.step,
-        {**job.server, "max_wait_ms": config.max_wait_ms or 0.0},
+        job.server,
+        config.max_wait_ms or 0.0,
         instance_throughput(stamps, samples_per_call),
         float(np.median(stamps[:, 1] - stamps[:, 0])) * 1e3,
         config.batch_size,
@@ -470,8 +465,10 @@ def replay_job(best_path: str, instance: int, scratch: str) -> WorkerJob:
     from autotune.records.best import BestJson
 
     best = BestJson.read(best_path)
+    if best.job is None:
+        raise ValueError("it holds no timed winner (no job to replay)")
     return replace(
-        WorkerJob.from_json(best.job or {}),
+        best.job,
         reference_path=None,
         instance=instance,
         instances=best.config.instances,
@@ -497,7 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print(USAGE, file=sys.stderr)
         return 2
-    return run_job(WorkerJob.from_json(read_json(argv[0])), print_result=False)
+    try:
+        job = WorkerJob.from_json(read_json(argv[0]))
+    except UnknownFormat as exc:  # written by another autotune than this worker's
+        print(f"autotune-worker: error: cannot run {argv[0]}: the job's {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:  # unreadable, not JSON, or not a job (RecordError)
+        print(f"autotune-worker: error: cannot read the job {argv[0]}: {exc}", file=sys.stderr)
+        return 2
+    return run_job(job, print_result=False)
 
 
 def run_job(job: WorkerJob, print_result: bool) -> int:

@@ -29,6 +29,7 @@ from autotune.measure.serving import (
     probe_seconds,
     serve,
 )
+from autotune.records.job import ServerSettings
 
 PEER_POLL_S = 0.001
 
@@ -103,7 +104,8 @@ class Peers:
 
 def run_rate_search(
     step: Any,
-    server: dict[str, Any],
+    server: ServerSettings,
+    max_wait_ms: float,
     own_offline_rps: float,
     own_call_ms: float,
     max_batch: int,
@@ -114,18 +116,18 @@ def run_rate_search(
     deadline: float,
     confidence: float = 0.95,
 ) -> ServerMetrics:
-    """The highest total rate whose p99 request latency stays within `server['slo_ms']`, by bisection
-    below the instances' closed-loop throughput together."""
-    slo_ms = float(server["slo_ms"])
-    max_wait_s = float(server["max_wait_ms"]) / 1e3
-    seed = int(server.get("seed", 0))
+    """The highest total rate whose p99 request latency stays within `server.slo_ms`, by bisection below the
+    instances' closed-loop throughput together; a batch waits at most `max_wait_ms` for more requests."""
+    slo_ms = float(server.slo_ms)
+    max_wait_s = float(max_wait_ms) / 1e3
+    seed = server.seed
     closed_loop = peers.exchange_json("upper", {"rps": own_offline_rps, "call_ms": own_call_ms})
     # The instances that run together: all of them in a trial, only this one when replayed without a
     # barrier (then it is offered its own share of nothing else: rate and bound are its own).
     together = len(closed_loop)
     upper = float(sum(c["rps"] for c in closed_loop))
     fastest_call_ms = min(c["call_ms"] for c in closed_loop)
-    search = RateSearch(upper, server.get("first_rates"), lowest_rps=lowest_rate(probe_max_s))
+    search = RateSearch(upper, server.first_rates, lowest_rps=lowest_rate(probe_max_s))
     drain_s = max(1.0, 4 * slo_ms / 1e3)
     probes: list[ServerProbe] = []
     if fastest_call_ms > slo_ms:  # no request can be answered within the bound, at any rate
@@ -133,7 +135,7 @@ def run_rate_search(
             sustained_rps=0.0,
             slo_ms=slo_ms,
             max_batch=max_batch,
-            max_wait_ms=float(server["max_wait_ms"]),
+            max_wait_ms=float(max_wait_ms),
             upper_bound_rps=upper,
             probes=[],
             instances=together,
@@ -163,7 +165,7 @@ def run_rate_search(
         sustained_rps=search.sustained_rps,
         slo_ms=slo_ms,
         max_batch=max_batch,
-        max_wait_ms=float(server["max_wait_ms"]),
+        max_wait_ms=float(max_wait_ms),
         upper_bound_rps=upper,
         probes=probes,
         instances=together,

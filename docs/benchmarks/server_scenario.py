@@ -29,13 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def configured(best: dict[str, Any], bound_ms: float, window: tuple[float, float], wait_ms: float | None):
     """The best.json's configuration and context, set to serve at this bound."""
     from autotune.api import measure_settings
+    from autotune.records.best import BestJson
     from autotune.records.config import TrialConfig
-    from autotune.results.best_json import context_from_best
+    from autotune.records.job import ServerSettings
+    from autotune.remeasure.context import context_from_best
     from autotune.tuning.study import SERVER_SEED
 
-    ctx = context_from_best(best)
+    ctx = context_from_best(BestJson.from_json(best))
     settings = measure_settings(window[0], max_s=window[1])
-    ctx = dataclasses.replace(ctx, measure=settings, server={"slo_ms": bound_ms, "seed": SERVER_SEED})
+    ctx = dataclasses.replace(ctx, measure=settings, server=ServerSettings(bound_ms, SERVER_SEED))
     config = TrialConfig.from_json(best["config"])
     if wait_ms is not None or config.max_wait_ms is None:
         config = dataclasses.replace(config, max_wait_ms=wait_ms or 0.0)

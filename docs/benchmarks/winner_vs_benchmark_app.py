@@ -84,7 +84,7 @@ def main() -> int:
     runs = compare_with_baseline(best_path, args.repeats, console, independent, versus)
     baseline, tool = median_throughput(runs[BASELINE_ROW]), median_throughput(runs.get(ONE_COMMAND_ROW, []))
     assert best.baseline is not None and best.baseline.config is not None  # compare_with_baseline checked
-    winner_drift = best.drift.get("relative_l2")
+    winner_drift = best.drift.measured.relative_l2 if best.drift.measured else None
     references = {"baseline": baseline, "benchmark_app": tool}
     from results import side_by_side_row, write_results
 
@@ -121,12 +121,13 @@ def main() -> int:
                 f"{winner['vs_baseline']:.2f}x the baseline (medians of {args.repeats} interleaved runs)"
             }
         )
-    shape = "x".join(map(str, best.model["input_shape"]))
+    assert best.model is not None  # a timed winner's best.json names its model
+    shape = "x".join(map(str, best.model.input_shape))
     out = write_results(
         args.study,
-        f"{best.model['name']}: the search's winner against its baseline and OpenVINO's benchmark_app",
+        f"{best.model.name}: the search's winner against its baseline and OpenVINO's benchmark_app",
         {
-            "model": f"{best.model['name']} ({best.model.get('weights') or 'random init'})",
+            "model": f"{best.model.name} ({best.model.weights_path or 'random init'})",
             "input": shape,
             "search budget": f"{budget_s / 60:.0f} min",
             "interleaved runs": args.repeats,

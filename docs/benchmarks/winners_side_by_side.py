@@ -25,7 +25,8 @@ from rich.console import Console
 
 from autotune.common.errors import UserError
 from autotune.remeasure.bench import config_measure, measure_side_by_side, median_throughput, print_results
-from autotune.results.best_json import context_from_best, read_best
+from autotune.remeasure.context import context_from_best
+from autotune.results.best_json import read_best
 
 OBJECTIVES = (None, "throughput", "server")  # what a re-measurement compares (as `autotune verify`)
 
@@ -53,7 +54,7 @@ def side_by_side(bests: list[tuple[str, Path]], with_baseline: bool) -> tuple[di
         objective = best.objective.name
         if objective not in OBJECTIVES:
             raise UserError(f"{path} was tuned for {objective}; this compares throughput or a sustained rate")
-        seen.add((best.model["name"], objective or "throughput"))
+        seen.add((best.model.name if best.model else "?", objective or "throughput"))
         if len(seen) > 1:
             raise UserError(f"{path} is another model or objective than the first: compare like with like")
         ctx = context_from_best(best)
