@@ -229,7 +229,7 @@ import json, sys, tempfile
 from pathlib import Path
 import torch
 from tiny_models import tiny_cnn
-from autotune.backends import ipex
+from autotune.backends.ipex import classify as ipex
 from autotune.backends.precision import check_precision
 from autotune.records.config import TrialConfig
 

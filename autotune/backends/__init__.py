@@ -11,7 +11,6 @@ from __future__ import annotations
 from types import ModuleType
 from typing import cast
 
-from autotune.backends import eager, inductor, ipex, onnxruntime, openvino, torchao
 from autotune.backends.base import (
     Backend,
     BackendSpec,
@@ -20,11 +19,17 @@ from autotune.backends.base import (
     ModuleBackend,
     missing_members,
 )
-from autotune.backends.generation import eager as generation_eager
-from autotune.backends.generation import inductor as generation_inductor
-from autotune.backends.generation import ipex as generation_ipex
-from autotune.backends.generation import llamacpp
-from autotune.backends.generation import openvino as generation_openvino
+from autotune.backends.eager import classify as eager
+from autotune.backends.eager import generate as generation_eager
+from autotune.backends.inductor import classify as inductor
+from autotune.backends.inductor import generate as generation_inductor
+from autotune.backends.ipex import classify as ipex
+from autotune.backends.ipex import generate as generation_ipex
+from autotune.backends.llamacpp import generate as llamacpp
+from autotune.backends.onnxruntime import classify as onnxruntime
+from autotune.backends.openvino import classify as openvino
+from autotune.backends.openvino import generate as generation_openvino
+from autotune.backends.torchao import classify as torchao
 
 TASKS = ("classify", "generate")
 _MODULES: dict[str, dict[str, Backend]] = {task: {} for task in TASKS}

@@ -137,9 +137,8 @@ def _site_state(python: Path) -> str:
     parts = [str(python.resolve()), (PACKAGE_DIR / "machine" / "runtime_report.py").read_text()]
     for site in sorted(prefix.glob("lib/python*/site-packages")):
         parts.append(f"{site}:{site.stat().st_mtime_ns}")
-    parts.extend(
-        f"{b}:{(PACKAGE_DIR / 'backends' / b).stat().st_mtime_ns}" for b in sorted(os.listdir(PACKAGE_DIR / "backends"))
-    )
+    backends = PACKAGE_DIR / "backends"
+    parts.extend(f"{f.relative_to(backends)}:{f.stat().st_mtime_ns}" for f in sorted(backends.rglob("*.py")))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -1,11 +1,15 @@
-"""Text generation with a causal language model: the backends (eager.py, inductor.py: registered in
-autotune/backends/__init__.py like every other), their precisions (quantization.py: torchao weight-only
-and dynamic int8/int4, SmoothQuant, bf16), the quantized weights built once (artifacts.py) and the greedy
-decoding loop that stamps every generated token (decode_loop.py).
+"""Text generation's machinery shared by its engines: the torchao precisions eager and inductor apply
+(quantization.py: weight-only and dynamic int8/int4, SmoothQuant, bf16), the quantized weights built once
+and loaded by both (artifacts.py, which also holds the cached-file helpers llama.cpp's and OpenVINO's
+engines use), and the greedy decoding loop that stamps every generated token (decode_loop.py). The five
+engines live in their own folders, beside their classification halves: eager/generate.py,
+inductor/generate.py, ipex/generate.py, openvino/generate.py and llamacpp/generate.py, registered in
+autotune/backends/__init__.py like every other backend.
 
-The names other modules import are re-exported here; `prepare` goes to the configuration's backend.
+The names other modules import are re-exported here; `prepare`, `build_artifact` and `cached_artifact`
+go to the configuration's backend.
 
-    python -m autotune.backends.generation     # which precisions run in this runtime, as JSON
+    python -m autotune.backends.generation     # which precisions and engines run in this runtime, as JSON
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
-from autotune.backends.generation import ir_export
+from autotune.backends.openvino import ir_export
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
-from autotune.backends.generation import gguf_export
+from autotune.backends.llamacpp import gguf_export
 from autotune.backends.precision import gguf_probe
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
 def build_artifact(
     model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
 ) -> dict[str, Any]:
-    from autotune.backends.onnx_export import export_onnx
+    from autotune.backends.onnxruntime.onnx_export import export_onnx
 
     fp32_path = out_dir / "fp32.onnx"
     exporter = export_onnx(model, example, fp32_path)
@@ -81,7 +81,7 @@ def quantize_static_int8(fp32_path: Path, calibration: list[Any], out_dir: Path)
         quantize_static,
     )
 
-    from autotune.backends.onnx_export import input_names
+    from autotune.backends.onnxruntime.onnx_export import input_names
 
     names = input_names(calibration[0])
 

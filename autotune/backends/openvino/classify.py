@@ -52,7 +52,7 @@ def convert_to_ir(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
     try:
         return ov.convert_model(model, example_input=example if len(example) > 1 else example[0]), "torch"
     except Exception:  # tracing fails on some models: go through ONNX instead
-        from autotune.backends.onnx_export import export_onnx
+        from autotune.backends.onnxruntime.onnx_export import export_onnx
 
         onnx_path = out_dir / "model.onnx"
         export_onnx(model, example, onnx_path)

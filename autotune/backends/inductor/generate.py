@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
-from autotune.backends.generation import eager
+from autotune.backends.eager import generate as eager
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
