@@ -4,8 +4,16 @@ torch and torchao inside functions only, so the registry loads in any runtime.""
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.precision import bucket_of, judge
+
+if TYPE_CHECKING:
+    from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
 INT4 = ("woq_int4", "da8w4")
@@ -244,3 +252,49 @@ def float_dtypes(model: Any) -> str:
         if type(t) is torch.Tensor and t.is_floating_point()
     }
     return ", ".join(sorted(dtypes))
+
+
+# --- what runs: the weight tensors of the layers (torchao's quantized tensor subclasses) ------------
+
+_INT4_NAME = re.compile(r"int4", re.IGNORECASE)
+
+
+def weight_counts(model: Any) -> dict[str, int]:
+    """Linear, convolution and transformers' Conv1D layers by the type of their weight: torchao's
+    weight-only and dynamic quantization replace it with a quantized tensor subclass that picks the
+    int8 / int4 kernels when the layer runs (no oneDNN primitive to see for weight-only int8), so that
+    type is what runs; a plain float weight (quantization skipped the layer) runs float."""
+    import torch
+
+    counts: Counter[str] = Counter()
+    for module in model.modules():
+        # transformers' Conv1D (GPT-2's projections) is a Linear with a transposed weight: a compute layer
+        transposed_linear = type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+        if isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)) or transposed_linear:
+            weight = module.weight
+            counts[_weight_bucket(weight.data if isinstance(weight, torch.nn.Parameter) else weight)] += 1
+    return dict(counts)
+
+
+def _weight_bucket(tensor: Any) -> str:
+    """A plain tensor by its type; a tensor subclass by its class name or range (int4), else by the
+    tensors it holds (SmoothQuant wraps an int8 tensor in one that carries its scales)."""
+    import torch
+
+    if type(tensor) is torch.Tensor:
+        return bucket_of(str(tensor.dtype))
+    quant_max = getattr(tensor, "quant_max", None)
+    if _INT4_NAME.search(type(tensor).__name__) or (isinstance(quant_max, int) and quant_max <= 15):
+        return "int4"
+    names = tensor.__tensor_flatten__()[0] if hasattr(tensor, "__tensor_flatten__") else []
+    inner = {_weight_bucket(getattr(tensor, name)) for name in names if getattr(tensor, name, None) is not None}
+    for bucket in ("int4", "int8"):
+        if bucket in inner:
+            return bucket
+    return "int8" if "Quantized" in type(tensor).__name__ else "other"
+
+
+def weight_probe(model: Any) -> Callable[[Any, str], ExecutedPrecision]:
+    """A language model's probe: its layers' weight types (no call). Every compute layer of the model is
+    counted, so the claim holds only where most of them hold quantized weights (not one output head)."""
+    return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)}, most=True)

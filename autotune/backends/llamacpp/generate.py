@@ -13,13 +13,15 @@ from __future__ import annotations
 import ctypes
 import time
 from array import array
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
 from autotune.backends.llamacpp import gguf_export
-from autotune.backends.precision import gguf_probe
+from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -310,3 +312,12 @@ class LlamaCppGenerator:
             if stamp:
                 self.token_stamps.append(time.monotonic())
         return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(kept)
+
+
+def gguf_probe(tensor_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+    """A llama.cpp model's probe: the GGUF's matrices by type (no call), counted over every one, so a
+    K-quant whose rows were too short for its blocks (a fallback to Q5_0 or Q8_0) is a fallback here too."""
+    counts: Counter[str] = Counter()
+    for name, n in tensor_types.items():
+        counts[bucket_of(name)] += n
+    return lambda native_input, claimed: judge(claimed, {"GGUF tensor types": dict(counts)}, most=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def _session_and_probe(model_path: str, options: Any, precision: str) -> tuple[A
         return session, None
     import onnx
 
-    from autotune.backends.precision import ExecutedPrecision, judge, onnx_graph_counts
+    from autotune.backends.precision import ExecutedPrecision, judge
 
     try:
         with tempfile.TemporaryDirectory(prefix="autotune-ort-") as scratch:
@@ -208,3 +209,43 @@ def _session_and_probe(model_path: str, options: Any, precision: str) -> tuple[A
     )
     why = "ONNX Runtime fuses QDQ pairs into int8 operators from graph_optimization=extended on" if unfused else ""
     return session, lambda native_input, claimed: judge(claimed, {"ONNX Runtime optimized graph": counts}, why=why)
+
+
+ORT_INT8 = {
+    "QLinearConv",
+    "QLinearMatMul",
+    "MatMulInteger",
+    "ConvInteger",
+    "QGemm",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+    "QAttention",
+    "DynamicQuantizeLSTM",
+    "QLinearConvTranspose",
+}
+ORT_FLOAT = {
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "FusedConv",
+    "FusedGemm",
+    "FusedMatMul",
+    "Attention",
+    "MultiHeadAttention",
+    "LSTM",
+    "GRU",
+    "RNN",
+}
+
+
+def onnx_graph_counts(nodes: list[Any]) -> dict[str, int]:
+    """Compute nodes of an (optimized) ONNX graph: quantized operators count as int8, float ones
+    (left between QuantizeLinear/DequantizeLinear pairs when not fused) as f32."""
+    counts: Counter[str] = Counter()
+    for node in nodes:
+        if node.op_type in ORT_INT8:
+            counts["int8"] += 1
+        elif node.op_type in ORT_FLOAT:
+            counts["f32"] += 1
+    return dict(counts)

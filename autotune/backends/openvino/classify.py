@@ -7,12 +7,14 @@ as many async requests in flight.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import BackendConfig, BackendSpec, Runner, numpy_batch
-from autotune.backends.precision import ExecutedPrecision
+from autotune.backends.precision import ExecutedPrecision, bucket_of
 
 SPEC = BackendSpec(
     name="openvino",
@@ -211,7 +213,7 @@ def runtime_model_probe(compiled: Any, core: Any) -> Callable[[Any, str], Execut
     an int8 IR whose layers run f32, or a bf16 hint the CPU does not honour, shows there."""
     import openvino.properties.hint as hints
 
-    from autotune.backends.precision import judge, openvino_counts
+    from autotune.backends.precision import judge
 
     def probe(native_input: Any, claimed: str) -> ExecutedPrecision:
         why = ""
@@ -225,3 +227,34 @@ def runtime_model_probe(compiled: Any, core: Any) -> Callable[[Any, str], Execut
         return judge(claimed, {"OpenVINO runtime model": openvino_counts(compiled)}, why=why)
 
     return probe
+
+
+OPENVINO_COMPUTE = {
+    "Convolution",
+    "GroupConvolution",
+    "Deconvolution",
+    "BinaryConvolution",
+    "FullyConnected",
+    "MatMul",
+    "RNNSeq",
+    "RNNCell",
+    "ScaledDotProductAttention",
+}
+# Snippets: layers the CPU plugin fused into generated code (with few threads, a whole MLP), in the
+# precision it generated them for; one counts when the layers it fused include a matrix product or a
+# convolution (by their original names, which carry the operator's type), not for an eltwise chain.
+_FUSED_COMPUTE = re.compile(r"MatMul|Conv|Gemm|FullyConnected|linear")
+
+
+def openvino_counts(compiled: Any) -> dict[str, int]:
+    """Compute layers of a compiled OpenVINO model by the precision the CPU plugin runs them in."""
+    counts: Counter[str] = Counter()
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str) if "layerType" in info else ""
+        fused = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+        if layer not in OPENVINO_COMPUTE and not (layer == "Subgraph" and _FUSED_COMPUTE.search(fused)):
+            continue
+        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "other"
+        counts[bucket_of(precision)] += 1
+    return dict(counts)

@@ -16,12 +16,15 @@ import functools
 import sys
 import time
 from array import array
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
 from autotune.backends.openvino import ir_export
+from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -127,7 +130,6 @@ def prepare(
 ) -> tuple[OpenVinoGenerator, dict[str, Any]]:
     """Compile the IR the prepare step wrote (exported here when it was evicted since)."""
     from autotune.backends.generation.artifacts import engine_files
-    from autotune.backends.precision import ir_weight_probe
 
     def export(folder: Path) -> dict[str, Any]:
         return build_artifact(model, calibration, config, folder)
@@ -327,3 +329,12 @@ class OpenVinoGenerator:
             if stamp:
                 self.token_stamps.append(time.monotonic())
         return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(np.concatenate(kept, axis=1))
+
+
+def ir_weight_probe(weight_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+    """An OpenVINO IR's probe: its matrix products by weight type (NNCF's u8/i4 constants; no call),
+    counted over every one, so NNCF keeping a matrix it cannot group in int8 is seen."""
+    counts: Counter[str] = Counter()
+    for name, n in weight_types.items():
+        counts[bucket_of(name)] += n
+    return lambda native_input, claimed: judge(claimed, {"IR weight types": dict(counts)}, most=True)
