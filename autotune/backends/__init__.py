@@ -1,6 +1,7 @@
-"""Backend registry: one for every task. Adding an engine: one module that satisfies the interface in
-backends/base.py (its SPEC, `unsupported`, and `prepare` / `build_artifact` / `load` as its kind needs),
-registered below, plus its YAML entry.
+"""Backend registry: one for every task. Each engine lives in its own folder (classify.py and/or
+generate.py beside its helpers) and is one object that satisfies the interface in backends/base.py: its
+SPEC (every fact autotune knows of it), `unsupported`, `unavailable`, and `prepare` / `build_artifact` /
+`load` / `cached_artifact` as its kind needs, registered below.
 
 May import common only: a backend is called by the worker and knows nothing above it; heavy
 libraries (onnxruntime, openvino, torchao, IPEX, transformers) are imported inside functions, so the
@@ -12,6 +13,7 @@ from types import ModuleType
 from typing import cast
 
 from autotune.backends.base import (
+    LAST,
     Backend,
     BackendSpec,
     ClassifyArtifactBackend,
@@ -37,7 +39,8 @@ _SPECS: dict[str, dict[str, BackendSpec]] = {task: {} for task in TASKS}
 
 
 def register(module: Backend) -> None:
-    """Make a backend module known under its SPEC's name, for its SPEC's task."""
+    """Make a backend module known under its SPEC's name, for its SPEC's task. Raises TypeError when it
+    lacks a member of its interface, ValueError when its task is unknown or its name already taken."""
     missing = missing_members(module)
     if missing:
         name = getattr(module, "__name__", module)
@@ -45,6 +48,8 @@ def register(module: Backend) -> None:
     spec = module.SPEC
     if spec.task not in _MODULES:
         raise ValueError(f"backend {spec.name}: unknown task {spec.task!r}; known: {', '.join(TASKS)}")
+    if spec.name in _MODULES[spec.task]:
+        raise ValueError(f"a {spec.task} backend named {spec.name!r} is registered already")
     _MODULES[spec.task][spec.name] = module
     _SPECS[spec.task][spec.name] = spec
 
@@ -76,3 +81,19 @@ def backend_module(name: str, task: str = "classify") -> ModuleType:
 def backend_specs(task: str) -> dict[str, BackendSpec]:
     """The backends of a task: one forward pass ("classify", the default) or text generation."""
     return _SPECS["generate"] if task == "generate" else _SPECS["classify"]
+
+
+def backend_packages(task: str | None = None) -> tuple[str, ...]:
+    """The distributions whose versions the backends of a task (every task: None) say matter, each once,
+    in the order they were registered."""
+    tasks = TASKS if task is None else (task,)
+    return tuple(dict.fromkeys(p for t in tasks for spec in backend_specs(t).values() for p in spec.packages))
+
+
+def complexity_rank(name: str) -> int:
+    """A backend's rank when configurations tie (the simpler, lower, wins), by its name in either task
+    (a stored configuration names its backend only); one no longer registered ranks last."""
+    for task in TASKS:
+        if name in _SPECS[task]:
+            return _SPECS[task][name].complexity
+    return LAST

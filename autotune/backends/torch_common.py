@@ -19,17 +19,18 @@ from autotune.backends.base import Runner
 from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
 
 
-def memory_format_of(options: dict[str, Any]) -> torch.memory_format:
-    return torch.channels_last if options.get("memory_format") == "channels_last" else torch.contiguous_format
+def memory_format_of(memory_format: str) -> torch.memory_format:
+    """A backend's `memory_format` option as torch's: channels_last, else contiguous."""
+    return torch.channels_last if memory_format == "channels_last" else torch.contiguous_format
 
 
-def convert_for(model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
-    return model.eval().to(memory_format=memory_format_of(options))
+def convert_for(model: torch.nn.Module, memory_format: str) -> torch.nn.Module:
+    return model.eval().to(memory_format=memory_format_of(memory_format))
 
 
-def input_converter(options: dict[str, Any]):
+def input_converter(memory_format: str):
     """Batch (tuple of tensors) in, batch out: 4-D float inputs take the memory format, the rest stay."""
-    fmt = memory_format_of(options)
+    fmt = memory_format_of(memory_format)
 
     def convert(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         return tuple(x.contiguous(memory_format=fmt) if x.dim() == 4 and x.is_floating_point() else x for x in batch)
@@ -45,16 +46,14 @@ def precision_context(precision: str) -> contextlib.AbstractContextManager:
     raise ValueError(f"precision {precision!r} is not supported by this backend")
 
 
-def module_runner(
-    module: Any, precision: str, options: dict[str, Any], details: dict[str, Any] | None = None
-) -> Runner:
+def module_runner(module: Any, precision: str, memory_format: str, details: dict[str, Any] | None = None) -> Runner:
     """Wrap a callable module so every call runs under inference mode and the precision's autocast."""
 
     def run(batch: tuple[torch.Tensor, ...]) -> Any:
         with torch.inference_mode(), precision_context(precision):
             return module(*batch)
 
-    return Runner(run=run, convert_input=input_converter(options), details=details or {}, probe=torch_probe(run))
+    return Runner(run=run, convert_input=input_converter(memory_format), details=details or {}, probe=torch_probe(run))
 
 
 def torch_probe(run: Callable[[Any], Any]) -> Callable[[Any, str], ExecutedPrecision]:

@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendConfig, BackendSpec, Runner
+from autotune.backends.base import BackendConfig, BackendOptions, BackendSpec, Runner, choice, import_failure
+
+
+@dataclass(frozen=True)
+class InductorOptions(BackendOptions):
+    memory_format: str = choice("contiguous", "channels_last")
+    freezing: bool = choice(False, True)
+
 
 SPEC = BackendSpec(
     name="inductor",
     description="torch.compile (inductor)",
     precisions=("fp32", "bf16"),
-    options={"memory_format": ("contiguous", "channels_last"), "freezing": (False, True)},
+    options=InductorOptions,
     requires=("torch",),
+    complexity=1,
+    prepare_cost=5,  # torch.compile's code generation: the slowest preparation
     torch_threads=True,
     inductor_cache=True,
 )
+
+
+def unavailable() -> str | None:
+    """Why PyTorch does not import here, or None."""
+    return import_failure(SPEC)
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -29,6 +44,9 @@ def prepare(model: Any, example: Any, config: BackendConfig, workdir: Path) -> R
 
     from autotune.backends.torch_common import convert_for, module_runner
 
-    inductor_config.freezing = bool(config.options.get("freezing", False))
-    compiled = torch.compile(convert_for(model, config.options), backend="inductor", dynamic=False)
-    return module_runner(compiled, config.precision, config.options, details={"freezing": inductor_config.freezing})
+    options = InductorOptions.of(config)
+    inductor_config.freezing = bool(options.freezing)
+    compiled = torch.compile(convert_for(model, options.memory_format), backend="inductor", dynamic=False)
+    return module_runner(
+        compiled, config.precision, options.memory_format, details={"freezing": inductor_config.freezing}
+    )

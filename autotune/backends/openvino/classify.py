@@ -10,25 +10,49 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendConfig, BackendSpec, Runner, numpy_batch
+from autotune.backends.base import (
+    BackendConfig,
+    BackendOptions,
+    BackendSpec,
+    Runner,
+    choice,
+    import_failure,
+    numpy_batch,
+)
 from autotune.backends.precision import ExecutedPrecision, bucket_of
+
+
+@dataclass(frozen=True)
+class OpenVinoOptions(BackendOptions):
+    hint: str = choice("THROUGHPUT", "LATENCY", scheduling=True)
+    streams: str | int = choice("auto", 1, 2, 4, 8, scheduling=True)
+    # an int8 IR's float layers (those NNCF leaves unquantized) in f32, or in bf16 as OpenVINO picks by itself
+    int8_float: str = choice("f32", "bf16", precisions=("int8",))
+
 
 SPEC = BackendSpec(
     name="openvino",
     description="OpenVINO (CPU plugin); int8 via NNCF",
     precisions=("fp32", "bf16", "int8"),
-    options={"hint": ("THROUGHPUT", "LATENCY"), "streams": ("auto", 1, 2, 4, 8), "int8_float": ("f32", "bf16")},
+    options=OpenVinoOptions,
     requires=("openvino", "nncf"),
-    option_precisions={"int8_float": ("int8",)},
+    packages=("openvino", "nncf"),
+    complexity=4,
+    prepare_cost=2,  # an IR conversion
     uses_artifact=True,
-    scheduling_options=("hint", "streams"),
     # oneTBB dlopens libtbbbind with RTLD_DEEPBIND, so hwloc frees with glibc what the preloaded allocator
     # handed out and compile_model aborts (oneTBB #1645); this setting drops DEEPBIND.
     preloaded_allocator_env=(("TBB_ENABLE_SANITIZERS", "1"),),
 )
+
+
+def unavailable() -> str | None:
+    """Why OpenVINO or NNCF does not import here, or None."""
+    return import_failure(SPEC)
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -147,7 +171,7 @@ def _feed(arrays: tuple[Any, ...]) -> dict[int, Any]:
 
 def _float_precision(config: BackendConfig) -> str:
     if config.precision == "int8":
-        return config.options.get("int8_float", "f32")
+        return OpenVinoOptions.of(config).int8_float
     return "bf16" if config.precision == "bf16" else "f32"
 
 
@@ -156,19 +180,19 @@ def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import openvino.properties as props
     import openvino.properties.hint as hints
 
+    options = OpenVinoOptions.of(config)
     core = ov.Core()
     model = core.read_model(str(artifact_dir / MODEL_FILE))
     model.reshape({model.inputs[i]: list(x.shape) for i, x in enumerate(example)})
     properties: dict[Any, Any] = {
-        hints.performance_mode: getattr(hints.PerformanceMode, config.options.get("hint", "THROUGHPUT")),
+        hints.performance_mode: getattr(hints.PerformanceMode, options.hint),
         # int8 IR: the layers NNCF left in float run in f32 (drift is what quantization costs) unless
         # int8_float=bf16 asks for what OpenVINO would pick by itself on a CPU with bf16.
         hints.inference_precision: ov.Type.bf16 if _float_precision(config) == "bf16" else ov.Type.f32,
         props.inference_num_threads: config.threads_per_instance,
     }
-    streams = config.options.get("streams", "auto")
-    if streams != "auto":
-        properties[props.num_streams] = int(streams)
+    if options.streams != "auto":
+        properties[props.num_streams] = int(options.streams)
     compiled = core.compile_model(model, "CPU", properties)
     effective_streams = int(compiled.get_property(props.num_streams))
     details = {
