@@ -1,16 +1,21 @@
 """Backend registry: one for every task. Each engine lives in its own folder (classify.py and/or
 generate.py beside its helpers) and is one object that satisfies the interface in backends/base.py: its
 SPEC (every fact autotune knows of it), `unsupported`, `unavailable`, and `prepare` / `build_artifact` /
-`load` / `cached_artifact` as its kind needs, registered below.
+`load` / `cached_artifact` as its kind needs. The built-in ones are registered below; a package outside
+autotune adds its own through the `autotune.backends` entry-point group (ENTRY_POINT_GROUP), each entry
+point naming a module or object with those members, registered for its SPEC's task. A plugin that does
+not load, lacks a member, or takes a name already registered is left out, and why is kept in one line
+(`plugin_problems`): `autotune probe` and the search space's unknown-backend error say it.
 
 May import common only: a backend is called by the worker and knows nothing above it; heavy
 libraries (onnxruntime, openvino, torchao, IPEX, transformers) are imported inside functions, so the
-registry loads in any runtime."""
+registry loads in any runtime (a plugin should do the same: it is imported wherever the registry is)."""
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from types import ModuleType
-from typing import cast
+from typing import Any, cast
 
 from autotune.backends.base import (
     LAST,
@@ -34,8 +39,13 @@ from autotune.backends.openvino import generate as generation_openvino
 from autotune.backends.torchao import classify as torchao
 
 TASKS = ("classify", "generate")
+ENTRY_POINT_GROUP = "autotune.backends"
 _MODULES: dict[str, dict[str, Backend]] = {task: {} for task in TASKS}
 _SPECS: dict[str, dict[str, BackendSpec]] = {task: {} for task in TASKS}
+# entry point -> why its backend was not registered (one line)
+_PLUGIN_PROBLEMS: dict[str, str] = {}
+# entry point -> (task, backend name) of the plugins registered
+_PLUGINS: dict[str, tuple[str, str]] = {}
 
 
 def register(module: Backend) -> None:
@@ -70,6 +80,41 @@ for _backend in dict.fromkeys((*MODULE_BACKENDS, *ARTIFACT_BACKENDS, *GENERATE_B
 BACKENDS: dict[str, BackendSpec] = _SPECS["classify"]
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines() or [""]
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines[0] else type(exc).__name__
+
+
+def load_plugins() -> None:
+    """Register every backend of the `autotune.backends` entry-point group that is not registered yet;
+    keep why for each one that cannot be (it does not import, lacks a member, or takes a taken name).
+    In the entry points' name order, whatever order the path lists the distributions in."""
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda point: point.name):
+        if point.name in _PLUGINS or point.name in _PLUGIN_PROBLEMS:
+            continue
+        try:
+            plugin: Any = point.load()
+        except (Exception, SystemExit) as exc:  # a plugin's import may raise anything, even exit
+            _PLUGIN_PROBLEMS[point.name] = f"{point.value} does not load ({_first_line(exc)})"
+            continue
+        try:
+            register(plugin)
+        except (TypeError, ValueError) as exc:
+            _PLUGIN_PROBLEMS[point.name] = f"{point.value} is refused: {exc}"
+            continue
+        _PLUGINS[point.name] = (plugin.SPEC.task, plugin.SPEC.name)
+
+
+def plugin_problems() -> dict[str, str]:
+    """Each `autotune.backends` entry point whose backend is not registered, and why (one line)."""
+    return dict(_PLUGIN_PROBLEMS)
+
+
+def plugins() -> dict[str, tuple[str, str]]:
+    """Each `autotune.backends` entry point registered, with its backend's task and name."""
+    return dict(_PLUGINS)
+
+
 def backend_module(name: str, task: str = "classify") -> ModuleType:
     """The module of a task's backend (`prepare`, `build_artifact`, `load`, `unsupported`: base.py)."""
     try:
@@ -97,3 +142,6 @@ def complexity_rank(name: str) -> int:
         if name in _SPECS[task]:
             return _SPECS[task][name].complexity
     return LAST
+
+
+load_plugins()

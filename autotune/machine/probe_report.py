@@ -2,7 +2,8 @@
 
 The search space is narrowed from exactly this: cores and their SMT siblings, the CPU set this process
 may use, NUMA nodes, the pinning tool that works here, allocators and OpenMP runtimes, which backends
-each runtime imports, and which text-generation precisions and engines run where.
+each runtime imports (backend plugins among them, and those that did not load, with why), and which
+text-generation precisions and engines run where.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends import backend_specs, plugin_problems, plugins
 from autotune.backends.generation import PRECISIONS
 from autotune.common.errors import UserError
 from autotune.machine.generation_probe import GenerationProbe, own_engines, probe_generation
@@ -61,8 +63,20 @@ def probe_lines(machine: MachineProbe, runtimes: dict[str, Runtime]) -> list[str
             lines.append(f"allocator    {name:<9} {path} ({machine.allocator_versions.get(name, 'version unknown')})")
     else:
         lines.append("allocator    glibc only (install libgoogle-perftools4 / libjemalloc2 for tcmalloc / jemalloc)")
+    lines.extend(plugin_lines())
     for runtime in runtimes.values():
         lines.extend(runtime_lines(runtime))
+    return lines
+
+
+def plugin_lines() -> list[str]:
+    """The backends added through the `autotune.backends` entry points, and those left out, with why."""
+    lines = []
+    for point, (task, name) in plugins().items():
+        spec = backend_specs(task)[name]
+        lines.append(f"plugin       {point}: {task} backend {name} ({spec.description})")
+    for point, why in plugin_problems().items():
+        lines.append(f"plugin       {point} left out: {why}")
     return lines
 
 
@@ -90,6 +104,10 @@ def probe_json(machine: MachineProbe, runtimes: dict[str, Runtime]) -> dict[str,
     return {
         **machine.to_json(),
         "runtimes": {name: runtime.to_json() for name, runtime in runtimes.items()},
+        "backend_plugins": {
+            "registered": {point: {"task": task, "backend": name} for point, (task, name) in plugins().items()},
+            "left_out": plugin_problems(),
+        },
     }
 
 

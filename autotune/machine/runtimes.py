@@ -21,9 +21,11 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from autotune.backends import ENTRY_POINT_GROUP
 from autotune.common.errors import UserError
 from autotune.common.files import read_json, write_json_atomic
 
@@ -139,6 +141,8 @@ def _site_state(python: Path) -> str:
         parts.append(f"{site}:{site.stat().st_mtime_ns}")
     backends = PACKAGE_DIR / "backends"
     parts.extend(f"{f.relative_to(backends)}:{f.stat().st_mtime_ns}" for f in sorted(backends.rglob("*.py")))
+    # the backend plugins this process sees (a runtime's report lists the backends it registers)
+    parts.extend(sorted(f"{p.name}={p.value}" for p in entry_points(group=ENTRY_POINT_GROUP)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from autotune.backends import BACKENDS, backend_module, backend_specs
+from autotune.backends import BACKENDS, backend_module, backend_specs, plugin_problems
 from autotune.backends.base import BackendSpec
 from autotune.common.errors import UserError
 from autotune.machine.probe import MachineProbe
@@ -214,6 +214,13 @@ def _baseline_batch_size(data: dict[str, Any], task: str, batch_key: str, batch_
     return baseline_bs
 
 
+def _plugins_said() -> str:
+    """The backend plugins that did not load, as the tail of an unknown-backend error (empty: none)."""
+    problems = plugin_problems()
+    said = "; ".join(f"{point}: {why}" for point, why in problems.items())
+    return f" (backend plugins left out: {said})" if said else ""
+
+
 def _offered(value: Any, supported: Sequence[Any]) -> bool:
     """A YAML value among an option's values: equal, and a bool only for a bool (True is not 1)."""
     return any(value == s and isinstance(value, bool) == isinstance(s, bool) for s in supported)
@@ -286,7 +293,7 @@ class SearchSpace:
         unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
         if unknown:
             raise UserError(f"search space: unknown key {unknown[0]!r}; allowed keys are {', '.join(TOP_LEVEL_KEYS)}")
-        notes: list[str] = []
+        notes: list[str] = [f"backend plugin {point} left out: {why}" for point, why in plugin_problems().items()]
         cores = machine.physical_cores
         batch_key = "sequences" if task == "generate" else "batch_size"
         batch_sizes = _batch_sizes(data, task, batch_key)
@@ -335,7 +342,7 @@ class SearchSpace:
         routes: dict[str, list[str]] = {}
         for name, options in raw.items():
             if name not in specs:
-                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(specs)}")
+                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(specs)}{_plugins_said()}")
             spec = specs[name]
             dims = _backend_dims(name, spec, options)
             if name in unavailable:  # an engine not installed here: the other backends' trials run
