@@ -82,9 +82,9 @@ class BackendOptions(Record):
 
     @classmethod
     def precisions_of(cls, option: str) -> tuple[str, ...] | None:
-        """The precisions an option means something at; None: all of the backend's."""
+        """The precisions an option means something at; None: all of the backend's (or no such option)."""
         precisions: tuple[str, ...] | None = next(
-            f.metadata["precisions"] for f in dataclasses.fields(cls) if f.name == option
+            (f.metadata["precisions"] for f in dataclasses.fields(cls) if f.name == option), None
         )
         return precisions
 
