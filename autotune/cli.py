@@ -264,51 +264,14 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_probe(args: argparse.Namespace, console: Console) -> int:
-    from autotune.backends import backend_module, backend_specs
-    from autotune.backends.generation import PRECISIONS
     from autotune.machine.probe import probe_machine
-    from autotune.machine.probe_report import probe_json, probe_lines
+    from autotune.machine.probe_report import ProbeReport
     from autotune.machine.runtimes import discover_runtimes
-    from autotune.tuning.study import GenerationProbe, probe_generation
+    from autotune.records.config import clean_environment
 
     machine, runtimes = probe_machine(), discover_runtimes(args.runtime or ())
-    # text generation runs in the main runtime; its precisions are torchao configs whose CPU support
-    # moves between versions, so they are tried there, in a fresh process; an engine that runs only in
-    # the IPEX runtime is tried there
-    try:
-        probed: GenerationProbe | str = probe_generation(runtimes)
-    except UserError as exc:
-        probed = str(exc)
-    unavailable = probed if isinstance(probed, str) else probed.unavailable
-    routes = {} if isinstance(probed, str) else probed.routes
-    engines = {  # the backends outside PyTorch: the ones that say whether they can run here
-        name: spec
-        for name, spec in backend_specs("generate").items()
-        if hasattr(backend_module(name, "generate"), "unavailable")
-    }
-    if args.json:
-        report: dict[str, Any] = {**probe_json(machine, runtimes), "generation_precisions_unavailable": unavailable}
-        if not isinstance(unavailable, str):  # precisions of PyTorch's path apart from the engines
-            report["generation_precisions_unavailable"] = {p: w for p, w in unavailable.items() if p not in engines}
-            report["generation_engines"] = {
-                name: {"runs": False, "reason": unavailable[name]}
-                if name in unavailable
-                else {"runs": True, "runtime": routes.get(name, ["main"])[0], "precisions": list(spec.precisions)}
-                for name, spec in engines.items()
-            }
-        print(json.dumps(report, indent=2))
-        return 0
-    print("\n".join(probe_lines(machine, runtimes)))
-    if isinstance(unavailable, str):
-        print(f"text generation in runtime main: not probed ({unavailable})")
-    else:
-        runs = [p for p in PRECISIONS if p not in unavailable]
-        left_out = "".join(f"; {p} left out: {why}" for p, why in unavailable.items() if p not in engines)
-        print(f"text generation in runtime main: {', '.join(runs) or 'nothing'} run{left_out}")
-        for name, spec in engines.items():
-            where = f" in runtime {routes[name][0]}" if name in routes else ""
-            status = f"left out: {unavailable[name]}" if name in unavailable else ", ".join(spec.precisions) + " run"
-            print(f"text generation engine {name} ({spec.description}): {status}{where}")
+    report = ProbeReport.of(machine, runtimes, clean_environment(dict(os.environ)))
+    print(json.dumps(report.to_json(), indent=2) if args.json else "\n".join(report.lines()))
     return 0
 
 

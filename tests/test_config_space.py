@@ -1244,7 +1244,7 @@ def test_a_drift_measured_by_an_older_artifact_builder_is_not_reused():
     artifact's drift instead of pruning it on the old one's; backends without an artifact keep theirs."""
     import json
 
-    from autotune.backends import onnxruntime
+    from autotune.backends.onnxruntime import classify as onnxruntime
     from autotune.measure.drift import Drift
     from autotune.tuning.study import numerics_key_of, same_numerics_drift
 

@@ -118,7 +118,7 @@ def test_a_trained_models_int8_keeps_perplexity_its_ir_is_exported_once_and_int4
 def test_a_bf16_hint_is_refused_where_the_cpu_has_no_bf16():
     """The CPU plugin compiles a bf16 hint as f32 on a CPU without bf16 instructions: such a trial would
     repeat the f32 one, so it is refused before launch, with the plugin's own capabilities as the reason."""
-    from autotune.backends.generation import openvino as engine
+    from autotune.backends.openvino import generate as engine
     from autotune.machine.probe import probe_machine
 
     isa = probe_machine().isa

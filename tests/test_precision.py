@@ -229,7 +229,7 @@ import json, sys, tempfile
 from pathlib import Path
 import torch
 from tiny_models import tiny_cnn
-from autotune.backends import ipex
+from autotune.backends.ipex import classify as ipex
 from autotune.backends.precision import check_precision
 from autotune.records.config import TrialConfig
 
@@ -383,7 +383,7 @@ def test_an_int8_claim_with_only_the_output_head_quantized_is_a_fallback_naming_
     from tiny_lm import tiny_gpt2
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    from autotune.backends.precision import weight_probe
+    from autotune.backends.generation.quantization import weight_probe
 
     model = tiny_gpt2().eval()
     quantize_(model, Int8WeightOnlyConfig())  # quantize_ looks for nn.Linear: the output head only

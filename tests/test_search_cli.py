@@ -462,6 +462,16 @@ def test_bad_input_is_one_line_and_exit_2(cli, args, message):
             ["--space", "s.yaml"],
             "backends.eager.precision value 'fp64' is not supported",
         ),
+        (  # an option's values come from the backend's options record
+            {"s.yaml": b"backends: {openvino: {streams: [3]}}\n"},
+            ["--space", "s.yaml"],
+            "backends.openvino.streams value 3 is not supported; choose from ['auto', 1, 2, 4, 8]",
+        ),
+        (
+            {"s.yaml": b"backends: {inductor: {streamz: [1]}}\n"},
+            ["--space", "s.yaml"],
+            "backend 'inductor' has no option 'streamz'; it has precision, memory_format, freezing",
+        ),
         ({"s.yaml": b"backends: [eager\n"}, ["--space", "s.yaml"], "is not valid YAML"),
     ],
 )

@@ -1,48 +1,126 @@
 """What every backend declares and returns. Kept free of heavy imports: the search reads it too.
 
-A backend is a module that satisfies one of the protocols below and is registered by name in
-autotune/backends/__init__.py:
+A backend is a module (or any object with these members) that satisfies one of the protocols below,
+registered by name in autotune/backends/__init__.py, a built-in one there, a plugin's through the
+`autotune.backends` entry-point group:
 
-- every backend: `SPEC` (its name, task, precisions, options, what it needs installed, whether it builds
-  an artifact) and `unsupported(config)` (why a configuration cannot run, refused before launch);
+- every backend: `SPEC` (every fact autotune knows of it: its name, task, precisions, its options as a
+  typed record, what it needs installed, its tie-break and preparation ranks, whether it builds an
+  artifact), `unsupported(config)` (why a configuration cannot run, refused before launch) and
+  `unavailable()` (why it cannot run in this runtime at all: `import_failure(SPEC)` for most);
 - a classification backend: `prepare` (the callable from the torch module) where it builds no artifact,
   and `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (once, in its own process) and `load`
   (the callable from that artifact) where it builds one;
 - a generation backend: `ARTIFACT_VERSION`, `artifact_identity`, `build_artifact` (the quantized weights,
-  or an engine's own file) and `prepare` (the generator, from that artifact when it loads). The generator
-  decodes greedily with a stamp per token (`generate`, `generate_with_logits`, `token_stamps`: see
-  generation/decode_loop.py) and carries a `probe` when it holds no torch module. An engine outside PyTorch
-  (generation/llamacpp.py) may add `unavailable()` (why it cannot run in this runtime: the study runs its
-  trials in the IPEX runtime when it runs there, as generation/ipex.py does, else leaves it out with that
-  line) and `cached_artifact(dir)` (its own file's check).
+  or an engine's own file), `cached_artifact(dir)` (that file in the cache, when it can be loaded here)
+  and `prepare` (the generator, from that artifact when it loads). The generator decodes greedily with a
+  stamp per token (`generate`, `generate_with_logits`, `token_stamps`: see generation/decode_loop.py) and
+  carries a `probe` when it holds no torch module. An engine that cannot run in the main runtime says so
+  in `unavailable()`; the study then runs its trials in the runtime where it can (IPEX's), else leaves it
+  out with that line.
+
+A backend's options are a frozen `BackendOptions` record whose fields are each declared with `choice`:
+the values the search space may list (the first is the default), the precisions the option means
+something at, and whether it only schedules work. The backend reads them as `XOptions.of(config)`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
+import io
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from autotune.common.json_record import Record
 
 if TYPE_CHECKING:
     from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "int8")
+# The tie-break and preparation rank of a backend that declares none: after every built-in one.
+LAST = 100
+
+OptionsT = TypeVar("OptionsT", bound="BackendOptions")
+_UNSET: Any = object()
+
+
+def choice(
+    *values: Any, precisions: tuple[str, ...] | None = None, scheduling: bool = False, default: Any = _UNSET
+) -> Any:
+    """A BackendOptions field: the values a search space may list for it (the first is the space's
+    default), the precisions it means something at (None: all of the backend's; sampled only there), and
+    whether it only schedules the work (streams, requests in flight, inter-op threads), never which kernels
+    or precisions run, so a precision fallback found once holds for every value of it. `default`: what a
+    configuration lacking the option means, where that is not the first value (a study recorded before
+    the option existed)."""
+    if not values:
+        raise ValueError("choice() needs at least one value")
+    metadata = {"choices": tuple(values), "precisions": precisions, "scheduling": scheduling}
+    return field(default=values[0] if default is _UNSET else default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class BackendOptions(Record):
+    """A backend's options as a typed record: subclass it as a frozen dataclass whose every field is a
+    `choice(...)`. A trial's configuration stores them as a plain mapping (studies and best.json keep
+    that layout); `of` reads it back, unknown keys ignored (an option a study recorded that no longer
+    exists) and missing ones at their default."""
+
+    @classmethod
+    def of(cls: type[OptionsT], config: BackendConfig) -> OptionsT:
+        return cls.from_json(dict(config.options))
+
+    @classmethod
+    def choices(cls) -> dict[str, tuple[Any, ...]]:
+        """Each option and the values a search space may list for it, the default first."""
+        return {f.name: f.metadata["choices"] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def precisions_of(cls, option: str) -> tuple[str, ...] | None:
+        """The precisions an option means something at; None: all of the backend's (or no such option)."""
+        precisions: tuple[str, ...] | None = next(
+            (f.metadata["precisions"] for f in dataclasses.fields(cls) if f.name == option), None
+        )
+        return precisions
+
+    @classmethod
+    def scheduling(cls) -> tuple[str, ...]:
+        """The options that only schedule the work: a precision fallback found once holds for all their values."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["scheduling"])
+
+    @classmethod
+    def undeclared(cls) -> list[str]:
+        """The fields not declared with `choice` (the search would not know their values)."""
+        return [f.name for f in dataclasses.fields(cls) if "choices" not in f.metadata]
 
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """A backend's promise: which precisions and options it supports, and what it needs installed."""
+    """A backend's promise: which precisions and options it supports, what it needs installed, and
+    where it stands among the others."""
 
     name: str
     description: str
     precisions: tuple[str, ...]
     # What the backend serves: "classify" (one forward pass per batch) or "generate" (text generation).
     task: str = "classify"
-    options: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # Its options: a BackendOptions record (the search space YAML is validated against it).
+    options: type[BackendOptions] = BackendOptions
     requires: tuple[str, ...] = ()  # importable modules
-    # Options that only mean something at some precisions (sampled only there), e.g. {"int8_float": ("int8",)}.
-    option_precisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Distributions whose versions decide what it computes: recorded in the fingerprint and the runtime
+    # report, and keyed in the artifact cache (torch, torchvision, numpy... are everyone's: not listed).
+    packages: tuple[str, ...] = ()
+    # Its rank when configurations tie within the noise: the simpler (lower) one wins.
+    complexity: int = LAST
+    # Its rank among the coverage round's backends of one tier: the cheaper preparation (lower) first.
+    prepare_cost: int = LAST
+    # What to do where it does not import: the runtime it runs in, or what installs it (said with the reason).
+    runtime_hint: str = ""
     # Artifact backends build a file once (export, conversion, quantization) in a separate process and
     # their timing processes only load it; the others run the torch module directly. A tuple: only at
     # those precisions (IPEX builds a file for int8 only).
@@ -50,22 +128,56 @@ class BackendSpec:
     # Runs on PyTorch's OpenMP thread pool: the OpenMP runtime and PyTorch's huge-page setting matter.
     # ONNX Runtime and OpenVINO keep their own thread pools (and allocators' huge pages), so not there.
     torch_threads: bool = False
-    # Options that only schedule the work (streams, requests in flight, inter-op threads), never which
-    # kernels or precisions run: a precision fallback found once holds for every value of them.
-    scheduling_options: tuple[str, ...] = ()
     # Compiles with inductor: its trials share one inductor cache (TORCHINDUCTOR_CACHE_DIR) under the
     # studies folder, so a later trial of the same graph loads the compiled kernels.
     inductor_cache: bool = False
     # Variables the backend needs when the trial preloads an allocator (LD_PRELOAD).
     preloaded_allocator_env: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def choices(self) -> dict[str, tuple[Any, ...]]:
+        """Each option and the values a search space may list for it, the default first."""
+        return self.options.choices()
+
+    @property
+    def scheduling_options(self) -> tuple[str, ...]:
+        """The options that only schedule the work, never which kernels or precisions run."""
+        return self.options.scheduling()
+
     def applies(self, option: str, precision: str) -> bool:
-        return precision in self.option_precisions.get(option, self.precisions)
+        """Whether an option means something at a precision (it is sampled only there)."""
+        precisions = self.options.precisions_of(option)
+        return precision in (self.precisions if precisions is None else precisions)
 
     def builds_artifact(self, precision: str) -> bool:
         if isinstance(self.uses_artifact, tuple):
             return precision in self.uses_artifact
         return self.uses_artifact
+
+
+def import_failure(spec: BackendSpec) -> str | None:
+    """Why a backend cannot run in this runtime: the first module of its `requires` that does not import,
+    as one line with its runtime hint; None when they all import. The default `unavailable()`."""
+    why = first_import_failure(spec.requires)
+    return f"{why}; {spec.runtime_hint}" if why and spec.runtime_hint else why
+
+
+def first_import_failure(modules: tuple[str, ...]) -> str | None:
+    """The first of `modules` that does not import, and why, as one line; None when they all import.
+    Quietly: an extension built for another torch may print, warn, or even exit the process."""
+    for module in modules:
+        try:
+            with (
+                warnings.catch_warnings(),
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
+                warnings.simplefilter("ignore")
+                importlib.import_module(module)
+        except BaseException as exc:  # an extension built for another torch can raise anything, even SystemExit
+            lines = str(exc).strip().splitlines() or [""]
+            return f"{module}: {type(exc).__name__}: {lines[0][:200]}"
+    return None
 
 
 @dataclass
@@ -126,6 +238,9 @@ class Backend(Protocol):
     def unsupported(self, config: BackendConfig) -> str | None:
         """Why this configuration cannot run (refused before launch), or None."""
 
+    def unavailable(self) -> str | None:
+        """Why the backend cannot run in this runtime at all (one line), or None."""
+
 
 class ModuleBackend(Backend, Protocol):
     """A classification backend that runs the torch module itself (no artifact at some precision)."""
@@ -161,6 +276,10 @@ class GenerateBackend(ArtifactBackend, Protocol):
     def build_artifact(self, model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
         """Quantize once into `out_dir`; returns what was done."""
 
+    def cached_artifact(self, artifact_dir: str | Path) -> dict[str, Any] | None:
+        """The artifact in `artifact_dir` (its folder and build details) when it can be loaded here, else None
+        (not built, evicted, or built by other versions)."""
+
     def prepare(
         self, model: Any, config: BackendConfig, new_tokens: int, calibration: Any = None, artifact: Any = None
     ) -> tuple[Any, dict[str, Any]]:
@@ -172,7 +291,8 @@ class GenerateBackend(ArtifactBackend, Protocol):
 REQUIRED_MEMBERS = {
     ("classify", False): ("prepare",),
     ("classify", True): ("ARTIFACT_VERSION", "artifact_identity", "build_artifact", "load"),
-    ("generate", True): ("ARTIFACT_VERSION", "artifact_identity", "build_artifact", "prepare"),
+    ("generate", False): ("cached_artifact", "prepare"),
+    ("generate", True): ("ARTIFACT_VERSION", "artifact_identity", "build_artifact", "cached_artifact", "prepare"),
 }
 
 
@@ -181,8 +301,14 @@ def missing_members(module: Any) -> list[str]:
     spec = getattr(module, "SPEC", None)
     if not isinstance(spec, BackendSpec):
         return ["SPEC"]
+    options = spec.options
+    if not (isinstance(options, type) and issubclass(options, BackendOptions) and dataclasses.is_dataclass(options)):
+        return ["SPEC.options (a BackendOptions dataclass)"]
+    undeclared = options.undeclared()
+    if undeclared:
+        return [f"choice(...) for its option {name}" for name in undeclared]
     artifact = bool(spec.uses_artifact)
-    wanted = ["unsupported", *REQUIRED_MEMBERS.get((spec.task, artifact), ("prepare",))]
+    wanted = ["unsupported", "unavailable", *REQUIRED_MEMBERS.get((spec.task, artifact), ("prepare",))]
     if spec.task == "classify" and isinstance(spec.uses_artifact, tuple):  # artifact at some precisions only
         wanted += REQUIRED_MEMBERS["classify", False]
     return [name for name in wanted if not hasattr(module, name)]

@@ -8,24 +8,22 @@ import platform
 import socket
 from typing import Any
 
+from autotune.backends import backend_packages
 from autotune.machine.probe import MachineProbe
 
-PACKAGES = (
-    "autotune",
-    "torch",
-    "torchvision",
-    "numpy",
-    "optuna",
-    "onnxruntime",
-    "openvino",
-    "nncf",
-    "torchao",
-    "intel-extension-for-pytorch",
-)
+# Everyone's packages; each backend's own are in its SPEC (packages).
+CORE_PACKAGES = ("autotune", "torch", "torchvision", "numpy", "optuna")
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+def fingerprint_packages() -> tuple[str, ...]:
+    """The packages whose versions a result is valid for: the core ones and every registered backend's."""
+    return tuple(dict.fromkeys((*CORE_PACKAGES, *backend_packages())))
+
+
+def package_versions(names: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The installed versions of `names` (default: fingerprint_packages()); those not installed left out."""
     versions = {}
+    names = fingerprint_packages() if names is None else names
     for name in names:
         try:
             versions[name] = importlib.metadata.version(name)

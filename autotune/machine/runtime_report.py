@@ -2,56 +2,33 @@
 
     python -m autotune.machine.runtime_report
 
-Which backends import for real (not only whether their packages exist: a torch/IPEX version mismatch
-fails at import), the versions of the packages that matter, and the OpenMP libraries this runtime's
-torch can run with. Standard library only (and autotune's stdlib-only modules): it must start in any runtime.
+Which backends import for real (each one's `unavailable()`: not only whether their packages exist, a
+torch/IPEX version mismatch fails at import), the versions of the packages that matter, and the OpenMP
+libraries this runtime's torch can run with. Standard library only (and autotune's stdlib-only modules,
+the backend registry among them): it must start in any runtime.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import importlib
-import io
 import json
 import os
 import platform
 import sys
-import warnings
 
 from autotune.machine.fingerprint import package_versions
 
-# The packages whose versions decide what an artifact holds: the artifact cache keys on them.
-ARTIFACT_PACKAGES = (
-    "torch",
-    "torchvision",
-    "onnx",
-    "onnxscript",
-    "onnxruntime",
-    "openvino",
-    "nncf",
-    "torchao",
-    "intel-extension-for-pytorch",
-)
-# transformers: the layers of a language model tuned for generation
-PACKAGES = (*ARTIFACT_PACKAGES, "numpy", "intel-openmp", "transformers", "llama_cpp_python")
+# Everyone's packages (transformers' and the backends' own are in their SPECs: packages): their versions
+# are reported, and the artifact cache keys on them.
+CORE_PACKAGES = ("torch", "torchvision", "numpy", "intel-openmp")
 
 
-def _try_import(modules: tuple[str, ...]) -> str | None:
-    """None when every module imports, else the first failure as one line."""
-    for module in modules:
-        try:
-            with (
-                warnings.catch_warnings(),
-                contextlib.redirect_stdout(io.StringIO()),
-                contextlib.redirect_stderr(io.StringIO()),
-            ):
-                warnings.simplefilter("ignore")
-                importlib.import_module(module)
-        except BaseException as exc:  # an extension built for another torch can raise anything, even SystemExit
-            lines = str(exc).strip().splitlines() or [""]
-            return f"{module}: {type(exc).__name__}: {lines[0][:200]}"
-    return None
+def reported_packages() -> tuple[str, ...]:
+    """The packages whose versions a runtime reports: the core ones and every registered backend's."""
+    from autotune.backends import backend_packages
+
+    return tuple(dict.fromkeys((*CORE_PACKAGES, *backend_packages())))
 
 
 def _openmp_libraries() -> dict[str, str]:
@@ -76,10 +53,12 @@ def _openmp_libraries() -> dict[str, str]:
     return found
 
 
-def report(backend_requires: dict[str, tuple[str, ...]]) -> dict[str, object]:
-    torch_error = _try_import(("torch",))
-    backends = {name: _try_import(requires) for name, requires in backend_requires.items()}
-    versions = package_versions(PACKAGES)
+def report(backends: dict[str, str | None]) -> dict[str, object]:
+    """`backends`: each backend's name and why it cannot run here (None: it can)."""
+    from autotune.backends.base import first_import_failure
+
+    torch_error = first_import_failure(("torch",))
+    versions = package_versions(reported_packages())
     return {
         "python": sys.executable,
         "python_version": platform.python_version(),
@@ -93,9 +72,9 @@ def report(backend_requires: dict[str, tuple[str, ...]]) -> dict[str, object]:
 
 
 def main() -> int:
-    from autotune.backends import BACKENDS
+    from autotune.backends import BACKENDS, backend_module
 
-    print(json.dumps(report({name: spec.requires for name, spec in BACKENDS.items()})))
+    print(json.dumps(report({name: backend_module(name).unavailable() for name in BACKENDS})))
     return 0
 
 

@@ -21,9 +21,11 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autotune.backends import ENTRY_POINT_GROUP
 from autotune.common.errors import UserError
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.json_record import OpenRecord, Record
@@ -140,9 +142,10 @@ def _site_state(python: Path) -> str:
     parts = [str(python.resolve()), (PACKAGE_DIR / "machine" / "runtime_report.py").read_text()]
     for site in sorted(prefix.glob("lib/python*/site-packages")):
         parts.append(f"{site}:{site.stat().st_mtime_ns}")
-    parts.extend(
-        f"{b}:{(PACKAGE_DIR / 'backends' / b).stat().st_mtime_ns}" for b in sorted(os.listdir(PACKAGE_DIR / "backends"))
-    )
+    backends = PACKAGE_DIR / "backends"
+    parts.extend(f"{f.relative_to(backends)}:{f.stat().st_mtime_ns}" for f in sorted(backends.rglob("*.py")))
+    # the backend plugins this process sees (a runtime's report lists the backends it registers)
+    parts.extend(sorted(f"{p.name}={p.value}" for p in entry_points(group=ENTRY_POINT_GROUP)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import optuna
 
+from autotune.backends import complexity_rank
 from autotune.common.json_record import JsonObject
 from autotune.measure.drift import Drift
 from autotune.measure.serving import RELATIVE_TOLERANCE
@@ -101,10 +102,6 @@ def clean_trials(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted(clean, key=primary_value, reverse=maximizes(study))
 
 
-# IPEX keeps the model in PyTorch (no export to another format), though in a runtime of its own.
-BACKEND_COMPLEXITY = {"eager": 0, "inductor": 1, "ipex": 2, "onnxruntime": 3, "openvino": 4, "torchao": 5}
-
-
 PRECISION_COMPLEXITY = {"fp32": 0, "bf16": 1, "int8": 2}
 
 
@@ -112,11 +109,12 @@ MIN_TIE_NOISE = 0.01  # never call a gap under 1% a win
 
 
 def complexity(config: JsonObject) -> tuple:
-    """Fewer moving parts first: eager < inductor < IPEX < ONNX Runtime < OpenVINO < torchao; fp32 < bf16 <
-    int8; one instance; the system allocator; then the smaller batch (lower latency)."""
+    """Fewer moving parts first: the backend's own rank (its SPEC's complexity: eager < inductor < IPEX <
+    ONNX Runtime < OpenVINO < torchao < llama.cpp); fp32 < bf16 < int8; one instance; the system allocator;
+    then the smaller batch (lower latency)."""
     recorded = TrialConfig.from_json(config)
     return (
-        BACKEND_COMPLEXITY.get(recorded.backend, len(BACKEND_COMPLEXITY)),
+        complexity_rank(recorded.backend),
         PRECISION_COMPLEXITY.get(recorded.precision, len(PRECISION_COMPLEXITY)),
         recorded.instances,
         recorded.allocator != "glibc",

@@ -16,11 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from autotune.backends import backend_module
+from autotune.backends import backend_module, backend_packages
 from autotune.common.files import json_digest, read_json
 from autotune.common.json_record import JsonObject
 from autotune.machine.fingerprint import package_versions
-from autotune.machine.runtime_report import ARTIFACT_PACKAGES
 from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig
@@ -28,8 +27,16 @@ from autotune.records.reference import CalibrationSet
 
 META_FILE = "meta.json"
 LAST_USED = "last-used"
-# a language model's layers are transformers'; llama.cpp's converter and quantizer come with llama-cpp-python
-GENERATION_PACKAGES = (*ARTIFACT_PACKAGES, "transformers", "llama_cpp_python")
+# Every artifact's packages; the backends' own are in their SPECs (packages).
+CORE_PACKAGES = ("torch", "torchvision")
+
+
+def artifact_packages(task: str = "classify") -> tuple[str, ...]:
+    """The packages whose versions an artifact is keyed on: the core ones and the classification backends'
+    (export, conversion, quantization); a language model's also the generation backends' (transformers'
+    layers, llama.cpp's converter and quantizer, ...)."""
+    tasks = ("classify", "generate") if task == "generate" else ("classify",)
+    return tuple(dict.fromkeys((*CORE_PACKAGES, *(p for t in tasks for p in backend_packages(t)))))
 
 
 def artifact_key(
@@ -61,11 +68,7 @@ def artifact_key(
             if calibration.digest is None
             else {"digest": calibration.digest, "samples": calibration.samples, "after_eval": calibration.after_eval}
         ),
-        "versions": (
-            {k: v for k, v in runtime_packages.items() if k in ARTIFACT_PACKAGES}
-            if runtime_packages is not None
-            else package_versions(ARTIFACT_PACKAGES)
-        ),
+        "versions": _versions(artifact_packages(), runtime_packages),
     }
 
 
@@ -94,12 +97,15 @@ def _generation_key(
         "builder_version": module.ARTIFACT_VERSION,
         "identity": identity,
         "calibration": calibration,
-        "versions": (
-            {k: v for k, v in runtime_packages.items() if k in GENERATION_PACKAGES}
-            if runtime_packages is not None
-            else package_versions(GENERATION_PACKAGES)
-        ),
+        "versions": _versions(artifact_packages("generate"), runtime_packages),
     }
+
+
+def _versions(packages: tuple[str, ...], runtime_packages: dict[str, str] | None) -> dict[str, str]:
+    """The versions of `packages` in the runtime that builds the artifact (default: this process's)."""
+    if runtime_packages is None:
+        return package_versions(packages)
+    return {k: v for k, v in runtime_packages.items() if k in packages}
 
 
 def artifact_dir(cache_root: Path, key: dict[str, Any]) -> Path:

@@ -77,15 +77,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends import backend_specs
+from autotune.backends.base import LAST
 from autotune.backends.precision import CLAIMED_BUCKET
 from autotune.common.cpuinfo import INT8_DOT
 
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
 # A classifier's compute-bound bf16 pays where the CPU has tiles for it; vector bf16 alone does not.
 TILES = {"bf16": "amx_bf16"}
-# Cheapest preparation first: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
-# optimize/trace, and torch.compile's code generation.
-PREPARE_COST = ("eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor")
 # A classifier's int8 backend that goes first in its tier (see the module docstring for the measurements),
 # and a model's with attention layers on a CPU without int8 dot products.
 CLASSIFIER_INT8_FIRST = "openvino"
@@ -208,10 +207,13 @@ def expected_payoff(
 
 
 def _within_tier_rank(backend: str, precision: str, task: str, int8_first: str | None) -> int:
-    """Place inside a tier: a classifier's `int8_first` backend's int8 first, then the cheaper preparation."""
+    """Place inside a tier: a classifier's `int8_first` backend's int8 first, then the cheaper preparation
+    (each SPEC's prepare_cost: nothing to build, a graph export, an IR conversion, quantize_, IPEX's
+    optimize/trace, and torch.compile's code generation)."""
     if task != "generate" and _kind(precision) == "int8" and backend == int8_first:
         return -1
-    return PREPARE_COST.index(backend) if backend in PREPARE_COST else len(PREPARE_COST)
+    spec = backend_specs(task).get(backend)
+    return spec.prepare_cost if spec is not None else LAST
 
 
 def int8_first_backend(isa: dict[str, bool], attention_layers: int | None) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from autotune.backends import BACKENDS, backend_module, backend_specs
+from autotune.backends import BACKENDS, backend_module, backend_specs, plugin_problems
 from autotune.backends.base import BackendSpec
 from autotune.common.errors import UserError
 from autotune.machine.probe import MachineProbe
@@ -214,6 +214,45 @@ def _baseline_batch_size(data: dict[str, Any], task: str, batch_key: str, batch_
     return baseline_bs
 
 
+def _plugins_said() -> str:
+    """The backend plugins that did not load, as the tail of an unknown-backend error (empty: none)."""
+    problems = plugin_problems()
+    said = "; ".join(f"{point}: {why}" for point, why in problems.items())
+    return f" (backend plugins left out: {said})" if said else ""
+
+
+def _offered(value: Any, supported: Sequence[Any]) -> bool:
+    """A YAML value among an option's values: equal, and a bool only for a bool (True is not 1)."""
+    return any(value == s and isinstance(value, bool) == isinstance(s, bool) for s in supported)
+
+
+def _backend_dims(name: str, spec: BackendSpec, options: Any) -> dict[str, list[Any]]:
+    """A backend's precisions and option values the YAML lists, checked against its options record
+    (backends/base.py: each option's values), each missing one at its default (the first value)."""
+    options = options or {}
+    if not isinstance(options, dict):
+        raise UserError(f"search space: backends.{name} must be a mapping of options")
+    choices = spec.choices
+    dims: dict[str, list[Any]] = {}
+    for key, value in options.items():
+        supported = spec.precisions if key == "precision" else choices.get(key)
+        if supported is None:
+            allowed = ", ".join(("precision", *choices))
+            raise UserError(f"search space: backend {name!r} has no option {key!r}; it has {allowed}")
+        values = value if isinstance(value, list) else [value]
+        bad = [v for v in values if not _offered(v, supported)]
+        if bad or not values:
+            raise UserError(
+                f"search space: backends.{name}.{key} value {bad[0] if bad else value!r} is not supported; "
+                f"choose from {list(supported)}"
+            )
+        dims[key] = list(dict.fromkeys(values))
+    dims.setdefault("precision", [spec.precisions[0]])
+    for key, supported in choices.items():
+        dims.setdefault(key, [supported[0]])
+    return dims
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     batch_sizes: list[int]
@@ -254,7 +293,7 @@ class SearchSpace:
         unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
         if unknown:
             raise UserError(f"search space: unknown key {unknown[0]!r}; allowed keys are {', '.join(TOP_LEVEL_KEYS)}")
-        notes: list[str] = []
+        notes: list[str] = [f"backend plugin {point} left out: {why}" for point, why in plugin_problems().items()]
         cores = machine.physical_cores
         batch_key = "sequences" if task == "generate" else "batch_size"
         batch_sizes = _batch_sizes(data, task, batch_key)
@@ -303,28 +342,9 @@ class SearchSpace:
         routes: dict[str, list[str]] = {}
         for name, options in raw.items():
             if name not in specs:
-                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(specs)}")
+                raise UserError(f"search space: unknown backend {name!r}; known: {', '.join(specs)}{_plugins_said()}")
             spec = specs[name]
-            options = options or {}
-            if not isinstance(options, dict):
-                raise UserError(f"search space: backends.{name} must be a mapping of options")
-            dims: dict[str, list[Any]] = {}
-            for key, value in options.items():
-                supported = spec.precisions if key == "precision" else spec.options.get(key)
-                if supported is None:
-                    allowed = ", ".join(("precision", *spec.options))
-                    raise UserError(f"search space: backend {name!r} has no option {key!r}; it has {allowed}")
-                values = value if isinstance(value, list) else [value]
-                bad = [v for v in values if v not in supported]
-                if bad or not values:
-                    raise UserError(
-                        f"search space: backends.{name}.{key} value {bad[0] if bad else value!r} is not supported; "
-                        f"choose from {list(supported)}"
-                    )
-                dims[key] = list(dict.fromkeys(values))
-            dims.setdefault("precision", [spec.precisions[0]])
-            for key, supported in spec.options.items():
-                dims.setdefault(key, [supported[0]])
+            dims = _backend_dims(name, spec, options)
             if name in unavailable:  # an engine not installed here: the other backends' trials run
                 notes.append(f"backend {name} cannot run here ({unavailable[name]}): left out")
                 continue
@@ -520,7 +540,7 @@ class SearchSpace:
             params["eager.runtime"] = "main"
         for key, values in eager.items():
             if key != "precision" and self.specs["eager"].applies(key, "fp32"):
-                default = self.specs["eager"].options[key][0]
+                default = self.specs["eager"].choices[key][0]
                 if default not in values:
                     return None
                 params[f"eager.{key}"] = default

@@ -7,15 +7,13 @@ runs trials within the wall-clock budget, and exports the winner. Ctrl-C loses n
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import statistics
-import subprocess
 import time
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +28,9 @@ from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed, UserError
 from autotune.common.storage_urls import mask_url
 from autotune.machine.fingerprint import fingerprint
+from autotune.machine.generation_probe import probe_generation
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
-from autotune.machine.runtimes import MAIN, Runtime, discover_runtimes, runtime_env
+from autotune.machine.runtimes import Runtime, discover_runtimes
 from autotune.measure.drift import Drift
 from autotune.measure.speed_gate import SpeedGate
 from autotune.records.attributes import Attr, TrialAttrs
@@ -584,7 +583,9 @@ def _search_space(
     """The space the YAML asks for, narrowed to what this machine and its runtimes offer (said so)."""
     listed = spec.space.get("backends") if isinstance(spec.space, dict) else None
     wanted = list(listed) if isinstance(listed, dict) else None
-    generation = probe_generation(runtimes, wanted) if spec.task == "generate" else None
+    generation = (
+        probe_generation(runtimes, clean_environment(dict(os.environ)), wanted) if spec.task == "generate" else None
+    )
     space = SearchSpace.parse(
         spec.space,
         machine,
@@ -600,55 +601,6 @@ def _search_space(
         if names != ["main"]:
             say(f"{backend} runs in runtime {' or '.join(runtimes[n].describe() for n in names)}")
     return space
-
-
-@dataclass(frozen=True)
-class GenerationProbe:
-    """What text generation can run here: the main runtime's unavailable precisions and the engines that
-    run in no runtime (keyed by backend name), and the engines that run only outside the main runtime."""
-
-    unavailable: dict[str, str]
-    routes: dict[str, list[str]]  # engine -> the runtime its trials run in (never "main")
-
-
-def probe_generation(runtimes: dict[str, Runtime], wanted: Collection[str] | None = None) -> GenerationProbe:
-    """Probe the main runtime; an engine of `wanted` (default: every one) that cannot run there (IPEX's,
-    which imports only with torch 2.8) is probed in the other runtimes too, the IPEX runtime first, and its
-    trials go to the first where it runs."""
-    from autotune.backends import backend_specs
-
-    main = generation_precisions_unavailable(runtimes[MAIN])
-    elsewhere = [name for name in backend_specs("generate") if name in main and (wanted is None or name in wanted)]
-    routes: dict[str, list[str]] = {}
-    reasons = dict(main)
-    for runtime in sorted(runtimes.values(), key=lambda r: r.role != "auto"):
-        if runtime.role == MAIN or not [name for name in elsewhere if name not in routes]:
-            continue
-        try:
-            there = generation_precisions_unavailable(runtime)
-        except UserError as exc:
-            there = dict.fromkeys(elsewhere, str(exc))
-        for name in elsewhere:
-            if name not in there:
-                routes.setdefault(name, [runtime.name])
-            elif name not in routes:
-                reasons[name] = f"{main[name]}; in runtime {runtime.name}: {there[name]}"
-    return GenerationProbe({k: v for k, v in reasons.items() if k not in routes}, routes)
-
-
-def generation_precisions_unavailable(runtime: Runtime) -> dict[str, str]:
-    """Which generation precisions the runtime's torchao cannot run on CPU, and which engines (llama.cpp)
-    cannot run at all (keyed by the backend's name), probed in a fresh process of that runtime (APIs move
-    between torchao versions: what imports may still have no CPU kernel)."""
-    command = [runtime.python, "-m", "autotune.backends.generation"]
-    env = runtime_env(runtime, clean_environment(dict(os.environ)))
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
-        probed = json.loads(done.stdout.strip().splitlines()[-1])
-        # an engine that cannot run at all is keyed by its backend's name (never a precision's)
-        return {**probed["unavailable"], **probed.get("engines", {})}
-    except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
-        raise UserError(f"cannot probe which precisions run in {runtime.python}: {exc}") from None
 
 
 def _reference(spec: SearchSpec, study: optuna.study.Study) -> Reference:

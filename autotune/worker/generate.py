@@ -141,7 +141,7 @@ class GenerationRunner:
     batches_per_call = 1
 
     def __init__(self, generator: Any, details: dict[str, Any]) -> None:
-        from autotune.backends.precision import weight_probe
+        from autotune.backends.generation.quantization import weight_probe
 
         self.generator = generator
         self.details = details

@@ -69,14 +69,14 @@ def main() -> int:
     from rich.table import Table
 
     from autotune.common.errors import TrialFailed
+    from autotune.machine.generation_probe import generation_precisions_unavailable
     from autotune.machine.probe import probe_machine
     from autotune.machine.runtimes import discover_runtimes
     from autotune.measure.stopwatch import MeasureSettings
     from autotune.model.generation import GenerationWorkload
     from autotune.model.sources import resolve_model
-    from autotune.records.config import TrialConfig
+    from autotune.records.config import TrialConfig, clean_environment
     from autotune.runner.trials import TrialContext, compute_reference, run_config
-    from autotune.tuning.study import generation_precisions_unavailable
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -109,7 +109,7 @@ def main() -> int:
     reference = compute_reference(model, work, 4, 1800, generation=workload)
     measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)
     ctx = TrialContext(machine, reference, measure, Path("studies") / ".cache", runtimes=runtimes)
-    unavailable = generation_precisions_unavailable(runtimes["main"])
+    unavailable = generation_precisions_unavailable(runtimes["main"], clean_environment(dict(os.environ)))
     rows = {
         "eager fp32": TrialConfig("eager", "fp32", args.sequences, threads_per_instance=cores),
         "eager bf16": TrialConfig("eager", "bf16", args.sequences, threads_per_instance=cores),

@@ -26,8 +26,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from autotune.backends.onnxruntime import quantize_dynamic_int8, quantize_static_int8
-from autotune.backends.openvino import convert_to_ir, nncf_int8
+from autotune.backends.onnxruntime.classify import quantize_dynamic_int8, quantize_static_int8
+from autotune.backends.openvino.classify import convert_to_ir, nncf_int8
 from autotune.backends.torch_common import attention_layers
 from autotune.measure.drift import relative_l2
 
@@ -71,7 +71,7 @@ def main() -> None:
 
     import nncf
 
-    from autotune.backends.onnx_export import export_onnx
+    from autotune.backends.onnxruntime.onnx_export import export_onnx
 
     model = random_model(args.model)
     shape = (3, 224, 224)

@@ -159,7 +159,7 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune.backends.generation.llamacpp import AMX_BUILD, LlamaCppGenerator
+    from autotune.backends.llamacpp.generate import AMX_BUILD, LlamaCppGenerator
     from autotune.common.errors import TrialFailed
     from autotune.machine.probe import probe_machine
     from autotune.machine.runtimes import discover_runtimes

@@ -1,11 +1,15 @@
-"""Text generation with a causal language model: the backends (eager.py, inductor.py: registered in
-autotune/backends/__init__.py like every other), their precisions (quantization.py: torchao weight-only
-and dynamic int8/int4, SmoothQuant, bf16), the quantized weights built once (artifacts.py) and the greedy
-decoding loop that stamps every generated token (decode_loop.py).
+"""Text generation's machinery shared by its engines: the torchao precisions eager and inductor apply
+(quantization.py: weight-only and dynamic int8/int4, SmoothQuant, bf16), the quantized weights built once
+and loaded by both (artifacts.py, which also holds the cached-file helpers llama.cpp's and OpenVINO's
+engines use), and the greedy decoding loop that stamps every generated token (decode_loop.py). The five
+engines live in their own folders, beside their classification halves: eager/generate.py,
+inductor/generate.py, ipex/generate.py, openvino/generate.py and llamacpp/generate.py, registered in
+autotune/backends/__init__.py like every other backend.
 
-The names other modules import are re-exported here; `prepare` goes to the configuration's backend.
+The names other modules import are re-exported here; `prepare`, `build_artifact` and `cached_artifact`
+go to the configuration's backend.
 
-    python -m autotune.backends.generation     # which precisions run in this runtime, as JSON
+    python -m autotune.backends.generation     # which precisions and engines run in this runtime, as JSON
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.generation import artifacts
 from autotune.backends.generation.artifacts import (
     ARTIFACT_VERSION,
     QUANTIZED_FILE,
@@ -25,12 +28,11 @@ from autotune.backends.generation.artifacts import (
 from autotune.backends.generation.decode_loop import Generator
 from autotune.backends.generation.quantization import (
     CALIBRATION_LENGTH,
-    COMMON_OPTION_PRECISIONS,
-    COMMON_OPTIONS,
     INT4,
     PRECISIONS,
     QUANTIZED,
     WEIGHT_ONLY,
+    TorchGenerateOptions,
     activations_of,
     apply_precision,
     float_dtypes,
@@ -48,14 +50,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ARTIFACT_VERSION",
     "CALIBRATION_LENGTH",
-    "COMMON_OPTIONS",
-    "COMMON_OPTION_PRECISIONS",
     "INT4",
     "PRECISIONS",
     "QUANTIZED",
     "QUANTIZED_FILE",
     "WEIGHT_ONLY",
     "Generator",
+    "TorchGenerateOptions",
     "activations_of",
     "apply_precision",
     "artifact_identity",
@@ -103,8 +104,7 @@ def cached_artifact(artifact_dir: str | Path, backend: str = "eager") -> dict[st
     """The backend's prepared artifact in `artifact_dir` when it can be loaded here, else None."""
     from autotune.backends import backend_module
 
-    reader = getattr(backend_module(backend, "generate"), "cached_artifact", artifacts.cached_artifact)
-    found: dict[str, Any] | None = reader(artifact_dir)
+    found: dict[str, Any] | None = backend_module(backend, "generate").cached_artifact(artifact_dir)
     return found
 
 
@@ -114,8 +114,7 @@ def engines_unavailable() -> dict[str, str]:
 
     reasons: dict[str, str] = {}
     for name in backend_specs("generate"):
-        check = getattr(backend_module(name, "generate"), "unavailable", None)
-        why = check() if check is not None else None
+        why = backend_module(name, "generate").unavailable()
         if why:
             reasons[name] = why
     return reasons

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.backends.generation.quantization import (
     INT4,
     WEIGHT_ONLY,
+    TorchGenerateOptions,
     activations_of,
     apply_precision,
     linear_projections,
@@ -29,12 +30,13 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """What the quantized weights depend on besides the model and calibration text: the precision and
     its own options (not the KV cache, the compile flags or the sequences)."""
     identity: dict[str, Any] = {"task": "generate", "precision": config.precision}
+    options = TorchGenerateOptions.of(config)
     if config.precision in WEIGHT_ONLY:
-        identity["activations"] = activations_of(config.precision, dict(config.options))
+        identity["activations"] = activations_of(config.precision, config.options)
     if config.precision in INT4:
-        identity["group_size"] = int(config.options.get("group_size", 128))
+        identity["group_size"] = int(options.group_size)
     if config.precision == "smoothquant_int8":
-        identity["alpha"] = float(config.options.get("alpha", 0.5))
+        identity["alpha"] = float(options.alpha)
     return identity
 
 
@@ -43,7 +45,7 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
     with `weights_only=True`); returns what was done, with the quantization time and weight bytes."""
     import torch
 
-    details = apply_precision(model.eval(), config.precision, dict(config.options), calibration)
+    details = apply_precision(model.eval(), config.precision, config.options, calibration)
     details["weight_bytes"] = weight_bytes(model)
     # The modules of the quantized tensor types: torch.load(weights_only=True) accepts a type only once
     # its module has been imported (torchao registers them as safe globals on import).

@@ -4,8 +4,18 @@ torch and torchao inside functions only, so the registry loads in any runtime.""
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.base import BackendOptions, choice
+from autotune.backends.precision import bucket_of, judge
+
+if TYPE_CHECKING:
+    from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
 INT4 = ("woq_int4", "da8w4")
@@ -14,28 +24,35 @@ INT4 = ("woq_int4", "da8w4")
 # 100M decoder's 512-token prefill took 32.7 s with fp32 activations against 0.51 s with bf16 ones on a
 # Xeon with AMX, docs/manual/benchmarks-log.md), so fp32 is an option, not the default.
 WEIGHT_ONLY = ("woq_int8", "woq_int4")
-COMMON_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "kv_cache": ("dynamic", "static"),
-    "group_size": (128, 64, 32),
-    "alpha": (0.5, 0.25, 0.75),
-    "activations": ("bf16", "fp32"),
-}
-COMMON_OPTION_PRECISIONS = {"group_size": INT4, "alpha": ("smoothquant_int8",), "activations": WEIGHT_ONLY}
+
+
+@dataclass(frozen=True)
+class TorchGenerateOptions(BackendOptions):
+    """The options of the engines that decode in PyTorch at a torchao precision (eager, inductor): the
+    decode loop's KV cache and the quantization's own."""
+
+    kv_cache: str = choice("dynamic", "static")
+    group_size: int = choice(128, 64, 32, precisions=INT4)
+    alpha: float = choice(0.5, 0.25, 0.75, precisions=("smoothquant_int8",))
+    # fp32 where a config predates the option, as it was measured then; bf16 first in the space
+    activations: str = choice("bf16", "fp32", precisions=WEIGHT_ONLY, default="fp32")
+
+
 # Quantized once by the prepare process, cached, and loaded by every trial with the same numerics.
 QUANTIZED = ("woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
 CALIBRATION_LENGTH = 128  # tokens per SmoothQuant calibration window (fewer when the prompt is shorter)
 
 
-def quantization_config(precision: str, options: dict[str, Any]) -> Any:
-    """torchao's config for a precision, in the API of the torchao this runtime has. Raises
-    RuntimeError saying why when this torchao cannot run it on CPU."""
+def quantization_config(precision: str, group_size: int) -> Any:
+    """torchao's config for a precision (int4's with its group size), in the API of the torchao this
+    runtime has. Raises RuntimeError saying why when this torchao cannot run it on CPU."""
     from torchao.quantization import (
         Int4WeightOnlyConfig,
         Int8DynamicActivationInt8WeightConfig,
         Int8WeightOnlyConfig,
     )
 
-    group_size = int(options.get("group_size", 128))
+    group_size = int(group_size)
     if precision == "woq_int8":
         return Int8WeightOnlyConfig()
     if precision == "da8w8":
@@ -87,39 +104,42 @@ def quantization_config(precision: str, options: dict[str, Any]) -> Any:
     raise RuntimeError(f"precision {precision} is not a torchao quantize_ config")
 
 
-def activations_of(precision: str, options: dict[str, Any]) -> str:
+def activations_of(precision: str, options: Mapping[str, Any]) -> str:
     """The float dtype a precision's activations run in: a weight-only precision's `activations` option
     (fp32 where a config predates it, as it was measured then), bf16 for bf16, fp32 otherwise."""
     if precision in WEIGHT_ONLY:
-        value = str(options.get("activations", "fp32"))
-        if value not in COMMON_OPTIONS["activations"]:
-            raise ValueError(f"activations {value!r} is not one of {list(COMMON_OPTIONS['activations'])}")
+        value = str(TorchGenerateOptions.from_json(dict(options)).activations)
+        allowed = TorchGenerateOptions.choices()["activations"]
+        if value not in allowed:
+            raise ValueError(f"activations {value!r} is not one of {list(allowed)}")
         return value
     return "bf16" if precision == "bf16" else "fp32"
 
 
-def precision_variant(precision: str, options: dict[str, Any]) -> str:
+def precision_variant(precision: str, options: Mapping[str, Any]) -> str:
     """A precision as its kernels see it: a weight-only one with its activations (`woq_int4/fp32`), since
     fp32 activations take another path (torchao's CPU int4 kernel: 35x slower), so what one of them cost
     or how it lost says nothing of the other; any other precision as it is named."""
     return f"{precision}/{activations_of(precision, options)}" if precision in WEIGHT_ONLY else precision
 
 
-def apply_precision(model: Any, precision: str, options: dict[str, Any], calibration: Any = None) -> dict[str, Any]:
-    """Convert the model in place to `precision`; returns what was done and how long it took."""
+def apply_precision(model: Any, precision: str, options: Mapping[str, Any], calibration: Any = None) -> dict[str, Any]:
+    """Convert the model in place to `precision` (a configuration's options: TorchGenerateOptions); returns
+    what was done and how long it took."""
     import torch
 
     t0 = time.monotonic()
+    chosen = TorchGenerateOptions.from_json(dict(options))
     activations = activations_of(precision, options)
     converted = linear_projections(model) if precision in QUANTIZED else 0
     if activations == "bf16":  # a weight-only precision quantizes the bf16 model's weights
         model.to(torch.bfloat16)
     if precision == "smoothquant_int8":
-        smoothquant(model, float(options.get("alpha", 0.5)), calibration)
+        smoothquant(model, float(chosen.alpha), calibration)
     elif precision not in ("fp32", "bf16"):
         from torchao.quantization import quantize_
 
-        quantize_(model, quantization_config(precision, options))
+        quantize_(model, quantization_config(precision, chosen.group_size))
     details: dict[str, Any] = {"precision": precision, "activations": activations}
     if converted:
         details["conv1d_as_linear"] = converted
@@ -204,7 +224,7 @@ def unavailable_precisions() -> dict[str, str]:
 
                 if precision in WEIGHT_ONLY:  # the activations its coverage runs (the space's first)
                     layer.to(torch.bfloat16)
-                quantize_(layer, quantization_config(precision, {"group_size": 128}))
+                quantize_(layer, quantization_config(precision, TorchGenerateOptions().group_size))
             with torch.no_grad():
                 layer(torch.randn(4, 256, dtype=next(layer.parameters()).dtype))
         except Exception as exc:  # any failure means the precision cannot run here
@@ -244,3 +264,49 @@ def float_dtypes(model: Any) -> str:
         if type(t) is torch.Tensor and t.is_floating_point()
     }
     return ", ".join(sorted(dtypes))
+
+
+# --- what runs: the weight tensors of the layers (torchao's quantized tensor subclasses) ------------
+
+_INT4_NAME = re.compile(r"int4", re.IGNORECASE)
+
+
+def weight_counts(model: Any) -> dict[str, int]:
+    """Linear, convolution and transformers' Conv1D layers by the type of their weight: torchao's
+    weight-only and dynamic quantization replace it with a quantized tensor subclass that picks the
+    int8 / int4 kernels when the layer runs (no oneDNN primitive to see for weight-only int8), so that
+    type is what runs; a plain float weight (quantization skipped the layer) runs float."""
+    import torch
+
+    counts: Counter[str] = Counter()
+    for module in model.modules():
+        # transformers' Conv1D (GPT-2's projections) is a Linear with a transposed weight: a compute layer
+        transposed_linear = type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+        if isinstance(module, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)) or transposed_linear:
+            weight = module.weight
+            counts[_weight_bucket(weight.data if isinstance(weight, torch.nn.Parameter) else weight)] += 1
+    return dict(counts)
+
+
+def _weight_bucket(tensor: Any) -> str:
+    """A plain tensor by its type; a tensor subclass by its class name or range (int4), else by the
+    tensors it holds (SmoothQuant wraps an int8 tensor in one that carries its scales)."""
+    import torch
+
+    if type(tensor) is torch.Tensor:
+        return bucket_of(str(tensor.dtype))
+    quant_max = getattr(tensor, "quant_max", None)
+    if _INT4_NAME.search(type(tensor).__name__) or (isinstance(quant_max, int) and quant_max <= 15):
+        return "int4"
+    names = tensor.__tensor_flatten__()[0] if hasattr(tensor, "__tensor_flatten__") else []
+    inner = {_weight_bucket(getattr(tensor, name)) for name in names if getattr(tensor, name, None) is not None}
+    for bucket in ("int4", "int8"):
+        if bucket in inner:
+            return bucket
+    return "int8" if "Quantized" in type(tensor).__name__ else "other"
+
+
+def weight_probe(model: Any) -> Callable[[Any, str], ExecutedPrecision]:
+    """A language model's probe: its layers' weight types (no call). Every compute layer of the model is
+    counted, so the claim holds only where most of them hold quantized weights (not one output head)."""
+    return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)}, most=True)

@@ -7,24 +7,43 @@ IPEX 2.8 imports only with torch 2.8, so these trials run in the runtime `make s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendConfig, BackendSpec, Runner
+from autotune.backends.base import BackendConfig, BackendOptions, BackendSpec, Runner, choice, import_failure
+
+# Where IPEX runs: said with the reason wherever it does not import.
+RUNTIME_HINT = "IPEX 2.8 imports only with torch 2.8: its trials run in the IPEX runtime .venv-ipex (make setup)"
+
+
+@dataclass(frozen=True)
+class IpexOptions(BackendOptions):
+    # int8 is always traced and frozen (IPEX's int8 path)
+    graph: str = choice("eager", "torchscript", "compile_ipex", "compile_inductor", precisions=("fp32", "bf16"))
+    memory_format: str = choice("channels_last", "contiguous")
+
 
 SPEC = BackendSpec(
     name="ipex",
     description="Intel Extension for PyTorch (ipex.optimize; static int8)",
     precisions=("fp32", "bf16", "int8"),
-    options={
-        "graph": ("eager", "torchscript", "compile_ipex", "compile_inductor"),
-        "memory_format": ("channels_last", "contiguous"),
-    },
+    options=IpexOptions,
     requires=("intel_extension_for_pytorch",),
-    option_precisions={"graph": ("fp32", "bf16")},  # int8 is always traced and frozen (IPEX's int8 path)
+    packages=("intel-extension-for-pytorch",),
+    # IPEX keeps the model in PyTorch (no export to another format), though in a runtime of its own
+    complexity=2,
+    prepare_cost=4,  # ipex.optimize and its trace
+    runtime_hint=RUNTIME_HINT,
     uses_artifact=("int8",),
     torch_threads=True,
 )
+
+
+def unavailable() -> str | None:
+    """Why IPEX does not import in this runtime (with the runtime it runs in), or None."""
+    return import_failure(SPEC)
+
 
 PROGRAM_FILE = "quantized.pt"
 
@@ -41,10 +60,10 @@ def unsupported(config: BackendConfig) -> str | None:
 ARTIFACT_VERSION = 1
 
 
-def _example(batch: tuple[Any, ...], options: dict[str, Any]) -> tuple[Any, ...]:
+def _example(batch: tuple[Any, ...], memory_format: str) -> tuple[Any, ...]:
     from autotune.backends.torch_common import input_converter
 
-    return input_converter(options)(batch)
+    return input_converter(memory_format)(batch)
 
 
 def prepare(model: Any, example: Any, config: BackendConfig, workdir: Path) -> Runner:
@@ -54,19 +73,22 @@ def prepare(model: Any, example: Any, config: BackendConfig, workdir: Path) -> R
 
     from autotune.backends.torch_common import convert_for, module_runner
 
-    graph = config.options.get("graph", "eager")
+    options = IpexOptions.of(config)
+    graph = options.graph
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
-    optimized, prepacked = _optimize(ipex, convert_for(model, config.options), dtype)
+    optimized, prepacked = _optimize(ipex, convert_for(model, options.memory_format), dtype)
     if graph == "torchscript":
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-            traced = torch.jit.trace(optimized, _example(example, config.options), check_trace=False, strict=False)
+            traced = torch.jit.trace(
+                optimized, _example(example, options.memory_format), check_trace=False, strict=False
+            )
             optimized = torch.jit.freeze(traced)
     elif graph.startswith("compile_"):
         optimized = torch.compile(optimized, backend=graph.removeprefix("compile_"), dynamic=False)
     return module_runner(
         optimized,
         config.precision,
-        config.options,
+        options.memory_format,
         details={"graph": graph, "ipex": ipex.__version__, "weights_prepack": prepacked},
     )
 
@@ -87,7 +109,7 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """The traced int8 graph is specialised to the batch size and memory format."""
     return {
         "precision": config.precision,
-        "memory_format": config.options.get("memory_format", "channels_last"),
+        "memory_format": IpexOptions.of(config).memory_format,
         "batch_size": config.batch_size,
     }
 
@@ -103,14 +125,15 @@ def build_artifact(
 
     from autotune.backends.torch_common import convert_for
 
-    example = _example(example, config.options)
-    model = convert_for(model, config.options)
+    memory_format = IpexOptions.of(config).memory_format
+    example = _example(example, memory_format)
+    model = convert_for(model, memory_format)
     prepared = prepare_int8(
         model, ipex.quantization.default_static_qconfig_mapping, example_inputs=example, inplace=False
     )
     with torch.no_grad():
         for batch in calibration:
-            prepared(*_example(batch, config.options))
+            prepared(*_example(batch, memory_format))
         quantized = convert(prepared)
         traced = torch.jit.freeze(torch.jit.trace(quantized, example, check_trace=False, strict=False))
         traced(*example)  # the first calls fuse the int8 graph; save it fused
@@ -137,7 +160,7 @@ def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
 
     return Runner(
         run=run,
-        convert_input=input_converter(config.options),
+        convert_input=input_converter(IpexOptions.of(config).memory_format),
         details={"graph": "torchscript", "ipex": ipex.__version__},
         probe=torch_probe(run),
     )

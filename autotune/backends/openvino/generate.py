@@ -16,12 +16,15 @@ import functools
 import sys
 import time
 from array import array
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.base import BackendSpec
-from autotune.backends.generation import ir_export
+from autotune.backends.base import BackendOptions, BackendSpec, choice, import_failure
+from autotune.backends.openvino import ir_export
+from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -29,27 +32,31 @@ if TYPE_CHECKING:
 PRECISIONS = tuple(ir_export.WEIGHT_FORMATS)
 KEEP_INPUT = "logits_to_keep"
 
+
+@dataclass(frozen=True)
+class OpenVinoGenerateOptions(BackendOptions):
+    inference_precision: str = choice("f32", "bf16")  # the CPU plugin's activations (bf16 where the CPU has it)
+    kv_cache_precision: str = choice("u8", "f16", "f32")  # the CPU plugin's default is u8
+    # activations quantized per group for int weights: the plugin does so for int weights only, so fp16/fp32
+    # trials would repeat themselves
+    dynamic_quantization_group_size: int = choice(32, 0, 128, precisions=("int8_asym", *ir_export.INT4))
+    group_size: int = choice(128, 64, 32, precisions=ir_export.INT4)  # NNCF's int4 group
+    ratio: float = choice(1.0, 0.8, precisions=ir_export.INT4)  # share of the matrices in int4 (the rest int8)
+
+
 SPEC = BackendSpec(
     name="openvino",
     description="OpenVINO GenAI: the model exported by optimum-intel, weights compressed by NNCF",
     precisions=PRECISIONS,
     task="generate",
-    options={
-        "inference_precision": ("f32", "bf16"),  # the CPU plugin's activations (bf16 where the CPU has it)
-        "kv_cache_precision": ("u8", "f16", "f32"),  # the CPU plugin's default is u8
-        "dynamic_quantization_group_size": (32, 0, 128),  # activations quantized per group for int weights
-        "group_size": (128, 64, 32),  # NNCF's int4 group
-        "ratio": (1.0, 0.8),  # share of the matrices in int4 (the rest int8)
-    },
-    option_precisions={
-        "group_size": ir_export.INT4,
-        "ratio": ir_export.INT4,
-        # the plugin quantizes activations for int weights only: fp16/fp32 trials would repeat themselves
-        "dynamic_quantization_group_size": ("int8_asym", *ir_export.INT4),
-    },
+    options=OpenVinoGenerateOptions,
     requires=("openvino", "openvino_genai"),
+    packages=("openvino", "nncf"),
+    complexity=4,
+    prepare_cost=2,
+    runtime_hint="make setup installs openvino-genai",
     uses_artifact=True,
-    # as for classification (backends/openvino.py): oneTBB's DEEPBIND frees with glibc what a preloaded
+    # as for classification (openvino/classify.py): oneTBB's DEEPBIND frees with glibc what a preloaded
     # allocator handed out, and compiling the IR aborts (free(): invalid pointer) without this setting
     preloaded_allocator_env=(("TBB_ENABLE_SANITIZERS", "1"),),
 )
@@ -57,18 +64,13 @@ ARTIFACT_VERSION = 1
 
 
 def unavailable() -> str | None:
-    """Why OpenVINO cannot run text generation here (its exporter missing), or None."""
-    try:
-        import openvino  # noqa: F401
-        import openvino_genai  # noqa: F401
-    except Exception as exc:
-        return f"openvino-genai does not import ({type(exc).__name__}: {exc}); make setup installs it"
-    return ir_export.exporter_missing()
+    """Why OpenVINO cannot run text generation here (GenAI or its exporter missing), or None."""
+    return import_failure(SPEC) or ir_export.exporter_missing()
 
 
 def unsupported(config: BackendConfig) -> str | None:
     """A bf16 hint the CPU plugin cannot honour compiles f32: the trial would repeat the f32 one."""
-    if dict(config.options).get("inference_precision") == "bf16":
+    if OpenVinoGenerateOptions.of(config).inference_precision == "bf16":
         offered = plugin_capabilities()
         if "BF16" not in offered:
             return f"the CPU plugin offers no bf16 here (its capabilities: {' '.join(offered)})"
@@ -92,8 +94,8 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
         "exporter": ir_export.exporter_version(),
     }
     if config.precision in ir_export.INT4:
-        options = dict(config.options)
-        identity.update(group_size=int(options.get("group_size", 128)), ratio=float(options.get("ratio", 1.0)))
+        options = OpenVinoGenerateOptions.of(config)
+        identity.update(group_size=int(options.group_size), ratio=float(options.ratio))
     return identity
 
 
@@ -101,10 +103,8 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
     """Export (and compress) once into out_dir; returns what was done."""
     import openvino as ov
 
-    identity = artifact_identity(config)
-    done = ir_export.export(
-        model.eval(), config.precision, out_dir, identity.get("group_size", 128), identity.get("ratio", 1.0)
-    )
+    options = OpenVinoGenerateOptions.of(config)
+    done = ir_export.export(model.eval(), config.precision, out_dir, int(options.group_size), float(options.ratio))
     ir = out_dir / ir_export.IR_FILE
     return {
         "precision": config.precision,
@@ -127,20 +127,19 @@ def prepare(
 ) -> tuple[OpenVinoGenerator, dict[str, Any]]:
     """Compile the IR the prepare step wrote (exported here when it was evicted since)."""
     from autotune.backends.generation.artifacts import engine_files
-    from autotune.backends.precision import ir_weight_probe
 
     def export(folder: Path) -> dict[str, Any]:
         return build_artifact(model, calibration, config, folder)
 
     with engine_files(artifact, export, "autotune-openvino-") as (folder, details):
-        options = dict(config.options)
+        options = OpenVinoGenerateOptions.of(config)
         generator = OpenVinoGenerator(
             ir=folder / ir_export.IR_FILE,
             new_tokens=new_tokens,
             threads=max(1, int(config.threads_per_instance)),
-            inference_precision=str(options.get("inference_precision", "f32")),
-            kv_cache_precision=str(options.get("kv_cache_precision", "u8")),
-            dynamic_quantization_group_size=int(options.get("dynamic_quantization_group_size", 32)),
+            inference_precision=str(options.inference_precision),
+            kv_cache_precision=str(options.kv_cache_precision),
+            dynamic_quantization_group_size=int(options.dynamic_quantization_group_size),
         )
         details["drift_request_runtime"] = generator.runtime_properties()  # compiled while the IR is here
     generator.probe = ir_weight_probe(details["weight_types"])
@@ -327,3 +326,12 @@ class OpenVinoGenerator:
             if stamp:
                 self.token_stamps.append(time.monotonic())
         return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(np.concatenate(kept, axis=1))
+
+
+def ir_weight_probe(weight_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+    """An OpenVINO IR's probe: its matrix products by weight type (NNCF's u8/i4 constants; no call),
+    counted over every one, so NNCF keeping a matrix it cannot group in int8 is seen."""
+    counts: Counter[str] = Counter()
+    for name, n in weight_types.items():
+        counts[bucket_of(name)] += n
+    return lambda native_input, claimed: judge(claimed, {"IR weight types": dict(counts)}, most=True)

@@ -7,21 +7,37 @@ scales per batch and quantizes Linear layers only (transformer-style models).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendConfig, BackendSpec, Runner
+from autotune.backends.base import BackendConfig, BackendOptions, BackendSpec, Runner, choice, import_failure
+
+
+@dataclass(frozen=True)
+class TorchaoOptions(BackendOptions):
+    scheme: str = choice("static", "dynamic")
+    memory_format: str = choice("contiguous", "channels_last")
+
 
 SPEC = BackendSpec(
     name="torchao",
     description="torchao PT2E int8 + torch.compile (inductor, freezing)",
     precisions=("int8",),
-    options={"scheme": ("static", "dynamic"), "memory_format": ("contiguous", "channels_last")},
+    options=TorchaoOptions,
     requires=("torchao",),
+    packages=("torchao",),
+    complexity=5,
+    prepare_cost=3,  # export, quantize and calibrate
     uses_artifact=True,
     torch_threads=True,
     inductor_cache=True,
 )
+
+
+def unavailable() -> str | None:
+    """Why torchao does not import here, or None."""
+    return import_failure(SPEC)
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -38,11 +54,8 @@ ARTIFACT_VERSION = 2
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     """The exported program is specialised to the batch size and memory format."""
-    return {
-        "scheme": config.options.get("scheme", "static"),
-        "memory_format": config.options.get("memory_format", "contiguous"),
-        "batch_size": config.batch_size,
-    }
+    options = TorchaoOptions.of(config)
+    return {"scheme": options.scheme, "memory_format": options.memory_format, "batch_size": config.batch_size}
 
 
 def build_artifact(
@@ -57,8 +70,9 @@ def build_artifact(
 
     from autotune.backends.torch_common import input_converter
 
-    dynamic = config.options.get("scheme", "static") == "dynamic"
-    convert = input_converter(config.options)
+    options = TorchaoOptions.of(config)
+    dynamic = options.scheme == "dynamic"
+    convert = input_converter(options.memory_format)
     example = convert(example)
     with torch.no_grad():
         # Strict export: non-strict export failed inside the quantizer on resnet50 with current versions.
@@ -99,5 +113,8 @@ def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
             return compiled(*batch)
 
     return Runner(
-        run=run, convert_input=input_converter(config.options), details={"freezing": True}, probe=torch_probe(run)
+        run=run,
+        convert_input=input_converter(TorchaoOptions.of(config).memory_format),
+        details={"freezing": True},
+        probe=torch_probe(run),
     )

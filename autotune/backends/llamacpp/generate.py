@@ -13,13 +13,15 @@ from __future__ import annotations
 import ctypes
 import time
 from array import array
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.base import BackendSpec
-from autotune.backends.generation import gguf_export
-from autotune.backends.precision import gguf_probe
+from autotune.backends.base import BackendOptions, BackendSpec, choice, import_failure
+from autotune.backends.llamacpp import gguf_export
+from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -35,40 +37,43 @@ AMX_BUILD = "AMX_INT8 = 1"
 
 KV_CACHE_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of the K and V caches
 
+
+@dataclass(frozen=True)
+class LlamaCppOptions(BackendOptions):
+    # how the tokens are batched, never which kernels or types run: a fallback found once holds for all
+    n_batch: int = choice(2048, 512, scheduling=True)  # tokens per llama_decode call (a longer prompt in chunks)
+    n_ubatch: int = choice(512, 256, 128, scheduling=True)  # tokens per physical compute batch
+    flash_attn: bool = choice(True, False)
+    kv_cache_type: str = choice(*KV_CACHE_TYPES)
+
+
 SPEC = BackendSpec(
     name="llamacpp",
     description="llama.cpp (llama-cpp-python): the model converted to GGUF by llama.cpp's converter",
     precisions=PRECISIONS,
     task="generate",
-    options={
-        "n_batch": (2048, 512),  # tokens per llama_decode call (a longer prompt is fed in chunks)
-        "n_ubatch": (512, 256, 128),  # tokens per physical compute batch
-        "flash_attn": (True, False),
-        "kv_cache_type": ("f16", "q8_0"),
-    },
+    options=LlamaCppOptions,
     requires=("llama_cpp",),
+    packages=("llama_cpp_python",),
+    complexity=6,
+    prepare_cost=6,
+    runtime_hint="make setup builds llama-cpp-python",
     uses_artifact=True,
-    # how the tokens are batched, never which kernels or types run: a fallback found once holds for all
-    scheduling_options=("n_batch", "n_ubatch"),
 )
 ARTIFACT_VERSION = 1
 
 
 def unavailable() -> str | None:
     """Why llama.cpp cannot run in this runtime (not installed, or its converter missing), or None."""
-    try:
-        import llama_cpp  # noqa: F401
-    except Exception as exc:  # an ImportError, or a library that does not load
-        return f"llama-cpp-python does not import ({type(exc).__name__}: {exc}); make setup builds it"
-    return gguf_export.converter_missing()
+    return import_failure(SPEC) or gguf_export.converter_missing()
 
 
 def unsupported(config: BackendConfig) -> str | None:
     """A quantized V cache needs flash attention in llama.cpp; n_ubatch cannot exceed n_batch."""
-    options = dict(config.options)
-    if options.get("kv_cache_type", "f16") != "f16" and not options.get("flash_attn", True):
+    options = LlamaCppOptions.of(config)
+    if options.kv_cache_type != "f16" and not options.flash_attn:
         return "llama.cpp quantizes the V cache only with flash attention"
-    if int(options.get("n_ubatch", 512)) > int(options.get("n_batch", 2048)):
+    if int(options.n_ubatch) > int(options.n_batch):
         return "n_ubatch cannot exceed n_batch"
     return None
 
@@ -110,15 +115,15 @@ def prepare(
         return build_artifact(model, calibration, config, folder)
 
     with engine_files(artifact, convert, "autotune-llamacpp-") as (folder, details):
-        options = dict(config.options)
+        options = LlamaCppOptions.of(config)
         generator = LlamaCppGenerator(
             gguf=folder / GGUF_FILE,
             new_tokens=new_tokens,
             threads=max(1, int(config.threads_per_instance)),
-            n_batch=int(options.get("n_batch", 2048)),
-            n_ubatch=int(options.get("n_ubatch", 512)),
-            flash_attn=bool(options.get("flash_attn", True)),
-            kv_cache_type=str(options.get("kv_cache_type", "f16")),
+            n_batch=int(options.n_batch),
+            n_ubatch=int(options.n_ubatch),
+            flash_attn=bool(options.flash_attn),
+            kv_cache_type=str(options.kv_cache_type),
         )
     generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
     details["llama_cpp_system_info"] = generator.system_info()
@@ -310,3 +315,12 @@ class LlamaCppGenerator:
             if stamp:
                 self.token_stamps.append(time.monotonic())
         return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(kept)
+
+
+def gguf_probe(tensor_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+    """A llama.cpp model's probe: the GGUF's matrices by type (no call), counted over every one, so a
+    K-quant whose rows were too short for its blocks (a fallback to Q5_0 or Q8_0) is a fallback here too."""
+    counts: Counter[str] = Counter()
+    for name, n in tensor_types.items():
+        counts[bucket_of(name)] += n
+    return lambda native_input, claimed: judge(claimed, {"GGUF tensor types": dict(counts)}, most=True)

@@ -8,24 +8,45 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendConfig, BackendSpec, Runner, numpy_batch
+from autotune.backends.base import (
+    BackendConfig,
+    BackendOptions,
+    BackendSpec,
+    Runner,
+    choice,
+    import_failure,
+    numpy_batch,
+)
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeOptions(BackendOptions):
+    execution_mode: str = choice("sequential", "parallel", scheduling=True)
+    graph_optimization: str = choice("all", "extended", "basic")
+    inter_op_threads: int = choice(1, 2, 4, scheduling=True)
+
 
 SPEC = BackendSpec(
     name="onnxruntime",
     description="ONNX Runtime (CPU execution provider)",
     precisions=("fp32", "int8"),
-    options={
-        "execution_mode": ("sequential", "parallel"),
-        "graph_optimization": ("all", "extended", "basic"),
-        "inter_op_threads": (1, 2, 4),
-    },
+    options=OnnxRuntimeOptions,
     requires=("onnxruntime", "onnx", "onnxscript"),
+    packages=("onnx", "onnxscript", "onnxruntime"),
+    complexity=3,
+    prepare_cost=1,  # a graph export
     uses_artifact=True,
-    scheduling_options=("execution_mode", "inter_op_threads"),
 )
+
+
+def unavailable() -> str | None:
+    """Why ONNX Runtime or its exporter does not import here, or None."""
+    return import_failure(SPEC)
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -49,7 +70,7 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
 def build_artifact(
     model: Any, example: Any, calibration: list[Any], config: BackendConfig, out_dir: Path
 ) -> dict[str, Any]:
-    from autotune.backends.onnx_export import export_onnx
+    from autotune.backends.onnxruntime.onnx_export import export_onnx
 
     fp32_path = out_dir / "fp32.onnx"
     exporter = export_onnx(model, example, fp32_path)
@@ -81,7 +102,7 @@ def quantize_static_int8(fp32_path: Path, calibration: list[Any], out_dir: Path)
         quantize_static,
     )
 
-    from autotune.backends.onnx_export import input_names
+    from autotune.backends.onnxruntime.onnx_export import input_names
 
     names = input_names(calibration[0])
 
@@ -150,16 +171,17 @@ def _preprocessed(fp32_path: Path, out_dir: Path) -> str:
 def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import onnxruntime as ort
 
+    chosen = OnnxRuntimeOptions.of(config)
     options = ort.SessionOptions()
     options.intra_op_num_threads = config.threads_per_instance
-    parallel = config.options.get("execution_mode") == "parallel"
+    parallel = chosen.execution_mode == "parallel"
     options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
-    options.inter_op_num_threads = int(config.options.get("inter_op_threads", 1)) if parallel else 1
+    options.inter_op_num_threads = int(chosen.inter_op_threads) if parallel else 1
     options.graph_optimization_level = {
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[config.options.get("graph_optimization", "all")]
+    }[chosen.graph_optimization]
     session, probe = _session_and_probe(str(artifact_dir / MODEL_FILE), options, config.precision)
     names = [i.name for i in session.get_inputs()]
 
@@ -186,7 +208,7 @@ def _session_and_probe(model_path: str, options: Any, precision: str) -> tuple[A
         return session, None
     import onnx
 
-    from autotune.backends.precision import ExecutedPrecision, judge, onnx_graph_counts
+    from autotune.backends.precision import ExecutedPrecision, judge
 
     try:
         with tempfile.TemporaryDirectory(prefix="autotune-ort-") as scratch:
@@ -208,3 +230,43 @@ def _session_and_probe(model_path: str, options: Any, precision: str) -> tuple[A
     )
     why = "ONNX Runtime fuses QDQ pairs into int8 operators from graph_optimization=extended on" if unfused else ""
     return session, lambda native_input, claimed: judge(claimed, {"ONNX Runtime optimized graph": counts}, why=why)
+
+
+ORT_INT8 = {
+    "QLinearConv",
+    "QLinearMatMul",
+    "MatMulInteger",
+    "ConvInteger",
+    "QGemm",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+    "QAttention",
+    "DynamicQuantizeLSTM",
+    "QLinearConvTranspose",
+}
+ORT_FLOAT = {
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "FusedConv",
+    "FusedGemm",
+    "FusedMatMul",
+    "Attention",
+    "MultiHeadAttention",
+    "LSTM",
+    "GRU",
+    "RNN",
+}
+
+
+def onnx_graph_counts(nodes: list[Any]) -> dict[str, int]:
+    """Compute nodes of an (optimized) ONNX graph: quantized operators count as int8, float ones
+    (left between QuantizeLinear/DequantizeLinear pairs when not fused) as f32."""
+    counts: Counter[str] = Counter()
+    for node in nodes:
+        if node.op_type in ORT_INT8:
+            counts["int8"] += 1
+        elif node.op_type in ORT_FLOAT:
+            counts["f32"] += 1
+    return dict(counts)

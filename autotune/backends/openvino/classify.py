@@ -7,26 +7,52 @@ as many async requests in flight.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendConfig, BackendSpec, Runner, numpy_batch
-from autotune.backends.precision import ExecutedPrecision
+from autotune.backends.base import (
+    BackendConfig,
+    BackendOptions,
+    BackendSpec,
+    Runner,
+    choice,
+    import_failure,
+    numpy_batch,
+)
+from autotune.backends.precision import ExecutedPrecision, bucket_of
+
+
+@dataclass(frozen=True)
+class OpenVinoOptions(BackendOptions):
+    hint: str = choice("THROUGHPUT", "LATENCY", scheduling=True)
+    streams: str | int = choice("auto", 1, 2, 4, 8, scheduling=True)
+    # an int8 IR's float layers (those NNCF leaves unquantized) in f32, or in bf16 as OpenVINO picks by itself
+    int8_float: str = choice("f32", "bf16", precisions=("int8",))
+
 
 SPEC = BackendSpec(
     name="openvino",
     description="OpenVINO (CPU plugin); int8 via NNCF",
     precisions=("fp32", "bf16", "int8"),
-    options={"hint": ("THROUGHPUT", "LATENCY"), "streams": ("auto", 1, 2, 4, 8), "int8_float": ("f32", "bf16")},
+    options=OpenVinoOptions,
     requires=("openvino", "nncf"),
-    option_precisions={"int8_float": ("int8",)},
+    packages=("openvino", "nncf"),
+    complexity=4,
+    prepare_cost=2,  # an IR conversion
     uses_artifact=True,
-    scheduling_options=("hint", "streams"),
     # oneTBB dlopens libtbbbind with RTLD_DEEPBIND, so hwloc frees with glibc what the preloaded allocator
     # handed out and compile_model aborts (oneTBB #1645); this setting drops DEEPBIND.
     preloaded_allocator_env=(("TBB_ENABLE_SANITIZERS", "1"),),
 )
+
+
+def unavailable() -> str | None:
+    """Why OpenVINO or NNCF does not import here, or None."""
+    return import_failure(SPEC)
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -52,7 +78,7 @@ def convert_to_ir(model: Any, example: Any, out_dir: Path) -> tuple[Any, str]:
     try:
         return ov.convert_model(model, example_input=example if len(example) > 1 else example[0]), "torch"
     except Exception:  # tracing fails on some models: go through ONNX instead
-        from autotune.backends.onnx_export import export_onnx
+        from autotune.backends.onnxruntime.onnx_export import export_onnx
 
         onnx_path = out_dir / "model.onnx"
         export_onnx(model, example, onnx_path)
@@ -145,7 +171,7 @@ def _feed(arrays: tuple[Any, ...]) -> dict[int, Any]:
 
 def _float_precision(config: BackendConfig) -> str:
     if config.precision == "int8":
-        return config.options.get("int8_float", "f32")
+        return OpenVinoOptions.of(config).int8_float
     return "bf16" if config.precision == "bf16" else "f32"
 
 
@@ -154,19 +180,19 @@ def load(example: Any, config: BackendConfig, artifact_dir: Path) -> Runner:
     import openvino.properties as props
     import openvino.properties.hint as hints
 
+    options = OpenVinoOptions.of(config)
     core = ov.Core()
     model = core.read_model(str(artifact_dir / MODEL_FILE))
     model.reshape({model.inputs[i]: list(x.shape) for i, x in enumerate(example)})
     properties: dict[Any, Any] = {
-        hints.performance_mode: getattr(hints.PerformanceMode, config.options.get("hint", "THROUGHPUT")),
+        hints.performance_mode: getattr(hints.PerformanceMode, options.hint),
         # int8 IR: the layers NNCF left in float run in f32 (drift is what quantization costs) unless
         # int8_float=bf16 asks for what OpenVINO would pick by itself on a CPU with bf16.
         hints.inference_precision: ov.Type.bf16 if _float_precision(config) == "bf16" else ov.Type.f32,
         props.inference_num_threads: config.threads_per_instance,
     }
-    streams = config.options.get("streams", "auto")
-    if streams != "auto":
-        properties[props.num_streams] = int(streams)
+    if options.streams != "auto":
+        properties[props.num_streams] = int(options.streams)
     compiled = core.compile_model(model, "CPU", properties)
     effective_streams = int(compiled.get_property(props.num_streams))
     details = {
@@ -211,7 +237,7 @@ def runtime_model_probe(compiled: Any, core: Any) -> Callable[[Any, str], Execut
     an int8 IR whose layers run f32, or a bf16 hint the CPU does not honour, shows there."""
     import openvino.properties.hint as hints
 
-    from autotune.backends.precision import judge, openvino_counts
+    from autotune.backends.precision import judge
 
     def probe(native_input: Any, claimed: str) -> ExecutedPrecision:
         why = ""
@@ -225,3 +251,34 @@ def runtime_model_probe(compiled: Any, core: Any) -> Callable[[Any, str], Execut
         return judge(claimed, {"OpenVINO runtime model": openvino_counts(compiled)}, why=why)
 
     return probe
+
+
+OPENVINO_COMPUTE = {
+    "Convolution",
+    "GroupConvolution",
+    "Deconvolution",
+    "BinaryConvolution",
+    "FullyConnected",
+    "MatMul",
+    "RNNSeq",
+    "RNNCell",
+    "ScaledDotProductAttention",
+}
+# Snippets: layers the CPU plugin fused into generated code (with few threads, a whole MLP), in the
+# precision it generated them for; one counts when the layers it fused include a matrix product or a
+# convolution (by their original names, which carry the operator's type), not for an eltwise chain.
+_FUSED_COMPUTE = re.compile(r"MatMul|Conv|Gemm|FullyConnected|linear")
+
+
+def openvino_counts(compiled: Any) -> dict[str, int]:
+    """Compute layers of a compiled OpenVINO model by the precision the CPU plugin runs them in."""
+    counts: Counter[str] = Counter()
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str) if "layerType" in info else ""
+        fused = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+        if layer not in OPENVINO_COMPUTE and not (layer == "Subgraph" and _FUSED_COMPUTE.search(fused)):
+            continue
+        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "other"
+        counts[bucket_of(precision)] += 1
+    return dict(counts)

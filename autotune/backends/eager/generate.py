@@ -9,10 +9,9 @@ from autotune.backends.base import BackendSpec
 from autotune.backends.generation import artifacts
 from autotune.backends.generation.decode_loop import Generator
 from autotune.backends.generation.quantization import (
-    COMMON_OPTION_PRECISIONS,
-    COMMON_OPTIONS,
     PRECISIONS,
     QUANTIZED,
+    TorchGenerateOptions,
     apply_precision,
     float_dtypes,
     weight_bytes,
@@ -26,9 +25,11 @@ SPEC = BackendSpec(
     description="PyTorch eager generation (greedy, KV cache), torchao quantization",
     precisions=PRECISIONS,
     task="generate",
-    options=COMMON_OPTIONS,
-    option_precisions=COMMON_OPTION_PRECISIONS,
+    options=TorchGenerateOptions,
     requires=("transformers", "torchao"),
+    packages=("transformers", "torchao"),
+    complexity=0,
+    prepare_cost=0,
     uses_artifact=QUANTIZED,
     torch_threads=True,
 )
@@ -37,6 +38,13 @@ SPEC = BackendSpec(
 ARTIFACT_VERSION = artifacts.ARTIFACT_VERSION
 artifact_identity = artifacts.artifact_identity
 build_artifact = artifacts.build_artifact
+cached_artifact = artifacts.cached_artifact
+
+
+def unavailable() -> str | None:
+    """None: what runs here is decided per precision, in a fresh process of the runtime
+    (quantization.unavailable_precisions: an API this torchao has may lack its CPU kernel)."""
+    return None
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -50,7 +58,6 @@ def prepare(
     """Convert the model to the config's precision (or put in the quantized weights the prepare step
     built: `artifact` is its folder and meta); returns the generator and what was done (quantization,
     weight bytes, the float dtype the prepared model computes in)."""
-    options = dict(config.options)
     details: dict[str, Any] | None = None
     if artifact is not None:
         try:
@@ -61,11 +68,11 @@ def prepare(
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             artifact = {**artifact, "load_failed": reason}
     if details is None:
-        details = apply_precision(model.eval(), config.precision, options, calibration)
+        details = apply_precision(model.eval(), config.precision, config.options, calibration)
         if artifact is not None:
             details["cached_artifact_not_loaded"] = artifact["load_failed"]
     details["weight_bytes"] = weight_bytes(model)
     # what the model computes in, read off the prepared model, not the config: the dtypes of its plain
     # floating-point parameters and buffers (a cast that missed the rotary embedding's shows as two)
     details["float_dtype"] = float_dtypes(model)
-    return Generator(model, new_tokens, options.get("kv_cache", "dynamic")), details
+    return Generator(model, new_tokens, TorchGenerateOptions.of(config).kv_cache), details

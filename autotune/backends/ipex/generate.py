@@ -16,8 +16,6 @@ equalled them to the bit (a tiny Llama, fp32, bf16 and weight-only int8).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 from array import array
 from collections import Counter
@@ -26,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.base import BackendSpec
+from autotune.backends.base import BackendOptions, BackendSpec, choice, import_failure
 from autotune.backends.precision import bucket_of, judge
 
 if TYPE_CHECKING:
@@ -38,32 +36,35 @@ WEIGHT_ONLY = ("woq_int8", "woq_int4")
 # IPEX's weight-only GEMMs compute in this type (WoqLowpMode): int8 quantizes the activations on the fly
 LOWP_MODES = {"int8": "INT8", "bf16": "BF16", "fp32": "NONE"}
 
+
+@dataclass(frozen=True)
+class IpexGenerateOptions(BackendOptions):
+    lowp_mode: str = choice(*LOWP_MODES, precisions=WEIGHT_ONLY)
+    group_size: int = choice(128, 64, 32, precisions=("woq_int4",))
+
+
 SPEC = BackendSpec(
     name="ipex",
     description="Intel Extension for PyTorch's ipex.llm.optimize (IPEX runtime): fused kernels, weight-only int8/int4",
     precisions=PRECISIONS,
     task="generate",
-    options={"lowp_mode": tuple(LOWP_MODES), "group_size": (128, 64, 32)},
-    option_precisions={"lowp_mode": WEIGHT_ONLY, "group_size": ("woq_int4",)},
+    options=IpexGenerateOptions,
     requires=("intel_extension_for_pytorch", "transformers"),
+    packages=("intel-extension-for-pytorch", "transformers"),
+    complexity=2,
+    prepare_cost=4,
+    runtime_hint=(
+        "IPEX 2.8 imports only with torch 2.8: its trials run in the IPEX runtime .venv-ipex, which make setup "
+        "builds with IPEX's own transformers (4.51.3)"
+    ),
     torch_threads=True,
 )
 ARTIFACT_VERSION = 1
 
 
 def unavailable() -> str | None:
-    """Why ipex.llm.optimize cannot run in this runtime, or None."""
-    for module, hint in (
-        ("intel_extension_for_pytorch", "it imports only with torch 2.8: the IPEX runtime .venv-ipex (make setup)"),
-        ("transformers", "make setup installs IPEX's own (4.51.3) in .venv-ipex"),
-    ):
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                __import__(module)
-        except BaseException as exc:  # an extension built for another torch may even exit the process
-            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-            return f"{module} does not import ({type(exc).__name__}: {first}); {hint}"
-    return None
+    """Why ipex.llm.optimize cannot run in this runtime (with the runtime it runs in), or None."""
+    return import_failure(SPEC)
 
 
 def unsupported(config: BackendConfig) -> str | None:
@@ -80,9 +81,14 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
     raise NotImplementedError("the ipex generation backend builds no artifact (SPEC.uses_artifact is False)")
 
 
+def cached_artifact(artifact_dir: str | Path) -> dict[str, Any] | None:
+    """None: nothing is built ahead (build_artifact)."""
+    return None
+
+
 def model_dtype(config: BackendConfig) -> str:
     """What the optimized model computes in: bf16 for bf16 and for weight-only GEMMs in bf16, else fp32."""
-    lowp = dict(config.options).get("lowp_mode", "int8")
+    lowp = IpexGenerateOptions.of(config).lowp_mode
     return (
         "bfloat16" if config.precision == "bf16" or (config.precision in WEIGHT_ONLY and lowp == "bf16") else "float32"
     )
@@ -97,7 +103,7 @@ def prepare(
     import torch
     import transformers
 
-    options = dict(config.options)
+    options = IpexGenerateOptions.of(config)
     if not getattr(model.config, "architectures", None):  # IPEX picks its kernels by the architecture's name
         model.config.architectures = [type(model).__name__]
     dtype = getattr(torch, model_dtype(config))
@@ -108,8 +114,8 @@ def prepare(
         int4 = config.precision == "woq_int4"
         quantization["quantization_config"] = ipex.quantization.get_weight_only_quant_qconfig_mapping(
             weight_dtype=WoqWeightDtype.INT4 if int4 else WoqWeightDtype.INT8,
-            lowp_mode=getattr(WoqLowpMode, LOWP_MODES[options.get("lowp_mode", "int8")]),
-            group_size=int(options.get("group_size", 128)) if int4 else -1,
+            lowp_mode=getattr(WoqLowpMode, LOWP_MODES[options.lowp_mode]),
+            group_size=int(options.group_size) if int4 else -1,
         )
     t0 = time.monotonic()
     with torch.no_grad():
