@@ -107,3 +107,19 @@ def test_no_function_in_the_package_runs_over_80_lines():
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, long
+
+
+def test_what_a_program_or_a_trial_imports_needs_no_optuna():
+    """Optuna is the search's, not the tuned model's: the IPEX runtime (torch 2.8, no Optuna) runs trials
+    and `autotune.load()` there, as a user's serving process does. A record the load path reads that
+    imported Optuna at module level broke `verify --through-load` of an IPEX winner."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['optuna'] = None\n"  # importing it raises ImportError
+        "import autotune, autotune.stopwatch_process, autotune.worker.process\n"
+        "from autotune.records.best import BestJson\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -9,9 +9,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
-
-import optuna
+from typing import TYPE_CHECKING, ClassVar
 
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.json_record import Record, RecordError
@@ -23,6 +21,9 @@ from autotune.measure.stopwatch import MeasureSettings
 from autotune.records.config import TrialConfig
 from autotune.records.job import WorkerJob
 from autotune.records.metrics import Measurement, Screening, TrialBudget
+
+if TYPE_CHECKING:  # a program loading a winner (autotune.load, the IPEX runtime) has no Optuna
+    import optuna
 
 
 class Attr:
@@ -162,6 +163,8 @@ class TrialAttrs(Record):
         """The typed attributes of a stored or running trial (the fields a newer autotune added are ignored).
         A finished trial's are read once: its attributes no longer change, and loops over a study read them
         again and again."""
+        import optuna
+
         if not isinstance(trial, optuna.trial.FrozenTrial) or not trial.state.is_finished():
             return cls.from_json(trial.user_attrs)
         key = id(trial)
