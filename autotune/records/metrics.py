@@ -146,6 +146,8 @@ class InstanceResult(Record):
     warmup_iters: int
     warmup_s: float
     warmup_steady: bool = False
+    # CPU seconds the processes it started used during its warm-up, which ran until they went quiet
+    warmup_children_cpu_s: float | None = None
     allocator: AllocatorCheck | None = None
     threads: ThreadsCheck | None = None
     openmp: OpenMPCheck | None = None
@@ -248,10 +250,12 @@ class Attempt(Record):
 
 @dataclass(frozen=True)
 class Warmup(Record):
-    """The warm-up before the window, the shortest of the instances': calls and seconds."""
+    """The warm-up before the window, the shortest of the instances': calls and seconds; and the CPU seconds
+    the processes the instances started used while it waited for them to go quiet (None: not recorded)."""
 
     iters: int = 0
     s: float = 0.0
+    children_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)

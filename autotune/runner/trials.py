@@ -231,7 +231,11 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
                 combined_early_late(stamps, window.start, window.end) if len(stamps) > 1 else None
             ),
             samples_per_call=samples_per_call,
-            warmup=Warmup(iters=min(r.warmup_iters for r in results), s=min(r.warmup_s for r in results)),
+            warmup=Warmup(
+                iters=min(r.warmup_iters for r in results),
+                s=min(r.warmup_s for r in results),
+                children_cpu_s=sum(r.warmup_children_cpu_s or 0.0 for r in results),
+            ),
             stamps=[r.stamps_path for r in results],
         ),
         screening=screening_of(results, settings.ci_confidence),

@@ -29,7 +29,7 @@ from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.json_record import Record, UnknownFormat
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
-from autotune.measure.noise import process_snapshot, window_signals
+from autotune.measure.noise import ChildrenSettle, process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
 from autotune.model.dataset import DataSource, evaluation_and_calibration
@@ -359,6 +359,7 @@ def run_trial(job: WorkerJob) -> InstanceResult:
         warmup_iters=warmup["warmup_iters"],
         warmup_s=warmup["warmup_s"],
         warmup_steady=warmup["warmup_steady"],
+        warmup_children_cpu_s=warmup.get("warmup_children_cpu_s"),
         drift=drift,
         executed_precision=precision,
         iterations=len(stamps),
@@ -399,10 +400,12 @@ def gated_warm_up(
     model: LoadedModel, settings: MeasureSettings, gate: SpeedGate | None, samples_per_call: int, instance: int
 ) -> tuple[dict[str, Any], GateVerdict | None]:
     """The warm-up, held to the speed gate's pace: what it did, and the verdict when it fell below."""
+    settle = ChildrenSettle()  # not timed while processes it started (a library's pool) still start up
     try:
-        return warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call, instance)), None
+        done = warm_up(model.step, settings, after_call=warm_up_gate(gate, samples_per_call, instance), settled=settle)
     except GateTripped as exc:
         return {**NO_WARMUP, "warmup_s": exc.verdict.seconds}, exc.verdict
+    return {**done, "warmup_children_cpu_s": settle.busy_cpu_s}, None
 
 
 def report_ready(
