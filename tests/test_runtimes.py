@@ -151,3 +151,22 @@ def test_intel_openmp_and_huge_pages_reach_the_trial_process(searcher, workdir):
     assert seen["intel"] and seen["intel"][0].endswith("libiomp5.so")
     assert (seen["KMP_BLOCKTIME"], seen["THP_MEM_ALLOC_ENABLE"]) == ("0", "1")
     assert trial.user_attrs["env"]["LD_PRELOAD"].endswith("libiomp5.so")
+
+
+def test_the_generation_probe_is_cached_until_the_runtime_or_where_its_tools_lie_changes(probe_cache, tmp_path):
+    """Which generation precisions and engines a runtime runs took 5-10 s per runtime at every search's
+    start (torchao's configurations tried, every engine imported); it is kept with the runtime's report and
+    made again when the packages, autotune's backends or a variable naming an engine's tools change."""
+    from autotune.backends.llamacpp.gguf_export import CONVERTER_ENV
+    from autotune.machine.generation_probe import generation_precisions_unavailable
+
+    main = discover_runtimes()["main"]
+    first = generation_precisions_unavailable(main, {})
+    assert "llamacpp" not in first  # make setup puts llama.cpp's converter in the main runtime
+    cache = json.loads(probe_cache.read_text())
+    slot = f"{main.python} generation"
+    cache[slot]["report"]["unavailable"]["fp32"] = "from the cache"
+    probe_cache.write_text(json.dumps(cache))
+    assert generation_precisions_unavailable(main, {})["fp32"] == "from the cache"
+    moved = generation_precisions_unavailable(main, {CONVERTER_ENV: str(tmp_path / "nowhere")})
+    assert "fp32" not in moved and "llama.cpp's converter is not in" in moved["llamacpp"]

@@ -121,6 +121,9 @@ class BackendSpec:
     prepare_cost: int = LAST
     # What to do where it does not import: the runtime it runs in, or what installs it (said with the reason).
     runtime_hint: str = ""
+    # Environment variables `unavailable()` reads (where its tools lie): a runtime's cached probe is made
+    # again when one of them changes.
+    probe_environment: tuple[str, ...] = ()
     # Artifact backends build a file once (export, conversion, quantization) in a separate process and
     # their timing processes only load it; the others run the torch module directly. A tuple: only at
     # those precisions (IPEX builds a file for int8 only).

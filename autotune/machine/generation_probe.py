@@ -10,11 +10,13 @@ import json
 import subprocess
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from autotune.backends import backend_specs
 from autotune.backends.base import BackendSpec
 from autotune.common.errors import UserError
-from autotune.machine.runtimes import MAIN, Runtime, runtime_env
+from autotune.machine.runtimes import MAIN, Runtime, cached_report, runtime_env
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,37 @@ def generation_precisions_unavailable(runtime: Runtime, base_env: dict[str, str]
     """Which generation precisions the runtime's torchao cannot run on CPU, and which engines (llama.cpp)
     cannot run at all (keyed by the backend's name), probed in a fresh process of that runtime (APIs move
     between torchao versions: what imports may still have no CPU kernel)."""
+    probed = cached_report(
+        Path(runtime.python), "generation", lambda: _probe(runtime, base_env), probe_inputs(runtime, base_env)
+    )
+    # an engine that cannot run at all is keyed by its backend's name (never a precision's)
+    return {**probed["unavailable"], **probed.get("engines", {})}
+
+
+def _probe(runtime: Runtime, base_env: dict[str, str]) -> dict[str, Any]:
+    """`python -m autotune.backends.generation` in a fresh process of the runtime (5-10 s: torchao's
+    configurations tried, every engine imported)."""
     command = [runtime.python, "-m", "autotune.backends.generation"]
     env = runtime_env(runtime, dict(base_env))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=True)
-        probed = json.loads(done.stdout.strip().splitlines()[-1])
-        # an engine that cannot run at all is keyed by its backend's name (never a precision's)
-        return {**probed["unavailable"], **probed.get("engines", {})}
+        probed: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        if not isinstance(probed.get("unavailable"), dict):
+            raise ValueError(f"no precisions in its report: {done.stdout[-200:]!r}")
+        return probed
     except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
         raise UserError(f"cannot probe which precisions run in {runtime.python}: {exc}") from None
+
+
+def probe_inputs(runtime: Runtime, base_env: dict[str, str]) -> tuple[str, ...]:
+    """What the probe's answer depends on besides the runtime's packages and autotune's code (which its
+    cache keys on already): the variables the engines' checks read (where their tools lie), and the
+    folders under the runtime's share/ where make setup puts those tools (llama.cpp's converter,
+    optimum-intel's overlay), as they are now."""
+    names = sorted({name for spec in backend_specs("generate").values() for name in spec.probe_environment})
+    share = Path(runtime.python).parent.parent / "share"
+    tools = sorted(share.iterdir()) if share.is_dir() else []
+    return (
+        *(f"{name}={base_env.get(name, '')}" for name in names),
+        *(f"{tool.name}:{tool.stat().st_mtime_ns}" for tool in tools if tool.is_dir()),
+    )

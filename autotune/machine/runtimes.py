@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -172,27 +173,36 @@ def _run_report(python: Path, role: str) -> dict[str, Any]:
         raise UserError(f"runtime {python} printed no probe report: is it a Python 3.10+ interpreter?") from None
 
 
-def probe_runtime(python: Path, name: str, role: str) -> Runtime:
-    """The runtime's report, from the cache when its packages have not changed since it was made."""
+def cached_report(python: Path, kind: str, produce: Callable[[], Any], extra_key: tuple[str, ...] = ()) -> Any:
+    """A report made in a runtime (`kind`: the runtime report, the generation probe), from the cache while
+    the runtime's packages, autotune's backends and plugins, and `extra_key` are what they were when it
+    was made; else made again by `produce` and cached."""
     cache = _cache_path()
-    key = _site_state(python)
+    state = _site_state(python)
+    key = hashlib.sha256("\n".join((state, *extra_key)).encode()).hexdigest() if extra_key else state
+    slot = str(python) if kind == "runtime" else f"{python} {kind}"  # the runtime report keeps its old slot
     try:
         cached = read_json(cache)
     except (OSError, ValueError):
         cached = {}
-    entry = cached.get(str(python)) if isinstance(cached, dict) else None
+    entry = cached.get(slot) if isinstance(cached, dict) else None
     if isinstance(entry, dict) and entry.get("key") == key:
-        report = entry["report"]
-    else:
-        report = _run_report(python, role)
-        try:
-            latest = read_json(cache) if cache.exists() else {}
-        except (OSError, ValueError):
-            latest = {}
-        latest = latest if isinstance(latest, dict) else {}
-        latest[str(python)] = {"key": key, "report": report}
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cache, latest)
+        return entry["report"]
+    report = produce()
+    try:
+        latest = read_json(cache) if cache.exists() else {}
+    except (OSError, ValueError):
+        latest = {}
+    latest = latest if isinstance(latest, dict) else {}
+    latest[slot] = {"key": key, "report": report}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cache, latest)
+    return report
+
+
+def probe_runtime(python: Path, name: str, role: str) -> Runtime:
+    """The runtime's report, from the cache when its packages have not changed since it was made."""
+    report = cached_report(python, "runtime", lambda: _run_report(python, role))
     return Runtime(
         name=name,
         python=str(python),

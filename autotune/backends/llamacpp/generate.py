@@ -58,6 +58,7 @@ SPEC = BackendSpec(
     complexity=6,
     prepare_cost=6,
     runtime_hint="make setup builds llama-cpp-python",
+    probe_environment=(gguf_export.CONVERTER_ENV,),
     uses_artifact=True,
 )
 ARTIFACT_VERSION = 1

@@ -52,6 +52,7 @@ SPEC = BackendSpec(
     options=OpenVinoGenerateOptions,
     requires=("openvino", "openvino_genai"),
     packages=("openvino", "nncf"),
+    probe_environment=(ir_export.OVERLAY_ENV,),
     complexity=4,
     prepare_cost=2,
     runtime_hint="make setup installs openvino-genai",
