@@ -112,3 +112,33 @@ def test_the_engines_summary_counts_no_row_past_the_drift_bound_the_recipe_inclu
     rows[1]["drift_relative_l2"] = 0.04
     (line,) = llm_engines.targets(rows, 0.05)
     assert line["winner_vs_recipe"] == 130.0 / 250.0 and "recipe_past_bound" not in line
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "autotune"):
+    """(command, its parser) for the parser and every subcommand's, nested ones included."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, f"{path} {name}")
+
+
+def test_the_drift_metric_texts_name_every_metric_the_code_knows():
+    """--drift-metric's help and the reference's row are made from measure/drift.py's own list, so a
+    metric added there (perplexity was once left out of the reference) is in both; --data's say what a
+    text file is for a language model."""
+    from autotune.cli import build_parser
+    from autotune.cli_reference import cli_reference
+    from autotune.measure.drift import METRIC_HELP, METRICS, RELATIVE_METRICS
+    from autotune.records.options import flag_of
+
+    search = dict(_commands(build_parser()))["autotune search"]
+    help_text = next(a.help for a in search._actions if "--drift-metric" in a.option_strings)
+    row = next(line for line in cli_reference().splitlines() if line.startswith("| `--drift-metric"))
+    assert set(METRIC_HELP) == set(METRICS)
+    for metric in METRICS:
+        assert f"{metric}: " in help_text, metric
+        assert f"`{metric}`" in row, metric
+    assert all(f"`{metric}`" in flag_of("max_drift").text() for metric in RELATIVE_METRICS)
+    for text in (flag_of("data").help, flag_of("data").text()):
+        assert "language model" in text and "text file" in text and "UTF-8 bytes" in text, text
