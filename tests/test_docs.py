@@ -123,6 +123,23 @@ def _commands(parser: argparse.ArgumentParser, path: str = "autotune"):
                 yield from _commands(sub, f"{path} {name}")
 
 
+def test_every_command_and_every_option_has_a_help_text():
+    """The reference page is each command's --help, one row per option: an option added without a help
+    text would be a blank row there and in --help."""
+    from autotune.cli import build_parser
+
+    missing = []
+    for command, parser in _commands(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{command} {c.dest}" for c in action._choices_actions if not (c.help or "").strip()]
+            elif not (action.help or "").strip():
+                missing.append(f"{command} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == [], f"options without a help text: {', '.join(missing)}"
+
+
 def test_the_drift_metric_texts_name_every_metric_the_code_knows():
     """--drift-metric's help and the reference's row are made from measure/drift.py's own list, so a
     metric added there (perplexity was once left out of the reference) is in both; --data's say what a
