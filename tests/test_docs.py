@@ -159,3 +159,62 @@ def test_the_drift_metric_texts_name_every_metric_the_code_knows():
     assert all(f"`{metric}`" in flag_of("max_drift").text() for metric in RELATIVE_METRICS)
     for text in (flag_of("data").help, flag_of("data").text()):
         assert "language model" in text and "text file" in text and "UTF-8 bytes" in text, text
+
+
+def test_the_summary_marks_a_row_past_the_drift_bound_in_its_table_and_its_chart(tmp_path, monkeypatch):
+    """A row past the file's drift bound (the AMX recipe at 8.2e3, int4 at 0.44) is shown for reference:
+    its table row and drift say so, and its bar is grey and hatched, labelled as not counting, never a
+    plain bar beside the winner's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_summary", ROOT / "docs" / "benchmarks" / "summary.py")
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def row(name: str, speed: float, drift: float) -> dict:
+        ratio = speed / 33.0
+        return {"sequences": 1, "row": name, "tokens_per_s": speed, "vs_eager_fp32": ratio, "drift_relative_l2": drift}
+
+    rows = [row("autotune eager fp32", 33.0, 0.0), row("autotune search winner", 132.5, 0.036)]
+    rows += [row("autotune inductor da8w8 recipe", 249.9, 8.2e3), row("openvino-genai int4_sym", 172.9, 0.44)]
+    results = tmp_path / "engines-2026-12-01.json"
+    machine = {"cpu": "a Xeon", "physical_cores": 2, "isa": {"amx_tile": True}}
+    data = {"benchmark": "engines", "machine": machine, "commit": "abc", "command": "x", "rows": rows}
+    results.write_text(json.dumps({**data, "max_drift_relative_l2": 0.05}))
+    figures = []
+    monkeypatch.setattr(summary, "_inline", lambda figure, title: figures.append(figure) or "<chart>")
+    page = summary.results_section(results)
+
+    table = {line.split(" | ")[1]: line for line in page.splitlines() if line.startswith("| 1 | ")}
+    for name in ("autotune inductor da8w8 recipe", "openvino-genai int4_sym"):
+        (line,) = [text for key, text in table.items() if key.startswith(name)]
+        assert "past the drift bound: does not count" in line and "(past 0.05)" in line, line
+    for name in ("autotune eager fp32", "autotune search winner"):
+        assert "past" not in table[name], table[name]
+    assert "shown for reference only" in page
+    (figure,) = figures
+    axes = figure.axes[0]
+    labels = [tick.get_text() for tick in axes.get_yticklabels()]
+    bars = dict(zip(labels, axes.patches))
+    past = [label for label in labels if label.endswith("(past the bound)")]
+    assert past == [
+        "1 seq. · autotune inductor da8w8 recipe (past the bound)",
+        "1 seq. · openvino-genai int4_sym (past the bound)",
+    ]
+    winner = bars["1 seq. · autotune search winner"]
+    for label in past:
+        assert bars[label].get_hatch() and bars[label].get_facecolor() != winner.get_facecolor(), label
+    assert not winner.get_hatch()
+    notes = [text.get_text() for text in axes.texts]
+    assert sum("does not count" in note for note in notes) == 2 and "does not count" in axes.get_title()
+    summary._pyplot().close(figure)
+
+    results.write_text(json.dumps({**data, "max_drift_relative_l2": 1e4}))  # a bound they are within
+    figures.clear()
+    page = summary.results_section(results)
+    assert "does not count" not in page and not any(bar.get_hatch() for bar in figures[0].axes[0].patches)
+    results.write_text(json.dumps(data))  # no bound in the file: the 0.05 of the runs before files held one
+    assert "(past 0.05)" in summary.results_section(results)
+    for figure in figures:
+        summary._pyplot().close(figure)
