@@ -346,7 +346,7 @@ def _add_study_commands(sub: Any) -> None:
     dash = sub.add_parser("dashboard", help="serve the study in optuna-dashboard")
     _add_study_args(dash, required=True)
     dash.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    dash.add_argument("--port", type=int, default=8080)
+    dash.add_argument("--port", type=int, default=8080, help="port to serve on (default 8080)")
     dash.set_defaults(func=cmd_dashboard)
 
     report = sub.add_parser(
@@ -367,7 +367,9 @@ def _add_remeasure_commands(sub: Any) -> None:
     compare = sub.add_parser("compare", help="re-measure the winner against the eager fp32 baseline, alternating")
     compare.add_argument("--study", help="study whose studies/<study>/best.json to use")
     compare.add_argument("--best", help="a best.json file (instead of --study)")
-    compare.add_argument("--studies-dir", default="studies")
+    compare.add_argument(
+        "--studies-dir", default="studies", help="where study folders live, for --study (default studies)"
+    )
     compare.add_argument("--repeats", type=int, default=3, help="runs of each config (default 3)")
     compare.add_argument(
         "--independent",
@@ -383,17 +385,34 @@ def _add_remeasure_commands(sub: Any) -> None:
     compare.set_defaults(func=cmd_compare)
 
     bench = sub.add_parser("bench", help="every backend x precision side by side on one model (a benchmark table)")
-    bench.add_argument("--model", required=True)
-    bench.add_argument("--weights")
-    bench.add_argument("--input-shape")
-    bench.add_argument("--batch-size", type=int, default=8)
+    bench.add_argument(
+        "--model",
+        required=True,
+        help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
+        "or a TorchScript (.pt) file",
+    )
+    bench.add_argument(
+        "--weights",
+        help="state_dict file, loaded with weights_only (default: the pretrained weights if cached, else random init)",
+    )
+    bench.add_argument(
+        "--input-shape",
+        help="one sample's shape, e.g. 3x224x224 (default: the model's); several or integer inputs as "
+        "name:dtype:shape[:low-high],..., as for search",
+    )
+    bench.add_argument("--batch-size", type=int, default=8, help="samples per call, for every config (default 8)")
     bench.add_argument("--repeats", type=int, default=1, help="interleaved runs of each config (default 1)")
     bench.add_argument("--measure-seconds", default="10s", help="minimum timed window per run (default 10s)")
     bench.add_argument(
         "--min-iterations", type=int, default=100, help="minimum calls per run: p99 needs 100 (default 100)"
     )
     bench.add_argument("--only", nargs="+", help="a subset of configs, e.g. 'openvino int8' 'torchao int8'")
-    bench.add_argument("--studies-dir", default="studies")
+    bench.add_argument(
+        "--studies-dir",
+        default="studies",
+        help="the reference and each run's files go under <dir>/benchmarks, prepared artifacts under <dir>/.cache "
+        "(default studies)",
+    )
     bench.set_defaults(func=cmd_bench)
 
     verify = sub.add_parser(

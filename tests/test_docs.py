@@ -112,3 +112,109 @@ def test_the_engines_summary_counts_no_row_past_the_drift_bound_the_recipe_inclu
     rows[1]["drift_relative_l2"] = 0.04
     (line,) = llm_engines.targets(rows, 0.05)
     assert line["winner_vs_recipe"] == 130.0 / 250.0 and "recipe_past_bound" not in line
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "autotune"):
+    """(command, its parser) for the parser and every subcommand's, nested ones included."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, f"{path} {name}")
+
+
+def test_every_command_and_every_option_has_a_help_text():
+    """The reference page is each command's --help, one row per option: an option added without a help
+    text would be a blank row there and in --help."""
+    from autotune.cli import build_parser
+
+    missing = []
+    for command, parser in _commands(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{command} {c.dest}" for c in action._choices_actions if not (c.help or "").strip()]
+            elif not (action.help or "").strip():
+                missing.append(f"{command} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == [], f"options without a help text: {', '.join(missing)}"
+
+
+def test_the_drift_metric_texts_name_every_metric_the_code_knows():
+    """--drift-metric's help and the reference's row are made from measure/drift.py's own list, so a
+    metric added there (perplexity was once left out of the reference) is in both; --data's say what a
+    text file is for a language model."""
+    from autotune.cli import build_parser
+    from autotune.cli_reference import cli_reference
+    from autotune.measure.drift import METRIC_HELP, METRICS, RELATIVE_METRICS
+    from autotune.records.options import flag_of
+
+    search = dict(_commands(build_parser()))["autotune search"]
+    help_text = next(a.help for a in search._actions if "--drift-metric" in a.option_strings)
+    row = next(line for line in cli_reference().splitlines() if line.startswith("| `--drift-metric"))
+    assert set(METRIC_HELP) == set(METRICS)
+    for metric in METRICS:
+        assert f"{metric}: " in help_text, metric
+        assert f"`{metric}`" in row, metric
+    assert all(f"`{metric}`" in flag_of("max_drift").text() for metric in RELATIVE_METRICS)
+    for text in (flag_of("data").help, flag_of("data").text()):
+        assert "language model" in text and "text file" in text and "UTF-8 bytes" in text, text
+
+
+def test_the_summary_marks_a_row_past_the_drift_bound_in_its_table_and_its_chart(tmp_path, monkeypatch):
+    """A row past the file's drift bound (the AMX recipe at 8.2e3, int4 at 0.44) is shown for reference:
+    its table row and drift say so, and its bar is grey and hatched, labelled as not counting, never a
+    plain bar beside the winner's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_summary", ROOT / "docs" / "benchmarks" / "summary.py")
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def row(name: str, speed: float, drift: float) -> dict:
+        ratio = speed / 33.0
+        return {"sequences": 1, "row": name, "tokens_per_s": speed, "vs_eager_fp32": ratio, "drift_relative_l2": drift}
+
+    rows = [row("autotune eager fp32", 33.0, 0.0), row("autotune search winner", 132.5, 0.036)]
+    rows += [row("autotune inductor da8w8 recipe", 249.9, 8.2e3), row("openvino-genai int4_sym", 172.9, 0.44)]
+    results = tmp_path / "engines-2026-12-01.json"
+    machine = {"cpu": "a Xeon", "physical_cores": 2, "isa": {"amx_tile": True}}
+    data = {"benchmark": "engines", "machine": machine, "commit": "abc", "command": "x", "rows": rows}
+    results.write_text(json.dumps({**data, "max_drift_relative_l2": 0.05}))
+    figures = []
+    monkeypatch.setattr(summary, "_inline", lambda figure, title: figures.append(figure) or "<chart>")
+    page = summary.results_section(results)
+
+    table = {line.split(" | ")[1]: line for line in page.splitlines() if line.startswith("| 1 | ")}
+    for name in ("autotune inductor da8w8 recipe", "openvino-genai int4_sym"):
+        (line,) = [text for key, text in table.items() if key.startswith(name)]
+        assert "past the drift bound: does not count" in line and "(past 0.05)" in line, line
+    for name in ("autotune eager fp32", "autotune search winner"):
+        assert "past" not in table[name], table[name]
+    assert "shown for reference only" in page
+    (figure,) = figures
+    axes = figure.axes[0]
+    labels = [tick.get_text() for tick in axes.get_yticklabels()]
+    bars = dict(zip(labels, axes.patches))
+    past = [label for label in labels if label.endswith("(past the bound)")]
+    assert past == [
+        "1 seq. · autotune inductor da8w8 recipe (past the bound)",
+        "1 seq. · openvino-genai int4_sym (past the bound)",
+    ]
+    winner = bars["1 seq. · autotune search winner"]
+    for label in past:
+        assert bars[label].get_hatch() and bars[label].get_facecolor() != winner.get_facecolor(), label
+    assert not winner.get_hatch()
+    notes = [text.get_text() for text in axes.texts]
+    assert sum("does not count" in note for note in notes) == 2 and "does not count" in axes.get_title()
+    summary._pyplot().close(figure)
+
+    results.write_text(json.dumps({**data, "max_drift_relative_l2": 1e4}))  # a bound they are within
+    figures.clear()
+    page = summary.results_section(results)
+    assert "does not count" not in page and not any(bar.get_hatch() for bar in figures[0].axes[0].patches)
+    results.write_text(json.dumps(data))  # no bound in the file: the 0.05 of the runs before files held one
+    assert "(past 0.05)" in summary.results_section(results)
+    for figure in figures:
+        summary._pyplot().close(figure)

@@ -23,6 +23,8 @@ METRIC_HELP = {
     "accuracy": "drop of top-1 accuracy against the data's labels, FP32 minus candidate",
     "perplexity": "relative increase of perplexity on the evaluation text, then FP32's generated text (LMs), e.g. 2%",
 }
+# The metrics a bound may be a percentage of FP32's value for (the others are already shares).
+RELATIVE_METRICS = ("accuracy", "perplexity")
 
 
 def _flat(values: np.ndarray, rows: int) -> np.ndarray:
@@ -165,8 +167,10 @@ class DriftCriterion(Record):
             raise ValueError(f"drift metric {self.metric!r} is not known; choose from {', '.join(METRICS)}")
         if not self.max_drop > 0:
             raise ValueError(f"the largest drift must be positive, got {self.max_drop}")
-        if self.relative and self.metric not in ("accuracy", "perplexity"):
-            raise ValueError(f"a % bound applies to accuracy and perplexity only; {self.metric} is already a share")
+        if self.relative and self.metric not in RELATIVE_METRICS:
+            raise ValueError(
+                f"a % bound applies to {' and '.join(RELATIVE_METRICS)} only; {self.metric} is already a share"
+            )
 
     @classmethod
     def parse(cls, metric: str, text: str) -> DriftCriterion:

@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
-from autotune.measure.drift import METRIC_HELP, METRICS
+from autotune.measure.drift import METRIC_HELP, METRICS, RELATIVE_METRICS
 from autotune.model.generation import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
 
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent.parent / "search_spaces" / "default.yaml"
@@ -191,31 +191,40 @@ class SearchOptions:
     )
     max_drift: str | float = option(
         "0.05",
-        help="largest drop from FP32 on --drift-metric: a number (absolute) or a percentage of FP32's value, "
-        "e.g. 1% (accuracy)",
+        help="largest drop from FP32 on --drift-metric: a number (absolute) or, for "
+        f"{' and '.join(RELATIVE_METRICS)}, a percentage of FP32's value, e.g. 1%",
         doc="the largest drop: a number is absolute (`0.05`, default; `--max-drift 0.01` with accuracy is one "
-        "point), a percentage is relative to FP32's value (`--drift-metric accuracy --max-drift 1%`: keep 99% of "
-        "FP32's accuracy)",
+        f"point); for {' and '.join(f'`{m}`' for m in RELATIVE_METRICS)} it may be a percentage, relative to FP32's "
+        "value (`--drift-metric accuracy --max-drift 1%`: keep 99% of FP32's accuracy; `--drift-metric perplexity "
+        "--max-drift 2%`: a perplexity at most 2% above FP32's)",
     )
+    # Both texts list every metric of the code's own list, so neither can leave one out.
     drift_metric: str = option(
         "relative_l2",
         choices=METRICS,
-        help="what --max-drift bounds: " + "; ".join(f"{k}: {v}" for k, v in METRIC_HELP.items()),
-        doc="what `--max-drift` bounds, as a drop from FP32 eager: `relative_l2` (‖y − y_fp32‖ / ‖y_fp32‖, any "
-        "output; default), `cosine` (1 − mean cosine similarity, embeddings), `top1` (share of samples whose top-1 "
-        "class changed), `accuracy` (top-1 accuracy against the labels, FP32 minus candidate; needs labels)",
+        help="what --max-drift bounds: " + "; ".join(f"{m}: {METRIC_HELP[m]}" for m in METRICS),
+        doc="what `--max-drift` bounds, as a drop from FP32 eager: "
+        + "; ".join(f"`{m}`: {METRIC_HELP[m]}" for m in METRICS),
     )
     data: PathArg | None = option(
         None,
         metavar="PATH",
         help="drift (and calibration) data: an image folder (one subfolder per class gives labels) or a "
-        "tensor file ({'inputs', 'labels'} or a tensor); default: synthetic inputs",
+        "tensor file ({'inputs', 'labels'} or a tensor); for a language model, a text file (its UTF-8 bytes "
+        "are the token ids) or a tensor file of token ids: the prompts and the text drift and perplexity are "
+        "measured on; default: synthetic inputs",
         doc="what drift is measured on, and int8 calibrated on: an image folder (ImageFolder layout: one subfolder "
         "per class gives labels; a flat folder has none), preprocessed as the model expects (a torchvision model's "
         "own weights transforms, else resize + ImageNet normalisation to `--input-shape`), or a tensor file saved "
         'with `torch.save`: a tensor of inputs, or `{"inputs": …, "labels": …}` where inputs is a tensor, or a '
-        "tuple or dict of tensors for a model with several inputs. Without it, seeded synthetic inputs, with a "
-        "warning: drift then says little about accuracy",
+        "tuple or dict of tensors for a model with several inputs. For a language model (text generation), a "
+        "text file, any file but `.pt`/`.pth`, read as its UTF-8 bytes, each byte one token id (folded into the "
+        "vocabulary: a fixed, tokenizer-free mapping, the same for every candidate, so perplexity is that of "
+        "bytes), or a `.pt`/`.pth` file of token ids (`torch.save` of a 1-D or 2-D integer tensor, each id within "
+        "the vocabulary): seeded windows of it are the timed prompts, the text drift and perplexity are measured "
+        "on, and SmoothQuant's calibration text (a file shorter than a prompt is repeated). Without it, seeded "
+        "synthetic inputs (random token ids for a language model), with a warning: drift then says little about "
+        "accuracy",
     )
     calibration_data: PathArg | None = option(
         None, metavar="PATH", help="calibrate int8 on this image folder or tensor file instead of a split of --data"

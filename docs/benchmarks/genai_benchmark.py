@@ -17,11 +17,8 @@ import json
 import sys
 
 
-def main() -> int:
-    import numpy as np
-    import openvino as ov
-    import openvino_genai
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_results_commands.py parses the commands results files quote with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
     parser.add_argument("--prompt", type=int, default=512)
@@ -31,7 +28,15 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    args = build_parser().parse_args()
 
     scheduler = openvino_genai.SchedulerConfig()
     scheduler.enable_prefix_caching = False

@@ -155,20 +155,8 @@ def targets(rows: list[dict], max_drift: float) -> list[dict]:
     return out
 
 
-def main() -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from autotune.backends.llamacpp.generate import AMX_BUILD, LlamaCppGenerator
-    from autotune.common.errors import TrialFailed
-    from autotune.machine.probe import probe_machine
-    from autotune.machine.runtimes import discover_runtimes
-    from autotune.measure.stopwatch import MeasureSettings
-    from autotune.model.generation import GenerationWorkload
-    from autotune.model.sources import resolve_model
-    from autotune.records.config import TrialConfig
-    from autotune.runner.trials import TrialContext, compute_reference, run_config
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_results_commands.py parses the commands results files quote with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
@@ -196,6 +184,24 @@ def main() -> int:
         default=[],
         help="best.json of a search on this decoder (repeatable): its winner is a row at its total sequences",
     )
+    return parser
+
+
+def main() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.backends.llamacpp.generate import AMX_BUILD, LlamaCppGenerator
+    from autotune.common.errors import TrialFailed
+    from autotune.machine.probe import probe_machine
+    from autotune.machine.runtimes import discover_runtimes
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.generation import GenerationWorkload
+    from autotune.model.sources import resolve_model
+    from autotune.records.config import TrialConfig
+    from autotune.runner.trials import TrialContext, compute_reference, run_config
+
+    parser = build_parser()
     args = parser.parse_args()
     os.environ["BENCH_LAYERS"] = str(args.layers)
     tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"

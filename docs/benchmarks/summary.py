@@ -6,7 +6,10 @@ and a search's best-so-far against time.
 
 A row holds `row`, its median (`value` in the file's `unit`; text-generation files: `tokens_per_s`), its
 `runs`, its ratio to the baseline (`vs_baseline`; text generation: `vs_eager_fp32`), other ratios
-(`vs_<row>`), `drift_relative_l2`, and for text generation the `sequences` it ran.
+(`vs_<row>`), `drift_relative_l2`, and for text generation the `sequences` it ran. A row whose drift is past
+the file's bound (`max_drift_relative_l2`, else the 0.05 every run used before files held it) is shown
+for reference only, marked so in its table and drawn grey and hatched, labelled, in its chart: a search
+prunes such a configuration before timing it, so it never competes with the winner.
 
 docs/hooks.py puts it into docs/manual/benchmarks/index.md when the site is built;
 `python docs/benchmarks/summary.py` prints the Markdown.
@@ -17,11 +20,15 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+# The drift bound (relative L2) of a results file written before files held theirs: autotune's default then.
+DEFAULT_BOUND = 0.05
+PAST_BOUND = "past the drift bound: does not count"
 
 
 def isa_summary(isa: dict[str, bool]) -> str:
@@ -48,6 +55,18 @@ def label_of(row: dict[str, Any]) -> str:
     return f"{row['sequences']} seq. · {row['row']}" if "sequences" in row else row["row"]
 
 
+def bound_of(data: dict[str, Any]) -> float:
+    """The drift bound (relative L2) a results file's rows are held to."""
+    return float(data.get("max_drift_relative_l2", DEFAULT_BOUND))
+
+
+def past_bound(row: dict[str, Any], bound: float) -> bool:
+    """True when the row's drift is past the bound (or not finite): shown for reference, never counted.
+    A row without a drift (a tool's own timing of a file another row measured) is not judged here."""
+    drift = row.get("drift_relative_l2")
+    return drift is not None and not (math.isfinite(drift) and drift <= bound)
+
+
 def _pyplot() -> Any:
     import matplotlib
 
@@ -67,23 +86,40 @@ def _inline(figure: Any, title: str) -> str:
     return f'<img alt="{title}" src="data:image/svg+xml;base64,{encoded}">'
 
 
-def chart(rows: list[dict[str, Any]], title: str, baseline: str = "eager fp32") -> str:
-    """Each row's speed against the baseline as horizontal bars (the search's winner in red)."""
+def chart(rows: list[dict[str, Any]], title: str, baseline: str = "eager fp32", bound: float = DEFAULT_BOUND) -> str:
+    """Each row's speed against the baseline as horizontal bars (the search's winner in red); a row past
+    the drift bound grey and hatched, its label saying it does not count, so a garbage configuration's
+    long bar cannot read as a competitor."""
     plt = _pyplot()
     shown = [r for r in rows if ratio_of(r)]
     figure, axes = plt.subplots(figsize=(7.5, 0.28 * len(shown) + 1.0))
     values = [ratio_of(r) for r in shown]
-    colours = ["#c0392b" if r["row"].startswith("autotune search winner") else "#2c7fb8" for r in shown]
-    axes.barh(range(len(shown)), values, color=colours)
+    past = [past_bound(r, bound) for r in shown]
+    colours = [
+        "#d9d9d9" if out else "#c0392b" if r["row"].startswith("autotune search winner") else "#2c7fb8"
+        for r, out in zip(shown, past)
+    ]
+    bars = axes.barh(range(len(shown)), values, color=colours)
+    for bar, out in zip(bars, past):
+        if out:
+            bar.set_hatch("///")
+            bar.set_edgecolor("#888")
     short = [label_of(r).split(": ")[0] for r in shown]  # the row's name; its settings are in the table
-    axes.set_yticks(range(len(shown)), [text if len(text) <= 64 else text[:63] + "…" for text in short], fontsize=8)
-    axes.set_xlim(0, max(values) * 1.15)
+    labels = [text if len(text) <= 64 else text[:63] + "…" for text in short]
+    axes.set_yticks(range(len(shown)), [f"{text} (past the bound)" if out else text for text, out in zip(labels, past)])
+    for tick, out in zip(axes.get_yticklabels(), past):
+        tick.set_fontsize(8)
+        tick.set_color("#888" if out else "black")
+    # room for each bar's label beside it, a longer one beside a grey bar
+    axes.set_xlim(0, max(value * (1.6 if out else 1.15) for value, out in zip(values, past)))
     axes.invert_yaxis()
     axes.axvline(1.0, color="#555", linewidth=0.8)
     axes.set_xlabel(f"x {baseline}" + (" (same sequences)" if any("sequences" in r for r in shown) else ""), fontsize=8)
-    axes.set_title(title, fontsize=9)
-    for index, value in enumerate(values):
-        axes.text(value, index, f" {value:.2f}x", va="center", fontsize=7)
+    key = f"\ngrey, hatched: drift past {bound:g}, does not count"
+    axes.set_title(title + (key if any(past) else ""), fontsize=9)
+    for index, (value, out) in enumerate(zip(values, past)):
+        text = f" {value:.2f}x" + (": does not count" if out else "")
+        axes.text(value, index, text, va="center", fontsize=7, color="#888" if out else "black")
     return _inline(figure, title)
 
 
@@ -141,6 +177,7 @@ def results_section(path: Path) -> str:
     ]
     rows = data["rows"]
     unit, baseline = data.get("unit", "tokens/s"), data.get("ratio_to", "eager fp32")
+    bound = bound_of(data)
     grouped = any("sequences" in row for row in rows)
     others = sorted({key for row in rows for key in row if key.startswith("vs_")} - {"vs_baseline", "vs_eager_fp32"})
     header = ["sequences"] * grouped + ["row", unit, "runs", f"vs {baseline}"]
@@ -148,20 +185,27 @@ def results_section(path: Path) -> str:
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|"]
     for row in rows:
         drift = row.get("drift_relative_l2")
+        out = past_bound(row, bound)
         cells = ([str(row.get("sequences", ""))] if grouped else []) + [
-            row["row"],
+            row["row"] + (f" (*{PAST_BOUND}*)" if out else ""),
             _number(value_of(row)),
             str(len(row.get("runs", []))),
         ]
         cells += [_ratio(ratio_of(row))] + [_ratio(row.get(key)) for key in others]
-        cells.append("" if drift is None else format(drift, ".2g"))
+        cells.append("" if drift is None else format(drift, ".2g") + (f" (past {bound:g})" if out else ""))
         lines.append("| " + " | ".join(cells) + " |")
+    if any(past_bound(row, bound) for row in rows):
+        lines += [
+            "",
+            f"A row past the drift bound (relative L2 above {bound:g}) is shown for reference only: a search "
+            "prunes such a configuration before timing it, so it never competes with the winner.",
+        ]
     targets = data.get("targets") or []
     if targets:
         lines += ["", "Targets:", ""]
         lines += [f"- {target['text']}" for target in targets]
     if any(ratio_of(row) for row in rows):
-        lines += ["", chart(rows, f"{machine['cpu']}, {machine['physical_cores']} cores", baseline), ""]
+        lines += ["", chart(rows, f"{machine['cpu']}, {machine['physical_cores']} cores", baseline, bound), ""]
     if data.get("best_so_far", {}).get("points"):
         title = f"{data['best_so_far']['study']}: best so far · {machine['cpu']}"
         lines += [best_so_far_chart(data["best_so_far"], rows, unit, title), ""]

@@ -54,7 +54,8 @@ def int8_ir_drift(study: optuna.study.Study) -> float | None:
     return statistics.median(drifts) if drifts else None
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_results_commands.py parses the commands results files quote with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--studies-dir", default="studies")
@@ -63,6 +64,11 @@ def main() -> int:
     parser.add_argument("--vs-benchmark-app", default="20s", help="benchmark_app's window on the one command")
     parser.add_argument("--started", help="ISO time the search was launched (default: its first trial's start)")
     parser.add_argument("--out", help="results file (default docs/results/<study>-<today>.json)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     from search_budget import best_so_far, launch_time
