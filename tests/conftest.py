@@ -47,15 +47,16 @@ def run_autotune(
     *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([*AUTOTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 LM = TESTS / "tiny_lm.py"
 # A language model's quick workload: short prompts, few tokens, a small drift set, no finalist round.
 GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
 QUICK_GENERATION = ["--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
+
+
+AUTOTUNE = [sys.executable, "-m", "autotune.cli"]  # the command line, as a test starts it itself (Popen)
 
 
 class Autotune:
@@ -86,6 +87,12 @@ class Searcher(Autotune):
     an end-to-end (slow) test."""
 
     def search(
+        self, *extra: str, timeout: float = 600, env: dict[str, str] | None = None, **settings
+    ) -> subprocess.CompletedProcess:
+        """A tiny classification search (`search_args`), run to its end."""
+        return self(*self.search_args(*extra, **settings), timeout=timeout, env=env)
+
+    def search_args(
         self,
         *extra: str,
         model: str | None = None,
@@ -95,11 +102,9 @@ class Searcher(Autotune):
         trials: int | None = None,
         budget: str = "3m",
         quick: bool = True,
-        timeout: float = 600,
-        env: dict[str, str] | None = None,
-    ) -> subprocess.CompletedProcess:
-        """A tiny classification search: the tiny CNN on 3x16x16 in the default small space, short windows
-        (`study=None`: the study takes the model's name)."""
+    ) -> list[str]:
+        """`autotune search`'s words for a tiny classification search: the tiny CNN on 3x16x16 in the default
+        small space, short windows (`study=None`: the study takes the model's name)."""
         args = ["search", "--model", model or tiny(), "--budget", budget, "--space", str(space or self.space())]
         if study is not None:
             args += ["--study", study]
@@ -107,7 +112,7 @@ class Searcher(Autotune):
             args += ["--input-shape", input_shape]
         if trials is not None:
             args += ["--trials", str(trials)]
-        return self(*args, *(FAST if quick else []), *extra, timeout=timeout, env=env)
+        return [*args, *(FAST if quick else []), *extra]
 
     def generate(
         self,
@@ -185,6 +190,44 @@ def generation_space(path: Path, backends: dict, sequences=(2,), allocators=("gl
     }
     path.write_text(yaml.safe_dump(space))
     return path
+
+
+def measurement(ci_rel: float | None = 0.01, **fields):
+    """A stored measurement (records/metrics.Measurement) of 20 calls of batch 2 in a second, its throughput
+    known to `ci_rel`; `fields` change any other."""
+    from autotune.records.metrics import Measurement
+
+    defaults = dict(common_window_s=1.0, calls=20, samples=40, ci_confidence=0.95, ci_target_rel=0.02)
+    record = {**defaults, "samples_per_call": 2, **fields}
+    return Measurement(throughput_ci_rel=ci_rel, ci_target_met=ci_rel is not None and ci_rel <= 0.02, **record)
+
+
+def trial_metrics(throughput_sps: float):
+    """A completed trial's metrics, as the search records them: calls of 10 ms, a clean measurement."""
+    import numpy as np
+
+    from autotune.measure.stopwatch import latency_summary
+    from autotune.records.metrics import TrialMetrics
+
+    latency = latency_summary(np.full(20, 0.01))
+    return TrialMetrics(throughput_sps=throughput_sps, latency_ms=latency, measurement=measurement())
+
+
+def closest_candidate() -> dict:
+    """The best.json a study exports when no configuration met the drift bound (never timed), written by hand."""
+    from autotune.records.config import TrialConfig
+
+    return {
+        "schema": "autotune.best/2",
+        "meets_drift": False,
+        "study": {"name": "s", "trial": 0},
+        "objective": {"name": "throughput"},
+        "selection": "NO configuration met the drift bound",
+        "model": {},
+        "config": TrialConfig("eager", "bf16", 1).to_json(),
+        "drift": {},
+        "job": None,
+    }
 
 
 def load_study(workdir: Path, name: str) -> optuna.study.Study:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import FAST, TESTS, assert_trials_ran, load_study, run_autotune, tiny, write_space
+from conftest import TESTS, assert_trials_ran, tiny
 
 
 def install(site: Path, distribution: str, entry_points: dict[str, str]) -> None:
@@ -42,39 +42,21 @@ BROKEN = "broken_backend does not load (ImportError: this plugin needs a library
 CLASH = "clashing_backend:EAGER is refused: a classify backend named 'eager' is registered already"
 
 
-def test_a_plugin_backend_runs_a_study_beside_eager(workdir, tmp_path):
+def test_a_plugin_backend_runs_a_study_beside_eager(searcher, tmp_path):
     env = plugin_env(tmp_path)
     backends = {"eager": {"precision": ["fp32"]}, "toy": {"grad_mode": ["inference_mode", "no_grad"]}}
-    space = write_space(workdir / "space.yaml", backends=backends)
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--study",
-        "s",
-        "--space",
-        str(space),
-        "--budget",
-        "3m",
-        "--trials",
-        "3",
-        *FAST,
-        cwd=workdir,
-        env=env,
-    )
+    result = searcher.search(space=searcher.space(backends=backends), trials=3, env=env)
     assert_trials_ran(result)
     assert f"note: backend plugin broken left out: {BROKEN}" in result.stdout, result.stdout
     assert f"note: backend plugin clash left out: {CLASH}" in result.stdout, result.stdout
-    study = load_study(workdir, "s")
+    study = searcher.study()
     assert study.trials[0].user_attrs["baseline"] is True and study.trials[0].params["backend"] == "eager"
     toy = [t for t in study.trials if t.params.get("backend") == "toy"]
     assert toy and toy[0].state.name == "COMPLETE", [(t.params, t.user_attrs.get("fail_cause")) for t in study.trials]
     assert toy[0].user_attrs["drift"] is not None and toy[0].params["toy.grad_mode"] == "inference_mode"
     assert all(pid != os.getpid() for pid in toy[0].user_attrs["pids"])  # the trial's own process found it too
 
-    probe = run_autotune("probe", cwd=workdir, env=env, timeout=600)
+    probe = searcher("probe", env=env, timeout=600)
     assert probe.returncode == 0, probe.stderr
     lines = probe.stdout.splitlines()
     assert (
@@ -85,18 +67,10 @@ def test_a_plugin_backend_runs_a_study_beside_eager(workdir, tmp_path):
     assert "toy" in main_backends.split(), main_backends
 
 
-def test_an_unknown_backend_error_says_which_plugins_did_not_load(workdir, tmp_path):
-    space = write_space(workdir / "space.yaml", backends={"broken": {}})
-    result = run_autotune(
-        "search",
-        "--model",
-        tiny(),
-        "--input-shape",
-        "3x16x16",
-        "--space",
-        str(space),
-        cwd=workdir,
-        env=plugin_env(tmp_path),
+def test_an_unknown_backend_error_says_which_plugins_did_not_load(cli, tmp_path):
+    space = cli.space(backends={"broken": {}})
+    result = cli(
+        "search", "--model", tiny(), "--input-shape", "3x16x16", "--space", str(space), env=plugin_env(tmp_path)
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

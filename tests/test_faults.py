@@ -13,10 +13,8 @@ import sys
 import time
 
 import pytest
-from conftest import FAST, load_study, states, tiny, write_space
+from conftest import AUTOTUNE, load_study, states, tiny, write_space
 from test_trials_subprocess import leftover_processes
-
-ARGS = ["--input-shape", "3x16x16", "--study", "s"]
 
 
 def search(searcher, model: str, *extra: str, space=None, timeout: float = 300):
@@ -57,20 +55,7 @@ def test_one_instance_dying_takes_its_siblings_down_and_is_recorded(searcher, wo
 
 def test_a_killed_orchestrator_leaves_nothing_running_and_its_trial_is_failed_on_resume(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
-    args = [
-        sys.executable,
-        "-m",
-        "autotune.cli",
-        "search",
-        "--model",
-        tiny("hanging"),
-        *ARGS,
-        "--space",
-        str(space),
-        "--budget",
-        "5m",
-        *FAST,
-    ]
+    args = [*AUTOTUNE, *searcher.search_args(model=tiny("hanging"), space=space, budget="5m")]
     proc = subprocess.Popen(args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     trial_dir = workdir / "studies" / "s" / "trials" / "00000"
     deadline = time.monotonic() + 60

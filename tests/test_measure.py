@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import measurement
 
 from autotune.measure.noise import NoiseLimits, noise_flags
 from autotune.measure.stopwatch import (
@@ -338,22 +339,13 @@ def test_the_progress_line_shows_the_rate_of_a_trial_too_short_for_a_median():
     import optuna
 
     from autotune.measure.drift import Drift
-    from autotune.records.metrics import Measurement, TrialMetrics
+    from autotune.records.metrics import TrialMetrics
     from autotune.results.progress import _metric_text
 
-    measurement = Measurement(
-        common_window_s=21.1,
-        calls=1,
-        samples=1086,
-        throughput_ci_rel=None,
-        ci_confidence=0.95,
-        ci_target_rel=0.02,
-        ci_target_met=False,
-        samples_per_call=512,
-    )
+    window = measurement(None, common_window_s=21.1, calls=1, samples=1086, samples_per_call=512)
     drift = Drift(relative_l2=0.0341, cosine_similarity=1.0, top1_agreement=1.0, samples=8)
     metrics = TrialMetrics(
-        throughput_sps=51.4, latency_ms=latency_summary(np.array([18.9])), measurement=measurement, drift=drift
+        throughput_sps=51.4, latency_ms=latency_summary(np.array([18.9])), measurement=window, drift=drift
     )
     assert metrics.latency_ms.p50 is None
     trial = optuna.trial.create_trial(value=51.4, user_attrs=metrics.to_json())

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 import pytest
 from conftest import (
-    FAST,
+    AUTOTUNE,
     NOISY_REFUSAL,
     assert_trials_ran,
     load_study,
@@ -358,27 +358,8 @@ def test_budget_is_wall_clock(searcher, workdir):
 
 def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(searcher, workdir):
     space = write_space(workdir / "space.yaml", batch_size=[4])
-    args = [
-        sys.executable,
-        "-m",
-        "autotune.cli",
-        "search",
-        "--model",
-        tiny("hanging"),
-        "--input-shape",
-        "3x16x16",
-        "--study",
-        "s",
-        "--space",
-        str(space),
-        "--budget",
-        "5m",
-        "--trial-timeout",
-        "2m",
-        *FAST,
-    ]
     proc = subprocess.Popen(
-        args,
+        [*AUTOTUNE, *searcher.search_args("--trial-timeout", "2m", model=tiny("hanging"), space=space, budget="5m")],
         cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,13 +5,12 @@ Real Optuna studies (in memory) with trials recorded as a search records them.
 
 from pathlib import Path
 
-import numpy as np
 import optuna
 import pytest
+from conftest import measurement, trial_metrics
 
 from autotune.measure.drift import Drift, DriftCriterion
-from autotune.measure.stopwatch import latency_summary
-from autotune.records.metrics import Measurement, Screening, TrialMetrics
+from autotune.records.metrics import Screening, TrialMetrics
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import complexity, select_winner, summarize_runs
 from autotune.tuning.pruners import DriftPruner, SpeedPruner
@@ -26,33 +25,12 @@ WITHIN_BOUND = Drift(relative_l2=0.001, cosine_similarity=1.0, top1_agreement=1.
 
 def full_metrics(throughput_sps: float) -> dict:
     """A completed trial's stored metrics, as the search records them."""
-    measurement = Measurement(
-        common_window_s=1.0,
-        calls=20,
-        samples=40,
-        throughput_ci_rel=0.01,
-        ci_confidence=0.95,
-        ci_target_rel=0.02,
-        ci_target_met=True,
-        samples_per_call=2,
-    )
-    latency = latency_summary(np.full(20, 0.01))
-    return TrialMetrics(throughput_sps=throughput_sps, latency_ms=latency, measurement=measurement).to_json()
+    return trial_metrics(throughput_sps).to_json()
 
 
 def measured(ci_rel: float) -> dict:
     """A stored measurement whose throughput is known to `ci_rel`."""
-    measurement = Measurement(
-        common_window_s=1.0,
-        calls=20,
-        samples=40,
-        throughput_ci_rel=ci_rel,
-        ci_confidence=0.95,
-        ci_target_rel=0.02,
-        ci_target_met=ci_rel <= 0.02,
-        samples_per_call=2,
-    )
-    return measurement.to_json()
+    return measurement(ci_rel).to_json()
 
 
 def completed(value: float, ci_rel: float = 0.01, valid: bool = True, **attrs) -> optuna.trial.FrozenTrial:

@@ -247,7 +247,8 @@ def test_a_trial_is_not_timed_while_processes_it_started_are_busy(reference, tmp
     assert metrics.valid, metrics.noise_flags
     warmup = metrics.measurement.warmup
     assert warmup.s >= BUSY_CHILD_S * 0.8, warmup  # it waited for the busy process (QUICK warms up 0.1 s)
-    assert warmup.children_cpu_s is not None and warmup.children_cpu_s > BUSY_CHILD_S * 0.5, warmup
+    # what the busy process used meanwhile (less than its wall time where other load shares its CPU)
+    assert warmup.children_cpu_s is not None and warmup.children_cpu_s > BUSY_CHILD_S * 0.2, warmup
     noise = metrics.instances[0].noise
     assert noise is not None and (noise.foreign_cpu or 0.0) < 0.15 and (noise.own_children_cpu or 0.0) < 0.15
 

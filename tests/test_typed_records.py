@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS
+from conftest import TESTS, closest_candidate, trial_metrics
 
 from autotune.common.durations import parse_duration
 from autotune.common.errors import UserError
@@ -116,18 +116,7 @@ def test_best_json_fields_a_newer_autotune_added_inside_a_nested_record_are_kept
 
 
 def test_a_closest_candidate_written_by_hand_without_a_model_still_reads():
-    closest = {
-        "schema": "autotune.best/2",
-        "meets_drift": False,
-        "study": {"name": "s", "trial": 0},
-        "objective": {"name": "throughput"},
-        "selection": "NO configuration met the drift bound",
-        "model": {},
-        "config": TrialConfig("eager", "bf16", 1).to_json(),
-        "drift": {},
-        "job": None,
-    }
-    best = BestJson.from_json(closest)
+    best = BestJson.from_json(closest_candidate())
     assert best.model is None and best.job is None and not best.timed
 
 
@@ -241,28 +230,12 @@ def test_a_finalist_round_is_stored_as_records_and_best_json_shows_it_as_before(
     import time
     from types import SimpleNamespace
 
-    import numpy as np
     import optuna
 
-    from autotune.measure.stopwatch import latency_summary
-    from autotune.records.metrics import Measurement, TrialMetrics
     from autotune.results.best_json import build_best
     from autotune.tuning import finalists
 
-    def metrics(value: float) -> TrialMetrics:
-        measurement = Measurement(
-            common_window_s=1.0,
-            calls=20,
-            samples=40,
-            throughput_ci_rel=0.01,
-            ci_confidence=0.95,
-            ci_target_rel=0.02,
-            ci_target_met=True,
-            samples_per_call=2,
-        )
-        return TrialMetrics(
-            throughput_sps=value, latency_ms=latency_summary(np.full(20, 0.01)), measurement=measurement
-        )
+    metrics = trial_metrics
 
     configs = [TrialConfig("eager", "fp32", 2), TrialConfig("eager", "fp32", 4), TrialConfig("inductor", "fp32", 4)]
     speeds = [100.0, 150.0, 120.0]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import FAST, rerun_while_noisy, run_autotune, tiny
+from conftest import FAST, closest_candidate, rerun_while_noisy, run_autotune, tiny
 
 
 @pytest.fixture(scope="module")
@@ -134,20 +134,8 @@ def test_the_independent_stopwatch_times_every_instance_in_a_plain_process(tuned
 
 
 def test_verify_and_compare_refuse_what_they_cannot_remeasure(cli, workdir):
-    from autotune.records.config import TrialConfig
-
-    closest = {  # what a study where no configuration met the drift bound exports: never timed
-        "schema": "autotune.best/2",
-        "meets_drift": False,
-        "study": {"name": "s", "trial": 0},
-        "objective": {"name": "throughput"},
-        "selection": "NO configuration met the drift bound",
-        "model": {},
-        "config": TrialConfig("eager", "bf16", 1).to_json(),
-        "drift": {},
-        "job": None,
-    }
-    (workdir / "nothing.json").write_text(json.dumps(closest))
+    # what a study where no configuration met the drift bound exports: never timed
+    (workdir / "nothing.json").write_text(json.dumps(closest_candidate()))
     result = cli("verify", str(workdir / "nothing.json"))
     assert result.returncode == 2 and "no timed winner" in result.stderr and "Traceback" not in result.stderr
     (workdir / "other.json").write_text(json.dumps({"meets_drift": False, "config": {}}))

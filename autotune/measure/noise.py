@@ -13,7 +13,7 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.common.errors import UserError
 from autotune.common.json_record import Record
@@ -180,6 +180,8 @@ class WindowSignals(Record):
     foreign_cpu: float | None = None
     # the share the processes it started used (measurements before this signal counted them as foreign)
     own_children_cpu: float | None = None
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("own_children_cpu",)  # stored windows before it read back as they were
     steal: float | None = None
     involuntary_cs_per_s: float | None = None
     voluntary_cs_per_s: float | None = None

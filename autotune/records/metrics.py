@@ -128,6 +128,7 @@ class InstanceResult(Record):
         "executed_precision": ExecutedPrecision,
         "server": ServerMetrics,
     }
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("warmup_children_cpu_s",)
 
     format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
     pid: int
@@ -256,6 +257,8 @@ class Warmup(Record):
     iters: int = 0
     s: float = 0.0
     children_cpu_s: float | None = None
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("children_cpu_s",)
 
 
 @dataclass(frozen=True)
