@@ -23,14 +23,14 @@ def eager_space(path: Path, precisions: list[str], sequences: tuple[int, ...] = 
 
 
 def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(searcher, workdir, trained):
-    """fp32/bf16/woq_int8/da8w8/woq_int4 on a model that learned real text: the int8 and int4 ones keep
+    """fp32/woq_int8/da8w8/woq_int4 on a model that learned real text: the int8 and int4 ones keep
     perplexity within 2%, int4 weights take less memory than int8, and every trial's TTFT +
     (new_tokens - 1) x mean TPOT matches the stopwatch's call time. The winner then goes through what a
     user does with it: autotune.load(), the report, the launch script and verify --through-load."""
     assert trained["perplexity"] < 40, "the tiny model did not learn the text (byte perplexity near 256 is chance)"
-    space = eager_space(workdir / "space.yaml", ["fp32", "bf16", "woq_int8", "da8w8", "woq_int4"])
+    space = eager_space(workdir / "space.yaml", ["fp32", "woq_int8", "da8w8", "woq_int4"])  # bf16: below
     result = searcher.generate(
-        "--budget", "8m", "--measure-seconds", "0.5s-1.5s", space=space, trials=5, trained=trained
+        "--budget", "8m", "--measure-seconds", "0.5s-1.5s", space=space, trials=4, trained=trained
     )
     # A machine busy with other work flags every measurement noisy and exports no winner: the numbers
     # checked below are still measured and recorded, so only that outcome is tolerated.

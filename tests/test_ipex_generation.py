@@ -87,10 +87,10 @@ def test_a_trained_models_woq_int8_keeps_perplexity_in_the_ipex_runtime_and_its_
     script and autotune.load() in that runtime."""
     space = generation_space(
         workdir / "space.yaml",
-        {"ipex": {"precision": ["woq_int8", "bf16"], "lowp_mode": ["int8"]}},
+        {"ipex": {"precision": ["woq_int8"], "lowp_mode": ["int8"]}},  # bf16: tests/test_precision.py
         sequences=(2, 1),
     )
-    result = searcher.generate(space=space, trials=3, trained=trained)
+    result = searcher.generate(space=space, trials=2, trained=trained)
     assert_trials_ran(result)
     assert "ipex runs in runtime ipex" in result.stdout, result.stdout[-3000:]
     study = load_study(workdir, "tiny_llama")
