@@ -32,10 +32,10 @@ def digits(tmp_path_factory, end_to_end):
     return {**trained, "workdir": workdir, "searcher": end_to_end(workdir)}
 
 
-def digits_search(digits, study, *extra):
+def digits_search(digits, study, *extra, backends=INT8):
     """Int8 backends against fp32 eager on the trained classifier, accuracy bounded on its held-out digits."""
     searcher = digits["searcher"]
-    space = searcher.space(f"{study}.yaml", batch_size=[8], backends=INT8, baseline={"batch_size": 8})
+    space = searcher.space(f"{study}.yaml", batch_size=[8], backends=backends, baseline={"batch_size": 8})
     result = searcher.search(
         *("--weights", str(digits["weights"]), "--data", str(digits["data"])),
         *("--eval-samples", "300", "--calibration-samples", "200", "--drift-metric", "accuracy", "--max-drift", "2%"),
@@ -45,7 +45,7 @@ def digits_search(digits, study, *extra):
         input_shape="1x8x8",
         space=space,
         study=study,
-        trials=4,
+        trials=len(backends),
         budget="10m",
         timeout=900,
     )
@@ -76,9 +76,11 @@ def test_int8_keeps_a_trained_classifiers_accuracy(digits):
 
 def test_int8_calibrated_on_garbage_is_pruned(digits):
     garbage = garbage_calibration(digits["workdir"])
-    _, study = digits_search(digits, "garbage", "--calibration-data", str(garbage))
+    # two of the three static int8 engines: torchao's compile (about 20 s) would show nothing more here
+    exporters = {name: INT8[name] for name in ("eager", "openvino", "onnxruntime")}
+    _, study = digits_search(digits, "garbage", "--calibration-data", str(garbage), backends=exporters)
     int8 = [t for t in study.trials if t.user_attrs["config"]["precision"] == "int8"]
-    assert len(int8) == 3
+    assert len(int8) == 2
     for trial in int8:
         assert trial.state.name == "PRUNED", (trial.user_attrs["config"]["backend"], trial.user_attrs.get("drift"))
         assert trial.user_attrs["prune_reason"].startswith("drift: accuracy drop")
