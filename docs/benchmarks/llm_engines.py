@@ -291,9 +291,9 @@ def main() -> int:
                 runs[name].append(metrics.throughput_sps)
                 drift[name] = metrics.drift.relative_l2 if metrics.drift else None
                 if metrics.artifact:
-                    files[config.precision] = Path(metrics.artifact["dir"]) / "model.gguf"
+                    files[config.precision] = Path(metrics.artifact.dir) / "model.gguf"
                 if config.backend == "openvino" and metrics.artifact:
-                    measured = genai_bench(Path(metrics.artifact["dir"]), args.prompt, args.new, sequences, cores)
+                    measured = genai_bench(Path(metrics.artifact.dir), args.prompt, args.new, sequences, cores)
                     genai_runs[config.precision].append(measured)
                     console.print(
                         f"{sequences} seq. repeat {repeat + 1} openvino-genai {config.precision}: "

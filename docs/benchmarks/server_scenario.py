@@ -69,7 +69,7 @@ def openvino_row(best: dict[str, Any], bound_ms: float, window, work: Path) -> d
         sys.executable,
         "-m",
         "autotune.remeasure.openvino_server",
-        str(Path(artifact["dir"]) / "model.xml"),
+        str(Path(artifact.dir) / "model.xml"),
         shape,
         "--slo-ms",
         str(bound_ms),
