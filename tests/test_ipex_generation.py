@@ -111,9 +111,11 @@ def test_a_trained_models_woq_int8_keeps_perplexity_in_the_ipex_runtime_and_its_
         assert -0.05 * metrics.latency_ms.mean <= tail_ms <= max(0.1 * metrics.latency_ms.mean, 1.0), tail_ms
     best = json.loads((workdir / "studies" / "tiny_llama" / "best.json").read_text())
     assert (best["config"]["backend"], best["runtime"]["name"]) == ("ipex", "ipex"), best["config"]
-    # The two stopwatches on the winner agree within the noise verify allows: before, the protocol run was
-    # timed while the compile-worker pool that importing IPEX starts was still starting (its CPU counted as
-    # other processes'), and ran at 0.4x the speed measured through autotune.load().
+    # The two stopwatches on the winner agree: before, the protocol run was timed while the compile-worker
+    # pool that importing IPEX starts was still starting (its CPU counted as other processes'), and ran at
+    # 0.4x the speed measured through autotune.load() (a +150% gap). One pair of 0.5 s windows on a shared
+    # 2-core machine differs by up to about 11% (+4.5%, +9.1%, -11.2% seen), past verify's ±10% noise
+    # margin once in a while: the bound is 25%, well short of the old gap.
     verified = rerun_while_noisy(
         lambda: searcher("verify", "studies/tiny_llama/best.json", "--repeats", "1", "--through-load", timeout=600)
     )
@@ -121,5 +123,5 @@ def test_a_trained_models_woq_int8_keeps_perplexity_in_the_ipex_runtime_and_its_
     gap = re.search(r"([+-][\d.]+)% from the protocol's", verified.stdout)
     margin = re.search(r"differences within ±(\d+)% are noise", verified.stdout)
     assert gap and margin, verified.stdout
-    assert abs(float(gap.group(1))) <= float(margin.group(1)), verified.stdout
+    assert abs(float(gap.group(1))) <= max(25.0, float(margin.group(1))), verified.stdout
     assert "other processes used" not in verified.stdout, verified.stdout
