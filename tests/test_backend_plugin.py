@@ -45,7 +45,7 @@ CLASH = "clashing_backend:EAGER is refused: a classify backend named 'eager' is 
 def test_a_plugin_backend_runs_a_study_beside_eager(searcher, tmp_path):
     env = plugin_env(tmp_path)
     backends = {"eager": {"precision": ["fp32"]}, "toy": {"grad_mode": ["inference_mode", "no_grad"]}}
-    result = searcher.search(space=searcher.space(backends=backends), trials=3, env=env)
+    result = searcher.search("--no-speed-pruning", space=searcher.space(backends=backends), trials=3, env=env)
     assert_trials_ran(result)
     assert f"note: backend plugin broken left out: {BROKEN}" in result.stdout, result.stdout
     assert f"note: backend plugin clash left out: {CLASH}" in result.stdout, result.stdout
