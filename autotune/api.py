@@ -302,7 +302,13 @@ def _generation_workload(
 ) -> GenerationWorkload | None:
     """The generation workload when the model is to generate text (--task generate, or auto and the
     factory returns a causal language model); None for a forward-pass study."""
-    from autotune.model.generation import GenerationWorkload, check_workload, language_model_info, read_token_data
+    from autotune.model.generation import (
+        SEQUENCES_TOTAL,
+        GenerationWorkload,
+        check_workload,
+        language_model_info,
+        read_token_data,
+    )
     from autotune.model.sources import MODEL_FILE_SUFFIXES, build_model, resolve_model
 
     if task not in TASKS:
@@ -332,7 +338,12 @@ def _generation_workload(
             f"which has no config.vocab_size and no generate(); drop {flag('task')} generate to tune its forward pass"
         )
     workload = GenerationWorkload(
-        prompt_tokens, new_tokens, info.vocab_size, info.context, str(Path(data).resolve()) if data else None
+        prompt_tokens,
+        new_tokens,
+        info.vocab_size,
+        info.context,
+        str(Path(data).resolve()) if data else None,
+        SEQUENCES_TOTAL,
     )
     check_workload(workload, info, reference)
     if data:
@@ -341,7 +352,7 @@ def _generation_workload(
 
 
 def _with_sequences(space: dict[str, Any], sequences: Sequence[int] | None) -> dict[str, Any]:
-    """--sequences overrides the space's list of concurrent sequences per instance."""
+    """--sequences overrides the space's list of total concurrent sequences (split across instances)."""
     if sequences is None:
         return space
     values = list(sequences)

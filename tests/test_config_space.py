@@ -813,7 +813,7 @@ def test_a_coverage_family_that_takes_the_lead_after_the_first_round_gets_a_roun
     assert not sampled.get_trials(states=waiting) and Attr.LAYOUT_ROUNDS_LATER not in sampled.user_attrs
 
     generation = SearchSpace.parse(
-        {"sequences": [1], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
+        {"sequences": [2], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32", "bf16"]}}},
         fake_machine(cores=8),
         RUNTIMES,
         task="generate",
@@ -833,7 +833,7 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     once per study; not with a token latency bound, nor in a classifier's round."""
     from autotune.tuning.layouts import LayoutRound, most_sequences_variant
 
-    data = {"sequences": [1, 2, 4, 8], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
+    data = {"sequences": [2, 4, 8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
     space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
     waiting = (optuna.trial.TrialState.WAITING,)
 
@@ -847,19 +847,20 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
         trial.set_user_attr("valid", True)
         layouts(study, study.tell(trial, value))
 
-    for split_value, best_layout in ((150.0, (2, 1, 8)), (50.0, (1, 2, 8))):
+    for split_value, best_layout in ((150.0, (2, 1, 16)), (50.0, (1, 2, 16))):
         study = optuna.create_study(direction="maximize")
         layouts = LayoutRound(space, "throughput")
         study.enqueue_trial(space.coverage_params()[0], user_attrs={"coverage": True})
-        run(study, layouts, 100.0)  # the leader, 1 x 2 with one sequence
-        assert study.user_attrs[Attr.LAYOUT_ROUND] == 0 and layouts_of(study) == [(2, 1, 1)]  # its split first, alone
+        run(study, layouts, 100.0)  # the leader, 1 x 2 with two sequences
+        # its split first, alone: the same two sequences in all, one on each instance
+        assert study.user_attrs[Attr.LAYOUT_ROUND] == 0 and layouts_of(study) == [(2, 1, 2)]
         run(study, layouts, split_value)
-        assert layouts_of(study) == [best_layout]  # the better layout with 8 sequences
+        assert layouts_of(study) == [best_layout]  # the better layout with 16 sequences (8x)
         best = 1 if split_value > 100.0 else 0
         assert study.user_attrs[Attr.SEQUENCES_ROUND] == best
         order = study.get_trials(states=waiting)[0].user_attrs["order"]
         assert order.startswith(f"layout round: the best layout #{best} ") and order.endswith(
-            "8 sequences (the most the space lists)"
+            "16 sequences (the most the space lists)"
         )
         run(study, layouts, 120.0)
         assert layouts_of(study) == []  # once per study
@@ -872,17 +873,22 @@ def test_a_generation_layout_round_then_measures_its_best_layout_with_the_most_s
     assert most_sequences_variant({"sequences": 8}, [1, 8], "sequences") is None  # already the most
     assert most_sequences_variant({"sequences": 1}, [1, 16], "sequences") is None  # more than 8x: too far a jump
     assert most_sequences_variant({"sequences": 2}, [1, 4, 16, 64], "sequences") == {"sequences": 16}
+    # a total the instances split evenly: 12 is not, over 8
+    assert most_sequences_variant({"sequences": 2, "instances": 8}, [2, 8, 12], "sequences") == {
+        "sequences": 8,
+        "instances": 8,
+    }
     classify_data = {"batch_size": [1, 2, 4, 8], "instances": [1, 2], "backends": data["backends"]}
     classify = SearchSpace.parse(classify_data, fake_machine(cores=2, smt=1), RUNTIMES)
     assert not LayoutRound(classify, "throughput").more_sequences
 
 
-def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_each_instance():
+def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_the_total():
     """Text generation's throughput without a token latency bound: the coverage round runs every family
     with the most sequences the space lists (at most 8x the baseline's one), since a decode step reads every
     weight for all of them; a latency objective, a token bound or a classifier keep the baseline's batch.
-    A generation leader's splits keep its sequences on each instance (no halved batch), and no
-    most-sequences trial follows when the leader already runs the most."""
+    A generation leader's splits keep its total sequences (each instance runs its share: the same work),
+    and no most-sequences trial follows when the leader already runs the most."""
     from autotune.tuning.layouts import LayoutRound, coverage_batch
 
     data = {"sequences": [1, 2, 4, 8, 16], "instances": [1, 2], "backends": {"eager": {"precision": ["fp32"]}}}
@@ -912,7 +918,7 @@ def test_generation_coverage_runs_the_most_sequences_and_a_split_keeps_them_on_e
     assert [(p["instances"], p["threads_per_instance"], p["sequences"]) for p in fixed] == [(2, 1, 8)]
     assert study.user_attrs[Attr.LAYOUT_QUEUE] == []
     trial = study.ask()
-    space.suggest(trial)
+    assert space.suggest(trial).batch_size == 4  # 8 sequences in all: 4 on each of the two instances
     trial.set_user_attr("valid", True)
     layouts(study, study.tell(trial, 150.0))
     assert study.user_attrs[Attr.SEQUENCES_ROUND] == -1  # the leader already runs the most sequences
@@ -983,7 +989,7 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
 
     from autotune.tuning.layouts import LayoutRound
 
-    data = {"sequences": [1, 8], "instances": [1, 2, 4], "backends": {"eager": {"precision": ["fp32", "bf16"]}}}
+    data = {"sequences": [4, 32], "instances": [1, 2, 4], "backends": {"eager": {"precision": ["fp32", "bf16"]}}}
     space = SearchSpace.parse(data, fake_machine(cores=8, smt=1), RUNTIMES, task="generate")
     fp32, bf16 = space.coverage_params()
     waiting = (optuna.trial.TrialState.WAITING,)
@@ -1000,7 +1006,7 @@ def test_a_generation_rounds_splits_run_back_to_back_and_a_fleets_later_splits_a
         fixed = next_trial.system_attrs["fixed_params"]
         released.append((fixed["eager.precision"], fixed["instances"], fixed["sequences"]))
         assert "in turn" not in next_trial.user_attrs["order"]
-    assert released == [("fp32", 2, 1), ("fp32", 4, 1), ("fp32", 1, 8), ("bf16", 1, 1)]
+    assert released == [("fp32", 2, 4), ("fp32", 4, 4), ("fp32", 1, 32), ("bf16", 1, 4)]
 
     fleet = optuna.create_study(direction="maximize")
     mine = {"params": {**fp32, "instances": 2, "threads_per_instance": 4}, "order": "layout round: #0 as 2"}
@@ -1287,3 +1293,40 @@ def test_an_engine_routed_to_another_runtime_keeps_precisions_the_main_runtimes_
     # a main runtime where IPEX imports too (torch 2.8): its woq_int4 still is not torchao's
     here = SearchSpace.parse(data, fake_machine(), RUNTIMES, task="generate", unavailable=unavailable)
     assert here.backends["ipex"]["precision"] == ["woq_int4", "bf16"] and here.runtimes["ipex"] == ["main"]
+
+
+def test_generation_sequences_are_the_total_split_evenly_across_instances():
+    """`sequences` is the user's workload, every instance's sequences together: a trial of 8 as 2 instances
+    runs 4 on each; a split that is not even is never launched; an instance count that splits no total is
+    left out (said so), and a space where none does is refused in one line."""
+    from autotune.tuning.layouts import layout_variants
+
+    data = {"sequences": [1, 8], "instances": [1, 2, 3], "backends": {"eager": {"precision": ["fp32"]}}}
+    notes_space = SearchSpace.parse(data, fake_machine(cores=4, smt=1), RUNTIMES, task="generate")
+    assert notes_space.instances == [1, 2]
+    assert any("instances [3] split none of the total sequences [1, 8]" in note for note in notes_space.notes)
+    base = {
+        "backend": "eager",
+        "eager.precision": "fp32",
+        "eager.kv_cache": "dynamic",
+        "allocator": "glibc",
+        "openmp": "gnu",
+        "thp": False,
+    }
+    config = notes_space.suggest(
+        optuna.trial.FixedTrial({**base, "sequences": 8, "instances": 2, "threads_per_instance": 2})
+    )
+    assert (config.batch_size, config.instances) == (4, 2)
+    with pytest.raises(InfeasibleConfig, match="1 sequences do not split evenly over 2 instances"):
+        notes_space.suggest(
+            optuna.trial.FixedTrial({**base, "sequences": 1, "instances": 2, "threads_per_instance": 2})
+        )
+    with pytest.raises(UserError, match=r"no instance count \[2, 4\] splits any of the total sequences \[1, 3\]"):
+        SearchSpace.parse(
+            {**data, "sequences": [1, 3], "instances": [2, 4]}, fake_machine(cores=4, smt=1), RUNTIMES, task="generate"
+        )
+    leader = {**base, "sequences": 6, "instances": 1, "threads_per_instance": 4}
+    variants = layout_variants(leader, [1, 2, 4], None, 4, None, "sequences", split_total=True)
+    assert [(v["instances"], v["sequences"]) for v in variants] == [(2, 6)]  # 4 does not split 6
+    classify_data = {"batch_size": [1], "instances": [1, 2, 3], "backends": data["backends"]}
+    assert SearchSpace.parse(classify_data, fake_machine(cores=4, smt=1), RUNTIMES).instances == [1, 2, 3]

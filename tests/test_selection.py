@@ -589,3 +589,48 @@ def test_a_prior_winner_with_weight_only_int8_is_enqueued_with_the_activations_i
     prior = read_prior([storage], "later", hardware, "generate")
     assert prior.winners and prior.winners[0][0] == {**params, "inductor.activations": "fp32"}
     assert ("inductor", "woq_int8") not in prior.family_speedups
+
+
+def generation_study(*trials) -> optuna.study.Study:
+    study = study_with(*trials)
+    study.set_user_attr("spec", {"task": "generate", "objective": "throughput", "generation": {"sequences": "total"}})
+    return study
+
+
+def at(total: int, instances: int, value: float, **attrs) -> optuna.trial.FrozenTrial:
+    """A completed generation trial of `total` sequences in all, as `instances` instances."""
+    config = {**EAGER, "batch_size": total // instances, "instances": instances, "threads_per_instance": 1}
+    return completed(value, config=config, config_summary=f"{total} as {instances}", **attrs)
+
+
+def test_a_generation_trial_is_pruned_against_the_best_of_its_own_total_sequences():
+    """More sequences make more tokens/s: a trial of one sequence is another workload than one of eight, and
+    is compared with the best trial of one sequence (on the old rule, the best of all: pruned by 5x)."""
+    from autotune.results.selection import best_by_total, clean_trials
+
+    study = generation_study(at(8, 1, 500.0), at(1, 1, 100.0), at(8, 2, 450.0))
+    config = {**EAGER, "batch_size": 1, "instances": 1, "threads_per_instance": 1}
+    assert not screened(study, 95.0, config=config)  # close to the best at one sequence
+    assert screened(study, 60.0, config=config)  # clearly slower than it
+    assert [t.value for t in clean_trials(study, total=8)] == [500.0, 450.0]
+    assert {total: t.value for total, t in best_by_total(study).items()} == {1: 100.0, 8: 500.0}
+    classify = study_with(completed(500.0, config=EAGER), completed(100.0, config={**EAGER, "batch_size": 1}))
+    assert screened(classify, 95.0, config={**EAGER, "batch_size": 1})  # a classifier's batches all compare
+
+
+def test_a_generation_studys_finalists_run_the_leading_total_only():
+    """The finalist round compares like for like: the leader's total sequences, whatever split."""
+    from autotune.tuning.finalists import pick_candidates
+
+    study = generation_study(at(8, 1, 500.0), at(1, 1, 490.0), at(8, 2, 450.0), at(4, 2, 480.0))
+    assert [t.value for t in pick_candidates(study, count=3)] == [500.0, 450.0]
+
+
+def test_a_prior_generation_winner_is_enqueued_at_the_total_it_ran():
+    """A study stored when sequences counted per instance held 4 for 2 x 4: enqueued as 8 in all."""
+    from autotune.records.config import TrialConfig
+    from autotune.tuning.priors import as_measured
+
+    config = TrialConfig.from_json({**EAGER, "batch_size": 4, "instances": 2, "threads_per_instance": 1})
+    params = {"backend": "eager", "eager.precision": "fp32", "sequences": 4, "instances": 2}
+    assert as_measured(dict(params), config)["sequences"] == 8

@@ -105,3 +105,26 @@ def test_every_attribute_a_stored_trial_holds_reads_typed(name):
             if trial["user_attrs"].get(key) is not None:
                 assert getattr(attrs, key) is not None, (trial["number"], key)
                 assert getattr(attrs, key).to_json() == trial["user_attrs"][key], (trial["number"], key)
+
+
+def test_a_generation_study_stored_when_sequences_counted_per_instance_reads_so_and_is_not_resumed(tmp_path):
+    """Its trials ran `sequences` on each instance: read as they were (best.json says "per instance"), and a
+    search resuming it, whose sequences count all instances together, is refused in one line."""
+    import optuna
+
+    from autotune.common.errors import UserError
+    from autotune.machine.probe import probe_machine
+    from autotune.model.generation import SEQUENCES_TOTAL
+    from autotune.tuning.study import open_study
+
+    spec_json = stored("generate-study.json")["study"]["user_attrs"]["spec"]
+    assert StoredSpec.from_json(spec_json).sequences_meaning == "per instance"
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="lm", storage=storage, direction="maximize")
+    study.set_user_attr("spec", spec_json)
+    spec = SearchSpec.from_json({**spec_json, "storage": storage, "studies_root": str(tmp_path)})
+    with pytest.raises(UserError, match="was stored when --sequences counted sequences per instance"):
+        open_study(spec, probe_machine())
+    new = {**spec_json, "generation": {**spec_json["generation"], "sequences": SEQUENCES_TOTAL}}
+    assert StoredSpec.from_json(new).sequences_meaning == "total"
+    assert SearchSpec.from_json(new).to_json()["generation"]["sequences"] == "total"

@@ -8,7 +8,7 @@ Every trial generates the same amount of work: greedy decoding from fixed prompt
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.common.errors import UserError
 from autotune.common.json_record import Record
@@ -18,18 +18,25 @@ DEFAULT_NEW_TOKENS = 64
 # What a generation reference holds; a reference of another format is computed again. 3: the prefill's
 # last positions and every decode step, each step fed FP32's greedy token (2: prefill logits only).
 REFERENCE_FORMAT = 3
+# A study's `sequences` count every instance's together (the user's concurrent streams), split evenly.
+SEQUENCES_TOTAL = "total"
 
 
 @dataclass(frozen=True)
 class GenerationWorkload(Record):
     """One generation call: `sequences` prompts of `prompt_tokens` tokens each (the batch), each
-    continued by `new_tokens` greedy tokens. `vocab_size` and `context` come from the model."""
+    continued by `new_tokens` greedy tokens. `vocab_size` and `context` come from the model.
+    `sequences`: what the study's sequences count, "total" (all instances together, each running its
+    share: every study created since) or None (stored before: sequences per instance)."""
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sequences",)
 
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     new_tokens: int = DEFAULT_NEW_TOKENS
     vocab_size: int = 0
     context: int | None = None  # the model's longest sequence (max_position_embeddings), when it says
     data: str | None = None  # a text file or a tensor file of token ids: prompts and the evaluation text
+    sequences: str | None = None  # SEQUENCES_TOTAL, or None: a study stored when they counted per instance
 
     def tokens_per_call(self, sequences: int) -> int:
         """Generated tokens per call: what tokens/s counts."""

@@ -237,6 +237,32 @@ class DriftReport(OpenRecord):
     reference: ReferenceNote | None = None
 
 
+@dataclass(frozen=True)
+class TotalBest(OpenRecord):
+    """A generation study's best clean trial at one total of concurrent sequences."""
+
+    total: int
+    trial: int
+    value: float  # tokens/s (or the study's primary value) of its search trial
+    instances: int
+    per_instance: int
+    config: str  # its configuration in one line
+
+
+@dataclass(frozen=True)
+class SequencesSplit(OpenRecord):
+    """A generation winner's workload: `total` concurrent sequences, split as `instances` x `per_instance`,
+    and each total the study measured with its best (the winner is the fastest of them on the objective)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"by_total": TotalBest}
+
+    total: int
+    instances: int
+    per_instance: int
+    meaning: str  # "total": the study's sequences counted all instances; "per instance": stored before
+    by_total: list[TotalBest] = field(default_factory=list)
+
+
 @dataclass(frozen=True, kw_only=True)
 class BestJson(OpenRecord):
     """The contents of a best.json (schema autotune.best/2, docs/manual/reference/best-json.md).
@@ -262,8 +288,9 @@ class BestJson(OpenRecord):
         "drift": DriftReport,
         "baseline": Baseline,
         "fingerprint": Fingerprint,
+        "sequences": SequencesSplit,
     }
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server")
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server", "sequences")
 
     schema: str
     created: str | None = None  # UTC time of writing (ISO 8601)
@@ -289,6 +316,7 @@ class BestJson(OpenRecord):
     speedup_vs_baseline: float | None = None
     speedup_source: str | None = None
     fingerprint: Fingerprint | None = None  # hardware, software, host
+    sequences: SequencesSplit | None = None  # generation: the total sequences, their split, each total's best
 
     @classmethod
     def from_json(cls, data: Any) -> BestJson:

@@ -293,6 +293,20 @@ FIELDS: tuple[FieldDoc, ...] = (
         ("fingerprint.host",),
         "host name of the machine that created the study",
     ),
+    FieldDoc(
+        ("sequences.total", "sequences.instances", "sequences.per_instance"),
+        "text generation: the winner's concurrent sequences in all, and their split (`instances` x `per_instance`)",
+    ),
+    FieldDoc(
+        ("sequences.meaning",),
+        '`"total"`: the study\'s `sequences` counted every instance\'s together; `"per instance"`: a study stored '
+        "before they did (its trials ran `sequences` on each instance)",
+    ),
+    FieldDoc(
+        ("sequences.by_total",),
+        "each total the study measured with its best clean trial (`total`, `trial`, `value`, `instances`, "
+        "`per_instance`, `config`), fewest first: the winner is the fastest of them",
+    ),
 )
 
 

@@ -72,6 +72,8 @@ class TrialConfig(Record):
         return json.dumps(key, sort_keys=True)
 
     def summary(self) -> str:
+        """The configuration in one line (`bs` is per instance: a generation trial runs bs x instances
+        sequences in all)."""
         opts = " ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         extras = [f"runtime={self.runtime}"] if self.runtime != "main" else []
         if self.openmp != "gnu":

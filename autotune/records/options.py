@@ -181,7 +181,7 @@ class SearchOptions:
         parse=count_list,
         metavar="1,2,4",
         group=GENERATION_GROUP,
-        help="concurrent sequences per instance to search (the batch; default: the space's)",
+        help="total concurrent sequences to search, split evenly across instances (default: the space's)",
     )
     ttft_slo_ms: float | None = option(
         None, parse=float, metavar="MS", group=GENERATION_GROUP, help="p99 bound on time to first token"

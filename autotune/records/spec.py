@@ -270,6 +270,13 @@ class StoredSpec(Record):
     slo_ms: float | None = None
     runtimes: list[str] | None = None  # the Python environments trials may run in besides the main one
     finalists: int | None = default_of("finalists")
+    generation: dict[str, Any] | None = None  # the workload as stored (GenerationWorkload's JSON)
+
+    @property
+    def sequences_meaning(self) -> str:
+        """What the study's `sequences` counted: "total" (every instance's together), or "per instance" in a
+        study stored before they counted the total."""
+        return "total" if (self.generation or {}).get("sequences") == "total" else "per instance"
 
     @classmethod
     def of(cls, study: Any) -> StoredSpec:

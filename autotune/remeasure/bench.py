@@ -196,11 +196,18 @@ def compare_with_baseline(
     ctx = context_from_best(best)
     source = ctx.reference.model
     baseline, winner = best.baseline.config, best.config
+    total = winner.batch_size * winner.instances
+    if ctx.reference.generation is not None and baseline.batch_size * baseline.instances != total:
+        # the same work: the study's baseline (eager fp32, one instance) at the winner's total sequences
+        baseline = replace(baseline, batch_size=total, instances=1)
     measures: dict[str, Measure] = {
         BASELINE_ROW: config_measure(baseline, ctx),
         WINNER_ROW: config_measure(winner, ctx),
     }
     settings = {BASELINE_ROW: baseline.summary(), WINNER_ROW: winner.summary()}
+    if ctx.reference.generation is not None:
+        settings[WINNER_ROW] += f" ({total} sequences as {winner.instances} x {winner.batch_size})"
+        settings[BASELINE_ROW] += f" ({total} sequences, the winner's total)"
     ratios_to = [BASELINE_ROW]
     if independent_s > 0:
         measures[INDEPENDENT_ROW] = lambda work: BenchRun.of_stopwatch(

@@ -30,8 +30,10 @@ from autotune.records.best import (
     ObjectiveInfo,
     ParetoPoint,
     ProbeSummary,
+    SequencesSplit,
     ServerSummary,
     StudyInfo,
+    TotalBest,
 )
 from autotune.records.config import UNSET_IN_COMMANDS, TrialConfig
 from autotune.records.finalists import FinalistEntry, FinalistRound
@@ -41,6 +43,7 @@ from autotune.records.reference import CalibrationSet, EvaluationSet, ReferenceN
 from autotune.records.spec import StoredSpec
 from autotune.results.selection import (
     baseline_trial,
+    best_by_total,
     clean_trials,
     drift_of,
     finalist_round,
@@ -218,6 +221,34 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         speedup_vs_baseline=speedup,
         speedup_source=source,
         fingerprint=Fingerprint.of(study),
+        sequences=_sequences_split(study, spec, attrs.config) if spec.task == "generate" else None,
+    )
+
+
+def _sequences_split(study: optuna.study.Study, spec: StoredSpec, config: TrialConfig | None) -> SequencesSplit | None:
+    """A generation winner's total sequences and their split, with each total's best clean trial."""
+    if config is None:
+        return None
+    by_total = []
+    for total, trial in best_by_total(study).items():
+        recorded = TrialAttrs.of(trial).config
+        if recorded is not None:
+            by_total.append(
+                TotalBest(
+                    total=total,
+                    trial=trial.number,
+                    value=primary_value(trial),
+                    instances=recorded.instances,
+                    per_instance=recorded.batch_size,
+                    config=recorded.summary(),
+                )
+            )
+    return SequencesSplit(
+        total=config.batch_size * config.instances,
+        instances=config.instances,
+        per_instance=config.batch_size,
+        meaning=spec.sequences_meaning,
+        by_total=by_total,
     )
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from autotune.common.errors import UserError
 from autotune.machine.runtimes import MAIN
 from autotune.records.attributes import Attr, TrialAttrs
+from autotune.records.config import TrialConfig
 from autotune.records.spec import StoredSpec
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import (
@@ -54,6 +55,7 @@ class LeaderboardRow:
     max_wait_ms: float | None
     runtime: str
     baseline: bool
+    split: str | None = None  # generation: "8 = 2 x 4", total sequences as instances x sequences each
 
     def latency_columns(self, generation: bool, server: bool) -> tuple[float | None, ...]:
         """The columns beside throughput: TTFT and TPOT for generation, the sustained rate and what it
@@ -96,9 +98,15 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[Leaderboa
                 max_wait_ms=metrics.server.max_wait_ms if metrics.server else None,
                 runtime=metrics.runtime.name if metrics.runtime else MAIN,
                 baseline=attrs.baseline,
+                split=split_of(attrs.config) if generation and attrs.config else None,
             )
         )
     return rows
+
+
+def split_of(config: TrialConfig) -> str:
+    """A generation trial's workload and its split: total sequences = instances x sequences each."""
+    return f"{config.batch_size * config.instances} = {config.instances} x {config.batch_size}"
 
 
 def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[LeaderboardRow] | None = None) -> Table:
@@ -110,7 +118,16 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[Leade
     if server:  # the sustained rate first; the closed-loop throughput and one call's latency beside it
         bound = StoredSpec.of(study).slo_ms
         latency = (f"requests/s at p99<={bound:g}ms", "p99 ms there", "wait ms", "closed-loop samples/s")
-    columns = ("#", "trial", "config", *(() if server else (throughput_unit(study),)), *latency, "drift (rel. L2)")
+    split = ("sequences = instances x each",) if generation else ()
+    columns = (
+        "#",
+        "trial",
+        *split,
+        "config",
+        *(() if server else (throughput_unit(study),)),
+        *latency,
+        "drift (rel. L2)",
+    )
     for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
     for row in rows:
@@ -119,6 +136,7 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[Leade
         table.add_row(
             str(row.rank),
             f"{row.trial}{' (baseline)' if row.baseline else ''}",
+            *((row.split or "-",) if generation else ()),
             row.config,
             *(() if server else (_fmt(row.throughput_sps),)),
             *(_fmt(value) for value in values),
@@ -211,6 +229,9 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
         return []
     unit = primary_unit(study)
     name = f"trial {best.number} {TrialAttrs.of(best).config_summary or ''}".rstrip()
+    config = TrialAttrs.of(best).config
+    if config is not None and throughput_unit(study) == "tokens/s":
+        name += f" ({config.batch_size * config.instances} sequences as {config.instances} x {config.batch_size})"
     candidate = record.entry(best.number) if record is not None else None
     summary = candidate.summary if candidate is not None else None
     if record is None or summary is None or summary.median is None:

@@ -95,11 +95,40 @@ def primary_value(trial: optuna.trial.FrozenTrial) -> float:
     return trial.values[0]
 
 
-def clean_trials(study: optuna.study.Study) -> list[optuna.trial.FrozenTrial]:
+def sequences_total(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> int | None:
+    """A trial's concurrent sequences in all (per instance x instances, from its recorded config): the
+    workload a generation trial ran, whatever the study's `sequences` meant when it was stored; None without
+    a recorded config."""
+    config = TrialAttrs.of(trial).config
+    return None if config is None else config.batch_size * config.instances
+
+
+def workload_of(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> int | None:
+    """The total sequences a generation trial's speed is compared within (only trials that ran the same
+    work compare); None for other studies, whose trials all compare."""
+    return sequences_total(trial) if StoredSpec.of(study).task == "generate" else None
+
+
+def clean_trials(study: optuna.study.Study, total: int | None = None) -> list[optuna.trial.FrozenTrial]:
     """COMPLETE trials no noise check flagged, best first in the study's direction (a Pareto study:
-    by throughput): the only ones that may win, set the speed pruner's bar or become finalists."""
-    clean = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if is_valid(t)]
+    by throughput): the only ones that may win, set the speed pruner's bar or become finalists. `total`:
+    a generation study's trials of that many sequences in all only."""
+    clean = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if is_valid(t) and (total is None or sequences_total(t) == total)
+    ]
     return sorted(clean, key=primary_value, reverse=maximizes(study))
+
+
+def best_by_total(study: optuna.study.Study) -> dict[int, optuna.trial.FrozenTrial]:
+    """A generation study's best clean trial at each total sequences it measured, fewest first."""
+    best: dict[int, optuna.trial.FrozenTrial] = {}
+    for trial in clean_trials(study):  # best first: the first of each total is its best
+        total = sequences_total(trial)
+        if total is not None and total not in best:
+            best[total] = trial
+    return dict(sorted(best.items()))
 
 
 PRECISION_COMPLEXITY = {"fp32": 0, "bf16": 1, "int8": 2}

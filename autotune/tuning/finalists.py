@@ -29,6 +29,7 @@ from autotune.results.selection import (
     maximizes,
     noisy_contenders,
     primary_value,
+    workload_of,
 )
 from autotune.runner.trials import TrialContext, run_config
 
@@ -39,7 +40,10 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
     the best clean one: a noise flag must not bury the fastest configuration, and the interleaved repeats
     decide it. In this order a round too short for all of them keeps the first (candidates_that_fit)."""
     picked, seen = [], set()
-    for trial in clean_trials(study):
+    leading = clean_trials(study)[:1]
+    # a generation study's finalists ran the leader's total sequences: only the same work compares
+    total = workload_of(study, leading[0]) if leading else None
+    for trial in clean_trials(study, total):
         key = TrialAttrs.of(trial).config_summary or str(trial.params)
         if key not in seen:
             seen.add(key)
@@ -51,7 +55,8 @@ def pick_candidates(study: optuna.study.Study, count: int) -> list[optuna.trial.
     maximize = maximizes(study)
     best = primary_value(picked[0])
     ahead_of_best = []
-    for trial in sorted(noisy_contenders(study), key=primary_value, reverse=maximize)[:count]:
+    contenders = [t for t in noisy_contenders(study) if total is None or workload_of(study, t) == total]
+    for trial in sorted(contenders, key=primary_value, reverse=maximize)[:count]:
         key = TrialAttrs.of(trial).config_summary or str(trial.params)
         ahead = primary_value(trial) > best if maximize else primary_value(trial) < best
         if ahead and key not in seen:

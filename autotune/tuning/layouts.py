@@ -54,6 +54,7 @@ def layout_variants(
     cores: int,
     batch_sizes: list[int] | None = None,
     batch_key: str = "batch_size",
+    split_total: bool = False,
 ) -> list[dict[str, Any]]:
     """`params` with each other instance count of the space, each instance with the most threads that fit
     beside its siblings (space.most_threads); a count with no thread count that fits is left out. The
@@ -61,12 +62,16 @@ def layout_variants(
     that keeps the samples in flight on the machine what the leader had (8 on one instance: 4 on each of
     two), when the space lists that batch: a split's instances each work on a share of the cache and
     memory bandwidth, and the smaller batch won on efficientnet_b0 and mobilenet_v3_large (ONNX Runtime
-    fp32 bs 4 as 2 x 1 against the leader's bs 8 as 1 x 2, on a 2-core EPYC)."""
+    fp32 bs 4 as 2 x 1 against the leader's bs 8 as 1 x 2, on a 2-core EPYC). `split_total` (text
+    generation, whose `batch_key` holds the total sequences): a count that does not divide the total is left
+    out, and each other one runs the same total, split."""
     variants = []
     leader_count, leader_batch = params.get("instances"), params.get(batch_key)
     for count in sorted(instances):
         fitting = most_threads(count, threads, cores)
         if count == leader_count or fitting is None:
+            continue
+        if split_total and isinstance(leader_batch, int) and leader_batch % count:
             continue
         variant = {**params, "instances": count, "threads_per_instance": fitting}
         if batch_sizes and isinstance(leader_count, int) and isinstance(leader_batch, int):
@@ -89,7 +94,9 @@ def most_sequences_variant(
     batch = params.get(batch_key)
     if not batch_sizes or not isinstance(batch, int):
         return None
-    most = max((size for size in batch_sizes if size <= 8 * batch), default=batch)
+    count = params.get("instances")
+    split = count if isinstance(count, int) and count > 0 else 1  # a total the instances split evenly
+    most = max((size for size in batch_sizes if size <= 8 * batch and size % split == 0), default=batch)
     return {**params, batch_key: most} if most > batch else None
 
 
@@ -257,12 +264,19 @@ class LayoutRound:
         the study; what is now held."""
         space = self.space
         summary = TrialAttrs.of(best).config_summary or ""
-        # A split keeps a generation leader's sequences on each instance: each instance's decode step reads
-        # every weight once for its own sequences, so halving them halves what each read serves (eager bf16
-        # on a 2-core Xeon with AMX as 2 x 1, Intel OpenMP: 239.5 tokens/s with 8 sequences each, 164.1 with 4).
-        same_in_flight = space.batch_sizes if space.task != "generate" else None
+        # A split keeps a generation leader's total sequences, each instance running its share: the user's
+        # workload is the total (so eager bf16 on a 2-core Xeon with AMX as 2 x 1 at 8 sequences in all runs 4
+        # on each, 164.1 tokens/s against 239.5 for 8 on each, which was another workload, 16 in all).
+        generate = space.task == "generate"
+        same_in_flight = space.batch_sizes if not generate else None
         variants = layout_variants(
-            dict(best.params), space.instances, space.threads, space.cores, same_in_flight, space.batch_param
+            dict(best.params),
+            space.instances,
+            space.threads,
+            space.cores,
+            same_in_flight,
+            space.batch_param,
+            split_total=generate,
         )
         held = list(study.user_attrs.get(Attr.LAYOUT_QUEUE) or [])  # as stored now (a fleet shares it)
         plans = []
@@ -343,6 +357,9 @@ class LayoutRound:
                 continue
             params, order = held.params, held.order
             layout = round_layout(study, self.space.batch_param) if self.coverage_at_round_layout else None
+            total = params.get(self.space.batch_param)
+            if layout and isinstance(total, int) and total % layout["instances"]:
+                layout = None  # the round's layout does not split this plan's total evenly: its own
             if layout and any(params.get(key) != value for key, value in layout.items()):
                 params = {**params, **layout}
                 order += (

@@ -112,7 +112,10 @@ def read_prior(storages: list[Any], study_name: str, hardware: dict[str, Any], t
 def as_measured(params: dict[str, Any], config: TrialConfig | None) -> dict[str, Any]:
     """A winner's parameters with what its config ran but its study did not sample: a weight-only
     precision's fp32 activations from before they were an option (Optuna would sample the missing
-    value, and the enqueued winner would not be the one measured)."""
+    value, and the enqueued winner would not be the one measured), and a generation winner's sequences as
+    the total it ran (a study stored when they counted per instance held 8 for 2 x 8)."""
+    if config is not None and "sequences" in params:
+        params["sequences"] = config.batch_size * config.instances
     backend = params.get("backend")
     weight_only = params.get(f"{backend}.precision") in WEIGHT_ONLY
     if config is not None and weight_only and f"{backend}.activations" not in params:

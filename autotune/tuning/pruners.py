@@ -10,7 +10,14 @@ from optuna.pruners import BasePruner
 from autotune.measure.drift import DriftCriterion
 from autotune.measure.speed_gate import SpeedGate
 from autotune.records.attributes import TrialAttrs
-from autotune.results.selection import clean_trials, drift_of, maximizes, primary_value, relative_noise
+from autotune.results.selection import (
+    clean_trials,
+    drift_of,
+    maximizes,
+    primary_value,
+    relative_noise,
+    workload_of,
+)
 
 
 class DriftPruner(BasePruner):
@@ -40,9 +47,10 @@ GATE_SHARE = 0.5
 GATE_AFTER_S = 10.0
 
 
-def best_clean(study: optuna.study.Study) -> optuna.trial.FrozenTrial | None:
-    """The bar's trial: the best COMPLETE trial no noise check flagged, if any."""
-    clean = clean_trials(study)
+def best_clean(study: optuna.study.Study, total: int | None = None) -> optuna.trial.FrozenTrial | None:
+    """The bar's trial: the best COMPLETE trial no noise check flagged, if any (`total`: among a generation
+    study's trials of that many sequences in all, the same work)."""
+    clean = clean_trials(study, total)
     return clean[0] if clean else None
 
 
@@ -74,11 +82,17 @@ class SpeedPruner(BasePruner):
         return max(1 / (1 - self.min_margin), noise)
 
     def verdict(
-        self, study: optuna.study.Study, value: float | None, screening_ci_rel: float | None, baseline: bool = False
+        self,
+        study: optuna.study.Study,
+        value: float | None,
+        screening_ci_rel: float | None,
+        baseline: bool = False,
+        total: int | None = None,
     ) -> dict[str, Any] | None:
         """The comparison behind the decision (None when there is nothing to compare yet); `margin` is the
-        relative shortfall that prunes (1 - 1/gap)."""
-        best = None if value is None or baseline else best_clean(study)
+        relative shortfall that prunes (1 - 1/gap). `total`: a generation trial's sequences in all, compared
+        with the best of the same total only (more sequences make more tokens/s: another workload)."""
+        best = None if value is None or baseline else best_clean(study, total)
         if value is None or best is None:
             return None
         best_value = primary_value(best)
@@ -120,5 +134,6 @@ class SpeedPruner(BasePruner):
             trial.intermediate_values.get(self.screening_step),
             attrs.screening.ci_rel if attrs.screening else None,
             attrs.baseline,
+            workload_of(study, trial),
         )
         return bool(verdict and verdict["prune"])

@@ -179,6 +179,22 @@ def _instances_and_threads(data: dict[str, Any], cores: int) -> tuple[list[int],
     return instances, threads
 
 
+def _instances_splitting(instances: list[int], totals: list[int], notes: list[str]) -> list[int]:
+    """Generation: the instance counts that split at least one of the space's total sequences evenly (every
+    instance of a trial runs the same share, so the trial runs the user's total and no more); the others are
+    left out with a note, and a space where none splits any total is refused."""
+    kept = [count for count in instances if any(total % count == 0 for total in totals)]
+    if not kept:
+        raise UserError(
+            f"search space: no instance count {instances} splits any of the total sequences {totals} evenly; "
+            "list 1 among the instances or a total they divide"
+        )
+    dropped = [count for count in instances if count not in kept]
+    if dropped:
+        notes.append(f"instances {dropped} split none of the total sequences {totals} evenly: left out")
+    return kept
+
+
 def _check_explicit_runtimes_run_a_backend(
     data: dict[str, Any], runtimes: dict[str, Runtime], routes: dict[str, list[str]]
 ) -> None:
@@ -300,6 +316,8 @@ class SearchSpace:
         max_waits = _max_waits(data)
         allocators = _allocators(data, machine, notes)
         instances, threads = _instances_and_threads(data, cores)
+        if task == "generate":
+            instances = _instances_splitting(instances, batch_sizes, notes)
         thread_pool = ThreadPoolDims.parse(data, machine, runtimes, notes)
         backends, routes = cls._backends(
             data.get("backends", {"eager": {}}),
@@ -396,6 +414,10 @@ class SearchSpace:
         )
         allocator = trial.suggest_categorical("allocator", self.allocators)
         instances = trial.suggest_categorical("instances", self.instances)
+        if self.task == "generate":  # `sequences` is the total: each instance runs its even share
+            if batch_size % instances:
+                raise InfeasibleConfig(f"{batch_size} sequences do not split evenly over {instances} instances")
+            batch_size //= instances
         max_threads = self.cores // instances
         if self.threads is None:
             threads = trial.suggest_int("threads_per_instance", 1, max_threads)

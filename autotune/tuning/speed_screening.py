@@ -15,6 +15,7 @@ from autotune.measure.speed_gate import GateVerdict, SpeedGate
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import Screening
+from autotune.results.selection import sequences_total
 from autotune.tuning.pruners import SpeedPruner
 
 # The objectives whose screening and gate are compared as throughput; the others as latency.
@@ -70,25 +71,29 @@ def judge_screening(trial: optuna.trial.Trial, screening: Screening, objective: 
     trial.report(value, step=0)
     if not trial.should_prune():
         return
-    reason = _screening_prune_reason(trial.study, value, screening.ci_rel, objective, task)
+    reason = _screening_prune_reason(trial, value, screening.ci_rel, objective, task)
     trial.set_user_attr(Attr.PRUNE_REASON, reason)
     raise optuna.TrialPruned(reason)
 
 
 def _screening_prune_reason(
-    study: optuna.study.Study, value: float, ci_rel: float | None, objective: str, task: str
+    trial: optuna.trial.Trial, value: float, ci_rel: float | None, objective: str, task: str
 ) -> str:
-    """Why a screening was pruned, naming the best clean trial it lost to and the margin with its noise."""
+    """Why a screening was pruned, naming the best clean trial it lost to (of the same total sequences, for
+    generation) and the margin with its noise."""
+    study = trial.study
     speed = getattr(study.pruner, "wrapped", None)
-    verdict = speed.verdict(study, value, ci_rel) if isinstance(speed, SpeedPruner) else None
+    total = sequences_total(trial) if task == "generate" else None
+    verdict = speed.verdict(study, value, ci_rel, total=total) if isinstance(speed, SpeedPruner) else None
     counted = "tokens/s" if task == "generate" else "samples/s"  # generated tokens, for a language model
     unit = {"throughput": counted, "server": f"{counted} (closed loop; best: requests/s sustained)"}.get(
         objective, "ms"
     )
     if not verdict:
         return f"screening {value:.3g} {unit}: pruned"
+    same = f" at {total} sequences in all" if total is not None else ""
     return (
-        f"screening {value:.3g} {unit} is clearly worse than the best clean trial "
+        f"screening {value:.3g} {unit} is clearly worse than the best clean trial{same} "
         f"#{verdict['best_trial']} ({verdict['best_value']:.3g} {unit}, margin "
         f"{verdict['margin']:.0%} with its noise)"
     )

@@ -38,7 +38,7 @@ from autotune.records.config import TrialConfig, clean_environment
 from autotune.records.fingerprint import Fingerprint
 from autotune.records.job import ServerSettings, WorkerJob
 from autotune.records.metrics import ReadyReport, TrialMetrics
-from autotune.records.spec import SearchSpec, identity_differences
+from autotune.records.spec import SearchSpec, StoredSpec, identity_differences
 from autotune.results.best_json import closest_candidate, export_best
 from autotune.results.optuna_artifacts import attach_to_study
 from autotune.results.progress import LiveStatus, ProgressPrinter
@@ -131,6 +131,12 @@ def open_study(
         study.set_user_attr(Attr.FINGERPRINT, fingerprint(machine, runtimes))
         return study, True
     stored_identity = {k: stored.get(k) for k in spec.identity()}
+    if spec.generation is not None and StoredSpec.from_json(stored).sequences_meaning != "total":
+        raise UserError(
+            f"study {spec.study!r} was stored when --sequences counted sequences per instance; now they count all "
+            "instances together, so its trials ran other workloads than a resumed search would: its results "
+            "read as before ('autotune show', export, compare), and a new --study name searches with the new meaning"
+        )
     diffs = identity_differences(stored_identity, spec.identity())
     if diffs:
         raise UserError(
