@@ -1330,3 +1330,106 @@ def test_generation_sequences_are_the_total_split_evenly_across_instances():
     assert [(v["instances"], v["sequences"]) for v in variants] == [(2, 6)]  # 4 does not split 6
     classify_data = {"batch_size": [1], "instances": [1, 2, 3], "backends": data["backends"]}
     assert SearchSpace.parse(classify_data, fake_machine(cores=4, smt=1), RUNTIMES).instances == [1, 2, 3]
+
+
+def test_a_generation_coverage_starts_with_every_engines_most_promising_family_cheapest_first():
+    """The engine round: before any other coverage trial, one family per engine the baseline does not
+    measure (torchao apart from the backend that runs it), its first in the payoff order, the cheapest to
+    prepare first; llama.cpp's int4 is not expected to lose as torchao's is (its own kernels). A 15-minute
+    search on a 2-core EPYC ran six trials in the payoff order alone and none on llama.cpp or IPEX."""
+    from autotune.backends import engine_of
+    from autotune.tuning.payoff import order_by_payoff
+    from autotune.tuning.space import load_space_file
+
+    data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate.yaml")
+    space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    plans = space.coverage_params()
+    engines = {engine_of(p["backend"], p[f"{p['backend']}.precision"], "generate") for p in plans}
+    assert engines >= {"eager", "inductor", "torchao", "openvino", "llamacpp"}
+    for isa in (
+        {"avx512f": True, "amx_int8": True, "amx_bf16": True, "avx512_bf16": True},
+        {"avx512f": True, "avx512_vnni": True, "avx512_bf16": True},
+        {"avx2": True},
+    ):
+        ordered = order_by_payoff(plans, isa, "generate", measured_engines={"eager"})
+        first = [plan for plan in ordered if plan.engine_round]
+        assert ordered[: len(first)] == first  # the engine round leads
+        firsts = [
+            engine_of(p.params["backend"], p.params[f"{p.params['backend']}.precision"], "generate") for p in first
+        ]
+        assert sorted(firsts) == sorted(engines - {"eager"}), (isa, firsts)  # every other engine, once
+        assert all("engine round" in plan.order for plan in first)
+        # each is its engine's first in the payoff order
+        rest = ordered[len(first) :]
+        for plan in first:
+            backend = plan.params["backend"]
+            engine = engine_of(backend, plan.params[f"{backend}.precision"], "generate")
+            later = [
+                p
+                for p in rest
+                if engine_of(p.params["backend"], p.params[f"{p.params['backend']}.precision"], "generate") == engine
+            ]
+            assert all((p.tier, 0) >= (plan.tier, 0) for p in later), (engine, plan.order)
+        assert firsts.index("openvino") < firsts.index("inductor")  # an IR conversion before a compile
+    avx2 = order_by_payoff(plans, {"avx2": True}, "generate")
+    llama = next(p for p in avx2 if p.params["backend"] == "llamacpp" and p.engine_round)
+    assert llama.tier < 3 and not llama.expected_to_lose, llama.order
+    classify = order_by_payoff(
+        SearchSpace.parse(SPACE, fake_machine(cores=8), RUNTIMES).coverage_params(), {}, "classify"
+    )
+    assert not any(plan.engine_round for plan in classify)
+
+
+def test_the_generation_layout_round_waits_for_the_engine_round():
+    """A family that leads after one engine's trial does not start the layout round (its splits back to back,
+    then the most sequences) while other engines' first trials are held: they run first."""
+    from autotune.tuning.layouts import LayoutRound
+
+    data = {
+        "sequences": [2],
+        "instances": [1, 2],
+        "backends": {"eager": {"precision": ["fp32", "bf16"]}, "inductor": {"precision": ["bf16"]}},
+    }
+    space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+    _, bf16, compiled = space.coverage_params()
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(bf16, user_attrs={"coverage": True})
+    queue = [{"params": compiled, "order": "coverage 2/2; engine round", "late": False, "first": True}]
+    study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
+    layouts = LayoutRound(space, "throughput")
+    trial = study.ask()
+    space.suggest(trial)
+    trial.set_user_attr("valid", True)
+    layouts(study, study.tell(trial, 100.0))  # eager bf16 leads; inductor's engine trial is still held
+    (released,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert released.system_attrs["fixed_params"] == compiled and Attr.LAYOUT_ROUND not in study.user_attrs
+    trial = study.ask()
+    space.suggest(trial)
+    trial.set_user_attr("valid", True)
+    layouts(study, study.tell(trial, 90.0))
+    assert study.user_attrs[Attr.LAYOUT_ROUND] == 0  # now the round, for the leader
+
+
+def test_a_study_names_the_engines_it_never_tried():
+    """A study whose budget ended with an engine's coverage held, enqueued or deferred says so (the search's
+    last lines and `show`), so a user never reads a winner without knowing which engines were not measured."""
+    from autotune.results.leaderboard import study_summary, untried_engines
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("spec", {"task": "generate", "objective": "throughput"})
+    config = {"backend": "eager", "precision": "fp32", "batch_size": 1, "instances": 1, "threads_per_instance": 2}
+    study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={"config": config}))
+    deferred = {**config, "backend": "inductor", "precision": "bf16"}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            user_attrs={"config": deferred, "deferred": True, "prune_reason": "its compile would take 80 s of 30 left"},
+        )
+    )
+    held = {"backend": "llamacpp", "llamacpp.precision": "Q8_0"}
+    study.set_user_attr(Attr.COVERAGE_QUEUE, [{"params": held, "order": "coverage", "late": False}])
+    study.enqueue_trial({"backend": "eager", "eager.precision": "woq_int8"})
+    untried = untried_engines(study)
+    assert set(untried) == {"inductor", "llamacpp", "torchao"}
+    assert untried["inductor"].startswith("deferred: its compile") and "--budget" in untried["llamacpp"]
+    assert "engines never tried: inductor: deferred" in study_summary(study)

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import LM, generation_space, load_study, tiny
+import yaml
+from conftest import LM, assert_trials_ran, generation_space, load_study, tiny
 
 from autotune.records.job import WorkerJob
 from autotune.records.metrics import TrialMetrics
@@ -289,3 +290,63 @@ def test_a_quantized_model_is_prepared_once_and_later_trials_only_load_it(workdi
     assert third.artifact is not None and not third.artifact.cached and third.artifact.dir != first.artifact.dir
     assert third.backend_details is not None and third.backend_details["float_dtype"] == "float32"
     assert second.executed_precision is not None and second.executed_precision.counts.get("int4", 0) > 0
+
+
+def test_two_splits_of_one_total_run_the_same_sequences_and_tokens_per_call(searcher, workdir):
+    """`--sequences 2` is the total: the baseline runs both on one instance, the layout round's split runs one
+    on each of two, and both generate 2 x new_tokens tokens per call; best.json, show and the winner's line
+    say the split."""
+    space = workdir / "space.yaml"
+    generation_space(space, {"eager": {"precision": ["fp32"], "kv_cache": ["dynamic"]}}, sequences=(2,))
+    data = yaml.safe_load(space.read_text())
+    space.write_text(yaml.safe_dump({**data, "instances": [1, 2]}))
+    result = searcher.generate("--no-speed-pruning", space=space, trials=2)
+    assert_trials_ran(result)
+    study = load_study(workdir, "tiny_llama")
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    splits = {}
+    for trial in complete:
+        config = trial.user_attrs["config"]
+        generation = TrialMetrics.from_trial_attrs(trial.user_attrs).generation
+        assert generation is not None and generation.sequences == config["batch_size"]
+        tokens_per_call = generation.sequences * generation.new_tokens * config["instances"]
+        splits[config["instances"], config["batch_size"]] = (trial.params["sequences"], tokens_per_call)
+    assert splits == {(1, 2): (2, 16), (2, 1): (2, 16)}, splits
+    shown = searcher("show", "--study", "tiny_llama")
+    assert shown.returncode == 0, shown.stderr
+    assert "2 = 2 x 1" in shown.stdout and "2 = 1 x 2" in shown.stdout, shown.stdout
+    if result.returncode == 0:
+        best = json.loads((workdir / "studies" / "tiny_llama" / "best.json").read_text())
+        split = best["sequences"]
+        assert split["total"] == 2 and split["meaning"] == "total"
+        assert split["instances"] * split["per_instance"] == 2
+        assert [row["total"] for row in split["by_total"]] == [2]
+
+
+def test_the_coverage_reaches_every_engine_early_and_a_study_names_those_it_never_tried(searcher, workdir):
+    """The engine round on a tiny Llama: after the baseline, one trial per engine, the cheapest to prepare
+    first (torchao's quantization in eager, OpenVINO's export, llama.cpp's conversion), so every engine
+    listed is reached within the first N = 4 trials, ahead of eager's bf16; a run stopped after 2 trials
+    names the engines it never tried, and the same command resumes with them."""
+    space = generation_space(
+        workdir / "space.yaml",
+        {
+            "eager": {"precision": ["fp32", "bf16", "woq_int8"], "kv_cache": ["dynamic"]},
+            "llamacpp": {"precision": ["Q8_0"]},
+            "openvino": {"precision": ["int8_asym"]},
+        },
+    )
+    first = searcher.generate(space=space, trials=2)
+    assert_trials_ran(first)
+    assert "engines never tried: llamacpp: its coverage trial was still held" in first.stdout, first.stdout
+    assert "openvino: its coverage trial was still held" in first.stdout, first.stdout
+    again = searcher.generate(space=space, trials=2)
+    assert_trials_ran(again)
+    assert "engines never tried" not in again.stdout, again.stdout
+    study = load_study(workdir, "tiny_llama")
+    engines = [
+        "torchao" if (config := t.user_attrs["config"])["precision"] == "woq_int8" else config["backend"]
+        for t in study.trials[:4]
+    ]
+    assert engines == ["eager", "torchao", "openvino", "llamacpp"], engines
+    assert all("engine round" in t.user_attrs["order"] for t in study.trials[1:4])

@@ -135,6 +135,19 @@ def backend_packages(task: str | None = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for t in tasks for spec in backend_specs(t).values() for p in spec.packages))
 
 
+# The backends that run torchao's quantized precisions for a language model: torchao is an engine of its own there.
+TORCHAO_HOSTS = ("eager", "inductor")
+TORCHAO_PRECISIONS = ("woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
+
+
+def engine_of(backend: str, precision: str, task: str) -> str:
+    """The engine a family runs on, as a user picks one: the backend, but torchao for a language model's
+    quantized precisions in eager or inductor (torchao's kernels, whichever runs the rest of the model)."""
+    if task == "generate" and backend in TORCHAO_HOSTS and precision in TORCHAO_PRECISIONS:
+        return "torchao"
+    return backend
+
+
 def complexity_rank(name: str) -> int:
     """A backend's rank when configurations tie (the simpler, lower, wins), by its name in either task
     (a stored configuration names its backend only); one no longer registered ranks last."""

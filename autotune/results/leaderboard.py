@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import optuna
 from rich.table import Table
 
+from autotune.backends import engine_of
 from autotune.common.errors import UserError
 from autotune.machine.runtimes import MAIN
 from autotune.records.attributes import Attr, TrialAttrs
@@ -251,16 +252,52 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
 # a time (tuning/layouts.py).
 
 
+HELD_WHY = "its coverage trial was still held when the search stopped (a longer --budget, the same command, runs it)"
+
+
+def untried_engines(study: optuna.study.Study) -> dict[str, str]:
+    """The engines the space offers that no trial launched, each with why: its coverage trial still held when
+    the budget ended, or deferred (its preparation would not fit the time left). Engines as a user picks
+    them (backends.engine_of: torchao apart for a language model)."""
+    task = StoredSpec.of(study).task
+    tried: set[str] = set()
+    why: dict[str, str] = {}
+    for trial in study.get_trials(deepcopy=False):
+        attrs = TrialAttrs.of(trial)
+        backend = attrs.config.backend if attrs.config else trial.params.get("backend")
+        precision = attrs.config.precision if attrs.config else trial.params.get(f"{backend}.precision")
+        if not isinstance(backend, str):
+            continue
+        engine = engine_of(backend, str(precision), task)
+        if attrs.budget is not None or trial.state == optuna.trial.TrialState.COMPLETE:
+            tried.add(engine)
+        elif trial.user_attrs.get(Attr.DEFERRED):
+            why.setdefault(engine, f"deferred: {attrs.prune_reason}")
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    held = [
+        *(plan.get("params") or {} for plan in study.user_attrs.get(Attr.COVERAGE_QUEUE) or []),
+        *(t.system_attrs.get("fixed_params") or {} for t in waiting),  # enqueued, never asked for
+    ]
+    for params in held:
+        backend = params.get("backend")
+        if isinstance(backend, str):
+            why.setdefault(engine_of(backend, str(params.get(f"{backend}.precision")), task), HELD_WHY)
+    return {engine: reason for engine, reason in sorted(why.items()) if engine not in tried}
+
+
 def study_summary(study: optuna.study.Study) -> str:
     """The trials by state, and the coverage trials and splits never released (the budget ran out first)."""
     counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))
     summary = f"{len(study.trials)} trials: " + ", ".join(
         f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING") if counts[s]
     )
+    untried = untried_engines(study)
+    never = "; ".join(f"{engine}: {reason}" for engine, reason in untried.items())
     held = len(study.user_attrs.get(Attr.COVERAGE_QUEUE) or [])
     splits = len(study.user_attrs.get(Attr.LAYOUT_QUEUE) or [])
     return (
         summary
         + (f"; {held} coverage trial(s) not run yet" if held else "")
         + (f"; {splits} layout round split(s) not run yet" if splits else "")
+        + (f"; engines never tried: {never}" if never else "")
     )

@@ -234,7 +234,7 @@ class LayoutRound:
         round still runs in another worker (it may lead); "not yet" while coverage that may lead is held,
         or nothing completed."""
         best = leader(study)
-        if best is None:
+        if best is None or any(plan.first for plan in queue):  # every engine's most promising family first
             return "not yet"
         if not TrialAttrs.of(best).baseline:
             return "now"
@@ -424,6 +424,7 @@ class HeldPlan(Record):
     order: str
     late: bool = False
     deferred: bool = False
+    first: bool = False  # text generation's engine round (tuning/payoff.engine_round): before the layout round
 
 
 def held_coverage(study: optuna.study.Study) -> list[HeldPlan]:

@@ -45,6 +45,15 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
   dot products int8 activations are expected to lose too (da8w4 by the same reasoning, not measured),
   since the prompt's prefill is compute-bound (the AVX2-only EPYC: SmoothQuant 0.16x eager fp32, the
   recipe compiled by inductor with max-autotune and freezing 0.15x, each prefill about 20-26x fp32's).
+- **Text generation's engine round** comes before all of that: one family per engine (eager, inductor,
+  torchao, OpenVINO, llama.cpp, IPEX: torchao apart from the backend that runs its quantized precisions),
+  its first in the order above, for each engine the baseline does not already measure, the cheapest to
+  prepare first (engine_round). A 15-minute search of a 105M decoder on a 2-core EPYC (Zen 4) ran six
+  trials in the payoff order alone, none of them on llama.cpp or IPEX, so its user never learned whether
+  the engine most CPU LLM users start from wins there. The int4 rule above is torchao's kernel: llama.cpp's,
+  OpenVINO's and IPEX's int4 are their own kernels and tier 1, like int8 weights (llama-batched-bench on
+  a 2-core EPYC with AVX-512 measured Q4_0 ahead of BF16 and Q8_0). The layout round waits for the engine
+  round (tuning/layouts.py).
 - Within a tier, backends whose preparation costs little go first (eager, then ONNX Runtime,
   OpenVINO, torchao, IPEX, and inductor, whose compile is the slowest), except a classifier's int8:
   OpenVINO's first. In the offline searches recorded (docs/manual/benchmarks-log.md) where its int8 passed the
@@ -77,7 +86,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.backends import backend_specs
+from autotune.backends import TORCHAO_HOSTS, backend_specs, engine_of
 from autotune.backends.base import LAST
 from autotune.backends.precision import CLAIMED_BUCKET
 from autotune.common.cpuinfo import INT8_DOT
@@ -176,12 +185,14 @@ def expected_payoff(
                 LATE_TIER,
                 "eager's int8 expected to lose: it decoded slower than eager bf16 or fp32 on every CPU recorded",
             )
-        if kind == "int4":
+        if kind == "int4" and backend in TORCHAO_HOSTS:
             return Payoff(
                 LATE_TIER,
-                "int4 weights expected to lose: the prompt's prefill runs the CPU int4 kernel, 5.6-6.8x bf16's time "
-                "on a Xeon with AMX",
+                "torchao's int4 weights expected to lose: the prompt's prefill runs its CPU int4 kernel, 5.6-6.8x "
+                "bf16's time on a Xeon with AMX",
             )
+        if kind == "int4":
+            return Payoff(1, "int4 weights in the engine's own kernels: decoding reads a quarter of bf16's bytes")
         if kind == "int8":
             return Payoff(1, "int8 weights: decoding reads half the bytes of bf16 per token")
     elif kind == "int8":
@@ -235,11 +246,14 @@ def prior_payoff(speedup: float, study: str) -> Payoff:
 
 @dataclass(frozen=True)
 class CoveragePlan:
-    """One coverage trial: its parameters, its tier and why it runs where it does (its `order`)."""
+    """One coverage trial: its parameters, its tier and why it runs where it does (its `order`);
+    `engine_round`: the most promising family of an engine not yet measured (text generation), run before
+    every other coverage trial and before the layout round."""
 
     params: dict[str, Any]
     tier: int
     order: str
+    engine_round: bool = False
 
     @property
     def expected_to_lose(self) -> bool:
@@ -258,13 +272,16 @@ def order_by_payoff(
     int8_first: str | None = CLASSIFIER_INT8_FIRST,
     reduction_depth: float | None = None,
     preferences: dict[tuple[str, str], Preference] | None = None,
+    measured_engines: set[str] | None = None,
 ) -> list[CoveragePlan]:
     """The coverage plans, highest expected payoff first, each with why it is where it is: families
     measured before on this machine by their speedup there, the others by the ISA rule. Stable: plans
     of the same tier and backend keep the space's order. `int8_first=None` orders a classifier's int8
     by preparation cost alone (the replay benchmark compares the two); `reduction_depth` is the model's
     (backends/torch_common.with_reduction_depth; None: not measured); a plan holding one of `preferences`'
-    values (coverage_preferences) says so in its order."""
+    values (coverage_preferences) says so in its order. Text generation starts with the engine round
+    (engine_round; `measured_engines`: those the baseline or earlier trials already measure)."""
+    measured_engines = measured_engines if measured_engines is not None else {"eager"}
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
@@ -283,7 +300,42 @@ def order_by_payoff(
                 reason = f"{reason}; {preference.why}"
         ranked.append((payoff.tier, within, index, params, reason))
     ranked.sort(key=lambda item: item[:3])
+    firsts = engine_round(ranked, task, measured_engines) if task == "generate" else []
+    ranked = [*firsts, *(item for item in ranked if item not in firsts)]
     return [
-        CoveragePlan(params, tier, f"coverage {place + 1}/{len(ranked)}, tier {tier}: {reason}")
+        CoveragePlan(
+            params,
+            tier,
+            f"coverage {place + 1}/{len(ranked)}, tier {tier}: {reason}"
+            + (f"; {ENGINE_ROUND_WHY}" if place < len(firsts) else ""),
+            engine_round=place < len(firsts),
+        )
         for place, (tier, _, _, params, reason) in enumerate(ranked)
     ]
+
+
+ENGINE_ROUND_WHY = (
+    "its engine's most promising family here, in the engine round: one per engine first, the cheapest to prepare first"
+)
+
+
+def engine_round(ranked: list[tuple[Any, ...]], task: str, measured: set[str]) -> list[tuple[Any, ...]]:
+    """Text generation: the first family of each engine in the payoff order (its most promising here), for
+    the engines no trial measures yet (`measured`: the baseline's eager), cheapest preparation first, then
+    the higher payoff. A user with a short budget learns what every engine makes on their machine: a
+    15-minute search of a 105M decoder on a 2-core EPYC ran six trials in the payoff order, none on
+    llama.cpp (its int4 was expected to lose, as torchao's is) or IPEX."""
+    firsts: dict[str, tuple[Any, ...]] = {}
+    for item in ranked:
+        params = item[3]
+        backend = params["backend"]
+        engine = engine_of(backend, params[f"{backend}.precision"], task)
+        if engine not in measured and engine not in firsts:
+            firsts[engine] = item
+    specs = backend_specs(task)
+
+    def cost(item: tuple[Any, ...]) -> tuple[int, int, int]:
+        spec = specs.get(item[3]["backend"])
+        return (spec.prepare_cost if spec is not None else LAST, item[0], item[2])
+
+    return sorted(firsts.values(), key=cost)

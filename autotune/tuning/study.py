@@ -22,7 +22,7 @@ import optuna
 from rich.console import Console
 from rich.live import Live
 
-from autotune.backends import backend_module
+from autotune.backends import backend_module, engine_of
 from autotune.backends.generation import precision_variant
 from autotune.backends.precision import ExecutedPrecision
 from autotune.common.errors import TrialFailed, UserError
@@ -55,7 +55,7 @@ from autotune.tuning.fleet import (
     register_orchestrator,
 )
 from autotune.tuning.hopeless import Proposal, hopeless_family, precision_variant_of
-from autotune.tuning.layouts import LayoutRound, coverage_batch
+from autotune.tuning.layouts import HeldPlan, LayoutRound, coverage_batch
 from autotune.tuning.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.tuning.priors import prior_kind, read_prior, sibling_storages
 from autotune.tuning.pruners import DriftPruner, SpeedPruner
@@ -487,8 +487,10 @@ def _enqueue_coverage(
     study.set_user_attr(Attr.ATTENTION_LAYERS, reference.attention_layers)  # what ordered the int8 coverage
     study.set_user_attr(Attr.REDUCTION_DEPTH, reference.reduction_depth)  # and whether int8 is expected to lose
     int8_first = int8_first_backend(machine.isa, reference.attention_layers)
+    # the engines the baseline and earlier studies' winners measure already: none of them in the engine round
+    measured = {engine_of(str(b), str(p), space.task) for b, p in covered} | ({"eager"} if baseline else set())
     ordered = order_by_payoff(
-        plans, machine.isa, space.task, family_speedups, int8_first, reference.reduction_depth, preferences
+        plans, machine.isa, space.task, family_speedups, int8_first, reference.reduction_depth, preferences, measured
     )
     if batch != space.baseline_batch_size:
         where = (
@@ -499,7 +501,12 @@ def _enqueue_coverage(
     if LayoutRound.applies(space, spec.objective):
         # released one at a time, so the layout round can run as soon as a family leads; the families
         # expected to lose are last in the payoff order, so they run after the round (tuning/layouts.py)
-        queue = [{"params": plan.params, "order": plan.order, "late": plan.expected_to_lose} for plan in ordered]
+        queue = [
+            HeldPlan(
+                plan.params, plan.order, late=plan.expected_to_lose and not plan.engine_round, first=plan.engine_round
+            ).to_json()
+            for plan in ordered
+        ]
         study.set_user_attr(Attr.COVERAGE_QUEUE, queue)
     else:
         for plan in ordered:
