@@ -69,7 +69,8 @@ optimum-intel: $(STAMP)
 	echo "$(OPTIMUM_PACKAGES)" > $(OPTIMUM_SHARE)/VERSION
 
 # llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
-# that compare autotune with them (docs/benchmarks/llm_engines.py); not needed to search.
+# that compare autotune with them (docs/benchmarks/llm_engines.py) and the test that sets autotune's llama.cpp
+# trial beside llama-batched-bench (make test-all builds them once: about 7 minutes on 2 cores); not needed to search.
 llama-tools: $(STAMP)
 	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = $(LLAMA_CPP_PYTHON) ]; then exit 0; fi; \
 	set -e; [ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \
@@ -115,7 +116,7 @@ search: setup
 test: setup test-system-packages
 	$(BIN)/python -m pytest -q --durations=20 -m "not slow" $(ARGS)
 
-test-all: setup test-system-packages
+test-all: setup test-system-packages llama-tools
 	$(BIN)/python -m pytest -q --durations=40 $(ARGS)
 
 # Format, lint and type checks (configured in pyproject.toml); CI runs them before the tests.

@@ -29,14 +29,14 @@ FAST = ["--measure-seconds", "0.3s-2s", "--eval-samples", "8", "--finalists", "0
 os.environ.setdefault("AUTOTUNE_MAX_STEAL", "0.5")
 
 
-def require(available: bool, what: str) -> None:
+def require(available: bool, what: str, how: str = "make setup installs it as root") -> None:
     """Skip a test whose machine lacks `what`, except in CI, which installs it: there it is a failure,
     so a missing allocator, numactl or core is never a silent skip."""
     if available:
         return
     if os.environ.get("CI"):
-        pytest.fail(f"CI must provide {what} (make setup installs it as root)")
-    pytest.skip(f"{what} is not available here (make setup installs it as root)")
+        pytest.fail(f"CI must provide {what} ({how})")
+    pytest.skip(f"{what} is not available here ({how})")
 
 
 def tiny(name: str = "tiny_cnn") -> str:

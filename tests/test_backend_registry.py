@@ -97,13 +97,14 @@ def test_every_fact_of_a_backend_is_in_its_spec():
 
     assert ordered("classify", "complexity") == ["eager", "inductor", "ipex", "onnxruntime", "openvino", "torchao"]
     assert ordered("classify", "prepare_cost") == ["eager", "onnxruntime", "openvino", "torchao", "ipex", "inductor"]
-    assert ordered("generate", "prepare_cost") == ["eager", "openvino", "ipex", "inductor", "llamacpp"]
+    # llama.cpp's conversion after OpenVINO's export, before IPEX's optimize and inductor's compile
+    assert ordered("generate", "prepare_cost") == ["eager", "openvino", "llamacpp", "ipex", "inductor"]
     classify = {"onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "torchao", "intel-extension-for-pytorch"}
     assert set(artifact_packages()) == {"torch", "torchvision", *classify}  # the cache keys of before
     assert set(artifact_packages("generate")) == {"torch", "torchvision", *classify, "transformers", "llama_cpp_python"}
     assert backend_specs("classify")["onnxruntime"].scheduling_options == ("execution_mode", "inter_op_threads")
     assert backend_specs("classify")["openvino"].scheduling_options == ("hint", "streams")
-    assert backend_specs("generate")["llamacpp"].scheduling_options == ("n_batch", "n_ubatch")
+    assert backend_specs("generate")["llamacpp"].scheduling_options == ("n_batch", "n_ubatch", "decode_threads")
     ipex = backend_specs("classify")["ipex"]
     assert ipex.applies("graph", "bf16") and not ipex.applies("graph", "int8") and ipex.applies("memory_format", "int8")
     assert ipex.choices["memory_format"][0] == "channels_last"

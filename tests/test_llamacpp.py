@@ -156,3 +156,71 @@ def test_a_model_llama_cpp_cannot_convert_fails_its_trial_with_the_reason_and_th
     assert engine and engine[0].state.name == "FAIL"
     assert "llama.cpp's converter does not support OPTForCausalLM" in engine[0].user_attrs["fail_cause"]
     assert any(t.state.name == "COMPLETE" and t.user_attrs["config"]["backend"] == "eager" for t in study.trials)
+
+
+def test_autotunes_llama_cpp_trial_runs_at_llama_batched_benchs_speed_on_the_same_gguf(searcher, workdir):
+    """The same GGUF and library should give at least the tool's speed: autotune's trial (its protocol: fresh
+    pinned process, warm-up, stop rule, a stamp per token) against llama-batched-bench at its defaults, pinned
+    to the same CPUs, both timed here: 4 sequences of 128 prompt tokens, 32 new each. One tool run lasts
+    ~15 ms on 2 cores, and single runs of it varied 2x on a shared machine (5.7-11.5 thousand tokens/s on an
+    AMX Xeon), so the trial's median is compared with the tool's best of 7 runs (its least disturbed) and its
+    median: at least 0.8x the best (a trial 20% slower than the tool, as on a Zen 4 at Q8_0, fails), at most
+    1.5x the median (a trial counting other work than the tool's)."""
+    from conftest import require
+
+    from autotune.backends.llamacpp.generate import AMX_BUILD, LlamaCppGenerator
+    from autotune.backends.llamacpp.own_tool import batched_bench, tool_path
+
+    tool = tool_path()
+    require(tool.is_file(), "llama-batched-bench", "make llama-tools builds it")
+    space = generation_space(workdir / "space.yaml", {"llamacpp": {"precision": ["Q8_0"]}}, sequences=(4,))
+    prompt, new, sequences = 128, 32, 4
+    shape = ["--prompt-tokens", str(prompt), "--new-tokens", str(new), "--measure-seconds", "1s-3s"]
+    result = searcher.generate(*shape, space=space, trials=1)
+    assert_trials_ran(result)
+    (trial,) = [t for t in load_study(workdir, "tiny_llama").trials if t.state.name == "COMPLETE"]
+    metrics = TrialMetrics.from_trial_attrs(trial.user_attrs)
+    config = TrialConfig.from_json(trial.user_attrs["config"])
+    gguf = next(iter((workdir / "studies" / ".cache").glob("artifacts/llamacpp-*-Q8_0-*/model.gguf")))
+    repack = AMX_BUILD not in LlamaCppGenerator.system_info()  # as the trial loads it
+    pin = trial.user_attrs["pin_prefixes"][0]
+    runs = [
+        batched_bench(tool, gguf, prompt, new, sequences, config.threads_per_instance, repack, pin)[
+            "generated_tokens_per_s"
+        ]
+        for _ in range(7)
+    ]
+    ours = metrics.throughput_sps
+    best, median = max(runs), sorted(runs)[len(runs) // 2]
+    assert ours >= 0.8 * best, (ours, runs)
+    assert ours <= 1.5 * median, (ours, runs)
+
+
+def test_repack_and_decode_threads_are_loaded_as_the_config_says_and_repack_off_is_refused_where_it_changes_nothing(
+    tmp_path,
+):
+    """The two llama.cpp settings the tool exposes and the trial did not: the extra weight buffers (`--no-repack`)
+    and a decode step's threads (`-t` beside `-tb`). A config of half the decode threads runs one of two (the
+    prefill all), and gives the same tokens; repack off is refused on an AMX build, where auto loads it off."""
+    import tiny_lm
+
+    from autotune.backends import backend_module
+    from autotune.backends.generation import prepare
+    from autotune.backends.llamacpp.generate import amx_build
+
+    torch.manual_seed(0)
+    model = tiny_lm.tiny_llama().eval()
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    outputs = {}
+    for options in ({}, {"repack": "off", "decode_threads": "half"}):
+        config = TrialConfig("llamacpp", "Q8_0", batch_size=2, threads_per_instance=2, options=options)
+        refusal = backend_module("llamacpp", "generate").unsupported(config)
+        assert (refusal is not None) == (options.get("repack") == "off" and amx_build()), refusal
+        engine, details = prepare(model, config, 4)
+        half = options.get("decode_threads") == "half"
+        assert details["threads"] == {"prefill": 2, "decode": 1 if half else 2}
+        assert details["extra_weight_buffers"].startswith("on") == (not options and not amx_build())
+        outputs[str(options)] = engine.generate(ids, stamp=False)
+        engine.close()
+    first, second = outputs.values()
+    assert torch.equal(first, second)

@@ -15,7 +15,8 @@ default 0.05: a tool row past it does not count) and beside the recipe.
 
 autotune's rows run autotune's protocol (a fresh pinned process per trial, warm-up, stop rule, a stamp per
 token); tokens/s is generated tokens over the timed calls' time (prefill and decode). llama-batched-bench's
-rows run `llama-batched-bench -m FILE -npp PROMPT -ntg NEW -npl SEQUENCES -t CORES -c CTX` (CTX: the
+rows run `llama-batched-bench -m FILE -npp PROMPT -ntg NEW -npl SEQUENCES -t CORES -c CTX`, pinned to the
+CPUs autotune's trial ran on (autotune/backends/llamacpp/own_tool.py; CTX: the
 tokens the shape needs, rounded up to 256, plus 256; its defaults
 otherwise: n_batch 2048, n_ubatch 512, flash attention auto; `--no-repack` where llama.cpp's build has AMX,
 whose weight buffers crash it, as autotune's trials load it) on the very file autotune's trial loaded, and
@@ -66,50 +67,6 @@ def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: in
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "command": shlex.join(command)}
-
-
-def batched_bench(
-    tool: Path, gguf: Path, prompt: int, new: int, sequences: int, threads: int, repack: bool = True
-) -> dict:
-    """One llama-batched-bench run at its defaults; its JSON line for this shape. `repack=False` adds
-    `--no-repack`: the extra weight buffers off, as autotune's trials load the GGUF on a build with AMX."""
-    command = [
-        str(tool),
-        "-m",
-        str(gguf),
-        "-npp",
-        str(prompt),
-        "-ntg",
-        str(new),
-        "-npl",
-        str(sequences),
-        "-t",
-        str(threads),
-        "-c",  # the KV cache the shape needs, padded: a combination that does not fit is skipped silently
-        str(-(-sequences * (prompt + new) // 256) * 256 + 256),
-        "--output-format",
-        "jsonl",
-        *([] if repack else ["--no-repack"]),
-    ]
-    # llama.cpp's logger prints from a thread the tool does not wait for at exit: its result line is lost in
-    # about one run of three (stdout, stderr and --log-file alike), so a run that printed none is run again
-    for attempt in range(1, 6):  # noqa: B007 (read after the loop)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:  # a crash (llama.cpp's AMX kernels: SIGSEGV) is a result of its own
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}: {last}")
-        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        row = next((line for line in lines if line.get("pl") == sequences), None)
-        if row is not None:
-            break
-    if row is None:
-        raise RuntimeError(f"{shlex.join(command)} printed no result in 5 runs: {done.stderr[-800:]}")
-    return {
-        **row,
-        "command": shlex.join(command),
-        "runs_to_print": attempt,
-        "generated_tokens_per_s": sequences * new / row["t"],
-    }
 
 
 def targets(rows: list[dict], max_drift: float) -> list[dict]:
@@ -192,19 +149,20 @@ def main() -> int:
     from rich.table import Table
 
     from autotune.backends.llamacpp.generate import AMX_BUILD, LlamaCppGenerator
+    from autotune.backends.llamacpp.own_tool import batched_bench, tool_path
     from autotune.common.errors import TrialFailed
     from autotune.machine.probe import probe_machine
     from autotune.machine.runtimes import discover_runtimes
     from autotune.measure.stopwatch import MeasureSettings
     from autotune.model.generation import GenerationWorkload
     from autotune.model.sources import resolve_model
-    from autotune.records.config import TrialConfig
+    from autotune.records.config import TrialConfig, pin_prefix
     from autotune.runner.trials import TrialContext, compute_reference, run_config
 
     parser = build_parser()
     args = parser.parse_args()
     os.environ["BENCH_LAYERS"] = str(args.layers)
-    tool = Path(sys.prefix) / "share" / "llama.cpp" / "bin" / "llama-batched-bench"
+    tool = tool_path()
     if args.types and not tool.is_file():
         print(f"{tool} is missing: run `make llama-tools` first", file=sys.stderr)
         return 2
@@ -307,8 +265,9 @@ def main() -> int:
                 )
                 if config.backend == "llamacpp" and config.precision in files:
                     try:
+                        pin = pin_prefix(config.instance_cpus(machine)[0], machine)  # where the trial ran
                         measured = batched_bench(
-                            tool, files[config.precision], args.prompt, args.new, sequences, cores, repack
+                            tool, files[config.precision], args.prompt, args.new, sequences, cores, repack, pin
                         )
                     except RuntimeError as exc:
                         failures.append({"sequences": sequences, "row": f"llama-batched-bench {config.precision}"})

@@ -11,6 +11,7 @@ drift pass asks for the compared positions and every decode step, fed FP32's gre
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from array import array
 from collections import Counter
@@ -45,6 +46,13 @@ class LlamaCppOptions(BackendOptions):
     n_ubatch: int = choice(512, 256, 128, scheduling=True)  # tokens per physical compute batch
     flash_attn: bool = choice(True, False)
     kv_cache_type: str = choice(*KV_CACHE_TYPES)
+    # llama.cpp's extra weight buffers (`use_extra_bufts`: the weights repacked for this CPU's kernels, and AMX's):
+    # auto = on, as in llama.cpp's tools, but off on a build with AMX, whose buffers crash llama_decode (there
+    # "off" is the same load, refused); off = the weights as the GGUF holds them
+    repack: str = choice("auto", "off")
+    # threads of a decode step (one token per sequence): all the instance's, or half (the prompt's prefill always
+    # takes all); a memory-bound step may not scale to every thread
+    decode_threads: str = choice("all", "half", scheduling=True)
 
 
 SPEC = BackendSpec(
@@ -78,7 +86,17 @@ def unsupported(config: BackendConfig) -> str | None:
         return "llama.cpp quantizes the V cache only with flash attention"
     if int(options.n_ubatch) > int(options.n_batch):
         return "n_ubatch cannot exceed n_batch"
+    if options.repack == "off" and amx_build():
+        return (
+            "repack off is repack auto here: this llama.cpp build has AMX, so its extra weight buffers are off already"
+        )
     return None
+
+
+@functools.cache
+def amx_build() -> bool:
+    """Whether this runtime's llama.cpp was built with AMX kernels (its system info says AMX_INT8)."""
+    return AMX_BUILD in LlamaCppGenerator.system_info()
 
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
@@ -127,12 +145,19 @@ def prepare(
             n_ubatch=int(options.n_ubatch),
             flash_attn=bool(options.flash_attn),
             kv_cache_type=str(options.kv_cache_type),
+            repack=str(options.repack) == "auto",
+            decode_threads=str(options.decode_threads),
         )
     generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
     details["llama_cpp_system_info"] = generator.system_info()
     details["extra_weight_buffers"] = (
-        "on" if generator.extra_buffers else "off: this llama.cpp build has AMX, whose buffers crash llama_decode"
+        "on"
+        if generator.extra_buffers
+        else "off: this llama.cpp build has AMX, whose buffers crash llama_decode"
+        if generator.repack
+        else "off (repack off)"
     )
+    details["threads"] = {"prefill": generator.threads, "decode": generator.decode_thread_count}
     return generator, details
 
 
@@ -172,6 +197,8 @@ class LlamaCppGenerator:
     n_ubatch: int = 512
     flash_attn: bool = True
     kv_cache_type: str = "f16"
+    repack: bool = True  # llama.cpp's extra weight buffers, where the build has no AMX
+    decode_threads: str = "all"  # or "half": a decode step's threads
     token_stamps: array = field(default_factory=lambda: array("d"))
     _model: Any = None
     _contexts: dict[tuple[int, int], Any] = field(default_factory=dict)
@@ -183,13 +210,18 @@ class LlamaCppGenerator:
         _install_quiet_log()
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
-        self.extra_buffers = AMX_BUILD not in self.system_info()
+        self.extra_buffers = self.repack and AMX_BUILD not in self.system_info()
         params.use_extra_bufts = self.extra_buffers
         self._model = llama_cpp.llama_model_load_from_file(str(self.gguf).encode(), params)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {self.gguf}")
         self.vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model))
         self.model = None  # no torch module: the probe reads the GGUF's tensor types
+
+    @property
+    def decode_thread_count(self) -> int:
+        """Threads of a decode step: the instance's, or half of them."""
+        return self.threads if self.decode_threads == "all" else max(1, self.threads // 2)
 
     @staticmethod
     def system_info() -> str:
@@ -233,7 +265,8 @@ class LlamaCppGenerator:
             params.n_batch = self.n_batch
             params.n_ubatch = min(self.n_ubatch, self.n_batch)
             params.n_seq_max = sequences
-            params.n_threads = params.n_threads_batch = self.threads
+            params.n_threads = self.decode_thread_count
+            params.n_threads_batch = self.threads
             params.flash_attn_type = (
                 llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
