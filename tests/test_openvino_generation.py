@@ -130,3 +130,48 @@ def test_a_bf16_hint_is_refused_where_the_cpu_has_no_bf16():
     assert engine.unsupported(f32) is None
     if refusal:
         assert "offers no bf16" in refusal and "FP32" in refusal
+
+
+def test_genais_scheduler_cap_split_fuse_and_kv_groups_reach_the_pipeline_and_keep_its_tokens(tmp_path):
+    """The settings OpenVINO GenAI exposes and autotune did not search: a cap on the tokens one step
+    computes (here under the batch's 3 x 100 prompt tokens, so the prefill takes several steps), with
+    split-fuse on and off, and the u8 KV cache's groups. Each reaches the pipeline (the trial's details say so,
+    the drift request compiled with the groups) and decodes the same greedy tokens on an fp32 IR; the
+    combinations that would repeat another trial are refused."""
+    import tiny_lm
+
+    from autotune.backends import backend_module
+    from autotune.backends.generation import prepare
+
+    torch.manual_seed(0)
+    model = tiny_lm.tiny_llama().eval()
+    ids = torch.randint(0, 256, (3, 100), generator=torch.Generator().manual_seed(1))
+    module = backend_module("openvino", "generate")
+    unsupported = module.unsupported
+    exported = module.build_artifact(model, None, TrialConfig("openvino", "fp32", batch_size=3), tmp_path)
+    artifact = {"dir": str(tmp_path), "details": exported}  # exported once, as the prepare step does
+    plain = {"kv_cache_precision": "f32", "dynamic_quantization_group_size": 0}
+    tokens = []
+    for options in (
+        plain,
+        {**plain, "max_num_batched_tokens": 128, "dynamic_split_fuse": True},
+        {**plain, "max_num_batched_tokens": 128, "dynamic_split_fuse": False},
+        {"kv_cache_precision": "u8", "kv_cache_group_size": 16, "dynamic_quantization_group_size": 0},
+    ):
+        config = TrialConfig("openvino", "fp32", batch_size=3, threads_per_instance=1, options=options)
+        assert unsupported(config) is None
+        engine, details = prepare(model, config, 6, artifact=artifact)
+        cap = options.get("max_num_batched_tokens")
+        assert details["scheduler"]["max_num_batched_tokens"] == cap
+        assert details["scheduler"]["dynamic_split_fuse"] == options.get("dynamic_split_fuse", True)
+        if "kv_cache_group_size" in options:
+            assert details["drift_request_runtime"]["KV_CACHE_PRECISION"] == "u8"
+        tokens.append(engine.generate(ids, stamp=False))
+    assert all(torch.equal(tokens[0], other) for other in tokens[1:3])  # scheduling only: the same tokens
+    assert (tokens[3] == tokens[0]).float().mean() > 0.8  # a u8 cache in groups of 16 (the tiny heads): nearly the same
+    refuse = [
+        {"kv_cache_precision": "f16", "kv_cache_group_size": 32},
+        {"max_num_batched_tokens": 0, "dynamic_split_fuse": False},
+    ]
+    for options in refuse:
+        assert unsupported(TrialConfig("openvino", "fp32", batch_size=3, options=options)) is not None

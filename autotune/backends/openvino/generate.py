@@ -42,6 +42,14 @@ class OpenVinoGenerateOptions(BackendOptions):
     dynamic_quantization_group_size: int = choice(32, 0, 128, precisions=("int8_asym", *ir_export.INT4))
     group_size: int = choice(128, 64, 32, precisions=ir_export.INT4)  # NNCF's int4 group
     ratio: float = choice(1.0, 0.8, precisions=ir_export.INT4)  # share of the matrices in int4 (the rest int8)
+    # the u8 KV cache's quantization groups along each head (KEY_CACHE_GROUP_SIZE and VALUE_CACHE_GROUP_SIZE);
+    # 0: the plugin's own (one group per head); refused with another KV precision, where it does nothing
+    kv_cache_group_size: int = choice(0, 32, 64, 16)
+    # GenAI's continuous-batching scheduler: the most tokens one step computes (0: no cap, as benchmark_genai
+    # runs), and whether a step fuses prompt chunks with the running sequences' decode tokens (split-fuse) or
+    # prefills whole prompts apart; with the cap, a batch's prompts are prefilled in several steps
+    max_num_batched_tokens: int = choice(0, 2048, 512, scheduling=True)
+    dynamic_split_fuse: bool = choice(True, False, scheduling=True)
 
 
 SPEC = BackendSpec(
@@ -70,11 +78,17 @@ def unavailable() -> str | None:
 
 
 def unsupported(config: BackendConfig) -> str | None:
-    """A bf16 hint the CPU plugin cannot honour compiles f32: the trial would repeat the f32 one."""
-    if OpenVinoGenerateOptions.of(config).inference_precision == "bf16":
+    """A bf16 hint the CPU plugin cannot honour compiles f32: the trial would repeat the f32 one; so would KV
+    groups for a cache in f16 or f32, and split-fuse on or off without a cap (every prompt in one step)."""
+    options = OpenVinoGenerateOptions.of(config)
+    if options.inference_precision == "bf16":
         offered = plugin_capabilities()
         if "BF16" not in offered:
             return f"the CPU plugin offers no bf16 here (its capabilities: {' '.join(offered)})"
+    if options.kv_cache_group_size and options.kv_cache_precision != "u8":
+        return f"KV cache groups quantize a u8 cache: a {options.kv_cache_precision} cache has none"
+    if not options.dynamic_split_fuse and not options.max_num_batched_tokens:
+        return "split-fuse off changes nothing without a max_num_batched_tokens cap"
     return None
 
 
@@ -141,7 +155,11 @@ def prepare(
             inference_precision=str(options.inference_precision),
             kv_cache_precision=str(options.kv_cache_precision),
             dynamic_quantization_group_size=int(options.dynamic_quantization_group_size),
+            kv_cache_group_size=int(options.kv_cache_group_size),
+            max_num_batched_tokens=int(options.max_num_batched_tokens),
+            dynamic_split_fuse=bool(options.dynamic_split_fuse),
         )
+        details["scheduler"] = generator.scheduler_settings
         details["drift_request_runtime"] = generator.runtime_properties()  # compiled while the IR is here
     generator.probe = ir_weight_probe(details["weight_types"])
     details["runner"] = generator.engine
@@ -191,6 +209,9 @@ class OpenVinoGenerator:
     inference_precision: str = "f32"
     kv_cache_precision: str = "u8"
     dynamic_quantization_group_size: int = 32
+    kv_cache_group_size: int = 0  # 0: the plugin's own
+    max_num_batched_tokens: int = 0  # 0: no cap
+    dynamic_split_fuse: bool = True
     token_stamps: array = field(default_factory=lambda: array("d"))
     probe: Any = None  # what the worker asks what runs: the IR's weight types (ir_weight_probe)
 
@@ -203,9 +224,14 @@ class OpenVinoGenerator:
             "KV_CACHE_PRECISION": self.kv_cache_precision,
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.dynamic_quantization_group_size,
         }
+        if self.kv_cache_group_size:
+            properties["KEY_CACHE_GROUP_SIZE"] = properties["VALUE_CACHE_GROUP_SIZE"] = self.kv_cache_group_size
         scheduler = openvino_genai.SchedulerConfig()  # benchmark_genai's: no prefix cache, no token cap
         scheduler.enable_prefix_caching = False
-        scheduler.max_num_batched_tokens = sys.maxsize
+        scheduler.max_num_batched_tokens = self.max_num_batched_tokens or sys.maxsize
+        # GenAI asks for no more sequences than tokens per step (its default: 256 sequences)
+        scheduler.max_num_seqs = min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
+        scheduler.dynamic_split_fuse = self.dynamic_split_fuse
         self._pipeline = openvino_genai.LLMPipeline(
             str(self.ir.parent), "CPU", scheduler_config=scheduler, **properties
         )
@@ -220,6 +246,15 @@ class OpenVinoGenerator:
         self._request: Any = None
         self.sliced = False
         self.model = None  # no torch module: the probe reads the IR's weight types
+
+    @property
+    def scheduler_settings(self) -> dict[str, Any]:
+        """What GenAI's scheduler was given (max_num_batched_tokens None: no cap)."""
+        return {
+            "max_num_batched_tokens": self.max_num_batched_tokens or None,
+            "dynamic_split_fuse": self.dynamic_split_fuse,
+            "kv_cache_group_size": self.kv_cache_group_size or "the plugin's",
+        }
 
     def _drift_request(self) -> Any:
         """The stateful infer request the passes that need logits run, compiled on first use: a second copy
