@@ -1330,6 +1330,15 @@ def test_generation_sequences_are_the_total_split_evenly_across_instances():
     assert [(v["instances"], v["sequences"]) for v in variants] == [(2, 6)]  # 4 does not split 6
     classify_data = {"batch_size": [1], "instances": [1, 2, 3], "backends": data["backends"]}
     assert SearchSpace.parse(classify_data, fake_machine(cores=4, smt=1), RUNTIMES).instances == [1, 2, 3]
+    # coverage on the first instance count that splits its total; a prior winner's total the space does not
+    # list is sampled, and so are its instances
+    two_first = SearchSpace.parse(
+        {**data, "instances": [2, 1]}, fake_machine(cores=4, smt=1), RUNTIMES, task="generate"
+    )
+    assert [(p["instances"], p["sequences"]) for p in two_first.coverage_params(batch=1)] == [(1, 1)]
+    assert [(p["instances"], p["sequences"]) for p in two_first.coverage_params(batch=8)] == [(2, 8)]
+    kept, dropped = notes_space.offered_params({**base, "sequences": 16, "instances": 2})
+    assert "sequences" not in kept and "instances" not in kept and "instances=2" in dropped
 
 
 def test_a_generation_coverage_starts_with_every_engines_most_promising_family_cheapest_first():

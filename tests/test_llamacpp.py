@@ -200,8 +200,11 @@ def test_repack_and_decode_threads_are_loaded_as_the_config_says_and_repack_off_
     tmp_path,
 ):
     """The two llama.cpp settings the tool exposes and the trial did not: the extra weight buffers (`--no-repack`)
-    and a decode step's threads (`-t` beside `-tb`). A config of half the decode threads runs one of two (the
-    prefill all), and gives the same tokens; repack off is refused on an AMX build, where auto loads it off."""
+    and a one-sequence decode step's threads (`-t` beside `-tb`). A config of half the decode threads gives its
+    context one decode thread of two (the prefill all, as llama.cpp reads them back), and the same tokens;
+    repack off is refused on an AMX build, where auto loads it off, and half the decode threads where llama.cpp
+    would not use them (several sequences per step take the batch threads)."""
+    import llama_cpp
     import tiny_lm
 
     from autotune.backends import backend_module
@@ -210,17 +213,23 @@ def test_repack_and_decode_threads_are_loaded_as_the_config_says_and_repack_off_
 
     torch.manual_seed(0)
     model = tiny_lm.tiny_llama().eval()
-    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    unsupported = backend_module("llamacpp", "generate").unsupported
     outputs = {}
     for options in ({}, {"repack": "off", "decode_threads": "half"}):
-        config = TrialConfig("llamacpp", "Q8_0", batch_size=2, threads_per_instance=2, options=options)
-        refusal = backend_module("llamacpp", "generate").unsupported(config)
+        config = TrialConfig("llamacpp", "Q8_0", batch_size=1, threads_per_instance=2, options=options)
+        refusal = unsupported(config)
         assert (refusal is not None) == (options.get("repack") == "off" and amx_build()), refusal
         engine, details = prepare(model, config, 4)
         half = options.get("decode_threads") == "half"
         assert details["threads"] == {"prefill": 2, "decode": 1 if half else 2}
         assert details["extra_weight_buffers"].startswith("on") == (not options and not amx_build())
         outputs[str(options)] = engine.generate(ids, stamp=False)
+        ((context, _),) = engine._contexts.values()
+        assert (llama_cpp.llama_n_threads(context), llama_cpp.llama_n_threads_batch(context)) == (1 if half else 2, 2)
         engine.close()
     first, second = outputs.values()
     assert torch.equal(first, second)
+    for batch, threads in ((2, 2), (1, 1)):
+        half = TrialConfig("llamacpp", "Q8_0", batch, threads_per_instance=threads, options={"decode_threads": "half"})
+        assert "decode threads half changes nothing here" in (unsupported(half) or "")

@@ -164,8 +164,9 @@ def test_genais_scheduler_cap_split_fuse_and_kv_groups_reach_the_pipeline_and_ke
         cap = options.get("max_num_batched_tokens")
         assert details["scheduler"]["max_num_batched_tokens"] == cap
         assert details["scheduler"]["dynamic_split_fuse"] == options.get("dynamic_split_fuse", True)
-        if "kv_cache_group_size" in options:
-            assert details["drift_request_runtime"]["KV_CACHE_PRECISION"] == "u8"
+        runtime = details["drift_request_runtime"]  # what the plugin compiled with the same properties
+        groups = str(options.get("kv_cache_group_size", 0))
+        assert (runtime["KEY_CACHE_GROUP_SIZE"], runtime["VALUE_CACHE_GROUP_SIZE"]) == (groups, groups), runtime
         tokens.append(engine.generate(ids, stamp=False))
     assert all(torch.equal(tokens[0], other) for other in tokens[1:3])  # scheduling only: the same tokens
     assert (tokens[3] == tokens[0]).float().mean() > 0.8  # a u8 cache in groups of 16 (the tiny heads): nearly the same

@@ -1,6 +1,9 @@
 """The layout round: once a family other than the baseline leads, the leader is measured with every
 other split of the cores into pinned instances, alternating with the coverage still to come.
 
+(Text generation's measurements quoted below as "N sequences as I x T" were made when a study's sequences
+counted per instance: N on each of I instances. Since 2026-11-29 they count the total, which a split keeps.)
+
 How many instances share the cores is the dimension with the largest effect after backend and
 precision, and the coverage round measures every family with one instance on all cores only. Small
 models win with several one-thread instances (efficientnet_b0 on a 2-core EPYC: ONNX Runtime fp32,
@@ -347,7 +350,7 @@ class LayoutRound:
             drifted = None if held.deferred else self._drifted_weights(study, held.params)
             if drifted is not None:  # once
                 why = f" (after the other coverage: trial {drifted.number} pruned the same quantized weights on drift)"
-                deferred = replace(held, deferred=True, order=held.order + why)
+                deferred = replace(held, deferred=True, first=False, order=held.order + why)  # no longer first
                 if held.late:  # a family expected to lose: after all of them
                     queue = [*queue, deferred]
                 else:  # after the other coverage that may lead, before the families expected to lose

@@ -472,6 +472,9 @@ class SearchSpace:
                 dropped.append(f"{name}={value}")
         if "backend" not in kept:
             return {}, dropped
+        if self.task == "generate" and self.batch_param not in kept and "instances" in kept:
+            # a total this space does not list is sampled: the instances too, or the split may be uneven
+            dropped.append(f"instances={kept.pop('instances')}")
         return kept, dropped
 
     def coverage_params(
@@ -483,7 +486,9 @@ class SearchSpace:
         every backend is measured once before the sampler concentrates."""
         preferred = preferred or {}
         batch = self.baseline_batch_size if batch is None else batch
-        threads = most_threads(self.instances[0], self.threads, self.cores)
+        # generation: the first instance count that splits the total evenly (1 always does, where listed)
+        count = next((n for n in self.instances if self.task != "generate" or batch % n == 0), self.instances[0])
+        threads = most_threads(count, self.threads, self.cores)
         if threads is None:
             return []
         plans = []
@@ -496,7 +501,7 @@ class SearchSpace:
                         f"{backend}.precision": precision,
                         self.batch_param: batch,
                         "allocator": self.allocators[0],
-                        "instances": self.instances[0],
+                        "instances": count,
                         "threads_per_instance": threads,
                     }
                     params.update(

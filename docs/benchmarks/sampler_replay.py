@@ -66,7 +66,7 @@ from rich.table import Table
 
 from autotune.measure.drift import DriftCriterion
 from autotune.records.options import DEFAULT_FINALISTS as FINALISTS  # the configurations the finalist round re-measures
-from autotune.records.spec import default_storage
+from autotune.records.spec import StoredSpec, default_storage
 from autotune.tuning.hopeless import FAR_SLOWER, drift_far_beyond, gate_pace_per_core, gate_verdict
 from autotune.tuning.layouts import OBJECTIVES as LAYOUT_OBJECTIVES
 from autotune.tuning.layouts import best_layout, layout_variants, most_sequences_variant
@@ -386,7 +386,8 @@ def layout_round(
     """The replay's leader with every other instance split (layout_variants), to enqueue with their user
     attributes, each charged its leader's cost when the recorded study never measured it; for text
     generation the most-sequences trial follows (enqueue_most_sequences), and a split keeps the leader's
-    sequences. Not replayed (tuning/layouts.py): the generation coverage's drift deferral, the later rounds
+    sequences (the total, in a study whose sequences count it). Not replayed (tuning/layouts.py): the
+    generation coverage's drift deferral, the later rounds
     for a family that takes the lead after the first, and text generation's coverage at the most sequences
     and, after the round, at its best layout (round_layout): the replay runs the recorded coverage trials
     as they were."""
@@ -395,8 +396,11 @@ def layout_round(
     dims = instance_dims(distributions, recorded)
     if dims[4] == "sequences":  # then the best layout with the most sequences, as the search's callback does
         study.set_user_attr("sequences_round_due", leader.number)
-    generation = dims[4] == "sequences"  # a split keeps a generation leader's sequences on each instance
-    variants = layout_variants(leader.params, *dims[:3], None if generation else dims[3], dims[4])
+    generation = dims[4] == "sequences"
+    # a split keeps a generation leader's sequences: on each instance in a study stored when they counted per
+    # instance, in all (each instance its share) in one stored since
+    total = generation and StoredSpec.of(recorded).sequences_meaning == "total"
+    variants = layout_variants(leader.params, *dims[:3], None if generation else dims[3], dims[4], split_total=total)
     return [(params, {"layout": True, "leader_cost_s": cost}) for params in variants]
 
 

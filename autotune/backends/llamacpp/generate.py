@@ -50,8 +50,9 @@ class LlamaCppOptions(BackendOptions):
     # auto = on, as in llama.cpp's tools, but off on a build with AMX, whose buffers crash llama_decode (there
     # "off" is the same load, refused); off = the weights as the GGUF holds them
     repack: str = choice("auto", "off")
-    # threads of a decode step (one token per sequence): all the instance's, or half (the prompt's prefill always
-    # takes all); a memory-bound step may not scale to every thread
+    # threads of a one-sequence decode step (llama.cpp's n_threads, which it uses for a batch of one token): all
+    # the instance's, or half (the prompt's prefill, and a step of several sequences, take n_threads_batch: all);
+    # a memory-bound step may not scale to every thread
     decode_threads: str = choice("all", "half", scheduling=True)
 
 
@@ -80,12 +81,18 @@ def unavailable() -> str | None:
 
 
 def unsupported(config: BackendConfig) -> str | None:
-    """A quantized V cache needs flash attention in llama.cpp; n_ubatch cannot exceed n_batch."""
+    """A quantized V cache needs flash attention in llama.cpp; n_ubatch cannot exceed n_batch; half the decode
+    threads and repack off are refused where they would repeat another trial."""
     options = LlamaCppOptions.of(config)
     if options.kv_cache_type != "f16" and not options.flash_attn:
         return "llama.cpp quantizes the V cache only with flash attention"
     if int(options.n_ubatch) > int(options.n_batch):
         return "n_ubatch cannot exceed n_batch"
+    if options.decode_threads == "half" and (int(config.batch_size) > 1 or int(config.threads_per_instance) < 2):
+        return (
+            "decode threads half changes nothing here: llama.cpp takes all for a step of several sequences, "
+            "and half of one thread is one"
+        )
     if options.repack == "off" and amx_build():
         return (
             "repack off is repack auto here: this llama.cpp build has AMX, so its extra weight buffers are off already"

@@ -282,6 +282,8 @@ class OpenVinoGenerator:
             "KV_CACHE_PRECISION",
             "DYNAMIC_QUANTIZATION_GROUP_SIZE",
             "INFERENCE_NUM_THREADS",
+            "KEY_CACHE_GROUP_SIZE",
+            "VALUE_CACHE_GROUP_SIZE",
         )
         self._drift_request()
         values = {name: self._compiled.get_property(name) for name in names}
