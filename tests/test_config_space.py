@@ -1337,8 +1337,9 @@ def test_generation_sequences_are_the_total_split_evenly_across_instances():
     )
     assert [(p["instances"], p["sequences"]) for p in two_first.coverage_params(batch=1)] == [(1, 1)]
     assert [(p["instances"], p["sequences"]) for p in two_first.coverage_params(batch=8)] == [(2, 8)]
-    kept, dropped = notes_space.offered_params({**base, "sequences": 16, "instances": 2})
-    assert "sequences" not in kept and "instances" not in kept and "instances=2" in dropped
+    kept, dropped = notes_space.offered_params({**base, "sequences": 16, "instances": 1, "threads_per_instance": 4})
+    assert not {"sequences", "instances", "threads_per_instance"} & set(kept), kept
+    assert {"instances=1", "threads_per_instance=4"} <= set(dropped)
 
 
 def test_a_generation_coverage_starts_with_every_engines_most_promising_family_cheapest_first():
@@ -1438,7 +1439,21 @@ def test_a_study_names_the_engines_it_never_tried():
     held = {"backend": "llamacpp", "llamacpp.precision": "Q8_0"}
     study.set_user_attr(Attr.COVERAGE_QUEUE, [{"params": held, "order": "coverage", "late": False}])
     study.enqueue_trial({"backend": "eager", "eager.precision": "woq_int8"})
+    infeasible = {"backend": "openvino", "openvino.precision": "int8_asym"}  # a prior winner that could not run
+    distributions = {
+        "backend": optuna.distributions.CategoricalDistribution(["openvino"]),
+        "openvino.precision": optuna.distributions.CategoricalDistribution(["int8_asym"]),
+    }
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            params=infeasible,
+            distributions=distributions,
+            user_attrs={"prune_reason": "not launched: 2 instances x 2 threads exceeds the 2 physical cores"},
+        )
+    )
     untried = untried_engines(study)
-    assert set(untried) == {"inductor", "llamacpp", "torchao"}
+    assert set(untried) == {"inductor", "llamacpp", "torchao", "openvino"}
+    assert "exceeds the 2 physical cores" in untried["openvino"]
     assert untried["inductor"].startswith("deferred: its compile") and "--budget" in untried["llamacpp"]
     assert "engines never tried: inductor: deferred" in study_summary(study)

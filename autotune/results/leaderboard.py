@@ -273,6 +273,8 @@ def untried_engines(study: optuna.study.Study) -> dict[str, str]:
             tried.add(engine)
         elif trial.user_attrs.get(Attr.DEFERRED):
             why.setdefault(engine, f"deferred: {attrs.prune_reason}")
+        elif attrs.prune_reason:  # pruned before launching: the configuration it was to run could not
+            why.setdefault(engine, f"its trial {trial.number} was not launched: {attrs.prune_reason}")
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     held = [
         *(plan.get("params") or {} for plan in study.user_attrs.get(Attr.COVERAGE_QUEUE) or []),

@@ -472,9 +472,12 @@ class SearchSpace:
                 dropped.append(f"{name}={value}")
         if "backend" not in kept:
             return {}, dropped
-        if self.task == "generate" and self.batch_param not in kept and "instances" in kept:
-            # a total this space does not list is sampled: the instances too, or the split may be uneven
-            dropped.append(f"instances={kept.pop('instances')}")
+        if self.task == "generate" and self.batch_param not in kept:
+            # a total this space does not list is sampled: its split too (instances and their threads), or the
+            # split may be uneven or the threads not fit
+            for name in ("instances", "threads_per_instance"):
+                if name in kept:
+                    dropped.append(f"{name}={kept.pop(name)}")
         return kept, dropped
 
     def coverage_params(
