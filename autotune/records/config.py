@@ -89,6 +89,16 @@ class TrialConfig(Record):
 
     # ---- launch -----------------------------------------------------------------------------------
     @property
+    def total_batch(self) -> int:
+        """Samples (a generation trial's sequences) in flight on the machine: every instance's batch together."""
+        return self.batch_size * self.instances
+
+    @property
+    def split(self) -> str:
+        """The total batch and its split over instances: "8 = 2 x 4"."""
+        return f"{self.total_batch} = {self.instances} x {self.batch_size}"
+
+    @property
     def total_cores(self) -> int:
         return self.instances * self.threads_per_instance
 

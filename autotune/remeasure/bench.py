@@ -196,8 +196,8 @@ def compare_with_baseline(
     ctx = context_from_best(best)
     source = ctx.reference.model
     baseline, winner = best.baseline.config, best.config
-    total = winner.batch_size * winner.instances
-    if ctx.reference.generation is not None and baseline.batch_size * baseline.instances != total:
+    total = winner.total_batch
+    if ctx.reference.generation is not None and baseline.total_batch != total:
         # the same work: the study's baseline (eager fp32, one instance) at the winner's total sequences
         baseline = replace(baseline, batch_size=total, instances=1)
     measures: dict[str, Measure] = {

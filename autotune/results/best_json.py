@@ -244,7 +244,7 @@ def _sequences_split(study: optuna.study.Study, spec: StoredSpec, config: TrialC
                 )
             )
     return SequencesSplit(
-        total=config.batch_size * config.instances,
+        total=config.total_batch,
         instances=config.instances,
         per_instance=config.batch_size,
         meaning=spec.sequences_meaning,

@@ -17,7 +17,6 @@ from autotune.backends import engine_of
 from autotune.common.errors import UserError
 from autotune.machine.runtimes import MAIN
 from autotune.records.attributes import Attr, TrialAttrs
-from autotune.records.config import TrialConfig
 from autotune.records.spec import StoredSpec
 from autotune.results.best_json import choose_winner
 from autotune.results.selection import (
@@ -99,15 +98,10 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[Leaderboa
                 max_wait_ms=metrics.server.max_wait_ms if metrics.server else None,
                 runtime=metrics.runtime.name if metrics.runtime else MAIN,
                 baseline=attrs.baseline,
-                split=split_of(attrs.config) if generation and attrs.config else None,
+                split=attrs.config.split if generation and attrs.config else None,
             )
         )
     return rows
-
-
-def split_of(config: TrialConfig) -> str:
-    """A generation trial's workload and its split: total sequences = instances x sequences each."""
-    return f"{config.batch_size * config.instances} = {config.instances} x {config.batch_size}"
 
 
 def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[LeaderboardRow] | None = None) -> Table:
@@ -232,7 +226,7 @@ def winner_lines(study: optuna.study.Study) -> list[str]:
     name = f"trial {best.number} {TrialAttrs.of(best).config_summary or ''}".rstrip()
     config = TrialAttrs.of(best).config
     if config is not None and throughput_unit(study) == "tokens/s":
-        name += f" ({config.batch_size * config.instances} sequences as {config.instances} x {config.batch_size})"
+        name += f" ({config.total_batch} sequences as {config.instances} x {config.batch_size})"
     candidate = record.entry(best.number) if record is not None else None
     summary = candidate.summary if candidate is not None else None
     if record is None or summary is None or summary.median is None:

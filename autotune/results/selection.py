@@ -100,10 +100,10 @@ def sequences_total(trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> int
     workload a generation trial ran, whatever the study's `sequences` meant when it was stored; None without
     a recorded config."""
     config = TrialAttrs.of(trial).config
-    return None if config is None else config.batch_size * config.instances
+    return None if config is None else config.total_batch
 
 
-def workload_of(study: optuna.study.Study, trial: optuna.trial.FrozenTrial) -> int | None:
+def workload_of(study: optuna.study.Study, trial: optuna.trial.FrozenTrial | optuna.trial.Trial) -> int | None:
     """The total sequences a generation trial's speed is compared within (only trials that ran the same
     work compare); None for other studies, whose trials all compare."""
     return sequences_total(trial) if StoredSpec.of(study).task == "generate" else None

@@ -115,7 +115,7 @@ def as_measured(params: dict[str, Any], config: TrialConfig | None) -> dict[str,
     value, and the enqueued winner would not be the one measured), and a generation winner's sequences as
     the total it ran (a study stored when they counted per instance held 8 for 2 x 8)."""
     if config is not None and "sequences" in params:
-        params["sequences"] = config.batch_size * config.instances
+        params["sequences"] = config.total_batch
     backend = params.get("backend")
     weight_only = params.get(f"{backend}.precision") in WEIGHT_ONLY
     if config is not None and weight_only and f"{backend}.activations" not in params:

@@ -15,7 +15,7 @@ from autotune.measure.speed_gate import GateVerdict, SpeedGate
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import Screening
-from autotune.results.selection import sequences_total
+from autotune.results.selection import workload_of
 from autotune.tuning.pruners import SpeedPruner
 
 # The objectives whose screening and gate are compared as throughput; the others as latency.
@@ -83,7 +83,7 @@ def _screening_prune_reason(
     generation) and the margin with its noise."""
     study = trial.study
     speed = getattr(study.pruner, "wrapped", None)
-    total = sequences_total(trial) if task == "generate" else None
+    total = workload_of(study, trial)
     verdict = speed.verdict(study, value, ci_rel, total=total) if isinstance(speed, SpeedPruner) else None
     counted = "tokens/s" if task == "generate" else "samples/s"  # generated tokens, for a language model
     unit = {"throughput": counted, "server": f"{counted} (closed loop; best: requests/s sustained)"}.get(

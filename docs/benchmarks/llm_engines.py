@@ -202,7 +202,7 @@ def main() -> int:
                 f"{best_file} was tuned for prompt {generation['prompt_tokens']}, {generation['new_tokens']} new"
             )
         winner = TrialConfig.from_json(best["config"])
-        winners[winner.batch_size * winner.instances] = (best_file, winner)
+        winners[winner.total_batch] = (best_file, winner)
     # like autotune's llama.cpp trials, the tool runs without the extra weight buffers where the build has AMX
     # (their AMX kernels crash llama_decode); elsewhere both run with them
     repack = not types or AMX_BUILD not in LlamaCppGenerator.system_info()
