@@ -1390,6 +1390,66 @@ def test_a_generation_coverage_starts_with_every_engines_most_promising_family_c
     assert not any(plan.engine_round for plan in classify)
 
 
+def test_a_generation_openvino_family_runs_as_its_plugin_would_and_at_f32_side_by_side_in_the_engine_round():
+    """Where the CPU computes bf16 natively, OpenVINO's CPU plugin runs bf16 activations by itself (GenAI's
+    benchmark with it); the space's first, f32, made 1.20x that at 1 sequence and 0.85x at 8 on a Xeon with
+    AMX. The engine round runs both, adjacent, so the search starts from the engine's own speed at every
+    total; the later OpenVINO families run as the plugin would. Without native bf16: f32 alone."""
+    from autotune.tuning.payoff import coverage_preferences, order_by_payoff
+    from autotune.tuning.space import load_space_file
+
+    data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate.yaml")
+    space = SearchSpace.parse(data, fake_machine(cores=2, smt=1), RUNTIMES, task="generate")
+
+    def engine_round_and_rest(isa: dict[str, bool]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        preferences = coverage_preferences(isa)
+        plans = space.coverage_params(
+            {key: pref.value for key, pref in preferences.items()},
+            alongside=[key for key, pref in preferences.items() if pref.alongside],
+        )
+        ordered = order_by_payoff(plans, isa, "generate", preferences=preferences, measured_engines={"eager"})
+        openvino = [
+            (p.params["openvino.precision"], p.params["openvino.inference_precision"], p.engine_round, p.order)
+            for p in ordered
+            if p.params["backend"] == "openvino"
+        ]
+        first = [(precision, hint) for precision, hint, engine_round, _ in openvino if engine_round]
+        rest = [(precision, hint) for precision, hint, engine_round, _ in openvino if not engine_round]
+        if len(first) == 2:  # adjacent, each saying why
+            places = [i for i, p in enumerate(ordered) if p.params["backend"] == "openvino" and p.engine_round]
+            assert places[1] == places[0] + 1, places
+            assert "runs by itself on this CPU" in openvino[0][3] and "the space's first" in openvino[1][3]
+        return first, rest
+
+    for isa in (
+        {"avx512f": True, "avx512_vnni": True, "avx512_bf16": True, "amx_int8": True, "amx_bf16": True},
+        {"avx512f": True, "avx512_vnni": True, "avx512_bf16": True},  # a Zen 4: vector bf16
+    ):
+        first, rest = engine_round_and_rest(isa)
+        assert first == [("int8_asym", "bf16"), ("int8_asym", "f32")], (isa, first)
+        assert rest and {hint for _, hint in rest} == {"bf16"}, rest  # one twin, in the engine round only
+    first, rest = engine_round_and_rest({"avx2": True})
+    assert first == [("int8_asym", "f32")] and {hint for _, hint in rest} == {"f32"}
+    # a space that lists f32 alone keeps it, without a twin
+    only_f32 = SearchSpace.parse(
+        {
+            **data,
+            "backends": {
+                **data["backends"],
+                "openvino": {**data["backends"]["openvino"], "inference_precision": ["f32"]},
+            },
+        },
+        fake_machine(cores=2, smt=1),
+        RUNTIMES,
+        task="generate",
+    )
+    plans = only_f32.coverage_params(
+        {("openvino", "inference_precision"): "bf16"}, alongside=[("openvino", "inference_precision")]
+    )
+    assert {p["openvino.inference_precision"] for p in plans if p["backend"] == "openvino"} == {"f32"}
+    assert len([p for p in plans if p["backend"] == "openvino"]) == len(data["backends"]["openvino"]["precision"])
+
+
 def test_the_generation_layout_round_waits_for_the_engine_round():
     """A family that leads after one engine's trial does not start the layout round (its splits back to back,
     then the most sequences) while other engines' first trials are held: they run first."""

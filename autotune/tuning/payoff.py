@@ -70,7 +70,10 @@ measurement (there is none yet). The rule, in tiers (a lower tier runs first):
 
 A coverage trial runs each backend option at the space's first value, except where the CPU decides what
 the backend picks by itself (coverage_preferences): OpenVINO's int8 on a CPU with AMX-BF16 tiles runs
-its float layers in bf16, as OpenVINO does there unless told otherwise.
+its float layers in bf16, as OpenVINO does there unless told otherwise. A language model's OpenVINO
+family is covered twice where the CPU computes bf16 natively: as the plugin runs it by itself (bf16
+activations, GenAI's own benchmark's setting) and at the space's first (f32), adjacent in the engine
+round, since which one wins turns on the workload (`Preference.alongside`).
 
 Studies already run on this machine come first when the storage holds them (tuning/priors.py): a
 family that beat its study's baseline there goes ahead of every tier (the faster, the earlier), one
@@ -125,6 +128,9 @@ class Preference:
 
     value: Any
     why: str
+    # why the space's first value is covered too, right after this one (same family, in the engine round),
+    # where which of the two wins depends on the workload, not on the CPU alone ("": it is not)
+    alongside: str = ""
 
 
 def coverage_preferences(isa: dict[str, bool]) -> dict[tuple[str, str], Preference]:
@@ -140,13 +146,30 @@ def coverage_preferences(isa: dict[str, bool]) -> dict[tuple[str, str], Preferen
     the CPU computes bf16 natively, and in fp32 where it would emulate it: there bf16 is expected to lose
     (tier 3), and inductor's weight-only int8, which led an AVX2-only EPYC's search at 1.11x eager fp32, was
     measured with fp32 activations."""
-    if isa.get(TILES["bf16"]):
-        why = f"int8_float=bf16: what OpenVINO runs the float layers in by itself on this CPU ({TILES['bf16']})"
-        return {("openvino", "int8_float"): Preference("bf16", why)}
     if not any(isa.get(flag) for flag in NATIVE["bf16"]):
         why = f"activations=fp32: no native bf16 here ({' or '.join(NATIVE['bf16'])}), so bf16 ones would be emulated"
         return {(backend, "activations"): Preference("fp32", why) for backend in ("eager", "inductor")}
-    return {}
+    native = ", ".join(flag for flag in NATIVE["bf16"] if isa.get(flag))
+    hint = Preference("bf16", GENAI_HINT_WHY.format(native), alongside=GENAI_F32_WHY)
+    preferences = {("openvino", "inference_precision"): hint}
+    if isa.get(TILES["bf16"]):
+        why = f"int8_float=bf16: what OpenVINO runs the float layers in by itself on this CPU ({TILES['bf16']})"
+        preferences["openvino", "int8_float"] = Preference("bf16", why)
+    return preferences
+
+
+# Measured on a 2-core Xeon with AMX, the 105M decoder (8 layers), prompt 512, 64 new tokens, one interleaved
+# run (docs/results/engines-2026-11-29.json): autotune's OpenVINO int8_asym with f32 activations made 125.1
+# tokens/s at 1 sequence against GenAI's benchmark's 104.1 (the plugin's bf16: 1.20x), and 245.6 against
+# 288.6 at 8 sequences (0.85x), where the prompts' prefill (8 x 512 tokens) is what bf16 tiles speed up.
+GENAI_HINT_WHY = (
+    "inference_precision=bf16: what OpenVINO's CPU plugin runs by itself on this CPU ({}), as GenAI's own "
+    "benchmark does"
+)
+GENAI_F32_WHY = (
+    "inference_precision=f32, the space's first (int8 activations for int8 weights), right after bf16: it "
+    "generated 1.20x faster at 1 sequence on a Xeon with AMX and 0.85x at 8"
+)
 
 
 @dataclass(frozen=True)
@@ -296,12 +319,17 @@ def order_by_payoff(
             else payoff.reason
         )
         for (option_backend, option), preference in (preferences or {}).items():
-            if option_backend == backend and params.get(f"{backend}.{option}") == preference.value:
+            value = params.get(f"{backend}.{option}")
+            if option_backend == backend and value == preference.value:
                 reason = f"{reason}; {preference.why}"
+            elif option_backend == backend and preference.alongside and value is not None:
+                reason = f"{reason}; {preference.alongside}"
         ranked.append((payoff.tier, within, index, params, reason))
     ranked.sort(key=lambda item: item[:3])
-    firsts = engine_round(ranked, task, measured_engines) if task == "generate" else []
-    ranked = [*firsts, *(item for item in ranked if item not in firsts)]
+    alongside = {key: preference.value for key, preference in (preferences or {}).items() if preference.alongside}
+    firsts = engine_round(ranked, task, measured_engines, set(alongside)) if task == "generate" else []
+    # a twin at the space's first value runs in the engine round only: the sampler explores it elsewhere
+    ranked = [*firsts, *(item for item in ranked if item not in firsts and not _is_twin(item[3], alongside))]
     return [
         CoveragePlan(
             params,
@@ -319,23 +347,50 @@ ENGINE_ROUND_WHY = (
 )
 
 
-def engine_round(ranked: list[tuple[Any, ...]], task: str, measured: set[str]) -> list[tuple[Any, ...]]:
+def engine_round(
+    ranked: list[tuple[Any, ...]], task: str, measured: set[str], alongside: set[tuple[str, str]] | None = None
+) -> list[tuple[Any, ...]]:
     """Text generation: the first family of each engine in the payoff order (its most promising here), for
     the engines no trial measures yet (`measured`: the baseline's eager), cheapest preparation first, then
     the higher payoff. A user with a short budget learns what every engine makes on their machine: a
     15-minute search of a 105M decoder on a 2-core EPYC ran six trials in the payoff order, none on
-    llama.cpp (its int4 was expected to lose, as torchao's is) or IPEX."""
+    llama.cpp (its int4 was expected to lose, as torchao's is) or IPEX. A first's twins (the same family at
+    another value of an `alongside` option: Preference.alongside) run right after it."""
     firsts: dict[str, tuple[Any, ...]] = {}
+    twins: dict[str, list[tuple[Any, ...]]] = {}
     for item in ranked:
         params = item[3]
         backend = params["backend"]
         engine = engine_of(backend, params[f"{backend}.precision"], task)
-        if engine not in measured and engine not in firsts:
+        if engine in measured:
+            continue
+        if engine not in firsts:
             firsts[engine] = item
+        elif _twins(firsts[engine][3], params, alongside or set()):
+            twins.setdefault(engine, []).append(item)
     specs = backend_specs(task)
 
     def cost(item: tuple[Any, ...]) -> tuple[int, int, int]:
         spec = specs.get(item[3]["backend"])
         return (spec.prepare_cost if spec is not None else LAST, item[0], item[2])
 
-    return sorted(firsts.values(), key=cost)
+    ordered = sorted(firsts.items(), key=lambda pair: cost(pair[1]))
+    return [each for engine, item in ordered for each in (item, *twins.get(engine, []))]
+
+
+def _is_twin(params: dict[str, Any], alongside: dict[tuple[str, str], Any]) -> bool:
+    """Does a plan hold an `alongside` option at another value than the preferred one?"""
+    backend = params["backend"]
+    return any(
+        params.get(f"{backend}.{option}", preferred) != preferred
+        for (option_backend, option), preferred in alongside.items()
+        if option_backend == backend
+    )
+
+
+def _twins(first: dict[str, Any], other: dict[str, Any], alongside: set[tuple[str, str]]) -> bool:
+    """Do two plans differ only in options covered alongside (Preference.alongside)?"""
+    backend = first["backend"]
+    loose = {f"{option_backend}.{option}" for option_backend, option in alongside if option_backend == backend}
+    differing = {key for key in first.keys() | other.keys() if first.get(key) != other.get(key)}
+    return bool(differing) and differing <= loose

@@ -7,7 +7,7 @@ sampler never sees options of other backends. Impossible combinations are never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -481,12 +481,16 @@ class SearchSpace:
         return kept, dropped
 
     def coverage_params(
-        self, preferred: Mapping[tuple[str, str], Any] | None = None, batch: int | None = None
+        self,
+        preferred: Mapping[tuple[str, str], Any] | None = None,
+        batch: int | None = None,
+        alongside: Collection[tuple[str, str]] = (),
     ) -> list[dict[str, Any]]:
         """One trial per backend x precision (the baseline's batch unless given one, first allocator and
         instance count, the most threads that fit, first value of each backend option, or the `preferred`
         value of a (backend, option) where the space lists it: tuning/payoff.coverage_preferences), so
-        every backend is measured once before the sampler concentrates."""
+        every backend is measured once before the sampler concentrates. A preferred (backend, option) in
+        `alongside` is followed by the same plan at the space's first value (Preference.alongside)."""
         preferred = preferred or {}
         batch = self.baseline_batch_size if batch is None else batch
         # generation: the first instance count that splits the total evenly (1 always does, where listed)
@@ -524,6 +528,11 @@ class SearchSpace:
                         params.update(self._plain_thread_pool())
                     params.update(self._first_wait(batch))
                     plans.append(params)
+                    for backend_option in alongside:
+                        key = f"{backend_option[0]}.{backend_option[1]}"
+                        first = dims.get(backend_option[1], [None])[0] if backend_option[0] == backend else None
+                        if key in params and params[key] != first:
+                            plans.append({**params, key: first})
         return plans
 
     @property

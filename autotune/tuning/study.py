@@ -480,7 +480,11 @@ def _enqueue_coverage(
     batch = coverage_batch(space, spec.objective, more_sequences_pay(spec))
     plans = [
         p
-        for p in space.coverage_params({key: pref.value for key, pref in preferences.items()}, batch)
+        for p in space.coverage_params(
+            {key: pref.value for key, pref in preferences.items()},
+            batch,
+            alongside=[key for key, pref in preferences.items() if pref.alongside],
+        )
         if p != baseline and family(p) not in covered
     ]
     _note_int8_ordering(reference, space, first.console)
