@@ -176,3 +176,59 @@ def test_genais_scheduler_cap_split_fuse_and_kv_groups_reach_the_pipeline_and_ke
     ]
     for options in refuse:
         assert unsupported(TrialConfig("openvino", "fp32", batch_size=3, options=options)) is not None
+
+
+CRASH_PROBE = """
+import os, sys
+import numpy as np, openvino as ov, openvino_genai
+cpus = {int(c) for c in sys.argv[2].split(",")}
+os.sched_setaffinity(0, cpus)
+pipe = openvino_genai.LLMPipeline(sys.argv[1], "CPU", INFERENCE_NUM_THREADS=len(cpus), INFERENCE_PRECISION_HINT="bf16")
+config = openvino_genai.GenerationConfig()
+config.max_new_tokens = 2
+config.ignore_eos = True
+ids = np.ones((1, 8), np.int64)
+pipe.generate(openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config)
+"""
+
+
+def test_fp16_weights_with_bf16_activations_on_one_cpu_are_refused_while_genai_dies_of_them(tmp_path):
+    """OpenVINO GenAI's pipeline dies of SIGFPE compiling an fp16 IR with bf16 activations on one thread (a
+    one-thread instance, pinned to one CPU), and runs on two: the refusal is as narrow as the crash, which
+    this test runs, so a release that fixes it fails here and the refusal can go."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import tiny_lm
+
+    from autotune.backends import backend_module
+
+    module = backend_module("openvino", "generate")
+    one = TrialConfig("openvino", "fp16", 1, threads_per_instance=1, options={"inference_precision": "bf16"})
+    two = TrialConfig("openvino", "fp16", 1, threads_per_instance=2, options={"inference_precision": "bf16"})
+    if "BF16" not in module.plugin_capabilities():  # bf16 is refused whatever the weights, for its own reason
+        assert "offers no bf16" in (module.unsupported(one) or "")
+        return
+    assert module.unsupported(one) == module.FP16_BF16_ONE_CPU
+    assert module.unsupported(two) is None
+    assert (
+        module.unsupported(
+            TrialConfig("openvino", "int8_asym", 1, threads_per_instance=1, options={"inference_precision": "bf16"})
+        )
+        is None
+    )
+    torch.manual_seed(0)
+    module.build_artifact(tiny_lm.tiny_llama().eval(), None, TrialConfig("openvino", "fp16", 1), tmp_path)
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, cpus  # CI's machines have two cores at least
+
+    def probe(allowed: list[int]) -> subprocess.CompletedProcess:
+        joined = ",".join(map(str, allowed))
+        return subprocess.run(
+            [sys.executable, "-c", CRASH_PROBE, str(tmp_path), joined], capture_output=True, timeout=300
+        )
+
+    assert probe(cpus[:1]).returncode == -signal.SIGFPE
+    assert probe(cpus[:2]).returncode == 0

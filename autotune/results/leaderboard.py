@@ -266,7 +266,8 @@ def untried_engines(study: optuna.study.Study) -> dict[str, str]:
         if attrs.budget is not None or trial.state == optuna.trial.TrialState.COMPLETE:
             tried.add(engine)
         elif trial.user_attrs.get(Attr.DEFERRED):
-            why.setdefault(engine, f"deferred: {attrs.prune_reason}")
+            reason = attrs.prune_reason or ""
+            why.setdefault(engine, reason if reason.startswith("deferred: ") else f"deferred: {reason}")
         elif attrs.prune_reason:  # pruned before launching: the configuration it was to run could not
             why.setdefault(engine, f"its trial {trial.number} was not launched: {attrs.prune_reason}")
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
