@@ -1448,6 +1448,12 @@ def test_a_generation_openvino_family_runs_as_its_plugin_would_and_at_f32_side_b
     )
     assert {p["openvino.inference_precision"] for p in plans if p["backend"] == "openvino"} == {"f32"}
     assert len([p for p in plans if p["backend"] == "openvino"]) == len(data["backends"]["openvino"]["precision"])
+    # ... and every OpenVINO family keeps its one coverage trial (none is taken for a twin of a bf16 one)
+    amx = {"avx512f": True, "avx512_vnni": True, "avx512_bf16": True, "amx_int8": True, "amx_bf16": True}
+    ordered = order_by_payoff(plans, amx, "generate", preferences=coverage_preferences(amx))
+    covered = sorted(p.params["openvino.precision"] for p in ordered if p.params["backend"] == "openvino")
+    assert covered == sorted(data["backends"]["openvino"]["precision"]), covered
+    assert not any("right after bf16" in p.order for p in ordered)
 
 
 def test_the_generation_layout_round_waits_for_the_engine_round():

@@ -305,6 +305,10 @@ def order_by_payoff(
     values (coverage_preferences) says so in its order. Text generation starts with the engine round
     (engine_round; `measured_engines`: those the baseline or earlier trials already measure)."""
     measured_engines = measured_engines if measured_engines is not None else {"eager"}
+    alongside = {key: preference.value for key, preference in (preferences or {}).items() if preference.alongside}
+    # the families covered at a preferred value too: only there is a plan at another value its twin (a space
+    # that lists the space's first value alone covers its families at it, once)
+    doubled = {_family(params) for params in plans if _holds_preferred(params, alongside)}
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
@@ -322,14 +326,17 @@ def order_by_payoff(
             value = params.get(f"{backend}.{option}")
             if option_backend == backend and value == preference.value:
                 reason = f"{reason}; {preference.why}"
-            elif option_backend == backend and preference.alongside and value is not None:
+            elif option_backend == backend and preference.alongside and _family(params) in doubled:
                 reason = f"{reason}; {preference.alongside}"
         ranked.append((payoff.tier, within, index, params, reason))
     ranked.sort(key=lambda item: item[:3])
-    alongside = {key: preference.value for key, preference in (preferences or {}).items() if preference.alongside}
     firsts = engine_round(ranked, task, measured_engines, set(alongside)) if task == "generate" else []
-    # a twin at the space's first value runs in the engine round only: the sampler explores it elsewhere
-    ranked = [*firsts, *(item for item in ranked if item not in firsts and not _is_twin(item[3], alongside))]
+
+    def dropped_twin(params: dict[str, Any]) -> bool:
+        """A twin at the space's first value runs in the engine round only: the sampler explores it elsewhere."""
+        return _family(params) in doubled and not _holds_preferred(params, alongside)
+
+    ranked = [*firsts, *(item for item in ranked if item not in firsts and not dropped_twin(item[3]))]
     return [
         CoveragePlan(
             params,
@@ -378,11 +385,16 @@ def engine_round(
     return [each for engine, item in ordered for each in (item, *twins.get(engine, []))]
 
 
-def _is_twin(params: dict[str, Any], alongside: dict[tuple[str, str], Any]) -> bool:
-    """Does a plan hold an `alongside` option at another value than the preferred one?"""
+def _family(params: dict[str, Any]) -> tuple[Any, Any]:
+    backend = params["backend"]
+    return backend, params.get(f"{backend}.precision")
+
+
+def _holds_preferred(params: dict[str, Any], alongside: dict[tuple[str, str], Any]) -> bool:
+    """Does a plan hold an `alongside` option at its preferred value?"""
     backend = params["backend"]
     return any(
-        params.get(f"{backend}.{option}", preferred) != preferred
+        params.get(f"{backend}.{option}") == preferred
         for (option_backend, option), preferred in alongside.items()
         if option_backend == backend
     )
