@@ -265,9 +265,8 @@ def untried_engines(study: optuna.study.Study) -> dict[str, str]:
         engine = engine_of(backend, str(precision), task)
         if attrs.budget is not None or trial.state == optuna.trial.TrialState.COMPLETE:
             tried.add(engine)
-        elif trial.user_attrs.get(Attr.DEFERRED):
-            reason = attrs.prune_reason or ""
-            why.setdefault(engine, reason if reason.startswith("deferred: ") else f"deferred: {reason}")
+        elif trial.user_attrs.get(Attr.DEFERRED):  # its reason says so (tuning/stage_times.deferral)
+            why.setdefault(engine, attrs.prune_reason or "deferred")
         elif attrs.prune_reason:  # pruned before launching: the configuration it was to run could not
             why.setdefault(engine, f"its trial {trial.number} was not launched: {attrs.prune_reason}")
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))

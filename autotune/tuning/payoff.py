@@ -93,6 +93,7 @@ from autotune.backends import TORCHAO_HOSTS, backend_specs, engine_of
 from autotune.backends.base import LAST
 from autotune.backends.precision import CLAIMED_BUCKET
 from autotune.common.cpuinfo import INT8_DOT
+from autotune.tuning.space import family
 
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
 # A classifier's compute-bound bf16 pays where the CPU has tiles for it; vector bf16 alone does not.
@@ -308,7 +309,7 @@ def order_by_payoff(
     alongside = {key: preference.value for key, preference in (preferences or {}).items() if preference.alongside}
     # the families covered at a preferred value too: only there is a plan at another value its twin (a space
     # that lists the space's first value alone covers its families at it, once)
-    doubled = {_family(params) for params in plans if _holds_preferred(params, alongside)}
+    doubled = {family(params) for params in plans if _holds_preferred(params, alongside)}
     ranked = []
     for index, params in enumerate(plans):
         backend = params["backend"]
@@ -326,7 +327,7 @@ def order_by_payoff(
             value = params.get(f"{backend}.{option}")
             if option_backend == backend and value == preference.value:
                 reason = f"{reason}; {preference.why}"
-            elif option_backend == backend and preference.alongside and _family(params) in doubled:
+            elif option_backend == backend and preference.alongside and family(params) in doubled:
                 reason = f"{reason}; {preference.alongside}"
         ranked.append((payoff.tier, within, index, params, reason))
     ranked.sort(key=lambda item: item[:3])
@@ -334,7 +335,7 @@ def order_by_payoff(
 
     def dropped_twin(params: dict[str, Any]) -> bool:
         """A twin at the space's first value runs in the engine round only: the sampler explores it elsewhere."""
-        return _family(params) in doubled and not _holds_preferred(params, alongside)
+        return family(params) in doubled and not _holds_preferred(params, alongside)
 
     ranked = [*firsts, *(item for item in ranked if item not in firsts and not dropped_twin(item[3]))]
     return [
@@ -383,11 +384,6 @@ def engine_round(
 
     ordered = sorted(firsts.items(), key=lambda pair: cost(pair[1]))
     return [each for engine, item in ordered for each in (item, *twins.get(engine, []))]
-
-
-def _family(params: dict[str, Any]) -> tuple[Any, Any]:
-    backend = params["backend"]
-    return backend, params.get(f"{backend}.precision")
 
 
 def _holds_preferred(params: dict[str, Any], alongside: dict[tuple[str, str], Any]) -> bool:
