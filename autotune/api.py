@@ -237,17 +237,19 @@ def _resolve_model_source(
     input_shape: str | None,
     allow_pickle: bool,
     console: Console,
+    trust_remote_code: bool = False,
 ) -> ModelSource:
     """The model, checked; the first line printed says where its weights come from."""
     from autotune.model.inputs import describe as describe_inputs
     from autotune.model.sources import resolve_model
 
-    model = resolve_model(reference, weights, input_shape, allow_pickle)
+    model = resolve_model(reference, weights, input_shape, allow_pickle, trust_remote_code)
     origin = {
         "random-init": f"RANDOM INIT (no {flag('weights')} given and none in the torch hub cache)",
         "torch-hub-cache": f"pretrained weights from the torch hub cache: {model.weights_path}",
         "weights-file": f"weights from {model.weights_path}",
         "model-file": "weights inside the model file",
+        "hf-folder": f"a Hugging Face folder ({model.task}), its weights (sha256 {(model.weights_sha256 or '')[:12]})",
     }[model.weights_origin]
     console.print(f"model {model.name} input {describe_inputs(model.specs)}: {origin}", markup=False)
     return model
@@ -299,9 +301,11 @@ def _generation_workload(
     data: str | None,
     weights: str | None,
     input_shape: Any,
+    trust_remote_code: bool = False,
 ) -> GenerationWorkload | None:
     """The generation workload when the model is to generate text (--task generate, or auto and the
     factory returns a causal language model); None for a forward-pass study."""
+    from autotune.model import hf_folder
     from autotune.model.generation import (
         SEQUENCES_TOTAL,
         GenerationWorkload,
@@ -314,17 +318,27 @@ def _generation_workload(
     if task not in TASKS:
         raise UserError(f"{flag('task')} {task!r} is not known; choose {', '.join(TASKS)}")
     factory = ":" in reference and not reference.endswith(MODEL_FILE_SUFFIXES)
+    if hf_folder.is_folder(reference):
+        held = hf_folder.read_folder(reference, trust_remote_code)
+        if task not in ("auto", held.task):
+            raise UserError(
+                f"{flag('task')} {task}: model folder {reference!r} holds a {held.architecture}, which autotune "
+                f"times on {held.task}; drop {flag('task')}"
+            )
+        if held.task == "classify":
+            return None
+        task, factory = "generate", True
     if task == "classify" or (task == "auto" and (not factory or input_shape is not None)):
         return None
     if not factory:
         raise UserError(
-            f"{flag('task')} generate needs a factory returning a causal language model (file.py:function), "
-            f"got {reference!r}"
+            f"{flag('task')} generate needs a Hugging Face model folder or a factory returning a causal language "
+            f"model (file.py:function), got {reference!r}"
         )
     check_workload(GenerationWorkload(prompt_tokens, new_tokens), None, reference)
     # torch logs deprecation notices when torchao registers its types: not for the user's terminal.
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-    source = resolve_model(reference, weights, "input_ids:int64:1:0-2", False)
+    source = resolve_model(reference, weights, "input_ids:int64:1:0-2", False, trust_remote_code)
     try:
         model = build_model(source)
     except Exception as exc:
@@ -466,13 +480,14 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
         _optional_path(options.data),
         weights,
         options.input_shape,
+        options.trust_remote_code,
     )
     space_path = Path(options.space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
     space = load_space_file(space_path)
     if workload:
         space = _with_sequences(space, options.sequences)
         token_inputs = f"input_ids:int64:{workload.prompt_tokens}:0-{workload.vocab_size}"
-        source = _resolve_model_source(reference, weights, token_inputs, False, console)
+        source = _resolve_model_source(reference, weights, token_inputs, False, console, options.trust_remote_code)
         _say_generation(workload, console)
         return _ResolvedInputs(source, space_path, space, DataSource(), None, workload)
     if options.sequences is not None or options.ttft_slo_ms is not None or options.tpot_slo_ms is not None:
@@ -480,7 +495,9 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
             f"{flag('sequences')}, {flag('ttft_slo_ms')} and {flag('tpot_slo_ms')} are for generation "
             f"({flag('task')} generate)"
         )
-    source = _resolve_model_source(reference, weights, _input_shape(options.input_shape), options.allow_pickle, console)
+    source = _resolve_model_source(
+        reference, weights, _input_shape(options.input_shape), options.allow_pickle, console, options.trust_remote_code
+    )
     drift_data, calibration = _resolve_drift_data(
         source,
         _optional_path(options.data),

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from autotune.common.errors import UserError
 from autotune.common.files import file_digest
 from autotune.common.json_record import Record
+from autotune.model import hf_folder
 from autotune.model.inputs import DEFAULT_NAME, DTYPES, InputSpec, as_batch, parse_inputs
 
 RANDOM_INIT = "random-init"
@@ -27,14 +28,19 @@ TORCHSCRIPT, EXPORTED = "torchscript", "exported-program"
 MODEL_FILE_SUFFIXES = (".pt", ".ts", ".pt2")
 WEIGHTS_FILE = "weights-file"
 HUB_CACHE = "torch-hub-cache"
+HF_FOLDER = "hf-folder"  # a Hugging Face model folder: kind and weights origin both
+SAFETENSORS_SUFFIX = ".safetensors"
 
 
 @dataclass(frozen=True)
 class ModelSource(Record):
     NESTED: ClassVar[dict[str, type[Record]]] = {"inputs": InputSpec}
     TUPLES: ClassVar[tuple[str, ...]] = ("input_shape",)
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("task", "trust_remote_code")  # a folder's only: other records as before
 
-    kind: str  # "torchvision", "factory" (module:function or file.py:function), "torchscript" or "exported-program"
+    # "torchvision", "factory" (module:function or file.py:function), "torchscript", "exported-program" or
+    # "hf-folder" (a Hugging Face model folder: model/hf_folder.py)
+    kind: str
     name: str
     input_shape: tuple[int, ...]  # one sample, without the batch dimension
     weights_path: str | None = None
@@ -42,6 +48,8 @@ class ModelSource(Record):
     seed: int = 0
     weights_sha256: str | None = None  # what the weights are, whatever their path
     inputs: list[InputSpec] | None = None  # several or non-float inputs; None: one float tensor of input_shape
+    task: str | None = None  # a Hugging Face folder's, from its config (generate, classify); None: the study's
+    trust_remote_code: bool | None = None  # True: a Hugging Face folder may run the Python code it ships
 
     @property
     def specs(self) -> tuple[InputSpec, ...]:
@@ -53,7 +61,7 @@ class ModelSource(Record):
     @property
     def has_own_weights(self) -> bool:
         """Weights come from a file (or the model file itself), not from a seeded random init."""
-        return bool(self.weights_path) or self.weights_origin == MODEL_FILE
+        return bool(self.weights_path) or self.weights_origin in (MODEL_FILE, HF_FOLDER)
 
     def with_weights(self, path: str) -> ModelSource:
         return replace(self, weights_path=path, weights_sha256=file_digest(path))
@@ -80,10 +88,22 @@ def _hub_cache_weights(name: str) -> tuple[Path | None, tuple[int, ...] | None]:
     return (path if path.is_file() else None), shape
 
 
-def resolve_model(name: str, weights: str | None, input_shape: str | None, allow_pickle: bool = False) -> ModelSource:
+def resolve_model(
+    name: str,
+    weights: str | None,
+    input_shape: str | None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+) -> ModelSource:
     """Validate what the user named and decide where the weights come from. `allow_pickle`: the user
-    trusts a model file whose loader may unpickle Python objects (exported programs)."""
+    trusts a model file whose loader may unpickle Python objects (exported programs);
+    `trust_remote_code`: a Hugging Face folder may run the code it ships."""
     specs = parse_inputs(input_shape) if input_shape else None
+    if hf_folder.is_folder(name):
+        source = _resolve_hf_folder(name, weights, specs[0].shape if specs else None, trust_remote_code)
+        if specs and (len(specs) > 1 or specs[0].dtype != "float32"):
+            return replace(source, inputs=list(specs))
+        return source
     if Path(name).suffix == ".pt2" and ":" not in name and not allow_pickle and Path(name).expanduser().is_file():
         raise UserError(
             f"model file {name!r} is an exported program, whose loader (torch.export.load) may unpickle Python "
@@ -110,13 +130,59 @@ def check_torch_save_file(path: Path, what: str) -> None:
         )
 
 
-def _resolve_source(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
-    if weights is not None:
-        weights_file = Path(weights).expanduser()
-        if not weights_file.is_file():
-            raise UserError(f"weights file {weights!r} does not exist; pass a state_dict saved with torch.save")
+def check_safetensors_file(path: Path, what: str) -> None:
+    """A safetensors file whose header reads: caught here, in one line."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as exc:
+        raise UserError(
+            f"{what} {str(path)!r} is not a safetensors file ({type(exc).__name__}); pass one written by "
+            "safetensors.torch.save_file or save_pretrained, or a state_dict saved with torch.save"
+        ) from None
+
+
+def _checked_weights(weights: str | None) -> str | None:
+    """The --weights file, resolved and checked: a torch.save state_dict or a .safetensors file."""
+    if weights is None:
+        return None
+    weights_file = Path(weights).expanduser()
+    if not weights_file.is_file():
+        raise UserError(
+            f"weights file {weights!r} does not exist; pass a state_dict saved with torch.save or a .safetensors file"
+        )
+    if weights_file.suffix == SAFETENSORS_SUFFIX:
+        check_safetensors_file(weights_file, "weights file")
+    else:
         check_torch_save_file(weights_file, "weights file")
-        weights = str(weights_file.resolve())
+    return str(weights_file.resolve())
+
+
+def _resolve_hf_folder(
+    name: str, weights: str | None, shape: tuple[int, ...] | None, trust_remote_code: bool
+) -> ModelSource:
+    """A Hugging Face model folder: its task and weights from the folder (--weights may replace them)."""
+    folder = hf_folder.read_folder(name, trust_remote_code)
+    weights = _checked_weights(weights)
+    shape = shape or (folder.image_shape() if folder.task == "classify" else None)
+    if shape is None:
+        raise UserError(f"model folder {name!r}: give --input-shape (one sample, e.g. 3x224x224)")
+    return ModelSource(
+        HF_FOLDER,
+        str(folder.path),
+        shape,
+        weights,
+        WEIGHTS_FILE if weights else HF_FOLDER,
+        weights_sha256=file_digest(weights) if weights else folder.digest(),
+        task=folder.task,
+        trust_remote_code=True if trust_remote_code else None,
+    )
+
+
+def _resolve_source(name: str, weights: str | None, shape: tuple[int, ...] | None) -> ModelSource:
+    weights = _checked_weights(weights)
     if name.endswith(MODEL_FILE_SUFFIXES) and ":" not in name:
         return _resolve_model_file(name, weights, shape)
     if ":" in name:
@@ -307,14 +373,27 @@ def build_model(source: ModelSource) -> Any:
         return torch.jit.load(source.name, map_location="cpu").eval()
     elif source.kind == EXPORTED:
         return _exported_module(torch.export.load(source.name).module())
+    elif source.kind == HF_FOLDER:  # --weights replace the folder's own
+        state = load_state_dict(source.weights_path) if source.weights_path else None
+        return hf_folder.build(source.name, source.task or "generate", bool(source.trust_remote_code), state)
     else:
         model = _import_factory(source.name)()
         if isinstance(model, (tuple, list)):  # (model, example_inputs)
             model = model[0]
     if source.weights_path:
-        state = torch.load(source.weights_path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
+        model.load_state_dict(load_state_dict(source.weights_path))
     return model.eval()
+
+
+def load_state_dict(path: str) -> dict[str, Any]:
+    """A state_dict from a .safetensors file or a torch.save file (weights only: no pickled code runs)."""
+    import torch
+
+    if path.endswith(SAFETENSORS_SUFFIX):
+        from safetensors.torch import load_file
+
+        return load_file(path, device="cpu")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def primary_output(output: Any) -> Any:

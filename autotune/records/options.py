@@ -78,9 +78,11 @@ class SearchOptions:
     """Every option of `autotune search` / `autotune.search(...)`, by the same names and defaults."""
 
     model: Any = option(
-        help="torchvision classification model name, file.py:function / module:function returning an nn.Module, "
-        "or a TorchScript (.pt) or exported program (.pt2) file",
-        doc="a torchvision classification model name (`autotune models`), `path/to/file.py:function` / "
+        help="torchvision classification model name, a Hugging Face model folder, file.py:function / "
+        "module:function returning an nn.Module, or a TorchScript (.pt) or exported program (.pt2) file",
+        doc="a torchvision classification model name (`autotune models`), a Hugging Face model folder "
+        "(`config.json` and `model.safetensors`, sharded or not, or `pytorch_model.bin`, loaded weights-only: a "
+        "`…ForCausalLM` generates text, a `…ForImageClassification` classifies), `path/to/file.py:function` / "
         "`package.module:function` returning an `nn.Module` (or `(model, example_inputs)`: the inputs' shapes, "
         "dtypes and integer ranges are then read from the batched example, a tensor, tuple or dict of tensors), "
         "a TorchScript file (`.pt`, `.ts`: `torch.jit.save`) or an exported program (`.pt2`: `torch.export.save`, "
@@ -91,8 +93,9 @@ class SearchOptions:
     weights: PathArg | None = option(
         None,
         metavar="FILE",
-        help="state_dict file (loaded with weights_only)",
-        doc="a `state_dict` file, loaded with `weights_only=True`. Without it the pretrained weights are used if "
+        help="state_dict file (torch.save, loaded with weights_only, or .safetensors)",
+        doc="a `state_dict` file: `torch.save`'s, loaded with `weights_only=True`, or a `.safetensors` file. "
+        "With a Hugging Face folder it replaces the folder's weights. Without it the pretrained weights are used if "
         "they are already in the local torch hub cache (`$TORCH_HOME/hub/checkpoints`), otherwise the model is "
         "**randomly initialised**; the first line printed says which",
     )
@@ -101,6 +104,12 @@ class SearchOptions:
         help="load an exported program (.pt2) although its loader may unpickle Python objects (trusted files only)",
         doc="load a `.pt2` exported program although `torch.export.load` may unpickle Python objects from it "
         "(which can run code): for files you trust",
+    )
+    trust_remote_code: bool = option(
+        False,
+        help="let a Hugging Face model folder run the Python code it ships (its config's auto_map; trusted only)",
+        doc="let a Hugging Face model folder run the Python code it ships (named by its config's `auto_map`), as "
+        "transformers' `trust_remote_code=True` does: for folders you trust. Without it such a folder is refused",
     )
     input_shape: str | Sequence[int] | None = option(
         None,

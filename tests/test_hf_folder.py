@@ -1,0 +1,173 @@
+"""A Hugging Face model folder as `--model`: the task from its config's architectures, the weights from
+safetensors (or pytorch_model.bin, weights only) with their digest, the same model built in the worker
+as was saved, and a bad folder refused in one line before anything is created."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tiny_lm
+import torch
+from conftest import GENERATE, QUICK_GENERATION, assert_trials_ran, generation_space, load_study
+
+from autotune.model.hf_folder import read_folder
+from autotune.model.sources import ModelSource, build_model, resolve_model
+
+
+def llama_folder(path: Path, safe: bool = True) -> tuple[Path, torch.nn.Module]:
+    """A tiny Llama saved as a folder; `safe=False`: its weights as pytorch_model.bin, as older folders hold
+    them (transformers 5 writes safetensors only)."""
+    torch.manual_seed(0)
+    model = tiny_lm.tiny_llama().eval()
+    model.save_pretrained(path)
+    if not safe:
+        (path / "model.safetensors").unlink()
+        torch.save(model.state_dict(), path / "pytorch_model.bin")
+    return path, model
+
+
+def vit_folder(path: Path) -> tuple[Path, torch.nn.Module]:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=5,
+    )
+    model = ViTForImageClassification(config).eval()
+    model.save_pretrained(path)
+    return path, model
+
+
+def test_a_language_model_folder_generates_from_its_own_weights_and_builds_what_was_saved(tmp_path):
+    folder, model = llama_folder(tmp_path / "llama")
+    source = resolve_model(str(folder), None, "input_ids:int64:16:0-256")
+    assert (source.kind, source.task, source.weights_origin) == ("hf-folder", "generate", "hf-folder")
+    assert source.has_own_weights and source.weights_path is None  # no random init is saved for the trials
+    assert source.weights_sha256 == read_folder(str(folder)).digest()
+    assert ModelSource.from_json(source.to_json()) == source
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(source)(ids).logits, model(ids).logits)
+    # pytorch_model.bin, read weights-only: the same model, and its digest says the files differ
+    pickled, _ = llama_folder(tmp_path / "bin", safe=False)
+    other = resolve_model(str(pickled), None, "input_ids:int64:16:0-256")
+    assert other.weights_sha256 != source.weights_sha256
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(other)(ids).logits, model(ids).logits)
+    # another model in the same folder is another digest
+    torch.manual_seed(1)
+    tiny_lm.tiny_llama().save_pretrained(folder)
+    assert resolve_model(str(folder), None, "input_ids:int64:16:0-256").weights_sha256 != source.weights_sha256
+
+
+def test_other_models_records_are_written_as_before(tmp_path):
+    """A folder's task and trust are written for a folder only: a stored factory model reads and compares as
+    it did."""
+    factory = resolve_model(f"{tiny_lm.__file__}:tiny_llama", None, "input_ids:int64:16:0-256")
+    assert "task" not in factory.to_json() and "trust_remote_code" not in factory.to_json()
+
+
+def test_an_image_classifier_folder_classifies_at_its_own_image_size(tmp_path):
+    folder, model = vit_folder(tmp_path / "vit")
+    source = resolve_model(str(folder), None, None)
+    assert (source.task, tuple(source.input_shape)) == ("classify", (3, 32, 32))
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = build_model(source)(images)
+        assert isinstance(out, torch.Tensor)  # the logits alone, as the exporters and compilers expect
+        torch.testing.assert_close(out, model(images).logits)
+
+
+def test_weights_may_be_a_safetensors_file(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    model = tiny_lm.tiny_llama()
+    weights = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    source = resolve_model(f"{tiny_lm.__file__}:tiny_llama", str(weights), "input_ids:int64:16:0-256")
+    ids = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(build_model(source)(ids).logits, model.eval()(ids).logits)
+
+
+def _bad_folders(root: Path) -> dict[str, tuple[Path, list[str], str]]:
+    """Each bad case: the folder, extra words, and what its one line says."""
+    from transformers import BertConfig, BertModel
+
+    empty = root / "empty"
+    empty.mkdir()
+    no_weights = root / "no-weights"
+    no_weights.mkdir()
+    config_only = tiny_lm.llama_config()
+    config_only.architectures = ["LlamaForCausalLM"]
+    config_only.save_pretrained(no_weights)
+    bert = root / "bert"
+    BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(bert)
+    remote, _ = llama_folder(root / "remote")
+    config = json.loads((remote / "config.json").read_text())
+    (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "x.Model"}}))
+    unknown, _ = llama_folder(root / "unknown")
+    (unknown / "config.json").write_text(json.dumps({**config, "architectures": ["FancyNewForCausalLM"]}))
+    llama, _ = llama_folder(root / "llama")
+    return {
+        "empty": (empty, [], "has no config.json"),
+        "no weights": (no_weights, [], "has no weights"),
+        "an encoder": (bert, [], "holds a BertModel; autotune tunes a causal language model"),
+        "shipped code": (remote, [], "pass --trust-remote-code if you trust it"),
+        "unknown architecture": (unknown, [], "which transformers"),
+        "task mismatch": (llama, ["--task", "classify"], "times on generate; drop --task"),
+    }
+
+
+def test_bad_folders_are_refused_in_one_line_with_nothing_created(cli, workdir, tmp_path):
+    for case, (folder, extra, message) in _bad_folders(tmp_path).items():
+        result = cli("search", "--model", str(folder), "--budget", "1m", *extra, timeout=120)
+        assert result.returncode == 2, (case, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (case, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (case, result.stderr)
+        assert not (workdir / "studies").exists(), case
+
+
+def test_a_folder_is_searched_end_to_end_on_its_own_weights(searcher, workdir):
+    """`autotune search --model FOLDER`: a generation study of the folder's own weights (no random init
+    saved), its first line saying so, its trials generating."""
+    folder, _ = llama_folder(workdir / "my-llama")
+    space = generation_space(
+        workdir / "space.yaml", {"eager": {"precision": ["fp32", "bf16"], "kv_cache": ["dynamic"]}}
+    )
+    result = searcher(
+        "search", "--model", str(folder), "--space", str(space), "--trials", "2", *QUICK_GENERATION, *GENERATE
+    )
+    assert_trials_ran(result)
+    assert "a Hugging Face folder (generate), its weights (sha256" in result.stdout, result.stdout
+    assert "RANDOM INIT" not in result.stdout
+    study = load_study(workdir, "my-llama")
+    completed = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert completed and all(t.user_attrs["job"]["model"]["kind"] == "hf-folder" for t in completed)
+    assert not (workdir / "studies" / "my-llama" / "reference" / "weights.pt").exists()
+    # other weights in the folder are another model: the study is not resumed on them
+    torch.manual_seed(1)
+    tiny_lm.tiny_llama().save_pretrained(folder)
+    again = searcher(
+        "search", "--model", str(folder), "--space", str(space), "--trials", "1", *QUICK_GENERATION, *GENERATE
+    )
+    assert again.returncode == 2 and "model (weights_sha256)" in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("name", ["weights.safetensors"])
+def test_a_broken_safetensors_file_is_refused_in_one_line(cli, workdir, name):
+    (workdir / name).write_bytes(b"not a safetensors file")
+    result = cli("search", "--model", "resnet18", "--weights", name, timeout=120)
+    assert result.returncode == 2 and "is not a safetensors file" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
