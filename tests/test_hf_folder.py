@@ -171,3 +171,44 @@ def test_a_broken_safetensors_file_is_refused_in_one_line(cli, workdir, name):
     result = cli("search", "--model", "resnet18", "--weights", name, timeout=120)
     assert result.returncode == 2 and "is not a safetensors file" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_the_ipex_runtime_builds_a_folder_written_by_transformers_5_with_its_rope_base(ipex_runtime, tmp_path):
+    """transformers 5 writes the rotary base into `rope_parameters`, which the IPEX runtime's transformers 4.x
+    does not read: at a base other than its default (a Llama 3's 500000) it would compute another model.
+    The IPEX runtime's build computes the logits the main runtime's does."""
+    import subprocess
+
+    from transformers import LlamaForCausalLM
+
+    config = tiny_lm.llama_config()
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "llama3ish")
+    assert "rope_theta" not in json.loads((tmp_path / "llama3ish" / "config.json").read_text())
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(2))
+    torch.save(ids, tmp_path / "ids.pt")
+    script = (
+        "import sys, torch\n"
+        "from autotune.model.hf_folder import build\n"
+        "model = build(sys.argv[1], 'generate')\n"
+        "with torch.no_grad(): torch.save(model(torch.load(sys.argv[2])).logits, sys.argv[3])\n"
+    )
+    done = subprocess.run(
+        [
+            ipex_runtime.python,
+            "-c",
+            script,
+            str(tmp_path / "llama3ish"),
+            str(tmp_path / "ids.pt"),
+            str(tmp_path / "out.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(ids).logits, rtol=1e-4, atol=1e-4)

@@ -144,12 +144,31 @@ def build(path: str, task: str, trust_remote_code: bool = False, state: dict[str
     import transformers
 
     auto = transformers.AutoModelForCausalLM if task == "generate" else transformers.AutoModelForImageClassification
+    major = int(transformers.__version__.split(".")[0])
     # transformers 5 names it dtype; the IPEX runtime's 4.x, torch_dtype
-    dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = auto.from_pretrained(path, trust_remote_code=trust_remote_code, **{dtype_key: torch.float32})
+    settings: dict[str, Any] = {"dtype" if major >= 5 else "torch_dtype": torch.float32}
+    if major < 5:
+        settings.update(rope_for_v4(json.loads((Path(path) / CONFIG).read_text())))
+    model = auto.from_pretrained(path, trust_remote_code=trust_remote_code, **settings)
     if state is not None:
         model.load_state_dict(state)
     return model.eval() if task == "generate" else logits_only(model)
+
+
+def rope_for_v4(config: dict[str, Any]) -> dict[str, Any]:
+    """A config written by transformers 5 keeps its rotary settings in `rope_parameters`, which the IPEX
+    runtime's transformers 4.x does not read: it would run its default base (10000) where the folder says
+    another (a Llama 3's 500000). Given back as 4.x's `rope_theta` and `rope_scaling`."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in config:
+        return {}
+    settings: dict[str, Any] = {}
+    if "rope_theta" in rope:
+        settings["rope_theta"] = rope["rope_theta"]
+    scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
+    if scaling.get("rope_type", "default") != "default":
+        settings["rope_scaling"] = scaling
+    return settings
 
 
 def logits_only(model: Any) -> Any:
