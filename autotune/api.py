@@ -318,6 +318,7 @@ def _generation_workload(
     if task not in TASKS:
         raise UserError(f"{flag('task')} {task!r} is not known; choose {', '.join(TASKS)}")
     factory = ":" in reference and not reference.endswith(MODEL_FILE_SUFFIXES)
+    tokenizer = None
     if hf_folder.is_folder(reference):
         held = hf_folder.read_folder(reference, trust_remote_code)
         if task not in ("auto", held.task):
@@ -328,6 +329,9 @@ def _generation_workload(
         if held.task == "classify":
             return None
         task, factory = "generate", True
+        if hf_folder.has_tokenizer(held.path):
+            hf_folder.check_tokenizer(held, reference)
+            tokenizer = str(held.path)
     if task == "classify" or (task == "auto" and (not factory or input_shape is not None)):
         return None
     if not factory:
@@ -358,10 +362,11 @@ def _generation_workload(
         info.context,
         str(Path(data).resolve()) if data else None,
         SEQUENCES_TOTAL,
+        tokenizer,
     )
     check_workload(workload, info, reference)
     if data:
-        read_token_data(data, info.vocab_size)  # refused now, in one line, rather than in every trial
+        read_token_data(data, info.vocab_size, tokenizer)  # refused now, in one line, rather than in every trial
     return workload
 
 
@@ -386,7 +391,18 @@ def _say_generation(workload: GenerationWorkload, console: Console) -> None:
         markup=False,
     )
     if workload.data:
-        console.print(f"data: {workload.data}: prompts and the text drift and perplexity are measured on", markup=False)
+        tensor = Path(workload.data).suffix in (".pt", ".pth")
+        encoded = (
+            "token ids"
+            if tensor
+            else "the model's tokenizer's ids"
+            if workload.tokenizer
+            else "UTF-8 bytes folded into the vocabulary (no tokenizer)"
+        )
+        console.print(
+            f"data: {workload.data} as {encoded}: prompts and the text drift and perplexity are measured on",
+            markup=False,
+        )
     else:
         console.print(
             f"warning: no {flag('data')}: prompts and drift use random token ids, so perplexity says little; pass "

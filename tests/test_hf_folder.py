@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tiny_lm
@@ -120,7 +121,11 @@ def _bad_folders(root: Path) -> dict[str, tuple[Path, list[str], str]]:
     unknown, _ = llama_folder(root / "unknown")
     (unknown / "config.json").write_text(json.dumps({**config, "architectures": ["FancyNewForCausalLM"]}))
     llama, _ = llama_folder(root / "llama")
+    broken, _ = llama_folder(root / "broken-tokenizer")
+    (broken / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (broken / "tokenizer.json").write_text("{not json")
     return {
+        "a tokenizer that fails to load": (broken, [], "its tokenizer cannot be loaded"),
         "empty": (empty, [], "has no config.json"),
         "no weights": (no_weights, [], "has no weights"),
         "an encoder": (bert, [], "holds a BertModel; autotune tunes a causal language model"),
@@ -139,17 +144,23 @@ def test_bad_folders_are_refused_in_one_line_with_nothing_created(cli, workdir, 
         assert not (workdir / "studies").exists(), case
 
 
-def test_a_folder_is_searched_end_to_end_on_its_own_weights(searcher, workdir):
-    """`autotune search --model FOLDER`: a generation study of the folder's own weights (no random init
-    saved), its first line saying so, its trials generating."""
-    folder, _ = llama_folder(workdir / "my-llama")
+def test_a_folder_is_searched_end_to_end_on_its_own_weights_and_its_tokenizers_ids(searcher, workdir):
+    """`autotune search --model FOLDER --data TEXT`: a generation study of the folder's own weights (no random
+    init saved), its first line saying so, its prompts and drift text its tokenizer's ids, its trials
+    generating."""
+    folder, tokenizer, text = tokenized_llama_folder(workdir / "my-llama")
+    data = workdir / "text.txt"
+    data.write_text(text[:20000])
     space = generation_space(
         workdir / "space.yaml", {"eager": {"precision": ["fp32", "bf16"], "kv_cache": ["dynamic"]}}
     )
-    result = searcher(
-        "search", "--model", str(folder), "--space", str(space), "--trials", "2", *QUICK_GENERATION, *GENERATE
-    )
+    words = ["--model", str(folder), "--space", str(space), "--data", str(data), *QUICK_GENERATION, *GENERATE]
+    result = searcher("search", *words, "--trials", "2")
     assert_trials_ran(result)
+    assert "as the model's tokenizer's ids" in result.stdout, result.stdout
+    reference = torch.load(workdir / "studies" / "my-llama" / "reference" / "reference.pt", weights_only=True)
+    joined = " ".join(map(str, tokenizer.encode(text[:20000], add_special_tokens=False)))
+    assert all(" ".join(map(str, row.tolist())) in joined for row in reference["prompts"])
     assert "a Hugging Face folder (generate), its weights (sha256" in result.stdout, result.stdout
     assert "RANDOM INIT" not in result.stdout
     study = load_study(workdir, "my-llama")
@@ -159,9 +170,7 @@ def test_a_folder_is_searched_end_to_end_on_its_own_weights(searcher, workdir):
     # other weights in the folder are another model: the study is not resumed on them
     torch.manual_seed(1)
     tiny_lm.tiny_llama().save_pretrained(folder)
-    again = searcher(
-        "search", "--model", str(folder), "--space", str(space), "--trials", "1", *QUICK_GENERATION, *GENERATE
-    )
+    again = searcher("search", *words, "--trials", "1")
     assert again.returncode == 2 and "model (weights_sha256)" in again.stderr, again.stderr
 
 
@@ -212,3 +221,34 @@ def test_the_ipex_runtime_builds_a_folder_written_by_transformers_5_with_its_rop
     assert done.returncode == 0, done.stderr[-2000:]
     with torch.no_grad():
         torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def tokenized_llama_folder(path: Path) -> tuple[Path, Any, str]:
+    """The tiny Llama with a BPE tokenizer trained on the standard library's docstrings, and that text."""
+    folder, _ = llama_folder(path)
+    text = tiny_lm.stdlib_text()
+    tokenizer = tiny_lm.bpe_tokenizer(text)
+    tokenizer.save_pretrained(folder)
+    return folder, tokenizer, text
+
+
+def test_a_folders_tokenizer_encodes_the_text_data_and_is_part_of_what_the_model_is(tmp_path):
+    from autotune.model.generation import GenerationWorkload, prompts, read_token_data
+
+    folder, tokenizer, text = tokenized_llama_folder(tmp_path / "llama")
+    data = tmp_path / "text.txt"
+    data.write_text(text[:20000])
+    ids = read_token_data(str(data), 256, str(folder))
+    expected = tokenizer.encode(text[:20000], add_special_tokens=False)
+    assert ids.tolist() == expected and len(expected) < len(text[:20000].encode())  # words, not bytes
+    assert ids.tolist() != read_token_data(str(data), 256).tolist()  # the bytes a folder without one reads
+    workload = GenerationWorkload(16, 4, 256, 256, str(data), "total", str(folder))
+    windows = prompts(workload, 3, 0)
+    joined = " ".join(map(str, expected))
+    assert all(" ".join(map(str, row.tolist())) in joined for row in windows)  # windows of the tokenized text
+    assert GenerationWorkload.from_json(workload.to_json()) == workload
+    assert "tokenizer" not in GenerationWorkload(16, 4, 256).to_json()  # other studies' records as before
+    # the tokenizer decides the prompts' ids: another one is another model
+    before = read_folder(str(folder)).digest()
+    tiny_lm.bpe_tokenizer(text[:5000]).save_pretrained(folder)
+    assert read_folder(str(folder)).digest() != before

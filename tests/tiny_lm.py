@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
@@ -110,3 +111,16 @@ def train_llama(workdir: Path, steps: int = 150, seq: int = 64, batch: int = 8) 
     torch.save(model.state_dict(), weights)
     text.write_bytes(bytes(held_out.tolist()))
     return {"weights": weights, "text": text, "perplexity": perplexity}
+
+
+def bpe_tokenizer(text: str, vocab: int = 256) -> Any:
+    """A BPE tokenizer of at most `vocab` tokens trained on `text` (seconds): what a model folder ships
+    beside its weights, so prompts are its ids, not bytes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"])
+    tokenizer.train_from_iterator([text], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")

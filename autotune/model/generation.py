@@ -29,7 +29,7 @@ class GenerationWorkload(Record):
     `sequences`: what the study's sequences count, "total" (all instances together, each running its
     share: every study created since) or None (stored before: sequences per instance)."""
 
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sequences",)
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sequences", "tokenizer")
 
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     new_tokens: int = DEFAULT_NEW_TOKENS
@@ -37,6 +37,8 @@ class GenerationWorkload(Record):
     context: int | None = None  # the model's longest sequence (max_position_embeddings), when it says
     data: str | None = None  # a text file or a tensor file of token ids: prompts and the evaluation text
     sequences: str | None = None  # SEQUENCES_TOTAL, or None: a study stored when they counted per instance
+    # a Hugging Face folder whose tokenizer encodes a text --data (the model's own); None: its UTF-8 bytes
+    tokenizer: str | None = None
 
     def tokens_per_call(self, sequences: int) -> int:
         """Generated tokens per call: what tokens/s counts."""
@@ -77,10 +79,11 @@ def check_workload(workload: GenerationWorkload, info: LanguageModelInfo | None,
         )
 
 
-def read_token_data(path: str, vocab_size: int) -> Any:
+def read_token_data(path: str, vocab_size: int, tokenizer: str | None = None) -> Any:
     """Token ids from `--data`: a tensor file (torch.save of a 1-D or 2-D int tensor), or a text file
-    encoded as UTF-8 bytes folded into the vocabulary (a fixed, tokenizer-free mapping: perplexity is then
-    that of bytes, the same for every candidate, which is what drift compares)."""
+    encoded by the model's own tokenizer (`tokenizer`: its Hugging Face folder), or without one as UTF-8
+    bytes folded into the vocabulary (a fixed mapping: perplexity is then that of bytes, the same for every
+    candidate, which is what drift compares, but not text the model would ever see)."""
     from pathlib import Path
 
     import torch
@@ -93,6 +96,8 @@ def read_token_data(path: str, vocab_size: int) -> Any:
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
             raise UserError(f"--data {path}: expected a tensor of token ids (torch.save of an int tensor)")
         ids = ids.reshape(-1).long()
+    elif tokenizer is not None:
+        ids = torch.tensor(encode_text(file.read_text(encoding="utf-8", errors="replace"), tokenizer), dtype=torch.long)
     else:
         ids = torch.tensor(list(file.read_bytes()), dtype=torch.long)
     if len(ids) == 0:
@@ -111,10 +116,18 @@ def prompts(workload: GenerationWorkload, sequences: int, seed: int) -> Any:
 
     generator = torch.Generator().manual_seed(seed)
     if workload.data:
-        ids = read_token_data(workload.data, workload.vocab_size)
+        ids = read_token_data(workload.data, workload.vocab_size, workload.tokenizer)
         span = workload.prompt_tokens
         if len(ids) < span:
             ids = ids.repeat(span // len(ids) + 1)
         starts = torch.randint(0, len(ids) - span + 1, (sequences,), generator=generator)
         return torch.stack([ids[s : s + span] for s in starts.tolist()])
     return torch.randint(0, workload.vocab_size, (sequences, workload.prompt_tokens), generator=generator)
+
+
+def encode_text(text: str, tokenizer: str) -> list[int]:
+    """The text as the model's tokenizer encodes it (its Hugging Face folder), without special tokens: a
+    prompt is a window of the text, not a document's start."""
+    from autotune.model.hf_folder import load_tokenizer
+
+    return list(load_tokenizer(tokenizer).encode(text, add_special_tokens=False))

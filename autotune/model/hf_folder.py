@@ -47,11 +47,16 @@ class HfFolder:
         return bool(self.config.get("auto_map"))
 
     def digest(self) -> str:
-        """sha256 over the config's and every weight file's digests: what the model is."""
+        """sha256 over the config's, every weight file's and the tokenizer's digests: what the model is."""
         combined = hashlib.sha256()
-        for path in (self.path / CONFIG, *self.weight_files):
+        for path in (self.path / CONFIG, *self.weight_files, *self.tokenizer_files):
             combined.update(f"{path.name}:{file_digest(path)}\n".encode())
         return combined.hexdigest()
+
+    @property
+    def tokenizer_files(self) -> tuple[Path, ...]:
+        """The tokenizer's files in the folder (part of what the model is: they decide its prompts' ids)."""
+        return tuple(self.path / name for name in TOKENIZER_FILES if (self.path / name).is_file())
 
     def image_shape(self) -> tuple[int, ...] | None:
         """One image's shape (channels, height, width) from the config of an image classifier, or None."""
@@ -61,6 +66,40 @@ class HfFolder:
         if not (isinstance(size, list) and len(size) == 2):
             return None
         return (int(self.config.get("num_channels", 3)), int(size[0]), int(size[1]))
+
+
+# the files a tokenizer is loaded from (AutoTokenizer reads tokenizer_config.json, then one of the others)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    """Does the folder hold a tokenizer (the files AutoTokenizer reads)?"""
+    folder = Path(path)
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The folder's tokenizer, as transformers loads it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def check_tokenizer(folder: HfFolder, name: str) -> None:
+    """The folder's tokenizer loads, and its ids fit the model's vocabulary: caught here, in one line."""
+    try:
+        tokenizer = load_tokenizer(folder.path)
+    except Exception as exc:
+        raise UserError(
+            f"model folder {name!r}: its tokenizer cannot be loaded ({type(exc).__name__}: {str(exc)[:200]}); "
+            "fix or remove its tokenizer files"
+        ) from None
+    vocab = folder.config.get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise UserError(
+            f"model folder {name!r}: its tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary "
+            f"of {vocab}; the folder's tokenizer does not belong to its model"
+        )
 
 
 def is_folder(name: str) -> bool:
