@@ -252,3 +252,48 @@ def test_a_folders_tokenizer_encodes_the_text_data_and_is_part_of_what_the_model
     before = read_folder(str(folder)).digest()
     tiny_lm.bpe_tokenizer(text[:5000]).save_pretrained(folder)
     assert read_folder(str(folder)).digest() != before
+
+
+def test_a_folders_gguf_carries_its_tokenizer_and_generates_its_text_in_llama_cpp(tmp_path):
+    """llama.cpp's converter reads the folder's tokenizer (a SentencePiece one, as Llama folders ship): the
+    GGUF tokenizes text as transformers does, and llama.cpp greedy-decodes the tokens FP32 eager does; a
+    tokenizer the converter cannot read leaves the placeholder vocabulary, and the details say why."""
+    import llama_cpp
+    from transformers import LlamaForCausalLM
+
+    from autotune.backends.llamacpp import gguf_export
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_lm.llama_config(vocab=512)).eval()  # 256 byte pieces and 256 others
+    folder = tmp_path / "llama"
+    model.save_pretrained(folder)
+    text = tiny_lm.stdlib_text()
+    tokenizer = tiny_lm.sentencepiece_folder(folder, text)
+    built = build_model(resolve_model(str(folder), None, "input_ids:int64:16:0-512"))
+    gguf = tmp_path / "model.gguf"
+    details = gguf_export.convert(built, "F32", gguf)
+    assert details["vocab"] == f"the model's tokenizer, from {folder}", details
+    llm = llama_cpp.Llama(str(gguf), n_ctx=1024, verbose=False)
+    sample = text[:300]
+    ids = tokenizer.encode(sample, add_special_tokens=False)
+    assert llm.tokenize(sample.encode(), add_bos=False) == ids
+    prompt = ids[:24]
+    with torch.no_grad():
+        eager = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)[0, len(prompt) :].tolist()
+    llm.reset()
+    llm.eval(prompt)
+    decoded = []
+    for _ in range(4):
+        token = int(llm.sample(temp=0.0))
+        decoded.append(token)
+        llm.eval([token])
+    assert decoded == eager
+    completion = llm(sample[:60], max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    assert isinstance(completion, str) and completion.strip()  # text, through llama.cpp's own detokenizer
+    # a BPE whose pre-tokenizer llama.cpp does not know: the placeholder vocabulary, and why
+    other, _ = llama_folder(tmp_path / "bpe")
+    tiny_lm.bpe_tokenizer(text).save_pretrained(other)
+    details = gguf_export.convert(
+        build_model(resolve_model(str(other), None, "input_ids:int64:16:0-256")), "F32", tmp_path / "b.gguf"
+    )
+    assert details["vocab"].startswith("placeholder: llama.cpp's converter cannot read the tokenizer"), details

@@ -124,3 +124,36 @@ def bpe_tokenizer(text: str, vocab: int = 256) -> Any:
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"])
     tokenizer.train_from_iterator([text], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def sentencepiece_folder(folder: Path, text: str, vocab: int = 512) -> Any:
+    """A SentencePiece tokenizer of `vocab` pieces trained on `text` (seconds) written into a model folder
+    as Llama folders hold one (tokenizer.model and its config), which llama.cpp's converter reads; returns
+    it as transformers loads it. Its 256 byte pieces encode any character, as Llama's do (llama.cpp aborts
+    on a character a tokenizer without them cannot encode)."""
+    import json
+    import shutil
+    import tempfile
+
+    import sentencepiece
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(text.splitlines()),
+            model_prefix=f"{scratch}/spm",
+            vocab_size=vocab,
+            model_type="unigram",
+            character_coverage=1.0,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            hard_vocab_limit=False,
+            byte_fallback=True,
+            minloglevel=2,
+        )
+        shutil.copyfile(f"{scratch}/spm.model", folder / "tokenizer.model")
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return AutoTokenizer.from_pretrained(str(folder))

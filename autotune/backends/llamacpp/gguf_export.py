@@ -2,15 +2,19 @@
 its gguf-py, shipped in llama-cpp-python's source and installed beside the runtime by `make setup`) and
 quantized by llama.cpp's own quantizer (`llama_model_quantize`, what the llama-quantize tool calls).
 
-The vocabulary: autotune feeds every engine token ids, never text, so the GGUF carries llama.cpp's
-placeholder vocabulary (tokenizer model "none": `vocab_size` dummy tokens) and the same ids mean the
-same rows of the embedding in every engine, with or without a tokenizer beside the model.
+The vocabulary: autotune feeds every engine token ids, never text, so the same ids mean the same rows
+of the embedding in every engine. A model loaded from a Hugging Face folder with a tokenizer gets its
+real vocabulary, read from the folder by the converter itself, so the GGUF generates text in llama.cpp's
+own tools; a factory's model, a folder without a tokenizer, or a tokenizer the converter cannot read
+(a BPE whose pre-tokenizer it does not know) get llama.cpp's placeholder vocabulary (tokenizer model
+"none": `vocab_size` dummy tokens), and the artifact's details say which.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -71,6 +75,27 @@ def save_for_converter(model: Any, out_dir: Path) -> None:
     config_file.write_text(json.dumps(config, indent=2))
 
 
+# what a Hugging Face folder's tokenizer is read from, besides its config
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def tokenizer_folder(model: Any) -> Path | None:
+    """The Hugging Face folder a model was loaded from, when it holds a tokenizer (transformers records the
+    folder as `name_or_path`); None for a model built in code."""
+    folder = Path(str(getattr(model, "name_or_path", "") or ""))
+    if str(folder) in ("", ".") or not folder.is_dir():
+        return None
+    return folder if any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")) else None
+
+
 def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
     """Write the model as a GGUF of `gguf_type` (F32, F16, BF16, Q8_0 by the converter; Q4_0, Q2_K, Q4_K_M,
     Q5_K_M, Q6_K by the quantizer from the converter's F32); returns the seconds each step took and the
@@ -81,6 +106,11 @@ def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autotune-gguf-") as scratch:
         hf_dir = Path(scratch) / "hf"
         save_for_converter(model, hf_dir)
+        source = tokenizer_folder(model)
+        if source is not None:
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, hf_dir / name)
         hparams = conversion.ModelBase.load_hparams(hf_dir, False)
         architecture = conversion.get_model_architecture(hparams, conversion.ModelType.TEXT)
         try:
@@ -101,18 +131,28 @@ def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
         with torch.inference_mode():
             instance = model_class(hf_dir, file_types[first], converted, eager=True)
             vocab = int(hparams["vocab_size"])
+            own_vocab = instance.set_vocab
+            said: dict[str, str] = {"vocab": "placeholder: no tokenizer beside the model"}
 
             def placeholder_vocab(self: Any = instance) -> None:
                 self.gguf_writer.add_tokenizer_model("none")
                 self.gguf_writer.add_vocab_size(vocab)
 
-            instance.set_vocab = placeholder_vocab
+            def folder_vocab() -> None:
+                try:  # the converter's own reading; it fails before writing anything of the vocabulary
+                    own_vocab()
+                    said["vocab"] = f"the model's tokenizer, from {source}"
+                except (NotImplementedError, FileNotFoundError, TypeError, KeyError, ValueError) as exc:
+                    placeholder_vocab()
+                    said["vocab"] = f"placeholder: llama.cpp's converter cannot read the tokenizer ({exc})"
+
+            instance.set_vocab = folder_vocab if source is not None else placeholder_vocab
             instance.write()
         convert_s = time.monotonic() - t0
         quantize_s = None
         if gguf_type not in CONVERTER_TYPES:
             quantize_s = quantize(converted, out_file, gguf_type)
-    return {"architecture": architecture, "convert_s": convert_s, "quantize_s": quantize_s}
+    return {"architecture": architecture, "convert_s": convert_s, "quantize_s": quantize_s, **said}
 
 
 def quantize(source: Path, out_file: Path, gguf_type: str) -> float:
