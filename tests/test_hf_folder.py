@@ -297,3 +297,41 @@ def test_a_folders_gguf_carries_its_tokenizer_and_generates_its_text_in_llama_cp
         build_model(resolve_model(str(other), None, "input_ids:int64:16:0-256")), "F32", tmp_path / "b.gguf"
     )
     assert details["vocab"].startswith("placeholder: llama.cpp's converter cannot read the tokenizer"), details
+
+
+def test_a_folders_ir_carries_its_tokenizer_and_generates_its_text_in_openvino_genai(tmp_path):
+    """optimum-cli converts the folder's tokenizer into the IR's folder (openvino-tokenizers): OpenVINO
+    GenAI's pipeline tokenizes text as transformers does and greedy-decodes FP32 eager's tokens from the text
+    itself."""
+    import openvino_genai
+    from transformers import LlamaForCausalLM
+
+    from autotune.backends.openvino import ir_export
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_lm.llama_config(vocab=512)).eval()
+    folder = tmp_path / "llama"
+    model.save_pretrained(folder)
+    text = tiny_lm.stdlib_text()
+    tokenizer = tiny_lm.sentencepiece_folder(folder, text)
+    built = build_model(resolve_model(str(folder), None, "input_ids:int64:16:0-512"))
+    out = tmp_path / "ir"
+    details = ir_export.export(built, "fp32", out)
+    assert details["tokenizer"] == f"the model's tokenizer, from {folder}", details
+    pipe = openvino_genai.LLMPipeline(str(out), "CPU")
+    prompt = text[:80]
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    encoded = pipe.get_tokenizer().encode(prompt, add_special_tokens=False).input_ids.data
+    assert encoded.reshape(-1).tolist() == ids
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 4
+    config.ignore_eos = True
+    config.apply_chat_template = False
+    inputs = pipe.get_tokenizer().encode(prompt)  # with its BOS, as transformers' encode adds it
+    assert inputs.input_ids.data.reshape(-1).tolist() == tokenizer.encode(prompt)
+    tokens = pipe.generate(inputs, config).tokens[0]
+    with torch.no_grad():
+        eager = model.generate(torch.tensor([tokenizer.encode(prompt)]), max_new_tokens=4, do_sample=False)
+    assert list(tokens) == eager[0, -4:].tolist()
+    text = pipe.generate([prompt], config).texts[0]  # text in, text out, through its own detokenizer
+    assert isinstance(text, str) and text

@@ -143,7 +143,7 @@ def sentencepiece_folder(folder: Path, text: str, vocab: int = 512) -> Any:
             sentence_iterator=iter(text.splitlines()),
             model_prefix=f"{scratch}/spm",
             vocab_size=vocab,
-            model_type="unigram",
+            model_type="bpe",  # as Llama's (transformers reads a SentencePiece model as BPE)
             character_coverage=1.0,
             unk_id=0,
             bos_id=1,
@@ -151,6 +151,11 @@ def sentencepiece_folder(folder: Path, text: str, vocab: int = 512) -> Any:
             pad_id=-1,
             hard_vocab_limit=False,
             byte_fallback=True,
+            # Llama's conventions: text kept as it is (newlines and runs of spaces included), digits apart
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            split_digits=True,
+            allow_whitespace_only_pieces=True,
             minloglevel=2,
         )
         shutil.copyfile(f"{scratch}/spm.model", folder / "tokenizer.model")

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from autotune.backends.generation.tokenizer_files import copy_tokenizer
 
 # llama.cpp's converter writes these types itself; the others are quantized from its F32 output.
 CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
@@ -75,27 +76,6 @@ def save_for_converter(model: Any, out_dir: Path) -> None:
     config_file.write_text(json.dumps(config, indent=2))
 
 
-# what a Hugging Face folder's tokenizer is read from, besides its config
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-)
-
-
-def tokenizer_folder(model: Any) -> Path | None:
-    """The Hugging Face folder a model was loaded from, when it holds a tokenizer (transformers records the
-    folder as `name_or_path`); None for a model built in code."""
-    folder = Path(str(getattr(model, "name_or_path", "") or ""))
-    if str(folder) in ("", ".") or not folder.is_dir():
-        return None
-    return folder if any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")) else None
-
-
 def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
     """Write the model as a GGUF of `gguf_type` (F32, F16, BF16, Q8_0 by the converter; Q4_0, Q2_K, Q4_K_M,
     Q5_K_M, Q6_K by the quantizer from the converter's F32); returns the seconds each step took and the
@@ -106,11 +86,7 @@ def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="autotune-gguf-") as scratch:
         hf_dir = Path(scratch) / "hf"
         save_for_converter(model, hf_dir)
-        source = tokenizer_folder(model)
-        if source is not None:
-            for name in TOKENIZER_FILES:
-                if (source / name).is_file():
-                    shutil.copyfile(source / name, hf_dir / name)
+        source = copy_tokenizer(model, hf_dir)
         hparams = conversion.ModelBase.load_hparams(hf_dir, False)
         architecture = conversion.get_model_architecture(hparams, conversion.ModelType.TEXT)
         try:

@@ -16,8 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.generation.tokenizer_files import copy_tokenizer
+
 OVERLAY_ENV = "AUTOTUNE_OPTIMUM_INTEL"
 IR_FILE = "openvino_model.xml"
+TOKENIZER_IR = "openvino_tokenizer.xml"  # openvino-tokenizers' conversion, which GenAI's pipeline reads for text
 # autotune's precision: optimum-cli's weight format and flags (int4's group size and ratio are added)
 WEIGHT_FORMATS: dict[str, tuple[str, ...]] = {
     "fp32": ("--weight-format", "fp32"),
@@ -67,6 +70,8 @@ def export(model: Any, precision: str, out_dir: Path, group_size: int = 128, rat
     with tempfile.TemporaryDirectory(prefix="autotune-ir-") as scratch:
         source = Path(scratch) / "hf"
         model.save_pretrained(source)  # config.json and model.safetensors: what optimum-cli reads
+        # a folder's tokenizer beside them: optimum-cli converts it (openvino-tokenizers) into the IR's folder
+        tokenizer = copy_tokenizer(model, source)
         command = [
             sys.executable,
             "-m",
@@ -93,7 +98,13 @@ def export(model: Any, precision: str, out_dir: Path, group_size: int = 128, rat
             why += f"; no {IR_FILE} written"
         raise RuntimeError(f"optimum-cli export openvino failed ({why})")
     shown = ["optimum-cli", "export", "openvino", "--task", "text-generation-with-past", *flags]
-    return {"exported_by": " ".join(shown)}
+    if tokenizer is None:
+        carried = "none: no tokenizer beside the model"
+    elif (out_dir / TOKENIZER_IR).is_file():
+        carried = f"the model's tokenizer, from {tokenizer}"
+    else:
+        carried = "none: optimum-cli did not convert the model's tokenizer"
+    return {"exported_by": " ".join(shown), "tokenizer": carried}
 
 
 def weight_types(ir_file: Path) -> dict[str, int]:
