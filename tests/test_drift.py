@@ -68,3 +68,29 @@ def test_an_all_zero_candidate_has_no_cosine_agreement_with_a_real_reference():
 
 def test_a_missing_drift_record_never_passes_the_bound():
     assert DriftCriterion().exceeded(None) and DriftCriterion("cosine", 0.5).exceeded(None)
+
+
+def test_kl_divergence_is_llama_perplexitys_mean_kld_of_the_next_token_distributions():
+    """Mean over positions of KL(FP32 || candidate) of the softmaxes, in nats, as torch computes it; zero for
+    the same logits, growing with the perturbation; `--drift-metric kld` bounds it."""
+    import torch
+
+    from autotune.measure.drift import compute_generation_drift, mean_kl_divergence
+
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.randn(300, 1000, generator=generator, dtype=torch.float64) * 3
+    small = reference + 0.05 * torch.randn(300, 1000, generator=generator, dtype=torch.float64)
+    large = reference + 0.5 * torch.randn(300, 1000, generator=generator, dtype=torch.float64)
+    expected = torch.nn.functional.kl_div(
+        torch.log_softmax(small, -1), torch.log_softmax(reference, -1), log_target=True, reduction="batchmean"
+    )
+    got = mean_kl_divergence(small.numpy(), reference.numpy(), chunk=64)  # chunked as for a real vocabulary
+    assert abs(got - float(expected)) < 1e-9 * max(1.0, float(expected))
+    assert mean_kl_divergence(reference.numpy(), reference.numpy()) == 0.0
+    assert got < mean_kl_divergence(large.numpy(), reference.numpy())
+    drift = compute_generation_drift(small.numpy(), reference.numpy(), 10.0, 10.0, 1.0)
+    assert drift.kl_divergence == pytest.approx(got)
+    criterion = DriftCriterion.parse("kld", "0.01")
+    assert criterion.drop(drift) == drift.kl_divergence and criterion.exceeded(drift) == (got > 0.01)
+    broken = compute_generation_drift(small.numpy() * float("nan"), reference.numpy(), float("inf"), 10.0, 0.0)
+    assert criterion.exceeded(broken)

@@ -158,6 +158,7 @@ def test_a_folder_is_searched_end_to_end_on_its_own_weights_and_its_tokenizers_i
     result = searcher("search", *words, "--trials", "2")
     assert_trials_ran(result)
     assert "as the model's tokenizer's ids" in result.stdout, result.stdout
+    assert "KLD " in result.stdout  # every trial's KL divergence from FP32, whatever bounds it
     reference = torch.load(workdir / "studies" / "my-llama" / "reference" / "reference.pt", weights_only=True)
     joined = " ".join(map(str, tokenizer.encode(text[:20000], add_special_tokens=False)))
     assert all(" ".join(map(str, row.tolist())) in joined for row in reference["prompts"])
@@ -166,6 +167,7 @@ def test_a_folder_is_searched_end_to_end_on_its_own_weights_and_its_tokenizers_i
     study = load_study(workdir, "my-llama")
     completed = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert completed and all(t.user_attrs["job"]["model"]["kind"] == "hf-folder" for t in completed)
+    assert all(t.user_attrs["drift"]["kl_divergence"] >= 0 for t in completed)
     assert not (workdir / "studies" / "my-llama" / "reference" / "weights.pt").exists()
     # other weights in the folder are another model: the study is not resumed on them
     torch.manual_seed(1)

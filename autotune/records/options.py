@@ -219,19 +219,22 @@ class SearchOptions:
         None,
         metavar="PATH",
         help="drift (and calibration) data: an image folder (one subfolder per class gives labels) or a "
-        "tensor file ({'inputs', 'labels'} or a tensor); for a language model, a text file (its UTF-8 bytes "
-        "are the token ids) or a tensor file of token ids: the prompts and the text drift and perplexity are "
+        "tensor file ({'inputs', 'labels'} or a tensor); for a language model, a text file (encoded by the model "
+        "folder's tokenizer; without one, its UTF-8 bytes are the token ids) or a tensor file of token ids: the "
+        "prompts and the text drift and perplexity are "
         "measured on; default: synthetic inputs",
         doc="what drift is measured on, and int8 calibrated on: an image folder (ImageFolder layout: one subfolder "
         "per class gives labels; a flat folder has none), preprocessed as the model expects (a torchvision model's "
         "own weights transforms, else resize + ImageNet normalisation to `--input-shape`), or a tensor file saved "
         'with `torch.save`: a tensor of inputs, or `{"inputs": …, "labels": …}` where inputs is a tensor, or a '
         "tuple or dict of tensors for a model with several inputs. For a language model (text generation), a "
-        "text file, any file but `.pt`/`.pth`, read as its UTF-8 bytes, each byte one token id (folded into the "
-        "vocabulary: a fixed, tokenizer-free mapping, the same for every candidate, so perplexity is that of "
-        "bytes), or a `.pt`/`.pth` file of token ids (`torch.save` of a 1-D or 2-D integer tensor, each id within "
-        "the vocabulary): seeded windows of it are the timed prompts, the text drift and perplexity are measured "
-        "on, and SmoothQuant's calibration text (a file shorter than a prompt is repeated). Without it, seeded "
+        "text file, any file but `.pt`/`.pth`, encoded by the tokenizer of the model's Hugging Face folder (the "
+        "ids the model sees in use); a factory's model, or a folder without a tokenizer, reads it as its UTF-8 "
+        "bytes, each byte one token id (folded into the vocabulary: a fixed, tokenizer-free mapping, the same for "
+        "every candidate, so perplexity is that of bytes, text the model never sees), or a `.pt`/`.pth` file of "
+        "token ids (`torch.save` of a 1-D or 2-D integer tensor, each id within the vocabulary): seeded windows "
+        "of it are the timed prompts, the text drift and perplexity are measured on, and SmoothQuant's "
+        "calibration text (a file shorter than a prompt is repeated). Without it, seeded "
         "synthetic inputs (random token ids for a language model), with a warning: drift then says little about "
         "accuracy",
     )

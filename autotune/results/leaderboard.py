@@ -56,6 +56,8 @@ class LeaderboardRow:
     runtime: str
     baseline: bool
     split: str | None = None  # generation: "8 = 2 x 4", total sequences as instances x sequences each
+    kl_divergence: float | None = None  # generation: mean KLD of the next-token distributions from FP32's
+    same_top_token: float | None = None  # generation: share of positions whose top token is FP32's
 
     def latency_columns(self, generation: bool, server: bool) -> tuple[float | None, ...]:
         """The columns beside throughput: TTFT and TPOT for generation, the sustained rate and what it
@@ -91,6 +93,8 @@ def leaderboard_rows(study: optuna.study.Study, top: int = 10) -> list[Leaderboa
                 tpot_p50_ms=generation.tpot_ms.p50 if generation else None,
                 tpot_p99_ms=generation.tpot_ms.p99 if generation else None,
                 perplexity_increase=metrics.drift.perplexity_increase if metrics.drift else None,
+                kl_divergence=metrics.drift.kl_divergence if metrics.drift else None,
+                same_top_token=metrics.drift.top1_agreement if metrics.drift and generation else None,
                 drift=metrics.drift.relative_l2 if metrics.drift else None,
                 speedup=compared / base_sps if compared and base_sps else None,
                 sustained_rps=metrics.server.sustained_rps if metrics.server else None,
@@ -123,7 +127,8 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[Leade
         *latency,
         "drift (rel. L2)",
     )
-    for column in (*columns, *(("ppl change",) if generation else ()), "vs baseline"):
+    quality = ("KLD", "same top token", "ppl change") if generation else ()
+    for column in (*columns, *quality, "vs baseline"):
         table.add_column(column, no_wrap=column != "config")
     for row in rows:
         values = row.latency_columns(generation, server) + ((row.throughput_sps,) if server else ())
@@ -136,7 +141,15 @@ def leaderboard_table(study: optuna.study.Study, top: int = 10, rows: list[Leade
             *(() if server else (_fmt(row.throughput_sps),)),
             *(_fmt(value) for value in values),
             "-" if row.drift is None else f"{row.drift:.2e}",
-            *((("-" if ppl is None else f"{ppl:+.2%}"),) if generation else ()),
+            *(
+                (
+                    "-" if row.kl_divergence is None else f"{row.kl_divergence:.2e}",
+                    "-" if row.same_top_token is None else f"{row.same_top_token:.1%}",
+                    "-" if ppl is None else f"{ppl:+.2%}",
+                )
+                if generation
+                else ()
+            ),
             "-" if row.speedup is None else f"{row.speedup:.2f}x",
         )
     return table
