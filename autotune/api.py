@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.common.errors import UserError
+from autotune.measure.drift import DEFAULT_CLASSIFY_METRIC, DEFAULT_GENERATION_METRIC
 from autotune.records.options import (
     DEFAULT_SPACE,
     GENERATION_SPACE,
@@ -255,6 +256,15 @@ def _resolve_model_source(
     return model
 
 
+def default_drift_metric(chosen: str | None, generates: bool) -> str:
+    """The metric --max-drift bounds: the one chosen, else the one the task's users read. For text,
+    llama-perplexity's mean KL divergence (its published tables rank every quantization type by it); for a
+    classifier, the relative L2 of the logits."""
+    if chosen:
+        return chosen
+    return DEFAULT_GENERATION_METRIC if generates else DEFAULT_CLASSIFY_METRIC
+
+
 def _drift_criterion(drift_metric: str, max_drift: str | float) -> DriftCriterion:
     from autotune.measure.drift import DriftCriterion
 
@@ -426,8 +436,10 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
     reference = model_reference(options.model)
     study = validate_study_name(options.study or Path(reference.rpartition(":")[2]).stem or "model")
     window, window_cap = measure_window(options.measure_seconds)
-    criterion = _drift_criterion(options.drift_metric, options.max_drift)
     inputs = _resolve_inputs(options, reference, console)
+    criterion = _drift_criterion(
+        default_drift_metric(options.drift_metric, inputs.workload is not None), options.max_drift
+    )
     objective = _scenario_objective(options.scenario, options.objective)
     pareto = objective == "pareto"
     many_calls = (options.slo_ms is not None and objective == "throughput") or pareto or options.ttft_slo_ms is not None

@@ -15,6 +15,7 @@ from conftest import GENERATE, QUICK_GENERATION, assert_trials_ran, generation_s
 
 from autotune.model.hf_folder import read_folder
 from autotune.model.sources import ModelSource, build_model, resolve_model
+from autotune.records.spec import StoredSpec
 
 
 def llama_folder(path: Path, safe: bool = True) -> tuple[Path, torch.nn.Module]:
@@ -168,6 +169,9 @@ def test_a_folder_is_searched_end_to_end_on_its_own_weights_and_its_tokenizers_i
     completed = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert completed and all(t.user_attrs["job"]["model"]["kind"] == "hf-folder" for t in completed)
     assert all(t.user_attrs["drift"]["kl_divergence"] >= 0 for t in completed)
+    # without --drift-metric, a language model is bounded as llama.cpp's tables rank quantizations
+    criterion = StoredSpec.of(study).criterion
+    assert (criterion.metric, criterion.max_drop, criterion.relative) == ("kld", 0.05, False)
     assert not (workdir / "studies" / "my-llama" / "reference" / "weights.pt").exists()
     # other weights in the folder are another model: the study is not resumed on them
     torch.manual_seed(1)

@@ -74,6 +74,7 @@ def test_search_completes_trials_and_exports_best_json(searcher, workdir):
     assert measurement["calls"] >= 3 and measurement["throughput_ci_rel"] is not None and "noise_flags" in measurement
     assert best["environment"]["OMP_NUM_THREADS"] == str(best["config"]["threads_per_instance"])
     assert best["drift"]["samples"] == 8 and best["drift"]["max_drift"] == 0.05
+    assert best["drift"]["metric"] == "relative_l2"  # a classifier's default
 
     # The exported command reproduces the winner in a fresh process.
     replay = subprocess.run(

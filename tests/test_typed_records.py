@@ -146,7 +146,6 @@ def test_an_open_record_keeps_what_it_does_not_know_and_leaves_out_what_its_file
 DURATIONS = {"budget_s": "budget", "trial_timeout_s": "trial_timeout", "heartbeat_grace_s": "heartbeat_grace"}
 SAME_NAMES = (
     "objective",
-    "drift_metric",
     "trials",
     "eval_samples",
     "calibration_samples",

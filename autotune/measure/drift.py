@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,11 +20,18 @@ METRICS = ("relative_l2", "cosine", "top1", "accuracy", "perplexity", "kld")
 METRIC_HELP = {
     "relative_l2": "relative L2 error of the outputs, ||y - y_fp32|| / ||y_fp32||",
     "cosine": "1 - mean cosine similarity of each sample's output with FP32's (embeddings)",
-    "top1": "share of samples whose top-1 class differs from FP32's",
+    "top1": "share of samples (for LMs, text positions) whose top-1 class (next token) differs from FP32's",
     "accuracy": "drop of top-1 accuracy against the data's labels, FP32 minus candidate",
     "perplexity": "relative increase of perplexity on the evaluation text, then FP32's generated text (LMs), e.g. 2%",
     "kld": "mean KL divergence of the next-token distributions from FP32's, as llama-perplexity --kl-divergence (LMs)",
 }
+# What --max-drift bounds when --drift-metric is not given. A language model's default is what people who
+# quantize LLMs read: llama.cpp's tools/perplexity/README.md ranks every GGUF type of LLaMA 3 8B by mean KL
+# divergence from FP16 (q8_0 0.0014, q6_K 0.0055, q5_K_M 0.011, q4_K_M 0.031, q4_0 0.072, q2_K 0.45).
+# The default bound, DEFAULT_MAX_DRIFT, falls between q4_K_M, the type most users deploy, and q4_0.
+DEFAULT_GENERATION_METRIC = "kld"
+DEFAULT_CLASSIFY_METRIC = "relative_l2"
+DEFAULT_MAX_DRIFT = 0.05
 # The metrics a bound may be a percentage of FP32's value for (the others are already shares).
 RELATIVE_METRICS = ("accuracy", "perplexity")
 
@@ -88,6 +96,8 @@ class Drift(Record):
 
     `reused_from` names the trial that measured it when a trial of the same numerics reuses it.
     """
+
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("kl_divergence",)  # records stored before it read back as they were
 
     relative_l2: float
     cosine_similarity: float

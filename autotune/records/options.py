@@ -19,7 +19,14 @@ from typing import Any
 
 from autotune.common.errors import UserError
 from autotune.common.sizes import DEFAULT_CACHE_SIZE, DEFAULT_TRIAL_MEMORY
-from autotune.measure.drift import METRIC_HELP, METRICS, RELATIVE_METRICS
+from autotune.measure.drift import (
+    DEFAULT_CLASSIFY_METRIC,
+    DEFAULT_GENERATION_METRIC,
+    DEFAULT_MAX_DRIFT,
+    METRIC_HELP,
+    METRICS,
+    RELATIVE_METRICS,
+)
 from autotune.model.generation import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
 
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent.parent / "search_spaces" / "default.yaml"
@@ -199,7 +206,7 @@ class SearchOptions:
         None, parse=float, metavar="MS", group=GENERATION_GROUP, help="p99 bound on time per output token"
     )
     max_drift: str | float = option(
-        "0.05",
+        str(DEFAULT_MAX_DRIFT),
         help="largest drop from FP32 on --drift-metric: a number (absolute) or, for "
         f"{' and '.join(RELATIVE_METRICS)}, a percentage of FP32's value, e.g. 1%",
         doc="the largest drop: a number is absolute (`0.05`, default; `--max-drift 0.01` with accuracy is one "
@@ -208,12 +215,14 @@ class SearchOptions:
         "--max-drift 2%`: a perplexity at most 2% above FP32's)",
     )
     # Both texts list every metric of the code's own list, so neither can leave one out.
-    drift_metric: str = option(
-        "relative_l2",
+    drift_metric: str | None = option(
+        None,
         choices=METRICS,
-        help="what --max-drift bounds: " + "; ".join(f"{m}: {METRIC_HELP[m]}" for m in METRICS),
-        doc="what `--max-drift` bounds, as a drop from FP32 eager: "
-        + "; ".join(f"`{m}`: {METRIC_HELP[m]}" for m in METRICS),
+        help=f"what --max-drift bounds (default: {DEFAULT_GENERATION_METRIC} for a language model, "
+        f"{DEFAULT_CLASSIFY_METRIC} for a classifier): " + "; ".join(f"{m}: {METRIC_HELP[m]}" for m in METRICS),
+        doc="what `--max-drift` bounds, as a drop from FP32 eager (default: "
+        f"`{DEFAULT_GENERATION_METRIC}` for a language model, as llama.cpp's tables rank quantization types; "
+        f"`{DEFAULT_CLASSIFY_METRIC}` for a classifier): " + "; ".join(f"`{m}`: {METRIC_HELP[m]}" for m in METRICS),
     )
     data: PathArg | None = option(
         None,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from autotune.common.errors import UserError
 from autotune.common.json_record import JsonObject, Record
-from autotune.measure.drift import DriftCriterion
+from autotune.measure.drift import DEFAULT_CLASSIFY_METRIC, DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
 from autotune.model.generation import GenerationWorkload
@@ -99,7 +99,7 @@ class SearchSpec(Record):
     space: dict[str, Any]  # the search space YAML as the user wrote it (tuning/space.py reads it)
     objective: str = default_of("objective")
     max_drift: float = float(default_of("max_drift"))
-    drift_metric: str = default_of("drift_metric")
+    drift_metric: str = DEFAULT_CLASSIFY_METRIC  # search_spec picks the task's default
     drift_relative: bool = False  # max_drift is a share of FP32's value (accuracy)
     data: DataSource = field(default_factory=DataSource)  # drift (and calibration) data
     calibration_data: DataSource | None = None  # calibration from its own source instead of a split of `data`

@@ -45,9 +45,9 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
             ttft, tpot = generation.ttft_ms.p50, generation.tpot_ms.p50
             ppl, kld = drift.perplexity_increase, drift.kl_divergence
             text = (
-                f"{rate}  TTFT p50 {_ms(ttft)}  TPOT p50 {_ms(tpot)}  drift {drift.relative_l2:.2e}"
-                f"{f'  KLD {kld:.2e}' if kld is not None else ''}"
-                f"{f'  ppl {ppl:+.1%}' if ppl is not None and ppl == ppl else ''}"
+                f"{rate}  TTFT p50 {_ms(ttft)}  TPOT p50 {_ms(tpot)}"
+                f"{f'  KLD {kld:.2e}' if kld is not None else ''}  same top {drift.top1_agreement:.1%}"
+                f"{f'  ppl {ppl:+.1%}' if ppl is not None and ppl == ppl else ''}  L2 {drift.relative_l2:.2e}"
             )
         else:
             text = (
