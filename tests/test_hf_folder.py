@@ -70,6 +70,12 @@ def test_a_language_model_folder_generates_from_its_own_weights_and_builds_what_
     assert resolve_model(str(folder), None, "input_ids:int64:16:0-256").weights_sha256 != source.weights_sha256
 
 
+def test_a_causal_language_model_not_named_for_causal_lm_is_one(tmp_path):
+    """GPT-2's architecture is GPT2LMHeadModel: transformers' causal-LM table says what its name does not."""
+    tiny_lm.tiny_gpt2().save_pretrained(tmp_path / "gpt2")
+    assert read_folder(str(tmp_path / "gpt2")).task == "generate"
+
+
 def test_other_models_records_are_written_as_before(tmp_path):
     """A folder's task and trust are written for a folder only: a stored factory model reads and compares as
     it did."""

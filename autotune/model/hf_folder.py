@@ -24,7 +24,8 @@ CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLED, PICKLED_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, PICKLED, PICKLED_INDEX)
-# an architecture's class name ends with what it does: the task autotune times it on
+# an architecture's class name ends with what it does: the task autotune times it on (else transformers' Auto
+# tables say: GPT-2's GPT2LMHeadModel is a causal language model)
 TASK_OF_SUFFIX = {"ForCausalLM": "generate", "ForImageClassification": "classify"}
 SUPPORTED = (
     "a causal language model (…ForCausalLM: generate) or an image classifier (…ForImageClassification: classify)"
@@ -124,6 +125,7 @@ def read_folder(name: str, trust_remote_code: bool = False) -> HfFolder:
         raise UserError(f"model folder {name!r}: {CONFIG} names no architectures; autotune tunes {SUPPORTED}")
     architecture = str(architectures[0])
     task = next((task for suffix, task in TASK_OF_SUFFIX.items() if architecture.endswith(suffix)), None)
+    task = task or _task_in_auto_tables(architecture)
     if task is None:
         raise UserError(f"model folder {name!r} holds a {architecture}; autotune tunes {SUPPORTED}")
     folder = HfFolder(path, architecture, task, _weight_files(path, name), config)
@@ -156,10 +158,8 @@ def _weight_files(path: Path, name: str) -> tuple[Path, ...]:
     raise UserError(f"model folder {name!r} has no weights ({', '.join(WEIGHT_FILES)}): save them with save_pretrained")
 
 
-def _check_known(architecture: str, task: str, name: str) -> None:
-    """The architecture is one transformers' Auto class for the task knows (a folder written by a newer
-    transformers may hold one it does not); read from its name tables, without importing any model's code."""
-    import transformers
+def _auto_table(task: str) -> set[str]:
+    """The architectures transformers' Auto class for the task builds, from its name tables."""
     from transformers.models.auto import modeling_auto
 
     table = (
@@ -167,8 +167,20 @@ def _check_known(architecture: str, task: str, name: str) -> None:
         if task == "generate"
         else modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
     )
-    known = {cls for value in table.values() for cls in ((value,) if isinstance(value, str) else value)}
-    if architecture not in known:
+    return {cls for value in table.values() for cls in ((value,) if isinstance(value, str) else value)}
+
+
+def _task_in_auto_tables(architecture: str) -> str | None:
+    """The task of an architecture named otherwise (GPT-2's GPT2LMHeadModel is a causal language model)."""
+    return next((task for task in ("generate", "classify") if architecture in _auto_table(task)), None)
+
+
+def _check_known(architecture: str, task: str, name: str) -> None:
+    """The architecture is one transformers' Auto class for the task knows (a folder written by a newer
+    transformers may hold one it does not); read from its name tables, without importing any model's code."""
+    import transformers
+
+    if architecture not in _auto_table(task):
         raise UserError(
             f"model folder {name!r} holds a {architecture}, which transformers {transformers.__version__} does not "
             "have: upgrade transformers, or pass --trust-remote-code for a folder that ships its code"
