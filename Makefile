@@ -23,6 +23,7 @@ LLAMA_CPP_PYTHON := 0.3.36
 LLAMA_SRC        := $(VENV)/share/llama.cpp-src
 LLAMA_VENDOR     := $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 LLAMA_SHARE      := $(VENV)/share/llama.cpp
+LLAMA_TOOLS      := llama-bench llama-batched-bench llama-perplexity llama-server
 # optimum-intel, which exports a language model to OpenVINO IR, pins transformers below the main runtime's:
 # it and the packages it pins go into an overlay of their own (autotune runs the export with it first on the path)
 OPTIMUM_SHARE    := $(VENV)/share/optimum-intel
@@ -68,19 +69,22 @@ optimum-intel: $(STAMP)
 	PYTHONPATH=$(OPTIMUM_SHARE) $(BIN)/python -c "import optimum.exporters.openvino, optimum.commands.optimum_cli"; \
 	echo "$(OPTIMUM_PACKAGES)" > $(OPTIMUM_SHARE)/VERSION
 
-# llama.cpp's own benchmark tools (llama-bench, llama-batched-bench) from the same source, for the benchmarks
-# that compare autotune with them (docs/benchmarks/llm_engines.py) and the test that sets autotune's llama.cpp
-# trial beside llama-batched-bench (make test-all builds them once: about 7 minutes on 2 cores); not needed to search.
+# llama.cpp's own tools from the same source (its web UI off: it would be downloaded at build time):
+# llama-bench and llama-batched-bench for the benchmarks that compare autotune with them
+# (docs/benchmarks/llm_engines.py), llama-perplexity for the quality check of the same GGUFs, and llama-server,
+# which `autotune export --format llama-server` starts a winner with. make test-all builds them once
+# (about 10 minutes on 2 cores); a search needs none of them.
 llama-tools: $(STAMP)
-	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = $(LLAMA_CPP_PYTHON) ]; then exit 0; fi; \
+	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" ]; then exit 0; fi; \
 	set -e; [ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \
 		$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
 		tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); }; \
 	cmake -S $(LLAMA_VENDOR) -B $(LLAMA_SRC)/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
-		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF; \
-	cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target llama-bench llama-batched-bench; \
-	mkdir -p $(LLAMA_SHARE)/bin && cp $(LLAMA_SRC)/build/bin/llama-bench $(LLAMA_SRC)/build/bin/llama-batched-bench $(LLAMA_SHARE)/bin/; \
-	echo $(LLAMA_CPP_PYTHON) > $(LLAMA_SHARE)/bin/VERSION; \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF; \
+	cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target $(LLAMA_TOOLS); \
+	mkdir -p $(LLAMA_SHARE)/bin && for t in $(LLAMA_TOOLS); do cp $(LLAMA_SRC)/build/bin/$$t $(LLAMA_SHARE)/bin/; done; \
+	echo "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" > $(LLAMA_SHARE)/bin/VERSION; \
 	rm -rf $(LLAMA_SRC)
 
 $(IPEX_STAMP): constraints-ipex.txt pyproject.toml

@@ -154,6 +154,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
         path = export_best(study, args.output or folder / "best.json")
         console.print(f"wrote {path}", markup=False)
         return 0
+    if args.format in ("llama-server", "openvino-genai"):
+        return _export_engine(study, args, folder, console)
     from autotune.common.files import write_text_atomic
     from autotune.records.best import BestJson
     from autotune.results.launch_script import launch_script
@@ -167,6 +169,26 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     script = write_text_atomic(args.output or folder / "launch.sh", launch_script(best, best_path), mode=0o755)
     console.print(
         f"wrote {script} (runs your command as tuned: {script} python serve.py) and {best_path}", markup=False
+    )
+    return 0
+
+
+def _export_engine(study, args: argparse.Namespace, folder: Path, console: Console) -> int:
+    """best.json, and beside it the best trial of one engine as that engine deploys it."""
+    from autotune.records.best import BestJson
+    from autotune.records.spec import StoredSpec
+    from autotune.results.best_json import export_best
+    from autotune.results.engine_export import export_llama_server, export_openvino_genai
+
+    if StoredSpec.of(study).task != "generate":
+        raise UserError(f"--format {args.format} exports a language model; study {args.study!r} is a classifier")
+    best = BestJson.read(export_best(study, folder / "best.json"))
+    total = best.config.total_batch if best.meets_drift and best.config else None
+    target = Path(args.output) if args.output else folder
+    export = export_llama_server if args.format == "llama-server" else export_openvino_genai
+    written = export(study, target, total)
+    console.print(
+        f"wrote {', '.join(str(p) for p in written)} (the script's first lines say what it runs)", markup=False
     )
     return 0
 
@@ -333,13 +355,19 @@ def _add_study_commands(sub: Any) -> None:
     export = sub.add_parser("export", help="write best.json from a stored study")
     _add_study_args(export, required=True)
     export.add_argument(
-        "-o", "--output", help="output path (default studies/<study>/best.json, or launch.sh with --format sh)"
+        "-o",
+        "--output",
+        help="output path (default studies/<study>/best.json, or launch.sh with --format sh; a folder for "
+        "llama-server and openvino-genai, default the study's)",
     )
     export.add_argument(
         "--format",
-        choices=("json", "sh"),
+        choices=("json", "sh", "llama-server", "openvino-genai"),
         default="json",
-        help="json: best.json; sh: a launch script that starts your command pinned with the tuned environment",
+        help="json: best.json; sh: a launch script that starts your command pinned with the tuned environment; "
+        "llama-server: the study's best llama.cpp trial as its GGUF and the llama-server command with its tuned "
+        "threads, batch, ubatch, flash attention, KV cache, pinning and environment; openvino-genai: the best "
+        "OpenVINO trial as its IR folder (with the tokenizer), its LLMPipeline settings and a runner",
     )
     export.set_defaults(func=cmd_export)
 

@@ -5,6 +5,7 @@ as was saved, and a bad folder refused in one line before anything is created.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -347,3 +348,94 @@ def test_a_folders_ir_carries_its_tokenizer_and_generates_its_text_in_openvino_g
     assert list(tokens) == eager[0, -4:].tolist()
     text = pipe.generate([prompt], config).texts[0]  # text in, text out, through its own detokenizer
     assert isinstance(text, str) and text
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _completion(port: int, prompt: str, deadline_s: float = 120) -> dict:
+    """llama-server's /completion, once it answers /health (it loads the model first)."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        assert time.monotonic() < end, "llama-server did not come up"
+        time.sleep(0.5)
+    body = json.dumps({"prompt": prompt, "n_predict": 6, "temperature": 0, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+@pytest.mark.slow
+def test_the_winners_of_a_folder_search_deploy_in_llama_server_and_openvino_genai(searcher, cli, workdir):
+    """`autotune export --format llama-server` and `--format openvino-genai` write each engine's best trial as
+    its users deploy it: the GGUF and a llama-server command that answers a completion over HTTP; the IR with
+    its tokenizer and an LLMPipeline runner that turns a prompt into text. Their settings are the trial's."""
+    import signal
+    import subprocess
+
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    folder = workdir / "my-llama"
+    LlamaForCausalLM(tiny_lm.llama_config(vocab=512)).eval().save_pretrained(folder)
+    text = tiny_lm.stdlib_text()
+    tiny_lm.sentencepiece_folder(folder, text)
+    data = workdir / "text.txt"
+    data.write_text(text[:20000])
+    none_yet = cli("export", "--study", "my-llama", "--format", "llama-server", timeout=120)
+    assert none_yet.returncode == 2 and "Traceback" not in none_yet.stderr
+    backends = {
+        "eager": {"precision": ["fp32"], "kv_cache": ["dynamic"]},
+        # a head of 16 wide: llama.cpp's q8_0 KV cache needs 32
+        "llamacpp": {"precision": ["F32"], "n_ubatch": [256], "kv_cache_type": ["f16"], "flash_attn": [False]},
+        "openvino": {"precision": ["fp32"], "kv_cache_precision": ["f16"], "inference_precision": ["f32"]},
+    }
+    space = generation_space(workdir / "space.yaml", backends)
+    words = ["--model", str(folder), "--space", str(space), "--data", str(data), *QUICK_GENERATION, *GENERATE]
+    assert_trials_ran(searcher("search", *words, "--trials", "3"))
+
+    exported = cli("export", "--study", "my-llama", "--format", "llama-server", timeout=300)
+    assert exported.returncode == 0, exported.stderr
+    study_folder = workdir / "studies" / "my-llama"
+    script = (study_folder / "llama-server.sh").read_text()
+    for flag in ("--ubatch-size 256", "--cache-type-k f16", "--flash-attn off", "--parallel 2"):
+        assert flag in script, script
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(study_folder / "llama-server.sh")],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        reply = _completion(port, text[:60])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    assert reply["tokens_predicted"] == 6 and isinstance(reply["content"], str), reply
+
+    genai = cli("export", "--study", "my-llama", "--format", "openvino-genai", timeout=300)
+    assert genai.returncode == 0, genai.stderr
+    settings = json.loads((study_folder / "openvino-genai.json").read_text())
+    assert settings["properties"]["KV_CACHE_PRECISION"] == "f16", settings
+    assert (study_folder / "openvino-genai" / "openvino_tokenizer.xml").is_file()
+    ran = subprocess.run(
+        [str(study_folder / "openvino-genai.sh"), text[:60], "6"], capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr[-2000:]
