@@ -1,5 +1,6 @@
-"""llama.cpp's own benchmark, llama-batched-bench, on a GGUF autotune's trial loaded: what a llama.cpp user
-runs instead, for the benchmarks and the tests that set autotune's trial beside it.
+"""llama.cpp's own tools on a GGUF autotune's trial loaded: llama-batched-bench, what a llama.cpp user times
+instead, and llama-perplexity --kl-divergence, what they judge a quantization's quality by; for the
+benchmarks and the tests that set autotune's trial (its speed, its KL divergence) beside them.
 
 `make llama-tools` builds it from the source llama-cpp-python carries (the same llama.cpp) into the runtime's
 share/llama.cpp/bin. Its tokens/s here is the quantity autotune's trials report: generated tokens over the
@@ -9,6 +10,7 @@ call's time, prefill included (`pl x ntg / t`; its own `speed` also counts the p
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -18,9 +20,10 @@ from typing import Any
 TOOL = "llama-batched-bench"
 
 
-def tool_path(prefix: str | Path = sys.prefix) -> Path:
-    """Where `make llama-tools` puts llama-batched-bench for the runtime at `prefix`."""
-    return Path(prefix) / "share" / "llama.cpp" / "bin" / TOOL
+def tool_path(prefix: str | Path = sys.prefix, name: str = TOOL) -> Path:
+    """Where `make llama-tools` puts one of llama.cpp's tools (llama-batched-bench, llama-perplexity,
+    llama-server) for the runtime at `prefix`."""
+    return Path(prefix) / "share" / "llama.cpp" / "bin" / name
 
 
 def batched_bench(
@@ -76,4 +79,48 @@ def batched_bench(
         "command": shlex.join(command),
         "runs_to_print": attempt,
         "generated_tokens_per_s": sequences * new / row["t"],
+    }
+
+
+PERPLEXITY_TOOL = "llama-perplexity"
+MEAN_KLD = re.compile(r"^Mean\s+KLD:\s+(\S+)\s+\S+\s+(\S+)", re.MULTILINE)
+SAME_TOP = re.compile(r"^Same top p:\s+(\S+)", re.MULTILINE)
+
+
+def perplexity_kld(
+    tool: Path,
+    base_gguf: Path,
+    gguf: Path,
+    text: Path,
+    context: int,
+    chunks: int,
+    threads: int,
+    scratch: Path,
+    repack: bool = True,
+) -> dict[str, Any]:
+    """llama-perplexity's mean KL divergence of `gguf` from `base_gguf` over `text`, as its users run it:
+    first the base's log-probabilities saved (--kl-divergence-base), then the candidate compared with them
+    (--kl-divergence). Each chunk of `context` tokens starts with BOS; the second half of its positions
+    count. `repack=False`: the weights as the GGUF holds them (as autotune's trial loaded them on a build with
+    AMX, whose buffers crash). Returns Mean KLD with its ±, the same-top-token share (percent), the commands."""
+    base = scratch / f"{base_gguf.stem}.kld"
+    common = ["-f", str(text), "-c", str(context), "--chunks", str(chunks), "-t", str(threads), "-b", str(context)]
+    save = [str(tool), "-m", str(base_gguf), *common, "--kl-divergence-base", str(base)]
+    compare = [str(tool), "-m", str(gguf), *common, "--kl-divergence-base", str(base), "--kl-divergence"]
+    if not repack:
+        compare.append("--no-repack")
+    for command in (save, compare):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}: {last}")
+    output = done.stdout + done.stderr
+    kld, same = MEAN_KLD.search(output), SAME_TOP.search(output)
+    if kld is None:
+        raise RuntimeError(f"{shlex.join(compare)} printed no Mean KLD: {output[-800:]}")
+    return {
+        "mean_kld": float(kld.group(1)),
+        "mean_kld_pm": float(kld.group(2)),
+        "same_top_percent": float(same.group(1)) if same else None,
+        "commands": [shlex.join(save), shlex.join(compare)],
     }
