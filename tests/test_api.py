@@ -201,7 +201,7 @@ DEFAULTS = {
     "prompt_tokens": 512,
     "new_tokens": 64,
     "max_drift": "0.05",
-    "drift_metric": "relative_l2",
+    "drift_metric": None,  # the task's own: kld for a language model, relative_l2 for a classifier
     "eval_samples": 32,
     "calibration_samples": 64,
     "trial_timeout": "10m",
