@@ -430,12 +430,13 @@ def test_the_winners_of_a_folder_search_deploy_in_llama_server_and_openvino_gena
         server.wait(timeout=30)
     assert reply["tokens_predicted"] == 6 and isinstance(reply["content"], str), reply
 
-    genai = cli("export", "--study", "my-llama", "--format", "openvino-genai", timeout=300)
+    deploy = workdir / "deploy" / "genai"  # -o: a folder of its own, made as needed
+    genai = cli("export", "--study", "my-llama", "--format", "openvino-genai", "-o", str(deploy), timeout=300)
     assert genai.returncode == 0, genai.stderr
-    settings = json.loads((study_folder / "openvino-genai.json").read_text())
+    settings = json.loads((deploy / "openvino-genai.json").read_text())
     assert settings["properties"]["KV_CACHE_PRECISION"] == "f16", settings
-    assert (study_folder / "openvino-genai" / "openvino_tokenizer.xml").is_file()
+    assert (deploy / "openvino-genai" / "openvino_tokenizer.xml").is_file()
     ran = subprocess.run(
-        [str(study_folder / "openvino-genai.sh"), text[:60], "6"], capture_output=True, text=True, timeout=300
+        [str(deploy / "openvino-genai.sh"), text[:60], "6"], capture_output=True, text=True, timeout=300
     )
     assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr[-2000:]

@@ -146,6 +146,7 @@ def llama_server_arguments(trial: EngineTrial, gguf: Path, port: int) -> list[st
 def export_llama_server(study: optuna.study.Study, folder: Path, winner_total: int | None) -> list[Path]:
     """The GGUF as llama-server.gguf and llama-server.sh, which starts one tuned llama-server per instance."""
     trial = best_engine_trial(study, "llama-server", winner_total)
+    folder.mkdir(parents=True, exist_ok=True)
     gguf = folder / "llama-server.gguf"
     _copy(trial.artifact_dir / GGUF_FILE, gguf)
     tool = llama_server_tool()
@@ -214,6 +215,7 @@ def export_openvino_genai(study: optuna.study.Study, folder: Path, winner_total:
     """The IR folder (with its tokenizer when the model had one) as openvino-genai/, its settings as
     openvino-genai.json, a runner, and openvino-genai.sh, which runs it pinned with the trial's environment."""
     trial = best_engine_trial(study, "openvino-genai", winner_total)
+    folder.mkdir(parents=True, exist_ok=True)
     target = folder / "openvino-genai"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
