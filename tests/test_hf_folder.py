@@ -267,22 +267,29 @@ def test_a_folders_tokenizer_encodes_the_text_data_and_is_part_of_what_the_model
     assert read_folder(str(folder)).digest() != before
 
 
+def sentencepiece_llama(folder: Path) -> tuple[Any, Path, str, Any, Any]:
+    """A tiny Llama folder with a SentencePiece tokenizer as Llama folders ship one (512 pieces: 256 byte
+    pieces and 256 others): the model, the folder, the text the tokenizer was trained on, the tokenizer, and
+    the model as a trial builds it."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_lm.llama_config(vocab=512)).eval()
+    model.save_pretrained(folder)
+    text = tiny_lm.stdlib_text()
+    tokenizer = tiny_lm.sentencepiece_folder(folder, text)
+    return model, folder, text, tokenizer, build_model(resolve_model(str(folder), None, "input_ids:int64:16:0-512"))
+
+
 def test_a_folders_gguf_carries_its_tokenizer_and_generates_its_text_in_llama_cpp(tmp_path):
     """llama.cpp's converter reads the folder's tokenizer (a SentencePiece one, as Llama folders ship): the
     GGUF tokenizes text as transformers does, and llama.cpp greedy-decodes the tokens FP32 eager does; a
     tokenizer the converter cannot read leaves the placeholder vocabulary, and the details say why."""
     import llama_cpp
-    from transformers import LlamaForCausalLM
 
     from autotune.backends.llamacpp import gguf_export
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_lm.llama_config(vocab=512)).eval()  # 256 byte pieces and 256 others
-    folder = tmp_path / "llama"
-    model.save_pretrained(folder)
-    text = tiny_lm.stdlib_text()
-    tokenizer = tiny_lm.sentencepiece_folder(folder, text)
-    built = build_model(resolve_model(str(folder), None, "input_ids:int64:16:0-512"))
+    model, folder, text, tokenizer, built = sentencepiece_llama(tmp_path / "llama")
     gguf = tmp_path / "model.gguf"
     details = gguf_export.convert(built, "F32", gguf)
     assert details["vocab"] == f"the model's tokenizer, from {folder}", details
@@ -317,17 +324,10 @@ def test_a_folders_ir_carries_its_tokenizer_and_generates_its_text_in_openvino_g
     GenAI's pipeline tokenizes text as transformers does and greedy-decodes FP32 eager's tokens from the text
     itself."""
     import openvino_genai
-    from transformers import LlamaForCausalLM
 
     from autotune.backends.openvino import ir_export
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_lm.llama_config(vocab=512)).eval()
-    folder = tmp_path / "llama"
-    model.save_pretrained(folder)
-    text = tiny_lm.stdlib_text()
-    tokenizer = tiny_lm.sentencepiece_folder(folder, text)
-    built = build_model(resolve_model(str(folder), None, "input_ids:int64:16:0-512"))
+    model, folder, text, tokenizer, built = sentencepiece_llama(tmp_path / "llama")
     out = tmp_path / "ir"
     details = ir_export.export(built, "fp32", out)
     assert details["tokenizer"] == f"the model's tokenizer, from {folder}", details

@@ -53,9 +53,9 @@ def test_autotunes_kl_divergence_agrees_with_llama_perplexity_on_the_same_ggufs(
             for t in load_study(workdir, study).trials
             if t.state.name == "COMPLETE" and TrialAttrs.of(t).config.backend == "llamacpp"
         )
-        artifact, details = metrics_of(trial).artifact, metrics_of(trial).backend_details or {}
-        repacked = str(details.get("extra_weight_buffers", "on")).startswith("on")
-        kld[gguf_type] = (metrics_of(trial).drift.kl_divergence, Path(artifact.dir) / "model.gguf", repacked)
+        metrics = metrics_of(trial)
+        repacked = str((metrics.backend_details or {}).get("extra_weight_buffers", "on")).startswith("on")
+        kld[gguf_type] = (metrics.drift.kl_divergence, Path(metrics.artifact.dir) / "model.gguf", repacked)
 
     base = workdir / "f32.gguf"
     gguf_export.convert(

@@ -86,6 +86,39 @@ def stdlib_text() -> str:
     return "\n\n".join(dict.fromkeys(parts))
 
 
+def fit(
+    model: LlamaForCausalLM,
+    train: torch.Tensor,
+    held_out: torch.Tensor,
+    steps: int,
+    seq: int,
+    batch: int,
+    seconds: float | None = None,
+) -> tuple[int, float]:
+    """Train on random windows of `train` (AdamW, seeded) for `steps`, or until `seconds` pass; returns the
+    steps taken and the perplexity on the first 32 windows of `held_out`, the model left in eval mode."""
+    import time
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    deadline = time.monotonic() + seconds if seconds else None
+    done = 0
+    for done in range(1, steps + 1):  # noqa: B007 (read after the loop)
+        starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=generator)
+        ids = torch.stack([train[s : s + seq] for s in starts.tolist()])
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if deadline and time.monotonic() > deadline:
+            break
+    model.eval()
+    with torch.no_grad():
+        ids = held_out[: (len(held_out) // seq) * seq].reshape(-1, seq)[:32]
+        perplexity = float(torch.exp(model(input_ids=ids, labels=ids).loss))
+    return done, perplexity
+
+
 def train_llama(workdir: Path, steps: int = 150, seq: int = 64, batch: int = 8) -> dict[str, Path | float]:
     """Train the tiny Llama on 90% of the text; write its weights and the held-out 10% as a text file.
     Returns the paths and the held-out perplexity (per byte)."""
@@ -94,19 +127,7 @@ def train_llama(workdir: Path, steps: int = 150, seq: int = 64, batch: int = 8) 
     split = int(len(data) * 0.9)
     train, held_out = data[:split], data[split:]
     model = LlamaForCausalLM(llama_config())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=generator)
-        ids = torch.stack([train[s : s + seq] for s in starts.tolist()])
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    with torch.no_grad():
-        ids = held_out[: (len(held_out) // seq) * seq].reshape(-1, seq)[:32]
-        perplexity = float(torch.exp(model(input_ids=ids, labels=ids).loss))
+    _, perplexity = fit(model, train, held_out, steps, seq, batch)
     weights, text = workdir / "lm.pt", workdir / "held_out.txt"
     torch.save(model.state_dict(), weights)
     text.write_bytes(bytes(held_out.tolist()))
@@ -177,8 +198,6 @@ def train_llama_folder(
     a SentencePiece tokenizer trained on the same text (512 pieces), the model trained on 90% of that text's
     ids; the held-out 10% written as text beside it. Returns the folder, the tokenizer, the held-out text
     and its ids, and the held-out perplexity (per token). `seconds`: stop training then, if sooner."""
-    import time
-
     text = stdlib_text()
     split = int(len(text) * 0.9)
     folder.mkdir(parents=True, exist_ok=True)
@@ -189,23 +208,7 @@ def train_llama_folder(
     train = torch.tensor(tokenizer.encode(text[:split], add_special_tokens=False), dtype=torch.long)
     held_out_text = text[split:]
     held_out = torch.tensor(tokenizer.encode(held_out_text, add_special_tokens=False), dtype=torch.long)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(0)
-    deadline = time.monotonic() + seconds if seconds else None
-    done = 0
-    for done in range(1, steps + 1):  # noqa: B007 (read after the loop)
-        starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=generator)
-        ids = torch.stack([train[s : s + seq] for s in starts.tolist()])
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if deadline and time.monotonic() > deadline:
-            break
-    model.eval()
-    with torch.no_grad():
-        ids = held_out[: (len(held_out) // seq) * seq].reshape(-1, seq)[:32]
-        perplexity = float(torch.exp(model(input_ids=ids, labels=ids).loss))
+    done, perplexity = fit(model, train, held_out, steps, seq, batch, seconds)
     model.save_pretrained(folder)
     text_file = folder.parent / f"{folder.name}-held-out.txt"
     text_file.write_text(held_out_text)
