@@ -216,5 +216,12 @@ def test_the_summary_marks_a_row_past_the_drift_bound_in_its_table_and_its_chart
     assert "does not count" not in page and not any(bar.get_hatch() for bar in figures[0].axes[0].patches)
     results.write_text(json.dumps(data))  # no bound in the file: the 0.05 of the runs before files held one
     assert "(past 0.05)" in summary.results_section(results)
+    # a file bounded by KL divergence judges each row by its KLD, not its relative L2
+    kld_rows = [{**r, "drift_relative_l2": 0.01, "drift_kld": 0.2 if "int4" in r["row"] else 0.01} for r in rows]
+    results.write_text(json.dumps({**data, "rows": kld_rows, "drift_bound": {"metric": "kld", "max": 0.05}}))
+    page = summary.results_section(results)
+    (past_line,) = [line for line in page.splitlines() if "does not count*" in line]
+    assert "openvino-genai int4_sym" in past_line and "(past 0.05)" in past_line, page
+    assert "drift (KL divergence)" in page and "KL divergence above 0.05" in page
     for figure in figures:
         summary._pyplot().close(figure)

@@ -281,6 +281,40 @@ def sentencepiece_llama(folder: Path) -> tuple[Any, Path, str, Any, Any]:
     return model, folder, text, tokenizer, build_model(resolve_model(str(folder), None, "input_ids:int64:16:0-512"))
 
 
+def test_an_ipex_trial_reads_the_prompts_the_main_runtime_encoded_from_a_folders_text(ipex_runtime, tmp_path):
+    """A text --data is encoded once, by the main runtime, where the study's reference is computed: the trials'
+    workload holds those ids, so an IPEX trial (transformers 4.x, whose SentencePiece tokenizer adds a dummy
+    prefix that 5.x does not) draws the very prompts the reference and the other engines do."""
+    import subprocess
+
+    from autotune.model.generation import GenerationWorkload, prompts
+    from autotune.runner.trials import compute_reference
+
+    _, folder, text, _, _ = sentencepiece_llama(tmp_path / "spm")
+    sample = tmp_path / "sample.txt"
+    sample.write_text(text[-4000:])  # it starts with a space: the two transformers tokenize it apart
+    asked = GenerationWorkload(32, 2, 512, 256, str(sample), "total", str(folder))
+    model = resolve_model(str(folder), None, "input_ids:int64:32:0-512")
+    reference = compute_reference(model, tmp_path / "study", 4, 300, generation=asked)
+    given = reference.generation
+    assert given is not None and given.tokenizer is None and given.data.endswith(".pt"), given
+    script = (
+        "import sys, json\n"
+        "from autotune.model.generation import GenerationWorkload, prompts\n"
+        "workload = GenerationWorkload.from_json(json.loads(sys.argv[1]))\n"
+        "print(json.dumps(prompts(workload, 4, 7).tolist()))\n"
+    )
+    done = subprocess.run(
+        [ipex_runtime.python, "-c", script, json.dumps(given.to_json())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == prompts(asked, 4, 7).tolist()
+
+
 def test_a_folders_gguf_carries_its_tokenizer_and_generates_its_text_in_llama_cpp(tmp_path):
     """llama.cpp's converter reads the folder's tokenizer (a SentencePiece one, as Llama folders ship): the
     GGUF tokenizes text as transformers does, and llama.cpp greedy-decodes the tokens FP32 eager does; a

@@ -125,6 +125,18 @@ def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
     assert "Fatal Python error: Aborted" in info.value.stderr_tail and "forward" in info.value.stderr_tail
 
 
+def test_a_failing_trials_cause_is_the_errors_message_even_when_it_starts_on_a_new_line(reference, tmp_path):
+    """transformers' missing-package errors start with a newline: the cause still says what is missing."""
+    with pytest.raises(TrialFailed) as info:
+        run(
+            TrialConfig("eager", "fp32", 4),
+            reference,
+            tmp_path,
+            model=source("missing_package").with_weights(reference.model.weights_path),
+        )
+    assert "ImportError: requires the protobuf library but it was not found" in info.value.cause, info.value.cause
+
+
 def test_hanging_trial_is_killed_at_its_timeout_with_its_python_stacks(reference, tmp_path):
     with pytest.raises(TrialFailed, match="timed out after 6s while preparing") as info:
         run(

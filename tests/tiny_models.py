@@ -40,6 +40,16 @@ class Crashing(TinyCNN):
         return super().forward(x)
 
 
+class MissingPackage(TinyCNN):
+    """Raises what transformers raises for a package the environment lacks, its message starting with a
+    newline, on a batch of BAD_BATCH."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == BAD_BATCH:
+            raise ImportError("\n requires the protobuf library but it was not found in your environment.\n")
+        return super().forward(x)
+
+
 class Hanging(TinyCNN):
     """Never returns from a forward on a batch of BAD_BATCH."""
 
@@ -89,6 +99,10 @@ def tiny_vit() -> nn.Module:
 
 def crashing() -> nn.Module:
     return Crashing()
+
+
+def missing_package() -> nn.Module:
+    return MissingPackage()
 
 
 def hanging() -> nn.Module:

@@ -7,7 +7,8 @@ Every trial generates the same amount of work: greedy decoding from fixed prompt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.common.errors import UserError
@@ -123,6 +124,30 @@ def prompts(workload: GenerationWorkload, sequences: int, seed: int) -> Any:
         starts = torch.randint(0, len(ids) - span + 1, (sequences,), generator=generator)
         return torch.stack([ids[s : s + span] for s in starts.tolist()])
     return torch.randint(0, workload.vocab_size, (sequences, workload.prompt_tokens), generator=generator)
+
+
+ENCODED_DATA = "data-ids.pt"
+
+
+def encoded_once(workload: GenerationWorkload, folder: Path) -> GenerationWorkload:
+    """The workload with a text --data that the model's tokenizer encodes replaced by those ids, saved once in
+    `folder` (the study's reference): every trial, in every runtime, reads the same ids whatever transformers
+    that runtime has (the IPEX runtime's 4.x adds SentencePiece's dummy prefix to a text where 5.x does not,
+    which would shift every prompt by a token against the reference)."""
+    import os
+    import tempfile
+
+    import torch
+
+    if not (workload.data and workload.tokenizer) or Path(workload.data).suffix in (".pt", ".pth"):
+        return workload
+    ids = read_token_data(workload.data, workload.vocab_size, workload.tokenizer)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = (folder / ENCODED_DATA).resolve()
+    with tempfile.NamedTemporaryFile(dir=folder, suffix=".tmp", delete=False) as scratch:
+        torch.save(ids, scratch.name)
+    os.replace(scratch.name, path)  # whole, also beside another host of a fleet writing the same ids
+    return replace(workload, data=str(path), tokenizer=None)
 
 
 def encode_text(text: str, tokenizer: str) -> list[int]:

@@ -37,7 +37,7 @@ from autotune.measure.stopwatch import (
 )
 from autotune.measure.tokens import token_times
 from autotune.model.dataset import DataSource
-from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload
+from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload, encoded_once
 from autotune.model.sources import ModelSource
 from autotune.records.config import TrialConfig, clean_environment, pin_prefix
 from autotune.records.job import ServerSettings, WorkerJob
@@ -595,6 +595,8 @@ def compute_reference(
         "calibration_data": calibration_data.to_json() if calibration_data else None,
         **({"generation": generation.to_json(), "reference_format": REFERENCE_FORMAT} if generation else {}),
     }
+    if generation is not None:  # encoded here, in the main runtime, for every trial's runtime
+        generation = encoded_once(generation, ref_dir)
     try:
         meta = read_json(ref_dir / "meta.json")
         # A reference from before constant outputs were looked for has no note: computed again.

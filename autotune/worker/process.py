@@ -519,7 +519,9 @@ def run_job(job: WorkerJob, print_result: bool) -> int:
         return EXIT_PRECISION_FALLBACK
     except Exception as exc:  # the orchestrator records the cause and our stderr tail
         traceback.print_exc()
-        print(f"autotune-worker: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # one line: the orchestrator reads the last `autotune-worker:` line as the trial's cause, and a message
+        # that starts with a newline (transformers' missing-package errors) would leave it blank
+        print(f"autotune-worker: error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     payload = result.to_json() if isinstance(result, Record) else result
     write_json_atomic(str(job.result_path), payload)

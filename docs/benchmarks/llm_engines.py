@@ -2,7 +2,8 @@
 llama-batched-bench on the GGUF, OpenVINO GenAI's benchmark on the IR), IPEX's ipex.llm.optimize (--ipex-types,
 in the IPEX runtime; it has no benchmark tool of its own: its examples time the same `generate`), beside
 autotune's eager fp32 and the seed's recipe: the 105M decoder of decoders.py (or its 1B one, --model
-decoder_1b; random init), interleaved in one run.
+decoder_1b; random init), or a Hugging Face folder (--model FOLDER --data TEXT: its tokenizer encodes the text;
+trained_llm.py trains one), interleaved in one run.
 
     make llama-tools   # llama-bench and llama-batched-bench, from the source llama-cpp-python carries
     .venv/bin/python docs/benchmarks/llm_engines.py [--layers 8] [--prompt 512] [--new 64] [--sequences 1,8]
@@ -23,8 +24,10 @@ whose weight buffers crash it, as autotune's trials load it) on the very file au
 their tokens/s is the same quantity read from its JSON line: pl x ntg / t (its own `speed` also counts the
 prompt's tokens). OpenVINO GenAI's rows run genai_benchmark.py (its benchmark_genai sample's protocol on
 token ids: 1 warm-up, 3 timed calls, `INFERENCE_NUM_THREADS` = the cores) on the IR autotune's trial loaded;
-tokens/s is generated tokens over its mean generate duration. Drift is the autotune trial's (the same file):
-logits' relative L2 against FP32 eager.
+tokens/s is generated tokens over its mean generate duration. Drift is the autotune trial's (the same file)
+against FP32 eager: logits' relative L2, mean KL divergence, same-top-token share and perplexity increase; the
+bound (--drift-metric, --max-drift) is relative L2 0.05 for the random-init decoders and KL divergence 0.05 for
+a folder, autotune's defaults.
 Writes docs/results/engines-<date>.json (machine, commit, command, rows).
 """
 
@@ -69,7 +72,7 @@ def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: in
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "command": shlex.join(command)}
 
 
-def targets(rows: list[dict], max_drift: float) -> list[dict]:
+def targets(rows: list[dict], max_drift: float, metric: str = "relative_l2") -> list[dict]:
     """Per sequences: the search's winner against the best of the tools' own rows whose file stays within
     the drift bound (a row past it does not count), and against the seed's recipe."""
     out = []
@@ -78,13 +81,13 @@ def targets(rows: list[dict], max_drift: float) -> list[dict]:
         winner = next((r for r in shape if r["row"] == "autotune search winner"), None)
         recipe = next((r for r in shape if r["row"] == "autotune inductor da8w8 recipe"), None)
         tools = [r for r in shape if r["row"].startswith(("llama-batched-bench", "openvino-genai"))]
-        within = [r for r in tools if r["drift_relative_l2"] is not None and r["drift_relative_l2"] <= max_drift]
+        within = [r for r in tools if r.get(f"drift_{metric}") is not None and r[f"drift_{metric}"] <= max_drift]
         past = [r["row"] for r in tools if r not in within]
         best_tool = max(within, key=lambda r: r["tokens_per_s"], default=None)
         line: dict = {"sequences": sequences, "best_tool": best_tool and best_tool["row"], "tools_past_bound": past}
         if winner and best_tool:
             line["winner_vs_best_tool"] = winner["tokens_per_s"] / best_tool["tokens_per_s"]
-        recipe_drift = recipe and recipe["drift_relative_l2"]
+        recipe_drift = recipe and recipe.get(f"drift_{metric}")
         if recipe and not (recipe_drift is not None and recipe_drift <= max_drift):  # garbage (or NaN): no target
             line["recipe_past_bound"] = recipe_drift
             recipe = None
@@ -106,10 +109,20 @@ def targets(rows: list[dict], max_drift: float) -> list[dict]:
             drift_text = "unknown" if line["recipe_past_bound"] is None else f"{line['recipe_past_bound']:.3g}"
             past = [*past, f"the recipe (drift {drift_text}; target 1.2x not measurable)"]
         if past:
-            text += f"; past the drift bound {max_drift} (not counted): {', '.join(past)}"
+            text += f"; past the drift bound {metric} {max_drift} (not counted): {', '.join(past)}"
         line["text"] = text
         out.append(line)
     return out
+
+
+def drift_fields(drift: object | None) -> dict[str, float | None]:
+    """A trial's drift against FP32 eager as a row's columns (None where it was not measured)."""
+    return {
+        "drift_relative_l2": getattr(drift, "relative_l2", None),
+        "drift_kld": getattr(drift, "kl_divergence", None),
+        "drift_same_top": getattr(drift, "greedy_agreement", None),
+        "drift_perplexity_increase": getattr(drift, "perplexity_increase", None),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,10 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
-        choices=("decoder", "decoder_1b"),
         default="decoder",
-        help="decoders.py's factory: the 105M decoder (--layers sets its depth) or the 1B one",
+        help="decoders.py's factory: decoder, the 105M decoder (--layers sets its depth), or decoder_1b; or a "
+        "Hugging Face model folder",
     )
+    parser.add_argument("--data", help="with a folder: the text prompts and drift are drawn from (its tokenizer's ids)")
+    parser.add_argument("--eval-samples", type=int, default=4, help="prompts drift is measured on")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=64)
@@ -134,7 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", help="results file (default docs/results/engines-<date>.json)")
     parser.add_argument("--no-recipe", action="store_true", help="leave out the seed's recipe (inductor da8w8)")
-    parser.add_argument("--max-drift", type=float, default=0.05, help="a row past this relative L2 does not count")
+    parser.add_argument("--max-drift", type=float, default=0.05, help="a row past this drift does not count")
+    parser.add_argument(
+        "--drift-metric",
+        choices=("relative_l2", "kld"),
+        help="the bounded drift (default: relative_l2 for decoders.py's, kld for a folder)",
+    )
     parser.add_argument(
         "--best",
         action="append",
@@ -161,6 +181,10 @@ def main() -> int:
 
     parser = build_parser()
     args = parser.parse_args()
+    folder = args.model not in ("decoder", "decoder_1b")
+    if folder and not Path(args.model).is_dir():
+        parser.error(f"--model {args.model!r} is neither decoder, decoder_1b nor a model folder")
+    metric = args.drift_metric or ("kld" if folder else "relative_l2")
     os.environ["BENCH_LAYERS"] = str(args.layers)
     tool = tool_path()
     if args.types and not tool.is_file():
@@ -170,26 +194,33 @@ def main() -> int:
     console = Console(width=170)
     machine = probe_machine()
     cores = machine.physical_cores
-    workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
-    model = resolve_model(
-        f"{Path(__file__).resolve().parent / 'decoders.py'}:{args.model}",
-        None,
-        f"input_ids:int64:{args.prompt}:0-32000",
-    )
-    shape = f"l{args.layers}" if args.model == "decoder" else "1b"
+    if folder:
+        from autotune.api import _generation_workload
+
+        workload = _generation_workload(args.model, "generate", args.prompt, args.new, args.data, None, None)
+        model = resolve_model(args.model, None, f"input_ids:int64:{args.prompt}:0-{workload.vocab_size}")
+        shape = Path(args.model).resolve().name
+        described = f"{model.name} (the folder {args.model}), data {args.data or 'random ids'}"
+    else:
+        workload = GenerationWorkload(args.prompt, args.new, 32000, 2048)
+        model = resolve_model(
+            f"{Path(__file__).resolve().parent / 'decoders.py'}:{args.model}",
+            None,
+            f"input_ids:int64:{args.prompt}:0-32000",
+        )
+        shape = f"l{args.layers}" if args.model == "decoder" else "1b"
+        described = (
+            f"Llama {args.layers} layers hidden 768"
+            if args.model == "decoder"
+            else "Llama 16 layers hidden 2048 (about 1B parameters)"
+        ) + " vocab 32000 (random init)"
     work = Path("studies") / "benchmarks" / f"engines-{shape}-p{args.prompt}-n{args.new}"
-    reference = compute_reference(model, work, 4, 1800, generation=workload)
+    reference = compute_reference(model, work, args.eval_samples, 1800, generation=workload)
     measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)
     ctx = TrialContext(machine, reference, measure, Path("studies") / ".cache", runtimes=discover_runtimes())
     types = [t for t in args.types.split(",") if t]
     console.print(
-        f"{machine.cpu_model}, {cores} cores; "
-        + (
-            f"Llama {args.layers} layers hidden 768"
-            if args.model == "decoder"
-            else "Llama 16 layers hidden 2048 (about 1B parameters)"
-        )
-        + f" vocab 32000 (random init); "
+        f"{machine.cpu_model}, {cores} cores; {described}; "
         f"prompt {args.prompt}, {args.new} new tokens; 1 instance x {cores} threads",
         markup=False,
     )
@@ -236,7 +267,7 @@ def main() -> int:
         runs: dict[str, list[float]] = {name: [] for name in configs}
         tool_runs: dict[str, list[dict]] = {gguf_type: [] for gguf_type in types}
         genai_runs: dict[str, list[dict]] = {ov_type: [] for ov_type in ov_types}
-        drift: dict[str, float | None] = {}
+        drift: dict[str, dict] = {}
         files: dict[str, Path] = {}
         for repeat in range(args.repeats):
             for name, config in configs.items():
@@ -247,7 +278,7 @@ def main() -> int:
                     console.print(f"{sequences} seq. {name}: FAILED {exc.cause}", markup=False)
                     continue
                 runs[name].append(metrics.throughput_sps)
-                drift[name] = metrics.drift.relative_l2 if metrics.drift else None
+                drift[name] = drift_fields(metrics.drift)
                 if metrics.artifact:
                     files[config.precision] = Path(metrics.artifact.dir) / "model.gguf"
                 if config.backend == "openvino" and metrics.artifact:
@@ -290,7 +321,12 @@ def main() -> int:
                         "tokens_per_s": statistics.median(values),
                         "runs": values,
                         "vs_eager_fp32": statistics.median(values) / base if base else None,
-                        "drift_relative_l2": drift.get(name),
+                        **drift.get(name, {}),
+                        **(
+                            {"file": str(files[configs[name].precision])}
+                            if name.startswith("autotune llamacpp")
+                            else {}
+                        ),
                         **(
                             {"config": configs[name].to_json(), "best_json": winners[sequences][0]}
                             if name == "autotune search winner"
@@ -313,13 +349,14 @@ def main() -> int:
                             "tokens_per_s": statistics.median(values),
                             "runs": values,
                             "vs_eager_fp32": statistics.median(values) / base if base else None,
-                            "drift_relative_l2": drift.get(f"{autotune_row} {file_type}"),  # the same file's
+                            **drift.get(f"{autotune_row} {file_type}", {}),  # the same file's
                             "command": measured[0]["command"],
                             **{key: [m[key] for m in measured] for key in kept},
                         }
                     )
     table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
-    for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "drift (rel. L2)"):
+    drift_columns = ("KLD", "same top", "ppl +", "rel. L2")
+    for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", *drift_columns):
         table.add_column(column, justify="left" if column == "row" else "right")
     by_name = {(r["sequences"], r["row"]): r for r in rows}
     for row in rows:
@@ -329,17 +366,21 @@ def main() -> int:
         if prefix in tools:
             tool_row = by_name.get((row["sequences"], tools[prefix] + row["row"].split()[-1]))
             ratio = f"{row['tokens_per_s'] / tool_row['tokens_per_s']:.3f}" if tool_row else ""
-        drift_value = row["drift_relative_l2"]
+        bounded = row.get(f"drift_{metric}")
+        mark = " PAST" if bounded is not None and bounded > args.max_drift else ""
         table.add_row(
             str(row["sequences"]),
-            row["row"],
+            row["row"] + mark,
             f"{row['tokens_per_s']:.1f}",
             f"{row['vs_eager_fp32']:.2f}x" if row["vs_eager_fp32"] else "-",
             ratio,
-            f"{drift_value:.2e}" if drift_value is not None else "-",
+            *(
+                "-" if row.get(key) is None else f"{row[key]:.3g}"
+                for key in ("drift_kld", "drift_same_top", "drift_perplexity_increase", "drift_relative_l2")
+            ),
         )
     console.print(table)
-    summary = targets(rows, args.max_drift)
+    summary = targets(rows, args.max_drift, metric)
     for line in summary:
         console.print(line["text"], markup=False)
     for failure in failures:
@@ -350,10 +391,11 @@ def main() -> int:
         "engines",
         "llama.cpp and OpenVINO through autotune against llama-batched-bench and OpenVINO GenAI's benchmark, on the "
         "same files",
-        {"model": args.model, "layers": args.layers, "prompt": args.prompt, "new": args.new},
+        {"model": args.model, **({} if folder else {"layers": args.layers}), "prompt": args.prompt, "new": args.new}
+        | ({"data": args.data} if args.data else {}),
         rows,
         args.out,
-        max_drift_relative_l2=args.max_drift,
+        drift_bound={"metric": metric, "max": args.max_drift},
         targets=summary,
         failed_tool_runs=failures,
     )

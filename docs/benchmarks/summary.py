@@ -6,8 +6,9 @@ and a search's best-so-far against time.
 
 A row holds `row`, its median (`value` in the file's `unit`; text-generation files: `tokens_per_s`), its
 `runs`, its ratio to the baseline (`vs_baseline`; text generation: `vs_eager_fp32`), other ratios
-(`vs_<row>`), `drift_relative_l2`, and for text generation the `sequences` it ran. A row whose drift is past
-the file's bound (`max_drift_relative_l2`, else the 0.05 every run used before files held it) is shown
+(`vs_<row>`), `drift_relative_l2` (and `drift_kld` ...), and for text generation the `sequences` it ran. A row
+whose drift is past the file's bound (`drift_bound`: its metric and maximum; else `max_drift_relative_l2`,
+else the relative L2 0.05 every run used before files held it) is shown
 for reference only, marked so in its table and drawn grey and hatched, labelled, in its chart: a search
 prunes such a configuration before timing it, so it never competes with the winner.
 
@@ -23,12 +24,24 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 # The drift bound (relative L2) of a results file written before files held theirs: autotune's default then.
 DEFAULT_BOUND = 0.05
 PAST_BOUND = "past the drift bound: does not count"
+METRIC_LABELS = {"relative_l2": "relative L2", "kld": "KL divergence"}
+
+
+class Bound(NamedTuple):
+    """The drift bound a results file's rows are held to: the row key `drift_<metric>` and its maximum."""
+
+    metric: str
+    value: float
+
+    @property
+    def label(self) -> str:
+        return METRIC_LABELS.get(self.metric, self.metric)
 
 
 def isa_summary(isa: dict[str, bool]) -> str:
@@ -55,16 +68,18 @@ def label_of(row: dict[str, Any]) -> str:
     return f"{row['sequences']} seq. · {row['row']}" if "sequences" in row else row["row"]
 
 
-def bound_of(data: dict[str, Any]) -> float:
-    """The drift bound (relative L2) a results file's rows are held to."""
-    return float(data.get("max_drift_relative_l2", DEFAULT_BOUND))
+def bound_of(data: dict[str, Any]) -> Bound:
+    """The drift bound a results file's rows are held to."""
+    if "drift_bound" in data:
+        return Bound(data["drift_bound"]["metric"], float(data["drift_bound"]["max"]))
+    return Bound("relative_l2", float(data.get("max_drift_relative_l2", DEFAULT_BOUND)))
 
 
-def past_bound(row: dict[str, Any], bound: float) -> bool:
+def past_bound(row: dict[str, Any], bound: Bound) -> bool:
     """True when the row's drift is past the bound (or not finite): shown for reference, never counted.
     A row without a drift (a tool's own timing of a file another row measured) is not judged here."""
-    drift = row.get("drift_relative_l2")
-    return drift is not None and not (math.isfinite(drift) and drift <= bound)
+    drift = row.get(f"drift_{bound.metric}")
+    return drift is not None and not (math.isfinite(drift) and drift <= bound.value)
 
 
 def _pyplot() -> Any:
@@ -86,7 +101,12 @@ def _inline(figure: Any, title: str) -> str:
     return f'<img alt="{title}" src="data:image/svg+xml;base64,{encoded}">'
 
 
-def chart(rows: list[dict[str, Any]], title: str, baseline: str = "eager fp32", bound: float = DEFAULT_BOUND) -> str:
+def chart(
+    rows: list[dict[str, Any]],
+    title: str,
+    baseline: str = "eager fp32",
+    bound: Bound = Bound("relative_l2", DEFAULT_BOUND),
+) -> str:
     """Each row's speed against the baseline as horizontal bars (the search's winner in red); a row past
     the drift bound grey and hatched, its label saying it does not count, so a garbage configuration's
     long bar cannot read as a competitor."""
@@ -115,7 +135,7 @@ def chart(rows: list[dict[str, Any]], title: str, baseline: str = "eager fp32", 
     axes.invert_yaxis()
     axes.axvline(1.0, color="#555", linewidth=0.8)
     axes.set_xlabel(f"x {baseline}" + (" (same sequences)" if any("sequences" in r for r in shown) else ""), fontsize=8)
-    key = f"\ngrey, hatched: drift past {bound:g}, does not count"
+    key = f"\ngrey, hatched: {bound.label} past {bound.value:g}, does not count"
     axes.set_title(title + (key if any(past) else ""), fontsize=9)
     for index, (value, out) in enumerate(zip(values, past)):
         text = f" {value:.2f}x" + (": does not count" if out else "")
@@ -181,10 +201,10 @@ def results_section(path: Path) -> str:
     grouped = any("sequences" in row for row in rows)
     others = sorted({key for row in rows for key in row if key.startswith("vs_")} - {"vs_baseline", "vs_eager_fp32"})
     header = ["sequences"] * grouped + ["row", unit, "runs", f"vs {baseline}"]
-    header += [f"vs {key[3:].replace('_', ' ')}" for key in others] + ["drift (rel. L2)"]
+    header += [f"vs {key[3:].replace('_', ' ')}" for key in others] + [f"drift ({bound.label})"]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|"]
     for row in rows:
-        drift = row.get("drift_relative_l2")
+        drift = row.get(f"drift_{bound.metric}")
         out = past_bound(row, bound)
         cells = ([str(row.get("sequences", ""))] if grouped else []) + [
             row["row"] + (f" (*{PAST_BOUND}*)" if out else ""),
@@ -192,12 +212,12 @@ def results_section(path: Path) -> str:
             str(len(row.get("runs", []))),
         ]
         cells += [_ratio(ratio_of(row))] + [_ratio(row.get(key)) for key in others]
-        cells.append("" if drift is None else format(drift, ".2g") + (f" (past {bound:g})" if out else ""))
+        cells.append("" if drift is None else format(drift, ".2g") + (f" (past {bound.value:g})" if out else ""))
         lines.append("| " + " | ".join(cells) + " |")
     if any(past_bound(row, bound) for row in rows):
         lines += [
             "",
-            f"A row past the drift bound (relative L2 above {bound:g}) is shown for reference only: a search "
+            f"A row past the drift bound ({bound.label} above {bound.value:g}) is shown for reference only: a search "
             "prunes such a configuration before timing it, so it never competes with the winner.",
         ]
     targets = data.get("targets") or []
