@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +265,19 @@ def default_drift_metric(chosen: str | None, generates: bool) -> str:
     return DEFAULT_GENERATION_METRIC if generates else DEFAULT_CLASSIFY_METRIC
 
 
+def default_eval_samples(chosen: int | None, generates: bool) -> int:
+    """What drift is measured on: the number chosen, else a classifier's evaluation set of 32 inputs or a
+    language model's 4 prompts (every trial evaluates each prompt's last positions and every decode step)."""
+    from autotune.model.generation import DEFAULT_DRIFT_PROMPTS
+    from autotune.records.options import DEFAULT_EVAL_SAMPLES
+
+    if chosen is not None:
+        if chosen < 1:
+            raise UserError(f"{flag('eval_samples')} must be at least 1, got {chosen}")
+        return chosen
+    return DEFAULT_DRIFT_PROMPTS if generates else DEFAULT_EVAL_SAMPLES
+
+
 def _drift_criterion(drift_metric: str, max_drift: str | float) -> DriftCriterion:
     from autotune.measure.drift import DriftCriterion
 
@@ -460,7 +473,7 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
         budget_s=seconds(options.budget),
         trials=options.trials,
         trial_timeout_s=seconds(options.trial_timeout),
-        eval_samples=options.eval_samples,
+        eval_samples=default_eval_samples(options.eval_samples, workload is not None),
         studies_root=str(Path(studies_dir).resolve()),
         calibration_samples=options.calibration_samples,
         cover_backends=options.cover_backends,
@@ -510,6 +523,8 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
         options.input_shape,
         options.trust_remote_code,
     )
+    if workload:
+        workload = replace(workload, drift_prompts=default_eval_samples(options.eval_samples, True))
     space_path = Path(options.space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
     space = load_space_file(space_path)
     if workload:
@@ -530,7 +545,7 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
         source,
         _optional_path(options.data),
         _optional_path(options.calibration_data),
-        options.eval_samples,
+        default_eval_samples(options.eval_samples, False),
         options.calibration_samples,
         console,
     )

@@ -52,7 +52,7 @@ def run_autotune(
 
 LM = TESTS / "tiny_lm.py"
 # A language model's quick workload: short prompts, few tokens, a small drift set, no finalist round.
-GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--eval-samples", "8", "--finalists", "0"]
+GENERATE = ["--prompt-tokens", "32", "--new-tokens", "8", "--finalists", "0"]
 QUICK_GENERATION = ["--measure-seconds", "0.3s-1s", "--no-speed-pruning"]
 
 

@@ -202,7 +202,7 @@ DEFAULTS = {
     "new_tokens": 64,
     "max_drift": "0.05",
     "drift_metric": None,  # the task's own: kld for a language model, relative_l2 for a classifier
-    "eval_samples": 32,
+    "eval_samples": None,  # the task's own: 4 prompts for a language model, 32 inputs for a classifier
     "calibration_samples": 64,
     "trial_timeout": "10m",
     "measure_seconds": "5s",

@@ -164,6 +164,35 @@ def test_a_language_models_drift_is_reused_at_the_same_sequences_only(searcher, 
     assert any(at == sequences and reused_from == measured.number for _, at, reused_from in runs), runs
 
 
+def test_eval_samples_is_the_number_of_drift_prompts_and_a_study_from_before_it_resumes(searcher, workdir):
+    """--eval-samples N measures a language model's drift on N prompts (4 when it says nothing: a
+    classifier's 32 would cost every trial eight times the evaluation); a resumed study keeps its number, and
+    a study stored before the workload held it (which measured 4, whatever its eval_samples said) resumes."""
+    import torch
+
+    space = eager_space(workdir / "space.yaml", ["fp32"], sequences=(1,))
+    six = searcher.generate("--eval-samples", "6", "--study", "six", space=space, trials=1)
+    assert_trials_ran(six)
+    saved = torch.load(workdir / "studies" / "six" / "reference" / "reference.pt", weights_only=True)
+    assert saved["prompts"].shape[0] == 6
+    stored = load_study(workdir, "six").user_attrs["spec"]
+    assert stored["generation"]["drift_prompts"] == 6 and stored["eval_samples"] == 6
+    changed = searcher.generate("--eval-samples", "8", "--study", "six", space=space, trials=1)
+    assert changed.returncode == 2 and "drift_prompts" in changed.stderr, changed.stderr
+
+    default = searcher.generate("--study", "four", space=space, trials=1)
+    assert_trials_ran(default)
+    saved = torch.load(workdir / "studies" / "four" / "reference" / "reference.pt", weights_only=True)
+    assert saved["prompts"].shape[0] == 4
+    study = load_study(workdir, "four")
+    before = {**study.user_attrs["spec"], "eval_samples": 32}  # as a study of the earlier layout stored it
+    before["generation"] = {k: v for k, v in before["generation"].items() if k != "drift_prompts"}
+    study.set_user_attr("spec", before)
+    resumed = searcher.generate("--study", "four", space=space, trials=1)
+    assert_trials_ran(resumed)
+    assert "resuming study 'four'" in resumed.stdout, resumed.stdout + resumed.stderr
+
+
 @pytest.mark.parametrize(
     ("model", "extra", "message"),
     [

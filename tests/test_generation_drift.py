@@ -13,11 +13,11 @@ import torch
 from conftest import TESTS
 
 from autotune.backends.generation import Generator
+from autotune.model.generation import DEFAULT_DRIFT_PROMPTS as DRIFT_ROWS
 from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.job import WorkerJob
 from autotune.worker.generate import (
-    DRIFT_ROWS,
     GenerationRunner,
     drift_calls,
     measure_generation_drift,
@@ -79,9 +79,9 @@ class FedLog:
         return self.model.forward(input_ids=input_ids, **kwargs)
 
 
-def reference_job(tmp_path: Path, prompt: int = PROMPT) -> WorkerJob:
+def reference_job(tmp_path: Path, prompt: int = PROMPT, rows: int = DRIFT_ROWS) -> WorkerJob:
     source = ModelSource("factory", f"{TESTS / 'tiny_lm.py'}:tiny_llama", (prompt,))
-    workload = GenerationWorkload(prompt_tokens=prompt, new_tokens=NEW, vocab_size=256)
+    workload = GenerationWorkload(prompt_tokens=prompt, new_tokens=NEW, vocab_size=256, drift_prompts=rows)
     return WorkerJob(
         task="reference",
         model=source,
@@ -154,12 +154,14 @@ def test_a_compiled_forwards_timed_prefill_keeps_the_drift_passs_positions(tmp_p
     assert timed.widths[1:] == drift.widths[1:] == [1] * (NEW - 1)
 
 
-def test_reference_covers_the_drift_rows_at_the_timed_length(tmp_path):
-    path, _ = reference(tmp_path)
-    saved = torch.load(path, weights_only=True)
-    assert tuple(saved["prompts"].shape) == (DRIFT_ROWS, PROMPT)
-    assert tuple(saved["greedy"].shape) == (DRIFT_ROWS, NEW)
-    assert saved["logits"].shape[:2] == (DRIFT_ROWS, min(128, PROMPT) + NEW - 1)  # prefill, then each decode step
+@pytest.mark.parametrize("rows", [DRIFT_ROWS, 7])
+def test_reference_covers_the_drift_rows_at_the_timed_length(tmp_path, rows):
+    """As many prompts as the workload's drift_prompts (--eval-samples), 4 when it does not say."""
+    run_generation_reference(reference_job(tmp_path, rows=rows), torch.save)
+    saved = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert tuple(saved["prompts"].shape) == (rows, PROMPT)
+    assert tuple(saved["greedy"].shape) == (rows, NEW)
+    assert saved["logits"].shape[:2] == (rows, min(128, PROMPT) + NEW - 1)  # prefill, then each decode step
 
 
 def test_reference_perplexity_is_over_the_prompts_last_positions_and_fp32s_generated_text(tmp_path, monkeypatch):

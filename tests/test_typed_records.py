@@ -27,7 +27,7 @@ from autotune.records.finalists import FinalistRound
 from autotune.records.fingerprint import Fingerprint
 from autotune.records.job import JOB_FORMAT, WorkerJob
 from autotune.records.metrics import InstanceResult, PrepareResult
-from autotune.records.options import OPTION_FIELDS, flag_names
+from autotune.records.options import DEFAULT_EVAL_SAMPLES, OPTION_FIELDS, flag_names
 from autotune.records.reference import RESULT_FORMAT, CalibrationSet, ReferenceResult
 from autotune.records.spec import SearchSpec, StoredSpec
 
@@ -147,7 +147,6 @@ DURATIONS = {"budget_s": "budget", "trial_timeout_s": "trial_timeout", "heartbea
 SAME_NAMES = (
     "objective",
     "trials",
-    "eval_samples",
     "calibration_samples",
     "cover_backends",
     "speed_pruning",
@@ -167,6 +166,8 @@ def test_the_spec_takes_its_defaults_from_the_options():
     for field, option in DURATIONS.items():
         assert spec[field].default == parse_duration(OPTION_FIELDS[option].default), field
     assert spec["max_drift"].default == float(OPTION_FIELDS["max_drift"].default)
+    # --eval-samples says nothing: a classifier's default set (a language model's prompts: search_spec)
+    assert OPTION_FIELDS["eval_samples"].default is None and spec["eval_samples"].default == DEFAULT_EVAL_SAMPLES
     assert spec["studies_root"].default == OPTION_FIELDS["studies_dir"].default
     empty = StoredSpec.from_json({})  # a study that stored no spec reads as the options' defaults
     assert (empty.objective, empty.max_drift, empty.finalists) == (

@@ -19,6 +19,9 @@ DEFAULT_NEW_TOKENS = 64
 # What a generation reference holds; a reference of another format is computed again. 3: the prefill's
 # last positions and every decode step, each step fed FP32's greedy token (2: prefill logits only).
 REFERENCE_FORMAT = 3
+# Prompts drift is measured on when --eval-samples does not say (each prompt's last positions and every
+# decode step are compared): a few, as every trial evaluates them; more narrow the KL divergence's error.
+DEFAULT_DRIFT_PROMPTS = 4
 # A study's `sequences` count every instance's together (the user's concurrent streams), split evenly.
 SEQUENCES_TOTAL = "total"
 
@@ -40,6 +43,7 @@ class GenerationWorkload(Record):
     sequences: str | None = None  # SEQUENCES_TOTAL, or None: a study stored when they counted per instance
     # a Hugging Face folder whose tokenizer encodes a text --data (the model's own); None: its UTF-8 bytes
     tokenizer: str | None = None
+    drift_prompts: int = DEFAULT_DRIFT_PROMPTS  # --eval-samples: the prompts drift is measured on
 
     def tokens_per_call(self, sequences: int) -> int:
         """Generated tokens per call: what tokens/s counts."""

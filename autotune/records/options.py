@@ -27,12 +27,13 @@ from autotune.measure.drift import (
     METRICS,
     RELATIVE_METRICS,
 )
-from autotune.model.generation import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
+from autotune.model.generation import DEFAULT_DRIFT_PROMPTS, DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_TOKENS
 
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent.parent / "search_spaces" / "default.yaml"
 GENERATION_SPACE = DEFAULT_SPACE.with_name("generate.yaml")
 # The finalist round's defaults, shared by the CLI, the Python API, a joining worker and the replay
 # benchmark (which replays the round's choice of contenders).
+DEFAULT_EVAL_SAMPLES = 32  # a classifier's evaluation set when --eval-samples does not say
 DEFAULT_FINALISTS = 3  # top configs re-measured at the end, interleaved (0: none)
 DEFAULT_FINALIST_REPEATS = 3  # runs of each
 DEFAULT_FINALIST_SHARE = 0.2  # of the budget, kept for them
@@ -250,12 +251,17 @@ class SearchOptions:
     calibration_data: PathArg | None = option(
         None, metavar="PATH", help="calibrate int8 on this image folder or tensor file instead of a split of --data"
     )
-    eval_samples: int = option(
-        32,
+    eval_samples: int | None = option(
+        None,
         parse=int,
         metavar="N",
-        help="inputs in the drift evaluation set, drawn first from one seeded shuffle of --data",
-        doc="size of the evaluation set drift is measured on, drawn first from one seeded shuffle of `--data`",
+        help=f"inputs drift is measured on: a classifier's evaluation set, drawn first from one seeded shuffle of "
+        f"--data (default {DEFAULT_EVAL_SAMPLES}); a language model's prompts, windows of --data (default "
+        f"{DEFAULT_DRIFT_PROMPTS}; more narrow the KL divergence's sampling error, each trial evaluating them all)",
+        doc=f"what drift is measured on: a classifier's evaluation set, drawn first from one seeded shuffle of "
+        f"`--data` (default {DEFAULT_EVAL_SAMPLES}); a language model's prompts, seeded windows of `--data` (default "
+        f"{DEFAULT_DRIFT_PROMPTS}, each compared on its last 128 positions and every decode step; more narrow the "
+        "KL divergence's sampling error, and every trial evaluates them all)",
     )
     calibration_samples: int = option(
         64,

@@ -16,10 +16,10 @@ from autotune.common.json_record import JsonObject, Record
 from autotune.measure.drift import DEFAULT_CLASSIFY_METRIC, DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
-from autotune.model.generation import GenerationWorkload
+from autotune.model.generation import DEFAULT_DRIFT_PROMPTS, GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr
-from autotune.records.options import default_of, default_seconds, flag
+from autotune.records.options import DEFAULT_EVAL_SAMPLES, default_of, default_seconds, flag
 
 OBJECTIVES = ("throughput", "latency", "pareto", "server")
 # MLPerf Inference's scenarios, as objectives: closed-loop throughput, one request at a time, and the
@@ -47,6 +47,8 @@ IDENTITY_FIELDS = (
     "ttft_slo_ms",
     "tpot_slo_ms",
 )
+# Fields of the generation workload added after studies already existed, at the value those studies ran with.
+GENERATION_ADDED: JsonObject = {"drift_prompts": DEFAULT_DRIFT_PROMPTS}
 # Fields added after studies already existed: a stored spec without them had these values (what those
 # studies ran with then, whatever the options' defaults are now).
 IDENTITY_DEFAULTS: JsonObject = {
@@ -106,7 +108,7 @@ class SearchSpec(Record):
     budget_s: float = default_seconds("budget")
     trials: int | None = default_of("trials")
     trial_timeout_s: float = default_seconds("trial_timeout")
-    eval_samples: int = default_of("eval_samples")
+    eval_samples: int = DEFAULT_EVAL_SAMPLES  # search_spec picks the task's default (a language model: its prompts)
     calibration_samples: int = default_of("calibration_samples")
     cover_backends: bool = default_of("cover_backends")  # a new study first tries every backend x precision once
     speed_pruning: bool = default_of("speed_pruning")  # screen each trial and prune the clearly slower ones
@@ -237,10 +239,16 @@ class SearchSpec(Record):
 
 
 def identity_differences(stored: JsonObject, current: JsonObject) -> list[str]:
-    """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']."""
+    """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']. A language model's
+    drift prompts are its workload's `drift_prompts` (a study stored before it existed measured 4, whatever
+    its `eval_samples` said)."""
     diffs = []
     for key in IDENTITY_FIELDS:
         old, new = stored.get(key, IDENTITY_DEFAULTS.get(key)), current.get(key)
+        if key == "eval_samples" and current.get("generation") is not None:
+            continue
+        if key == "generation" and isinstance(old, dict):
+            old = {**GENERATION_ADDED, **old}
         if old != new:
             if isinstance(old, dict) and isinstance(new, dict):
                 keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

@@ -27,14 +27,14 @@ from autotune.records.metrics import PrepareResult
 from autotune.records.reference import CalibrationSet, ReferenceResult
 from autotune.worker.teardown import keep_until_exit
 
-DRIFT_ROWS = 4  # prompts drift is measured on; a trial of fewer sequences makes more calls, of more repeats them
 EVAL_LENGTH = DRIFT_POSITIONS  # prefill positions compared per prompt: its last ones (all of a shorter prompt)
 
 
 def drift_prompts(workload: GenerationWorkload) -> Any:
-    """The prompts drift is measured on: as long as the timed ones, from the evaluation seed (the data's
-    windows when given), so a trial evaluates them with the graphs its timed calls run."""
-    return prompts(workload, DRIFT_ROWS, EVAL_SEED)
+    """The prompts drift is measured on (--eval-samples of them): as long as the timed ones, from the
+    evaluation seed (the data's windows when given), so a trial evaluates them with the graphs its timed calls
+    run; a trial of fewer sequences makes more calls, of more repeats them."""
+    return prompts(workload, workload.drift_prompts, EVAL_SEED)
 
 
 def drift_calls(rows: int, sequences: int) -> list[list[int]]:

@@ -40,6 +40,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Hugging Face model folder",
     )
     parser.add_argument("--data", help="with a folder: the text prompts and drift are drawn from (its tokenizer's ids)")
-    parser.add_argument("--eval-samples", type=int, default=4, help="prompts drift is measured on")
+    parser.add_argument(
+        "--eval-samples", type=int, default=4, help="prompts drift is measured on (autotune's --eval-samples)"
+    )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=64)
@@ -214,6 +217,7 @@ def main() -> int:
             if args.model == "decoder"
             else "Llama 16 layers hidden 2048 (about 1B parameters)"
         ) + " vocab 32000 (random init)"
+    workload = replace(workload, drift_prompts=args.eval_samples)
     work = Path("studies") / "benchmarks" / f"engines-{shape}-p{args.prompt}-n{args.new}"
     reference = compute_reference(model, work, args.eval_samples, 1800, generation=workload)
     measure = MeasureSettings(window_min_s=args.window, window_max_s=4 * args.window, screen_s=0.0)

@@ -12,11 +12,11 @@
    llama-batched-bench and OpenVINO GenAI's benchmark on the same files, and the search's winner as a row.
 4. Quality beside llama.cpp's own: `llama-perplexity --kl-divergence` on every GGUF of step 3 against its F32
    GGUF, over the held-out text (chunks of --context tokens, BOS first, the second half of each scored), and
-   the ratio of autotune's KL divergence to the tool's (autotune's is over the search's evaluation prompts:
-   windows of the same text, the last 128 positions of each).
+   the ratio of autotune's KL divergence to the tool's (autotune's is over step 3's --eval-samples prompts:
+   seeded windows of the same text, the last 128 positions of each, 8,192 positions at the default 64).
 
     make llama-tools
-    .venv/bin/python docs/benchmarks/trained_llm.py [--train-seconds 360] [--budget 20m] [--skip-search]
+    .venv/bin/python docs/benchmarks/trained_llm.py [--train-seconds 360] [--budget 20m] [--skip-search] [--eval-samples 64]
 
 Writes docs/results/trained-llm-<date>.json (machine, commit, command, training, rows, the tool's KLD).
 """
@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--skip-search", action="store_true", help="the engine rows only (no winner row)")
     parser.add_argument("--context", type=int, default=256, help="llama-perplexity's chunk")
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=64,
+        help="the engine rows' drift prompts (64 x 128 compared positions: a KL divergence whose sampling error is "
+        "a few percent, to set beside llama-perplexity's)",
+    )
     parser.add_argument("--out", help="results file (default docs/results/trained-llm-<date>.json)")
     return parser
 
@@ -134,6 +141,7 @@ def main() -> int:
     engines_out = WORK / "engines.json"
     engines = [python, str(HERE / "llm_engines.py"), "--model", folder, "--data", held_out, "--sequences", "1"]
     engines += ["--prompt", str(args.prompt), "--new", str(args.new), "--no-recipe", "--out", str(engines_out)]
+    engines += ["--eval-samples", str(args.eval_samples)]
     if best.is_file():
         engines += ["--best", str(best)]
     run(engines)
