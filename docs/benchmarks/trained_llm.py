@@ -16,7 +16,8 @@
    seeded windows of the same text, the last 128 positions of each, 8,192 positions at the default 64).
 
     make llama-tools
-    .venv/bin/python docs/benchmarks/trained_llm.py [--train-seconds 360] [--budget 20m] [--skip-search] [--eval-samples 64]
+    .venv/bin/python docs/benchmarks/trained_llm.py [--train-seconds 360] [--budget 20m] [--skip-search]
+        [--eval-samples 64]
 
 Writes docs/results/trained-llm-<date>.json (machine, commit, command, training, rows, the tool's KLD).
 """
