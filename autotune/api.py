@@ -524,7 +524,10 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
         options.trust_remote_code,
     )
     if workload:
-        workload = replace(workload, drift_prompts=default_eval_samples(options.eval_samples, True))
+        from autotune.model.generation import DEFAULT_DRIFT_PROMPTS
+
+        prompts = default_eval_samples(options.eval_samples, True)
+        workload = replace(workload, drift_prompts=None if prompts == DEFAULT_DRIFT_PROMPTS else prompts)
     space_path = Path(options.space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
     space = load_space_file(space_path)
     if workload:

@@ -33,7 +33,7 @@ class GenerationWorkload(Record):
     `sequences`: what the study's sequences count, "total" (all instances together, each running its
     share: every study created since) or None (stored before: sequences per instance)."""
 
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sequences", "tokenizer")
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("sequences", "tokenizer", "drift_prompts")
 
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     new_tokens: int = DEFAULT_NEW_TOKENS
@@ -43,7 +43,13 @@ class GenerationWorkload(Record):
     sequences: str | None = None  # SEQUENCES_TOTAL, or None: a study stored when they counted per instance
     # a Hugging Face folder whose tokenizer encodes a text --data (the model's own); None: its UTF-8 bytes
     tokenizer: str | None = None
-    drift_prompts: int = DEFAULT_DRIFT_PROMPTS  # --eval-samples: the prompts drift is measured on
+    # --eval-samples: the prompts drift is measured on; None: DEFAULT_DRIFT_PROMPTS (as every study stored
+    # before the number was kept measured, so their records read and write back as they were)
+    drift_prompts: int | None = None
+
+    @property
+    def prompts_for_drift(self) -> int:
+        return self.drift_prompts or DEFAULT_DRIFT_PROMPTS
 
     def tokens_per_call(self, sequences: int) -> int:
         """Generated tokens per call: what tokens/s counts."""

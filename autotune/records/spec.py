@@ -16,7 +16,7 @@ from autotune.common.json_record import JsonObject, Record
 from autotune.measure.drift import DEFAULT_CLASSIFY_METRIC, DriftCriterion
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
-from autotune.model.generation import DEFAULT_DRIFT_PROMPTS, GenerationWorkload
+from autotune.model.generation import GenerationWorkload
 from autotune.model.sources import ModelSource
 from autotune.records.attributes import Attr
 from autotune.records.options import DEFAULT_EVAL_SAMPLES, default_of, default_seconds, flag
@@ -47,8 +47,6 @@ IDENTITY_FIELDS = (
     "ttft_slo_ms",
     "tpot_slo_ms",
 )
-# Fields of the generation workload added after studies already existed, at the value those studies ran with.
-GENERATION_ADDED: JsonObject = {"drift_prompts": DEFAULT_DRIFT_PROMPTS}
 # Fields added after studies already existed: a stored spec without them had these values (what those
 # studies ran with then, whatever the options' defaults are now).
 IDENTITY_DEFAULTS: JsonObject = {
@@ -240,15 +238,13 @@ class SearchSpec(Record):
 
 def identity_differences(stored: JsonObject, current: JsonObject) -> list[str]:
     """Names of identity fields whose values differ, e.g. ['max_drift: 0.05 -> 0.1']. A language model's
-    drift prompts are its workload's `drift_prompts` (a study stored before it existed measured 4, whatever
-    its `eval_samples` said)."""
+    drift prompts are its workload's `drift_prompts` (absent: 4, what a study stored before it existed measured,
+    whatever its `eval_samples` said)."""
     diffs = []
     for key in IDENTITY_FIELDS:
         old, new = stored.get(key, IDENTITY_DEFAULTS.get(key)), current.get(key)
         if key == "eval_samples" and current.get("generation") is not None:
             continue
-        if key == "generation" and isinstance(old, dict):
-            old = {**GENERATION_ADDED, **old}
         if old != new:
             if isinstance(old, dict) and isinstance(new, dict):
                 keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

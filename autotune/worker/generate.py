@@ -34,7 +34,7 @@ def drift_prompts(workload: GenerationWorkload) -> Any:
     """The prompts drift is measured on (--eval-samples of them): as long as the timed ones, from the
     evaluation seed (the data's windows when given), so a trial evaluates them with the graphs its timed calls
     run; a trial of fewer sequences makes more calls, of more repeats them."""
-    return prompts(workload, workload.drift_prompts, EVAL_SEED)
+    return prompts(workload, workload.prompts_for_drift, EVAL_SEED)
 
 
 def drift_calls(rows: int, sequences: int) -> list[list[int]]:

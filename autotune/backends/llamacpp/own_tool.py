@@ -109,15 +109,18 @@ def perplexity_kld(
     compare = [str(tool), "-m", str(gguf), *common, "--kl-divergence-base", str(base), "--kl-divergence"]
     if not repack:
         compare.append("--no-repack")
-    for command in (save, compare):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}: {last}")
-    output = done.stdout + done.stderr
-    kld, same = MEAN_KLD.search(output), SAME_TOP.search(output)
+    for _ in range(2):  # the tool has exited 0 with nothing but its first log line: run both again once
+        for command in (save, compare):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+                raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}: {last}")
+        output = done.stdout + done.stderr
+        kld, same = MEAN_KLD.search(output), SAME_TOP.search(output)
+        if kld is not None:
+            break
     if kld is None:
-        raise RuntimeError(f"{shlex.join(compare)} printed no Mean KLD: {output[-800:]}")
+        raise RuntimeError(f"{shlex.join(compare)} printed no Mean KLD, twice: {output[-800:]}")
     return {
         "mean_kld": float(kld.group(1)),
         "mean_kld_pm": float(kld.group(2)),
