@@ -113,28 +113,28 @@ def test_worker_refuses_to_run_with_another_thread_count(reference, tmp_path):
         )
 
 
-def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
+def failure_of(factory: str, reference, tmp_path) -> TrialFailed:
+    """How a trial of a faulty tiny model (tiny_models.py, at its BAD_BATCH of 4) fails."""
     with pytest.raises(TrialFailed) as info:
         run(
             TrialConfig("eager", "fp32", 4),
             reference,
             tmp_path,
-            model=source("crashing").with_weights(reference.model.weights_path),
+            model=source(factory).with_weights(reference.model.weights_path),
         )
-    assert "SIGABRT" in info.value.cause
-    assert "Fatal Python error: Aborted" in info.value.stderr_tail and "forward" in info.value.stderr_tail
+    return info.value
+
+
+def test_crashing_trial_fails_with_cause_and_stderr(reference, tmp_path):
+    failed = failure_of("crashing", reference, tmp_path)
+    assert "SIGABRT" in failed.cause
+    assert "Fatal Python error: Aborted" in failed.stderr_tail and "forward" in failed.stderr_tail
 
 
 def test_a_failing_trials_cause_is_the_errors_message_even_when_it_starts_on_a_new_line(reference, tmp_path):
     """transformers' missing-package errors start with a newline: the cause still says what is missing."""
-    with pytest.raises(TrialFailed) as info:
-        run(
-            TrialConfig("eager", "fp32", 4),
-            reference,
-            tmp_path,
-            model=source("missing_package").with_weights(reference.model.weights_path),
-        )
-    assert "ImportError: requires the protobuf library but it was not found" in info.value.cause, info.value.cause
+    cause = failure_of("missing_package", reference, tmp_path).cause
+    assert "ImportError: requires the protobuf library but it was not found" in cause, cause
 
 
 def test_hanging_trial_is_killed_at_its_timeout_with_its_python_stacks(reference, tmp_path):
