@@ -76,15 +76,17 @@ def _generation_key(
     model: ModelSource, config: TrialConfig, generation: GenerationWorkload, runtime_packages: dict[str, str] | None
 ) -> JsonObject:
     """A language model's quantized weights: the model and its weights, the precision and its options,
-    and for SmoothQuant the calibration text (the data's digest and the window length it is cut into)."""
+    and for SmoothQuant and a mix the calibration text (the data's digest and the window length it is cut
+    into)."""
     from autotune.backends import generation as backend
     from autotune.backends.generation import artifacts
+    from autotune.backends.generation.quantization import needs_calibration
     from autotune.common.files import file_digest
 
     module = backend_module(config.backend, "generate")
     identity = module.artifact_identity(config)
     calibration: dict[str, str | int] = {}
-    if config.precision == "smoothquant_int8":
+    if needs_calibration(config):
         data = generation.data
         calibration = {
             "data": file_digest(data) if data else "seeded token ids",

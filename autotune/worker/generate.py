@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from autotune.backends.generation.decode_loop import DRIFT_POSITIONS
+from autotune.backends.generation.quantization import needs_calibration
 from autotune.measure.drift import Drift, compute_generation_drift
 from autotune.model.generation import REFERENCE_FORMAT, GenerationWorkload, prompts
 from autotune.model.seeds import CALIBRATION_SEED, EVAL_SEED, TIMING_SEED
@@ -126,7 +127,8 @@ def run_generation_reference(job: WorkerJob, save: Any) -> ReferenceResult:
 
 
 def calibration_ids(workload: GenerationWorkload) -> Any:
-    """Calibration text for SmoothQuant: data windows or seeded ids, disjoint seed from evaluation."""
+    """Calibration text for SmoothQuant and a mix's ranking: data windows or seeded ids, disjoint seed from
+    evaluation."""
     from autotune.backends.generation import CALIBRATION_LENGTH
 
     length = min(CALIBRATION_LENGTH, workload.prompt_tokens)
@@ -166,9 +168,7 @@ def build_generation_runner(job: WorkerJob, config: TrialConfig) -> GenerationRu
     build_s = time.monotonic() - t0
     # Quantized once by the prepare step: only loaded here (quantized here if it was evicted since).
     artifact = cached_artifact(job.artifact_dir, config.backend) if job.artifact_dir else None
-    calibration = (
-        calibration_ids(workload) if config.precision == "smoothquant_int8" else None
-    )  # a fallback may need it
+    calibration = calibration_ids(workload) if needs_calibration(config) else None  # a fallback may need it
     generator, details = prepare(model, config, workload.new_tokens, calibration, artifact)
     return GenerationRunner(
         generator, {**details, "build_s": build_s, "prompt_tokens": workload.prompt_tokens, "generation": True}
@@ -184,7 +184,7 @@ def run_generation_prepare(job: WorkerJob) -> PrepareResult:
     workload = job.workload()
     t0 = time.monotonic()
     model = keep_until_exit(build_model(job.model))
-    calibration = calibration_ids(workload) if config.precision == "smoothquant_int8" else None
+    calibration = calibration_ids(workload) if needs_calibration(config) else None
     out_dir = Path(str(job.artifact_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     details = build_artifact(model, calibration, config, out_dir)

@@ -15,6 +15,7 @@ from autotune.backends.base import BackendOptions, choice
 from autotune.backends.precision import bucket_of, judge
 
 if TYPE_CHECKING:
+    from autotune.backends.base import BackendConfig
     from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
@@ -144,6 +145,12 @@ def apply_precision(model: Any, precision: str, options: Mapping[str, Any], cali
     if converted:
         details["conv1d_as_linear"] = converted
     return {**details, "quantize_s": time.monotonic() - t0}
+
+
+def needs_calibration(config: BackendConfig) -> bool:
+    """Whether building the config's weights reads text: SmoothQuant's scales, a mix's layer ranking
+    (generation/sensitivity.py), so the calibration text is in the artifact's key."""
+    return config.precision == "smoothquant_int8" or float(config.options.get("compressed_share", 1.0)) != 1.0
 
 
 def linear_projections(model: Any) -> int:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendOptions, BackendSpec, choice, import_failure
+from autotune.backends.generation import sensitivity
 from autotune.backends.llamacpp import gguf_export
-from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
+from autotune.backends.precision import FALLBACK, OK, ExecutedPrecision, bucket_of, judge
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -37,6 +38,8 @@ GGUF_FILE = "model.gguf"
 AMX_BUILD = "AMX_INT8 = 1"
 
 KV_CACHE_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of the K and V caches
+# The type a mix keeps its sensitive matrices in: 16 bits over 8, 8 over fewer.
+KEPT_TYPES = {"Q8_0": "F16", "Q6_K": "Q8_0", "Q5_K_M": "Q8_0", "Q4_K_M": "Q8_0", "Q4_0": "Q8_0", "Q2_K": "Q8_0"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class LlamaCppOptions(BackendOptions):
     # the instance's, or half (the prompt's prefill, and a step of several sequences, take n_threads_batch: all);
     # a memory-bound step may not scale to every thread
     decode_threads: str = choice("all", "half", scheduling=True)
+    # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the file's
+    # type; the rest, the output layer and the token embedding in the type above it (KEPT_TYPES): 1 = the
+    # whole-model type as llama.cpp's quantizer writes it
+    compressed_share: float = choice(1.0, 0.875, 0.75, 0.5, 0.25, 0.0, precisions=tuple(KEPT_TYPES))
 
 
 SPEC = BackendSpec(
@@ -93,6 +100,11 @@ def unsupported(config: BackendConfig) -> str | None:
             "decode threads half changes nothing here: llama.cpp takes all for a step of several sequences, "
             "and half of one thread is one"
         )
+    share = float(options.compressed_share)
+    if share != 1.0 and config.precision not in KEPT_TYPES:
+        return f"compressed_share means a mix of a quantized type with a wider one; {config.precision} is not quantized"
+    if not 0.0 <= share <= 1.0:
+        return f"compressed_share must lie in [0, 1], got {share}"
     if options.repack == "off" and amx_build():
         return (
             "repack off is repack auto here: this llama.cpp build has AMX, so its extra weight buffers are off already"
@@ -107,20 +119,45 @@ def amx_build() -> bool:
 
 
 def artifact_identity(config: BackendConfig) -> dict[str, Any]:
-    """The GGUF depends on its type and the converter's release (not threads, batches, attention or the
-    KV cache)."""
-    return {"task": "generate", "precision": config.precision, "converter": gguf_export.converter_version()}
+    """The GGUF depends on its type, its mix and the converter's release (not threads, batches, attention or
+    the KV cache); a mix also on the calibration text, which the artifact key holds."""
+    identity: dict[str, Any] = {
+        "task": "generate",
+        "precision": config.precision,
+        "converter": gguf_export.converter_version(),
+    }
+    share = float(LlamaCppOptions.of(config).compressed_share)
+    if share != 1.0:
+        identity.update(compressed_share=share, sensitivity=sensitivity.METHOD_ID)
+    return identity
 
 
 def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
-    """Convert (and quantize) once into out_dir/model.gguf; returns what was done."""
+    """Convert (and quantize) once into out_dir/model.gguf; returns what was done. A mix ranks the model's
+    matrices on the calibration text first and keeps the most sensitive in the wider type."""
     import llama_cpp
 
-    done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE)
+    share = float(LlamaCppOptions.of(config).compressed_share)
+    mixed: dict[str, Any] = {}
+    mix = None
+    if share != 1.0:
+        if calibration is None:
+            raise ValueError("a mix (compressed_share below 1) needs the calibration text to rank the layers")
+        ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir)
+        mix = gguf_export.Mix(ranking.kept(share), KEPT_TYPES[config.precision])
+        mixed = {
+            "compressed_share": share,
+            "kept_type": mix.kept_type,
+            "kept_layers": list(mix.kept),
+            "compressed_layers": len(ranking.layers) - len(mix.kept),
+            "sensitivity": ranking.to_json(),
+        }
+    done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE, mix)
     return {
         "precision": config.precision,
         "engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})",
         **done,
+        **mixed,
         "tensor_types": gguf_export.tensor_types(out_dir / GGUF_FILE),
         "weight_bytes": (out_dir / GGUF_FILE).stat().st_size,
     }
@@ -155,7 +192,7 @@ def prepare(
             repack=str(options.repack) == "auto",
             decode_threads=str(options.decode_threads),
         )
-    generator.probe = gguf_probe(details["tensor_types"])  # read off the file by build_artifact
+    generator.probe = gguf_probe(details["tensor_types"], details)  # read off the file by build_artifact
     details["llama_cpp_system_info"] = generator.system_info()
     details["extra_weight_buffers"] = (
         "on"
@@ -360,10 +397,27 @@ class LlamaCppGenerator:
         return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(kept)
 
 
-def gguf_probe(tensor_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+def gguf_probe(
+    tensor_types: dict[str, int], details: dict[str, Any] | None = None
+) -> Callable[[Any, str], ExecutedPrecision]:
     """A llama.cpp model's probe: the GGUF's matrices by type (no call), counted over every one, so a
-    K-quant whose rows were too short for its blocks (a fallback to Q5_0 or Q8_0) is a fallback here too."""
+    K-quant whose rows were too short for its blocks (a fallback to Q5_0 or Q8_0) is a fallback here too.
+    A mix (build details with `kept_layers`) holds when the file holds exactly the mix asked: the kept
+    matrices and the output layer in the kept type, every other matrix below it."""
     counts: Counter[str] = Counter()
     for name, n in tensor_types.items():
         counts[bucket_of(name)] += n
-    return lambda native_input, claimed: judge(claimed, {"GGUF tensor types": dict(counts)}, most=True)
+    evidence = {"GGUF tensor types": dict(counts)}
+    if not details or "kept_layers" not in details:
+        return lambda native_input, claimed: judge(claimed, evidence, most=True)
+    kept_bucket = bucket_of(details["kept_type"])
+    asked = {kept_bucket: len(details["kept_layers"]) + 1, "compressed": int(details["compressed_layers"])}
+    ran = {kept_bucket: counts.get(kept_bucket, 0), "compressed": sum(counts.values()) - counts.get(kept_bucket, 0)}
+
+    def probe(native_input: Any, claimed: str) -> ExecutedPrecision:
+        if ran == asked:
+            return ExecutedPrecision(claimed, OK, "GGUF tensor types", dict(counts), evidence)
+        reason = f"{claimed} mix asked {asked}, the file holds {dict(counts)}"
+        return ExecutedPrecision(claimed, FALLBACK, "GGUF tensor types", dict(counts), evidence, reason)
+
+    return probe

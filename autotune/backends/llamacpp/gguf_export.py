@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,10 @@ from autotune.backends.generation.tokenizer_files import copy_tokenizer
 CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
 # llama_ftype values (llama.h) of the types the quantizer writes.
 QUANTIZER_FTYPES = {"Q4_0": 2, "Q2_K": 10, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+QUANTIZER_MIX_FTYPES = {"Q8_0": 7}  # the converter writes a whole-model Q8_0; a mix needs the quantizer
 EMBEDDINGS = ("token_embd", "position_embd", "token_types")
+# ggml_type values (ggml.h) a mix keeps its sensitive matrices in
+GGML_TYPES = {"F16": 1, "Q8_0": 8}
 CONVERTER_ENV = "AUTOTUNE_LLAMA_CPP_CONVERTER"
 
 
@@ -76,10 +80,21 @@ def save_for_converter(model: Any, out_dir: Path) -> None:
     config_file.write_text(json.dumps(config, indent=2))
 
 
-def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Mix:
+    """A mixed file: the modules (Hugging Face names) kept in `kept_type`, every other matrix in the file's
+    type; the output layer and the token embedding in `kept_type` too (the types llama.cpp itself keeps
+    widest)."""
+
+    kept: tuple[str, ...]
+    kept_type: str
+
+
+def convert(model: Any, gguf_type: str, out_file: Path, mix: Mix | None = None) -> dict[str, Any]:
     """Write the model as a GGUF of `gguf_type` (F32, F16, BF16, Q8_0 by the converter; Q4_0, Q2_K, Q4_K_M,
-    Q5_K_M, Q6_K by the quantizer from the converter's F32); returns the seconds each step took and the
-    architecture. Raises RuntimeError saying why when llama.cpp cannot convert this model."""
+    Q5_K_M, Q6_K by the quantizer from the converter's F32; a mix always by the quantizer, with a type
+    override per kept tensor); returns the seconds each step took and the architecture. Raises RuntimeError
+    saying why when llama.cpp cannot convert this model."""
     import torch
 
     conversion = _import_converter()
@@ -93,8 +108,9 @@ def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
             model_class = conversion.get_model_class(architecture, mmproj=False)
         except NotImplementedError:
             raise RuntimeError(f"llama.cpp's converter does not support {architecture}") from None
-        first = CONVERTER_TYPES.get(gguf_type, "f32")
-        converted = out_file if gguf_type in CONVERTER_TYPES else Path(scratch) / "f32.gguf"
+        by_converter = gguf_type in CONVERTER_TYPES and mix is None
+        first = CONVERTER_TYPES[gguf_type] if by_converter else "f32"
+        converted = out_file if by_converter else Path(scratch) / "f32.gguf"
         t0 = time.monotonic()
         import gguf  # the converter's own gguf-py
 
@@ -126,18 +142,43 @@ def convert(model: Any, gguf_type: str, out_file: Path) -> dict[str, Any]:
             instance.write()
         convert_s = time.monotonic() - t0
         quantize_s = None
-        if gguf_type not in CONVERTER_TYPES:
-            quantize_s = quantize(converted, out_file, gguf_type)
+        overrides: dict[str, str] = {}
+        if mix is not None:
+            names = gguf.get_tensor_name_map(instance.model_arch, instance.block_count)
+            for module in mix.kept:
+                tensor = names.get_name(f"{module}.weight", try_suffixes=(".weight",))
+                if tensor is None:
+                    raise RuntimeError(f"llama.cpp's converter has no tensor for {module}")
+                overrides[tensor] = mix.kept_type
+        if not by_converter:
+            quantize_s = quantize(converted, out_file, gguf_type, overrides, mix.kept_type if mix else None)
     return {"architecture": architecture, "convert_s": convert_s, "quantize_s": quantize_s, **said}
 
 
-def quantize(source: Path, out_file: Path, gguf_type: str) -> float:
-    """llama.cpp's quantizer (what `llama-quantize SOURCE OUT TYPE` runs); returns the seconds it took."""
+def quantize(
+    source: Path, out_file: Path, gguf_type: str, overrides: dict[str, str] | None = None, edges: str | None = None
+) -> float:
+    """llama.cpp's quantizer (what `llama-quantize SOURCE OUT TYPE [--tensor-type NAME=T ...]
+    [--output-tensor-type T --token-embedding-type T]` runs); returns the seconds it took. `overrides`: a
+    type per tensor (GGUF names), `edges`: the output layer's and token embedding's type."""
+    import ctypes
+    import re
+
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = QUANTIZER_FTYPES[gguf_type]
+    params.ftype = QUANTIZER_FTYPES.get(gguf_type) or QUANTIZER_MIX_FTYPES[gguf_type]
     params.nthread = os.cpu_count() or 1
+    if edges is not None:
+        params.output_tensor_type = GGML_TYPES[edges]
+        params.token_embedding_type = GGML_TYPES[edges]
+    override = llama_cpp.llama_model_tensor_override
+    table = (override * (len(overrides or {}) + 1))(
+        *[override(f"^{re.escape(name)}$".encode(), GGML_TYPES[t]) for name, t in (overrides or {}).items()],
+        override(None, llama_cpp.GGML_TYPE_COUNT),  # the end of the list
+    )
+    if overrides:
+        params.tt_overrides = ctypes.cast(table, ctypes.POINTER(override))
     t0 = time.monotonic()
     failed = llama_cpp.llama_model_quantize(str(source).encode(), str(out_file).encode(), params)
     if failed:

@@ -1,0 +1,204 @@
+"""Which of a language model's matrices a low weight type hurts most, measured once per model, text and type,
+so a mix compresses the least sensitive ones first and keeps the rest in a higher type (`compressed_share`).
+
+The method: each matrix alone is rounded to the engine's own low type (its bits, block and symmetry), the
+model runs in FP32 over the calibration text (never the drift prompts), and the mean KL divergence of its
+next-token distributions from the unrounded model's, over the last positions of each window, is that
+matrix's sensitivity: the measure the quality bound judges, one forward per matrix. A layer-local estimate
+(the input-weighted rounding error behind llama.cpp's importance matrix and NNCF's hessian_input_activation,
+one forward in all) was tried first and ranked worse than chance on a trained Llama: it cannot see that
+an error in the first block travels through every later one while a query projection's is damped by the
+softmax. Whether the ranking means something is tested, not assumed: the least sensitive layers, compressed,
+drift less than as many random ones, measured by the engine (tests/test_mixed_precision.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from autotune.common.json_record import Record
+
+METHOD_ID = "kld-one-at-a-time-1"  # in a mixed artifact's key: another method ranks another mix
+METHOD = "each matrix alone in the low type (fake-quantized), FP32 forward: mean KL divergence from FP32"
+SCORED_POSITIONS = 64  # the last positions of each calibration window whose next-token distributions count
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A low weight type as the rounding it does: bits, values per scale (None: one per output row), and
+    whether the grid is symmetric about zero (else a minimum per block, as K-quants and asym types keep)."""
+
+    bits: int
+    block: int | None
+    symmetric: bool
+
+
+# The engines' low types as their rounding (llama.cpp's ggml-quants.c block layouts; NNCF's defaults: int8
+# per output channel, int4 in groups of 128). A K-quant's super-block scales are finer than modelled here.
+FORMATS: dict[str, WeightFormat] = {
+    "Q8_0": WeightFormat(8, 32, True),
+    "Q6_K": WeightFormat(6, 16, True),
+    "Q5_K_M": WeightFormat(5, 32, False),
+    "Q4_K_M": WeightFormat(4, 32, False),
+    "Q4_0": WeightFormat(4, 32, True),
+    "Q2_K": WeightFormat(2, 16, False),
+    "int8_sym": WeightFormat(8, None, True),
+    "int8_asym": WeightFormat(8, None, False),
+    "int4_sym": WeightFormat(4, 128, True),
+    "int4_asym": WeightFormat(4, 128, False),
+}
+
+
+@dataclass(frozen=True)
+class LayerSensitivity(Record):
+    """One matrix: its module name, parameters, and the output error its low type puts on it."""
+
+    name: str
+    parameters: int
+    score: float
+
+
+@dataclass(frozen=True)
+class Sensitivity(Record):
+    """A model's matrices ranked for one low type, least sensitive first (the order a mix compresses them)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"layers": LayerSensitivity}
+    TUPLES: ClassVar[tuple[str, ...]] = ("layers",)
+
+    low_type: str
+    method: str
+    layers: tuple[LayerSensitivity, ...]
+    calibration_tokens: int = 0
+
+    def digest(self) -> str:
+        """Short digest of the ranking (which layers a share keeps depends on it)."""
+        order = json.dumps([layer.name for layer in self.layers])
+        return hashlib.sha256(f"{self.low_type}:{order}".encode()).hexdigest()[:12]
+
+    def compressed(self, share: float) -> tuple[str, ...]:
+        """The least sensitive layers holding `share` of the ranked parameters (the first past it included,
+        as NNCF's ratio counts): 0 compresses none, 1 all."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"compressed_share must lie in [0, 1], got {share}")
+        total = sum(layer.parameters for layer in self.layers)
+        chosen: list[str] = []
+        done = 0
+        for layer in self.layers:
+            if done >= share * total - 1e-9 * total:
+                break
+            chosen.append(layer.name)
+            done += layer.parameters
+        return tuple(chosen)
+
+    def kept(self, share: float) -> tuple[str, ...]:
+        """The layers a share leaves in the higher type, most sensitive first."""
+        compressed = set(self.compressed(share))
+        return tuple(layer.name for layer in reversed(self.layers) if layer.name not in compressed)
+
+
+def fake_quantize(weight: Any, fmt: WeightFormat) -> Any:
+    """The weight as the low type stores it, dequantized: round to `bits` per block of input columns (or per
+    output row), symmetric (scale from the largest magnitude) or with a minimum (scale from the range)."""
+    import torch
+
+    rows, cols = weight.shape
+    block = cols if fmt.block is None or cols % fmt.block else fmt.block
+    w = weight.detach().to(torch.float32).reshape(rows, cols // block, block)
+    levels = 2**fmt.bits - 1
+    if fmt.symmetric:
+        scale = w.abs().amax(dim=-1, keepdim=True) / (levels // 2)
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = torch.clamp(torch.round(w / scale), -(levels // 2) - 1, levels // 2) * scale
+    else:
+        low, high = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+        scale = (high - low) / levels
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = torch.clamp(torch.round((w - low) / scale), 0, levels) * scale + low
+    return q.reshape(rows, cols)
+
+
+def ranked_linears(model: Any) -> dict[str, Any]:
+    """The model's Linear modules a mix ranks, by name: every one but the output layer (the engines give
+    the output and the embedding their own type)."""
+    import torch
+
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not output
+    }
+
+
+def rank_layers(model: Any, calibration: Any, low_type: str) -> Sensitivity:
+    """Every ranked Linear's sensitivity to `low_type` (a key of FORMATS), least sensitive first: the KL
+    divergence the model's next-token distributions move by when that matrix alone is rounded to it."""
+    import torch
+
+    from autotune.measure.drift import mean_kl_divergence
+
+    fmt = FORMATS[low_type]
+    ids = torch.as_tensor(calibration)
+    scored = min(SCORED_POSITIONS, ids.shape[1])
+
+    def logits() -> Any:
+        with torch.inference_mode():
+            out = model(ids).logits[:, -scored:]
+        return out.reshape(-1, out.shape[-1]).to(torch.float32).numpy()
+
+    model.eval()
+    reference = logits()
+    layers = []
+    for name, module in ranked_linears(model).items():
+        weight = module.weight.data
+        module.weight.data = fake_quantize(weight, fmt).to(weight.dtype)
+        try:
+            score = mean_kl_divergence(logits(), reference)
+        finally:
+            module.weight.data = weight
+        layers.append(LayerSensitivity(name, int(weight.numel()), score))
+    layers.sort(key=lambda layer: (layer.score, layer.name))
+    return Sensitivity(low_type, METHOD, tuple(layers), int(ids.numel()))
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 of every parameter and buffer, by name: the ranking belongs to these weights."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def cached_ranking(model: Any, calibration: Any, low_type: str, artifact_dir: Path) -> Sensitivity:
+    """The ranking for these weights, calibration ids and type, measured once and kept beside the artifacts
+    (`<cache>/sensitivity/`, beside `<cache>/artifacts/`): every share of a mix reads the same one. An
+    artifact built outside the cache (a scratch folder, where the cached one was evicted) ranks uncached."""
+    import torch
+
+    ids = torch.as_tensor(calibration).to(torch.int64)
+    key = hashlib.sha256(
+        f"{METHOD_ID}:{low_type}:{weights_digest(model)}:".encode() + ids.numpy().tobytes()
+    ).hexdigest()[:24]
+    artifacts = Path(artifact_dir).resolve().parent
+    if artifacts.name != "artifacts":
+        return rank_layers(model, ids, low_type)
+    folder = artifacts.parent / "sensitivity"
+    path = folder / f"{low_type}-{key}.json"
+    try:
+        return Sensitivity.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        pass
+    ranking = rank_layers(model, ids, low_type)
+    folder.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(ranking.to_json()))
+    scratch.replace(path)  # whole or absent, when two trials rank at once
+    return ranking

@@ -1,0 +1,180 @@
+"""Mixed precision: the least sensitive matrices in the low type, the rest in the type above it
+(`compressed_share`), ranked by generation/sensitivity.py, written by each engine's own mechanism and measured
+by the real engine."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import LM
+
+from autotune.backends.generation.sensitivity import FORMATS, fake_quantize, rank_layers
+from autotune.backends.llamacpp import gguf_export
+from autotune.backends.llamacpp.generate import LlamaCppGenerator
+from autotune.measure.drift import mean_kl_divergence
+from autotune.model.sources import build_model, resolve_model
+
+PROMPT, COMPARED = 64, 48
+
+
+def held_out_windows(text_file, count: int, seed: int) -> torch.Tensor:
+    """`count` seeded windows of PROMPT bytes of the tiny Llama's held-out text (its tokens are bytes)."""
+    data = torch.tensor(list(text_file.read_bytes()), dtype=torch.long)
+    starts = torch.randint(0, len(data) - PROMPT, (count,), generator=torch.Generator().manual_seed(seed))
+    return torch.stack([data[s : s + PROMPT] for s in starts.tolist()])
+
+
+def trained_model(trained) -> torch.nn.Module:
+    source = resolve_model(f"{LM}:tiny_llama", str(trained["weights"]), f"input_ids:int64:{PROMPT}:0-256")
+    return build_model(source).eval()
+
+
+def gguf_kld(model, mix: gguf_export.Mix, prompts: torch.Tensor, reference: np.ndarray, path) -> float:
+    """Mean KL divergence of a Q4_0 GGUF holding `mix` from FP32 eager's logits, run by llama.cpp."""
+    gguf_export.convert(model, "Q4_0", path, mix)
+    generator = LlamaCppGenerator(path, new_tokens=1, threads=1)
+    try:
+        _, logits = generator.generate_with_logits(prompts, COMPARED)
+    finally:
+        generator.close()
+    return mean_kl_divergence(logits.numpy().reshape(-1, 256), reference)
+
+
+def test_the_least_sensitive_layers_compressed_drift_less_than_as_many_random_ones(trained, workdir):
+    """On the trained tiny Llama, ranked on calibration windows and measured by llama.cpp on other windows: Q4_0
+    on the least sensitive half of the weights (the rest Q8_0) drifts less from FP32 than Q4_0 on each of three
+    random halves, and less than on the most sensitive half; the ranking sorts by score."""
+    model = trained_model(trained)
+    ranking = rank_layers(model, held_out_windows(trained["text"], 4, seed=1), "Q4_0")
+    scores = [layer.score for layer in ranking.layers]
+    assert scores == sorted(scores) and scores[0] < scores[-1]
+    names = [layer.name for layer in ranking.layers]
+    assert len(names) == 7 * model.config.num_hidden_layers  # q, k, v, o, gate, up, down per block; no lm_head
+
+    prompts = held_out_windows(trained["text"], 8, seed=2)
+    with torch.inference_mode():
+        reference = model(prompts).logits[:, -COMPARED:].reshape(-1, 256).numpy()
+    compressed = ranking.compressed(0.5)
+    parameters = {layer.name: layer.parameters for layer in ranking.layers}
+    half = sum(parameters[name] for name in compressed)
+    assert 0.5 * sum(parameters.values()) <= half < 0.5 * sum(parameters.values()) + max(parameters.values())
+
+    def kept_for(chosen: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name for name in names if name not in set(chosen))
+
+    ranked = gguf_kld(model, gguf_export.Mix(ranking.kept(0.5), "Q8_0"), prompts, reference, workdir / "ranked.gguf")
+    worst = gguf_kld(
+        model,
+        gguf_export.Mix(kept_for(names[::-1][: len(compressed)]), "Q8_0"),
+        prompts,
+        reference,
+        workdir / "worst.gguf",
+    )
+    randoms = []
+    for seed in range(3):
+        shuffled = names[:]
+        random.Random(seed).shuffle(shuffled)
+        chosen: list[str] = []
+        for name in shuffled:  # as many parameters as the ranked half, or the first past it
+            if sum(parameters[n] for n in chosen) >= half:
+                break
+            chosen.append(name)
+        randoms.append(
+            gguf_kld(
+                model, gguf_export.Mix(kept_for(chosen), "Q8_0"), prompts, reference, workdir / f"random-{seed}.gguf"
+            )
+        )
+    assert ranked < min(randoms) and ranked < worst, (ranked, randoms, worst)
+
+
+def test_fake_quantization_keeps_the_types_grid():
+    """The rounding the ranking models: Q4_0 holds at most 16 levels per block of 32, symmetric about zero;
+    an asymmetric type keeps each block's minimum and maximum; int8 per row holds at most 256 levels."""
+    weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    q4 = fake_quantize(weight, FORMATS["Q4_0"]).reshape(8, 2, 32)
+    assert max(len(torch.unique(block)) for block in q4.reshape(-1, 32)) <= 16
+    assert not torch.equal(q4.reshape(8, 64), weight)
+    k4 = fake_quantize(weight, FORMATS["Q4_K_M"]).reshape(-1, 32)
+    blocks = weight.reshape(-1, 32)
+    assert torch.allclose(k4.min(dim=1).values, blocks.min(dim=1).values, atol=1e-6)
+    assert torch.allclose(k4.max(dim=1).values, blocks.max(dim=1).values, atol=1e-5)
+    q8 = fake_quantize(weight, FORMATS["int8_asym"])
+    assert max(len(torch.unique(row)) for row in q8) <= 256
+    assert (q8 - weight).abs().max() < (q4.reshape(8, 64) - weight).abs().max()
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
+def test_a_share_compresses_the_least_sensitive_weights_counted_by_parameters(share):
+    """`compressed(share)` takes the least sensitive layers until their parameters reach the share; `kept` is
+    the rest, most sensitive first."""
+    from autotune.backends.generation.sensitivity import LayerSensitivity, Sensitivity
+
+    layers = tuple(LayerSensitivity(f"l{i}", p, float(i)) for i, p in enumerate((100, 50, 200, 150)))
+    ranking = Sensitivity("Q4_0", "test", layers)
+    compressed = ranking.compressed(share)
+    expected = {0.0: (), 0.3: ("l0", "l1"), 1.0: ("l0", "l1", "l2", "l3")}[share]
+    assert compressed == expected
+    assert ranking.kept(share) == tuple(n for n in ("l3", "l2", "l1", "l0") if n not in compressed)
+    with pytest.raises(ValueError, match="compressed_share"):
+        ranking.compressed(1.5)
+
+
+@pytest.mark.slow
+def test_llamacpp_mixes_run_from_the_higher_types_drift_to_the_lower_types_with_the_mix_asked(trained, workdir):
+    """Real trials of the trained tiny Llama through llama.cpp: a Q4_0 mix at share 0 holds every matrix in Q8_0
+    and drifts as the Q8_0 file does; at share 1 it is the Q4_0 file (the same artifact); between, the drift
+    lies between, and the file holds exactly the mix asked (kept matrices and the output in Q8_0, the
+    compressed ones in Q4_0), with the kept layers named. The ranking is measured once for every share."""
+    from autotune.machine.probe import probe_machine
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.generation import GenerationWorkload
+    from autotune.records.config import TrialConfig
+    from autotune.runner.trials import TrialContext, compute_reference, run_config
+
+    source = resolve_model(f"{LM}:tiny_llama", str(trained["weights"]), f"input_ids:int64:{PROMPT}:0-256")
+    workload = GenerationWorkload(PROMPT, 4, 256, 256, str(trained["text"]))
+    reference = compute_reference(source, workdir / "study", 8, 300, generation=workload)
+    measure = MeasureSettings(warmup_min_s=0.1, window_min_s=0.2, window_max_s=0.5, screen_s=0.0)
+    ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
+    runs = {}
+    for name, precision, share in (
+        ("q8", "Q8_0", 1.0),
+        ("q4", "Q4_0", 1.0),
+        ("mix0", "Q4_0", 0.0),
+        ("mix50", "Q4_0", 0.5),
+        ("mix100", "Q4_0", 1.0),
+    ):
+        options = {} if name in ("q8", "q4") else {"compressed_share": share}
+        config = TrialConfig("llamacpp", precision, 1, threads_per_instance=1, options=options)
+        runs[name] = run_config(config, ctx, workdir / name, 600)[0]
+    kld = {name: metrics.drift.kl_divergence for name, metrics in runs.items()}
+    assert kld["mix0"] == pytest.approx(kld["q8"], rel=0.05), kld
+    assert runs["mix100"].artifact.dir == runs["q4"].artifact.dir and kld["mix100"] == kld["q4"]
+    assert kld["mix0"] < kld["mix50"] < kld["mix100"], kld
+
+    details = runs["mix50"].backend_details
+    ranked = len(details["sensitivity"]["layers"])
+    assert details["compressed_share"] == 0.5 and details["kept_type"] == "Q8_0"
+    kept = details["kept_layers"]
+    assert 0 < len(kept) < ranked and details["compressed_layers"] == ranked - len(kept)
+    assert details["tensor_types"] == {"Q8_0": len(kept) + 1, "Q4_0": ranked - len(kept)}  # + the output layer
+    assert runs["mix50"].executed_precision.status == "ok", runs["mix50"].executed_precision
+    assert runs["mix0"].backend_details["tensor_types"] == {"Q8_0": ranked + 1}
+    assert len(list((workdir / ".cache" / "sensitivity").glob("Q4_0-*.json"))) == 1
+
+
+def test_a_mix_of_an_unquantized_type_or_a_share_outside_0_1_is_refused():
+    """compressed_share mixes a quantized GGUF type with a wider one: at F32, or beyond [0, 1], the trial is
+    refused before it runs, in words."""
+    from autotune.backends.llamacpp.generate import unsupported
+    from autotune.records.config import TrialConfig
+
+    def why(precision: str, share: float) -> str | None:
+        return unsupported(TrialConfig("llamacpp", precision, 1, options={"compressed_share": share}))
+
+    assert "F32 is not quantized" in str(why("F32", 0.5))
+    assert "[0, 1]" in str(why("Q4_0", 1.5))
+    assert why("Q4_0", 0.5) is None and why("F32", 1.0) is None
