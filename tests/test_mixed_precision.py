@@ -4,6 +4,7 @@ by the real engine."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -18,6 +19,7 @@ from autotune.measure.drift import mean_kl_divergence
 from autotune.model.sources import build_model, resolve_model
 
 PROMPT, COMPARED = 64, 48
+BOUND = 2e-4  # KL divergence: the tiny Llama's whole-model Q4_0 breaks it, Q8_0 keeps it
 
 
 def held_out_windows(text_file, count: int, seed: int) -> torch.Tensor:
@@ -178,3 +180,54 @@ def test_a_mix_of_an_unquantized_type_or_a_share_outside_0_1_is_refused():
     assert "F32 is not quantized" in str(why("F32", 0.5))
     assert "[0, 1]" in str(why("Q4_0", 1.5))
     assert why("Q4_0", 0.5) is None and why("F32", 1.0) is None
+
+
+@pytest.mark.slow
+def test_the_search_bisects_for_the_largest_share_within_the_bound(trained, searcher, workdir):
+    """A search of llama.cpp Q4_0 on the trained tiny Llama, whose whole-model Q4_0 breaks a KL divergence bound
+    that Q8_0 keeps: the sampler never draws a share; once share 1 is pruned for drift, the mix search
+    enqueues 0.5, then bisects (0.75 or 0.25, ...) and finds a mix within the bound in at most 3 more trials,
+    each a real trial whose drift decides the next; the winner is that mix, its kept layers in best.json."""
+    import json
+
+    from conftest import QUICK_GENERATION, assert_trials_ran, flagged_noisy, generation_space, load_study
+
+    from autotune.records.attributes import Attr, TrialAttrs
+
+    shares = [1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0]
+    space = generation_space(
+        workdir / "mix.yaml",
+        {"llamacpp": {"precision": ["Q4_0"], "compressed_share": shares}},  # no baseline: the winner is a mix
+        sequences=(1,),
+    )
+    model = ["--model", f"{LM}:tiny_llama", "--weights", str(trained["weights"]), "--data", str(trained["text"])]
+    shape = ["--prompt-tokens", str(PROMPT), "--new-tokens", "4", "--eval-samples", "8", "--finalists", "0"]
+    bound = ["--drift-metric", "kld", "--max-drift", str(BOUND)]
+    result = searcher(
+        "search", *model, "--space", str(space), *shape, *bound, *QUICK_GENERATION, "--study", "mix", "--trials", "5"
+    )
+    assert_trials_ran(result)
+    trials = [t for t in load_study(workdir, "mix").trials if t.params.get("backend") == "llamacpp"]
+    first = trials[0]
+    assert (TrialAttrs.of(first).prune_reason or "").startswith("drift:"), TrialAttrs.of(first).prune_reason
+    guided = [t for t in trials if Attr.MIX_SHARE in t.user_attrs]
+    sampled = [t for t in trials if Attr.MIX_SHARE not in t.user_attrs]
+    assert all("llamacpp.compressed_share" not in t.params for t in sampled)  # the whole-model file
+    assert 1 <= len(guided) <= 3 and guided[0].params["llamacpp.compressed_share"] == 0.5
+    for before, after in itertools.pairwise(guided):  # each share halves the interval the one before left
+        step = abs(after.params["llamacpp.compressed_share"] - before.params["llamacpp.compressed_share"])
+        assert step == pytest.approx(0.5 / 2 ** guided.index(after)), [t.params for t in guided]
+    within = [t for t in guided if t.state.name == "COMPLETE"]
+    assert within, [(t.params, TrialAttrs.of(t).prune_reason) for t in guided]
+    if flagged_noisy(result):  # a loaded machine flagged the mix's only timing: no winner to export
+        return
+    best = json.loads((workdir / "studies" / "mix" / "best.json").read_text())
+    assert best["config"]["backend"] == "llamacpp", best["config"]
+    share = best["config"]["options"]["compressed_share"]
+    assert share == max(t.params["llamacpp.compressed_share"] for t in within)
+    mix = best["mix"]
+    assert best["config"]["precision"] == mix["low_type"] == "Q4_0" and mix["compressed_share"] == share
+    assert mix["kept_layers"] and mix["executed"] == {
+        "Q8_0": len(mix["kept_layers"]) + 1,
+        "Q4_0": mix["compressed_layers"],
+    }

@@ -62,6 +62,7 @@ class Attr:
     NUMERICS_KEY = "numerics_key"
     ORCHESTRATOR = "orchestrator"
     ORDER = "order"
+    MIX_SHARE = "mix_share"  # the compressed_share the mix search enqueued this trial at
     PINNING = "pinning"
     PIN_PREFIXES = "pin_prefixes"
     PREPARE_S = "prepare_s"

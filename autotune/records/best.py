@@ -263,6 +263,20 @@ class SequencesSplit(OpenRecord):
     by_total: list[TotalBest] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class MixSummary(OpenRecord):
+    """A mixed-precision winner (`compressed_share` below 1): which matrices it keeps in the wider type, and
+    what the file it ran holds."""
+
+    compressed_share: float  # the share of the ranked weights in the low type (least sensitive first)
+    low_type: str
+    kept_type: str
+    kept_layers: list[str]  # module names, most sensitive first
+    compressed_layers: int
+    sensitivity_method: str
+    executed: dict[str, int]  # the file's matrices by type
+
+
 @dataclass(frozen=True, kw_only=True)
 class BestJson(OpenRecord):
     """The contents of a best.json (schema autotune.best/2, docs/manual/reference/best-json.md).
@@ -289,8 +303,16 @@ class BestJson(OpenRecord):
         "baseline": Baseline,
         "fingerprint": Fingerprint,
         "sequences": SequencesSplit,
+        "mix": MixSummary,
     }
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("pareto_front", "speedup_source", "scenario", "server", "sequences")
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = (
+        "pareto_front",
+        "speedup_source",
+        "scenario",
+        "server",
+        "sequences",
+        "mix",
+    )
 
     schema: str
     created: str | None = None  # UTC time of writing (ISO 8601)
@@ -317,6 +339,7 @@ class BestJson(OpenRecord):
     speedup_source: str | None = None
     fingerprint: Fingerprint | None = None  # hardware, software, host
     sequences: SequencesSplit | None = None  # generation: the total sequences, their split, each total's best
+    mix: MixSummary | None = None  # a mixed-precision winner: its kept layers and what its file holds
 
     @classmethod
     def from_json(cls, data: Any) -> BestJson:

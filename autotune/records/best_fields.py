@@ -310,6 +310,19 @@ FIELDS: tuple[FieldDoc, ...] = (
         "each total the study measured with its best clean trial (`total`, `trial`, `value`, `instances`, "
         "`per_instance`, `config`), fewest first: the winner is the fastest of them",
     ),
+    FieldDoc(
+        ("mix.compressed_share", "mix.low_type", "mix.kept_type"),
+        "a mixed-precision winner: the share of the ranked weights in `low_type` (the trial's type), least "
+        "sensitive matrices first; the rest, the output layer and the token embedding in `kept_type`",
+    ),
+    FieldDoc(
+        ("mix.kept_layers", "mix.compressed_layers"),
+        "the matrices kept in `kept_type` by module name, most sensitive first, and how many are in `low_type`",
+    ),
+    FieldDoc(
+        ("mix.sensitivity_method", "mix.executed"),
+        "how the matrices were ranked, and the file's matrices by type as it ran (the check that it holds the mix)",
+    ),
 )
 
 

@@ -27,6 +27,7 @@ from autotune.records.best import (
     FinalistCandidate,
     Finalists,
     Launch,
+    MixSummary,
     ObjectiveInfo,
     ParetoPoint,
     ProbeSummary,
@@ -222,6 +223,23 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         speedup_source=source,
         fingerprint=Fingerprint.of(study),
         sequences=_sequences_split(study, spec, attrs.config) if spec.task == "generate" else None,
+        mix=_mix(metrics),
+    )
+
+
+def _mix(metrics: BestMetrics) -> MixSummary | None:
+    """The winner's mix, from what its build reported (None: a whole-model type)."""
+    details = metrics.backend_details or {}
+    if "kept_layers" not in details:
+        return None
+    return MixSummary(
+        compressed_share=float(details["compressed_share"]),
+        low_type=str(details["precision"]),
+        kept_type=str(details["kept_type"]),
+        kept_layers=list(details["kept_layers"]),
+        compressed_layers=int(details["compressed_layers"]),
+        sensitivity_method=str((details.get("sensitivity") or {}).get("method", "")),
+        executed=dict(details.get("tensor_types") or {}),
     )
 
 

@@ -19,6 +19,7 @@ from autotune.backends.base import BackendSpec
 from autotune.common.errors import UserError
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, candidates, why_not
+from autotune.records.attributes import Attr
 from autotune.records.config import TrialConfig
 
 TOP_LEVEL_KEYS = (
@@ -242,6 +243,12 @@ def _offered(value: Any, supported: Sequence[Any]) -> bool:
     return any(value == s and isinstance(value, bool) == isinstance(s, bool) for s in supported)
 
 
+# Options a sampler never draws: a trial takes the largest listed value unless its guide enqueued it with
+# another (the user attribute named here): drift grows with the share of compressed weights, so the mix
+# search bisects for the largest share within the bound (tuning/mix_search.py) instead of sampling it.
+GUIDED = {"compressed_share": Attr.MIX_SHARE}
+
+
 def _backend_dims(name: str, spec: BackendSpec, options: Any) -> dict[str, list[Any]]:
     """A backend's precisions and option values the YAML lists, checked against its options record
     (backends/base.py: each option's values), each missing one at its default (the first value)."""
@@ -395,11 +402,16 @@ class SearchSpace:
         dims = self.backends[backend]
         precision = trial.suggest_categorical(f"{backend}.precision", dims["precision"])
         spec = self.specs[backend]
-        chosen = {
-            key: trial.suggest_categorical(f"{backend}.{key}", values)
-            for key, values in dims.items()
-            if key != "precision" and spec.applies(key, precision)
-        }
+        chosen: dict[str, Any] = {}
+        for key, values in dims.items():
+            if key == "precision" or not spec.applies(key, precision):
+                continue
+            if key in GUIDED and GUIDED[key] not in getattr(trial, "user_attrs", {}):
+                value = max(values)  # never sampled: its guide enqueues the other values
+                if value != spec.choices[key][0]:  # at the option's default it is left out, as before it existed
+                    chosen[key] = value
+                continue
+            chosen[key] = trial.suggest_categorical(f"{backend}.{key}", values)
         routes = self.runtimes.get(backend, ["main"])
         runtime = trial.suggest_categorical(f"{backend}.runtime", routes) if len(routes) > 1 else routes[0]
         pool: dict[str, Any] = {}

@@ -56,6 +56,7 @@ from autotune.tuning.fleet import (
 )
 from autotune.tuning.hopeless import Proposal, hopeless_family, precision_variant_of
 from autotune.tuning.layouts import HeldPlan, LayoutRound, coverage_batch
+from autotune.tuning.mix_search import MixBisection
 from autotune.tuning.payoff import coverage_preferences, int8_first_backend, order_by_payoff
 from autotune.tuning.priors import prior_kind, read_prior, sibling_storages
 from autotune.tuning.pruners import DriftPruner, SpeedPruner
@@ -686,6 +687,7 @@ def _optimize(
                     printer,
                     status,
                     AbandonedTrialsCheck(say),
+                    MixBisection(objective.space),  # ahead of the layout round: it releases only when none waits
                     layouts,
                     BudgetGuard(objective.search_deadline),
                 ],

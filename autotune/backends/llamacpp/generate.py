@@ -59,8 +59,11 @@ class LlamaCppOptions(BackendOptions):
     decode_threads: str = choice("all", "half", scheduling=True)
     # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the file's
     # type; the rest, the output layer and the token embedding in the type above it (KEPT_TYPES): 1 = the
-    # whole-model type as llama.cpp's quantizer writes it
-    compressed_share: float = choice(1.0, 0.875, 0.75, 0.5, 0.25, 0.0, precisions=tuple(KEPT_TYPES))
+    # whole-model type as llama.cpp's quantizer writes it. Never sampled: the mix search bisects for the largest
+    # share within the quality bound (tuning/mix_search.py)
+    compressed_share: float = choice(
+        1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=tuple(KEPT_TYPES)
+    )
 
 
 SPEC = BackendSpec(

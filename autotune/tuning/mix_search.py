@@ -1,0 +1,101 @@
+"""The largest `compressed_share` within the quality bound, found by bisection instead of sampled blindly.
+
+Drift grows with the share (the least sensitive matrices are compressed first), so once a type's trial breaks
+the bound at some share, the answer lies below it: the next trial of that type and its options is enqueued at
+the listed share halfway between the largest share known within the bound (none yet: 0) and the smallest
+known beyond it, until no listed share lies between. With the shares in eighths, a type whose whole-model
+file drifts too far reaches its largest share within the bound in at most 3 more trials.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autotune.records.attributes import Attr, TrialAttrs
+from autotune.tuning.space import SearchSpace
+
+SHARE = "compressed_share"
+MIX_SEARCH = "mix search"  # the order note every enqueued trial carries
+
+
+def _share_of(trial: optuna.trial.FrozenTrial, backend: str, default: float) -> float:
+    """The trial's share: its parameter where the mix search set it, else the largest listed (what every
+    sampled trial runs: the space never samples a share)."""
+    value = trial.params.get(f"{backend}.{SHARE}")
+    return default if value is None else float(value)
+
+
+def _verdict(trial: optuna.trial.FrozenTrial) -> bool | None:
+    """True: its drift was within the bound; False: it was pruned for drift; None: not known (failed, or
+    pruned before drift was measured)."""
+    attrs = TrialAttrs.of(trial)
+    if (attrs.prune_reason or "").startswith("drift:"):
+        return False
+    if trial.state == optuna.trial.TrialState.COMPLETE or attrs.drift is not None:
+        return True
+    return None
+
+
+class MixBisection:
+    """Optuna callback: for each backend whose space lists several shares, and each of its (precision, options)
+    groups with a trial pruned for drift, enqueue the bisection's next share (module docstring)."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.shares = {
+            backend: sorted(float(s) for s in dims[SHARE])
+            for backend, dims in space.backends.items()
+            if len(dims.get(SHARE, [])) > 1
+        }
+
+    def __call__(self, study: optuna.study.Study, trial: optuna.trial.FrozenTrial | None = None) -> None:
+        if not self.shares:
+            return
+        trials = study.get_trials(deepcopy=False)
+        taken = {self._key(t.params) for t in trials if t.state != optuna.trial.TrialState.FAIL}
+        groups: dict[tuple[Any, ...], list[optuna.trial.FrozenTrial]] = {}
+        for done in trials:
+            backend = done.params.get("backend")
+            if backend in self.shares and self._applies(done.params, backend):
+                groups.setdefault(self._group(done.params, backend), []).append(done)
+        for members in groups.values():
+            params = self._next(members)
+            if params is not None and self._key(params) not in taken:
+                share = params[f"{params['backend']}.{SHARE}"]
+                why = f"{MIX_SEARCH}: {params['backend']} {params[params['backend'] + '.precision']} at share {share}"
+                user_attrs = {Attr.ORDER: why, Attr.MIX_SHARE: share}
+                study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=True)
+                taken.add(self._key(params))
+
+    def _next(self, members: list[optuna.trial.FrozenTrial]) -> dict[str, Any] | None:
+        """The next trial of one group: the listed share halfway between the known ends, or None."""
+        backend = members[0].params["backend"]
+        top = self.shares[backend][-1]
+        within = [_share_of(t, backend, top) for t in members if _verdict(t) is True]
+        beyond = [(_share_of(t, backend, top), t) for t in members if _verdict(t) is False]
+        if not beyond:
+            return None
+        high, pruned = min(beyond, key=lambda pair: pair[0])
+        low = max((s for s in within if s < high), default=None)
+        between = [s for s in self.shares[backend] if (low is None or s > low) and s < high]
+        if not between:
+            return None
+        middle = ((low if low is not None else 0.0) + high) / 2
+        share = min(between, key=lambda s: (abs(s - middle), -s))
+        return {**pruned.params, f"{backend}.{SHARE}": share}
+
+    def _applies(self, params: dict[str, Any], backend: str) -> bool:
+        """Whether the trial's precision takes a share (a quantized type)."""
+        spec = self.space.specs[backend]
+        return spec.applies(SHARE, str(params.get(f"{backend}.precision")))
+
+    @staticmethod
+    def _group(params: dict[str, Any], backend: str) -> tuple[Any, ...]:
+        """Every parameter but the share: trials of one type and options, whose drift differs by the share."""
+        return tuple(sorted((k, repr(v)) for k, v in params.items() if k != f"{backend}.{SHARE}"))
+
+    @staticmethod
+    def _key(params: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(sorted((k, repr(v)) for k, v in params.items()))
