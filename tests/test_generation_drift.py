@@ -233,3 +233,22 @@ def test_a_reference_of_an_older_format_is_refused_with_what_to_do(tmp_path):
     torch.save(saved, path)
     with pytest.raises(ValueError, match=r"older format.*run the same `autotune search` command again"):
         measure_generation_drift(str(path), GenerationRunner(Generator(model, NEW), {}), 1)
+
+
+def test_a_token_files_rows_of_the_prompt_length_are_the_prompts_each_once(tmp_path):
+    """A 2-D token file whose rows are --prompt-tokens long: the drift prompts are its rows, each exactly once
+    when as many are asked (never a window across two rows, as a flattened stream would give); more prompts
+    than rows repeat them; rows of another length stay one stream of windows."""
+    from autotune.model.generation import prompts
+
+    rows = torch.arange(6 * 16).reshape(6, 16) % 256
+    data = tmp_path / "rows.pt"
+    torch.save(rows, data)
+    workload = GenerationWorkload(16, 1, 256, 256, str(data))
+    drawn = prompts(workload, 6, seed=1)
+    assert sorted(tuple(r.tolist()) for r in drawn) == sorted(tuple(r.tolist()) for r in rows)
+    assert torch.equal(drawn, prompts(workload, 6, seed=1))  # seeded
+    more = prompts(workload, 9, seed=1)
+    assert torch.equal(more[:6], drawn) and all(any(torch.equal(m, r) for r in rows) for m in more[6:])
+    windows = prompts(GenerationWorkload(8, 1, 256, 256, str(data)), 40, seed=1)
+    assert any(not any(torch.equal(w, r[:8]) or torch.equal(w, r[8:]) for r in rows) for w in windows)

@@ -120,15 +120,35 @@ def read_token_data(path: str, vocab_size: int, tokenizer: str | None = None) ->
     return ids
 
 
+def token_rows(path: str, span: int) -> Any:
+    """The rows of a 2-D token file whose rows are `span` ids long (the user's own prompts, e.g. the chunks
+    llama-perplexity scores), else None: its ids are one stream, and prompts are windows of it."""
+    from pathlib import Path
+
+    import torch
+
+    if Path(path).suffix not in (".pt", ".pth"):
+        return None
+    ids = torch.load(path, weights_only=True)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != span:
+        return None
+    return ids.long()
+
+
 def prompts(workload: GenerationWorkload, sequences: int, seed: int) -> Any:
-    """`sequences` prompts of `prompt_tokens` ids: windows of the data's tokens when there is data,
-    else ids drawn uniformly with a fixed seed (the same prompts in every trial)."""
+    """`sequences` prompts of `prompt_tokens` ids: windows of the data's tokens when there is data (a token
+    file's rows themselves when they are `prompt_tokens` long: a window across two rows would join texts
+    that never met), else ids drawn uniformly with a fixed seed (the same prompts in every trial)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     if workload.data:
         ids = read_token_data(workload.data, workload.vocab_size, workload.tokenizer)
         span = workload.prompt_tokens
+        rows = token_rows(workload.data, span)
+        if rows is not None:  # each row is a prompt: a seeded order, every row once before any twice
+            order = torch.randperm(len(rows), generator=generator)
+            return rows[order.repeat(sequences // len(rows) + 1)[:sequences]]
         if len(ids) < span:
             ids = ids.repeat(span // len(ids) + 1)
         starts = torch.randint(0, len(ids) - span + 1, (sequences,), generator=generator)
