@@ -124,12 +124,9 @@ def test_a_share_compresses_the_least_sensitive_weights_counted_by_parameters(sh
         ranking.compressed(1.5)
 
 
-@pytest.mark.slow
-def test_llamacpp_mixes_run_from_the_higher_types_drift_to_the_lower_types_with_the_mix_asked(trained, workdir):
-    """Real trials of the trained tiny Llama through llama.cpp: a Q4_0 mix at share 0 holds every matrix in Q8_0
-    and drifts as the Q8_0 file does; at share 1 it is the Q4_0 file (the same artifact); between, the drift
-    lies between, and the file holds exactly the mix asked (kept matrices and the output in Q8_0, the
-    compressed ones in Q4_0), with the kept layers named. The ranking is measured once for every share."""
+def engine_trials(trained, workdir, runs: dict[str, tuple[str, str, float | None]]) -> dict:
+    """Real trials of the trained tiny Llama (prompt PROMPT, 4 new tokens, drift over 8 prompts), one per
+    name: (backend, precision, compressed_share or None for the whole-model type)."""
     from autotune.machine.probe import probe_machine
     from autotune.measure.stopwatch import MeasureSettings
     from autotune.model.generation import GenerationWorkload
@@ -141,31 +138,70 @@ def test_llamacpp_mixes_run_from_the_higher_types_drift_to_the_lower_types_with_
     reference = compute_reference(source, workdir / "study", 8, 300, generation=workload)
     measure = MeasureSettings(warmup_min_s=0.1, window_min_s=0.2, window_max_s=0.5, screen_s=0.0)
     ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
-    runs = {}
-    for name, precision, share in (
-        ("q8", "Q8_0", 1.0),
-        ("q4", "Q4_0", 1.0),
-        ("mix0", "Q4_0", 0.0),
-        ("mix50", "Q4_0", 0.5),
-        ("mix100", "Q4_0", 1.0),
-    ):
-        options = {} if name in ("q8", "q4") else {"compressed_share": share}
-        config = TrialConfig("llamacpp", precision, 1, threads_per_instance=1, options=options)
-        runs[name] = run_config(config, ctx, workdir / name, 600)[0]
-    kld = {name: metrics.drift.kl_divergence for name, metrics in runs.items()}
-    assert kld["mix0"] == pytest.approx(kld["q8"], rel=0.05), kld
-    assert runs["mix100"].artifact.dir == runs["q4"].artifact.dir and kld["mix100"] == kld["q4"]
-    assert kld["mix0"] < kld["mix50"] < kld["mix100"], kld
+    done = {}
+    for name, (backend, precision, share) in runs.items():
+        options = {} if share is None else {"compressed_share": share}
+        config = TrialConfig(backend, precision, 1, threads_per_instance=2, options=options)
+        done[name] = run_config(config, ctx, workdir / name, 600)[0]
+    return done
 
+
+def assert_mix_spans_its_types(runs: dict, types_key: str, kept_bucket_type: str, low_type: str) -> None:
+    """mix0 drifts as `higher`, mix100 is `lower` (the same artifact), mix50 lies between and holds exactly
+    the mix asked, named."""
+    kld = {name: metrics.drift.kl_divergence for name, metrics in runs.items()}
+    assert kld["mix0"] == pytest.approx(kld["higher"], rel=0.05, abs=1e-6), kld
+    assert runs["mix100"].artifact.dir == runs["lower"].artifact.dir and kld["mix100"] == kld["lower"]
+    assert kld["mix0"] < kld["mix50"] < kld["mix100"], kld
     details = runs["mix50"].backend_details
     ranked = len(details["sensitivity"]["layers"])
-    assert details["compressed_share"] == 0.5 and details["kept_type"] == "Q8_0"
+    assert details["compressed_share"] == 0.5
     kept = details["kept_layers"]
     assert 0 < len(kept) < ranked and details["compressed_layers"] == ranked - len(kept)
-    assert details["tensor_types"] == {"Q8_0": len(kept) + 1, "Q4_0": ranked - len(kept)}  # + the output layer
+    assert details[types_key] == {kept_bucket_type: len(kept) + 1, low_type: ranked - len(kept)}  # + the output
     assert runs["mix50"].executed_precision.status == "ok", runs["mix50"].executed_precision
-    assert runs["mix0"].backend_details["tensor_types"] == {"Q8_0": ranked + 1}
+    assert runs["mix0"].backend_details[types_key] == {kept_bucket_type: ranked + 1}
+
+
+@pytest.mark.slow
+def test_llamacpp_mixes_run_from_the_higher_types_drift_to_the_lower_types_with_the_mix_asked(trained, workdir):
+    """Real llama.cpp trials of the trained tiny Llama: a Q4_0 mix at share 0 holds every matrix in Q8_0 and
+    drifts as the Q8_0 file does; at share 1 it is the Q4_0 file (the same artifact); between, the drift lies
+    between, and the file holds exactly the mix asked (kept matrices and the output in Q8_0, the compressed
+    ones in Q4_0), with the kept layers named. The ranking is measured once for every share."""
+    shares = {"mix0": 0.0, "mix50": 0.5, "mix100": 1.0}
+    runs = engine_trials(
+        trained,
+        workdir,
+        {
+            "higher": ("llamacpp", "Q8_0", None),
+            "lower": ("llamacpp", "Q4_0", None),
+            **{name: ("llamacpp", "Q4_0", share) for name, share in shares.items()},
+        },
+    )
+    assert_mix_spans_its_types(runs, "tensor_types", "Q8_0", "Q4_0")
+    assert runs["mix50"].backend_details["kept_type"] == "Q8_0"
     assert len(list((workdir / ".cache" / "sensitivity").glob("Q4_0-*.json"))) == 1
+
+
+@pytest.mark.slow
+def test_openvino_mixes_run_from_fp16s_drift_to_int8s_with_the_mix_asked(trained, workdir):
+    """Real OpenVINO GenAI trials of the trained tiny Llama: an int8_asym mix (NNCF with the kept matrices
+    as its ignored scope) at share 0 holds every matrix in fp16 and drifts as the fp16 IR; at share 1 it is
+    optimum-cli's int8 IR; between, the drift lies between and the IR holds exactly the mix asked (kept
+    matrices and the output in f16, the others in u8)."""
+    shares = {"mix0": 0.0, "mix50": 0.5, "mix100": 1.0}
+    runs = engine_trials(
+        trained,
+        workdir,
+        {
+            "higher": ("openvino", "fp16", None),
+            "lower": ("openvino", "int8_asym", None),
+            **{name: ("openvino", "int8_asym", share) for name, share in shares.items()},
+        },
+    )
+    assert_mix_spans_its_types(runs, "weight_types", "f16", "u8")
+    assert runs["mix50"].backend_details["kept_type"] == "fp16"
 
 
 def test_a_mix_of_an_unquantized_type_or_a_share_outside_0_1_is_refused():

@@ -166,3 +166,17 @@ def check_precision(runner: Any, native_input: Any, claimed: str) -> ExecutedPre
     except Exception as exc:  # the check must never be what breaks a trial
         record = ExecutedPrecision.unchecked(claimed, f"the probe failed: {type(exc).__name__}: {exc}")
     return replace(record, probe_s=time.monotonic() - t0)
+
+
+def judge_mix(claimed: str, counts: dict[str, int], source: str, details: dict[str, Any]) -> ExecutedPrecision:
+    """A mixed-precision artifact (build details with `kept_layers`, `kept_type`, `compressed_layers`) holds
+    when its matrices are exactly the mix asked: the kept ones and the output layer in the kept type's bucket,
+    every other one below it; `counts` are the matrices by bucket."""
+    kept_bucket = CLAIMED_BUCKET.get(details["kept_type"]) or bucket_of(details["kept_type"])
+    asked = {kept_bucket: len(details["kept_layers"]) + 1, "compressed": int(details["compressed_layers"])}
+    ran = {kept_bucket: counts.get(kept_bucket, 0), "compressed": sum(counts.values()) - counts.get(kept_bucket, 0)}
+    evidence = {source: dict(counts)}
+    if ran == asked:
+        return ExecutedPrecision(claimed, OK, source, dict(counts), evidence)
+    reason = f"{claimed} mix asked {asked}, the file holds {describe(counts)}"
+    return ExecutedPrecision(claimed, FALLBACK, source, dict(counts), evidence, reason)

@@ -135,14 +135,15 @@ def ranked_linears(model: Any) -> dict[str, Any]:
     }
 
 
-def rank_layers(model: Any, calibration: Any, low_type: str) -> Sensitivity:
-    """Every ranked Linear's sensitivity to `low_type` (a key of FORMATS), least sensitive first: the KL
-    divergence the model's next-token distributions move by when that matrix alone is rounded to it."""
+def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat | None = None) -> Sensitivity:
+    """Every ranked Linear's sensitivity to `low_type` (a key of FORMATS, or any name with its `fmt`), least
+    sensitive first: the KL divergence the model's next-token distributions move by when that matrix alone
+    is rounded to it."""
     import torch
 
     from autotune.measure.drift import mean_kl_divergence
 
-    fmt = FORMATS[low_type]
+    fmt = fmt or FORMATS[low_type]
     ids = torch.as_tensor(calibration)
     scored = min(SCORED_POSITIONS, ids.shape[1])
 
@@ -177,28 +178,48 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def cached_ranking(model: Any, calibration: Any, low_type: str, artifact_dir: Path) -> Sensitivity:
+def cached_ranking(
+    model: Any, calibration: Any, low_type: str, artifact_dir: Path, fmt: WeightFormat | None = None
+) -> Sensitivity:
     """The ranking for these weights, calibration ids and type, measured once and kept beside the artifacts
     (`<cache>/sensitivity/`, beside `<cache>/artifacts/`): every share of a mix reads the same one. An
     artifact built outside the cache (a scratch folder, where the cached one was evicted) ranks uncached."""
     import torch
 
     ids = torch.as_tensor(calibration).to(torch.int64)
+    fmt = fmt or FORMATS[low_type]
     key = hashlib.sha256(
-        f"{METHOD_ID}:{low_type}:{weights_digest(model)}:".encode() + ids.numpy().tobytes()
+        f"{METHOD_ID}:{low_type}:{fmt}:{weights_digest(model)}:".encode() + ids.numpy().tobytes()
     ).hexdigest()[:24]
     artifacts = Path(artifact_dir).resolve().parent
     if artifacts.name != "artifacts":
-        return rank_layers(model, ids, low_type)
+        return rank_layers(model, ids, low_type, fmt)
     folder = artifacts.parent / "sensitivity"
     path = folder / f"{low_type}-{key}.json"
     try:
         return Sensitivity.from_json(json.loads(path.read_text()))
     except (OSError, ValueError):
         pass
-    ranking = rank_layers(model, ids, low_type)
+    ranking = rank_layers(model, ids, low_type, fmt)
     folder.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     scratch.write_text(json.dumps(ranking.to_json()))
     scratch.replace(path)  # whole or absent, when two trials rank at once
     return ranking
+
+
+def module_name(model: Any, module: Any) -> str | None:
+    """The name `module` has in `model` (None: not one of its modules)."""
+    return next((name for name, m in model.named_modules() if m is module), None)
+
+
+def edge_layers(model: Any) -> tuple[str, ...]:
+    """The output layer's and the token embedding's module names: what a mix keeps wide beside its kept
+    matrices (llama.cpp's own quantizer keeps both widest)."""
+    edges = []
+    for getter in ("get_output_embeddings", "get_input_embeddings"):
+        module = getattr(model, getter)() if hasattr(model, getter) else None
+        name = module_name(model, module) if module is not None else None
+        if name:
+            edges.append(name)
+    return tuple(edges)

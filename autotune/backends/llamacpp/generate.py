@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.backends.base import BackendOptions, BackendSpec, choice, import_failure
 from autotune.backends.generation import sensitivity
 from autotune.backends.llamacpp import gguf_export
-from autotune.backends.precision import FALLBACK, OK, ExecutedPrecision, bucket_of, judge
+from autotune.backends.precision import ExecutedPrecision, bucket_of, judge, judge_mix
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -405,22 +405,10 @@ def gguf_probe(
 ) -> Callable[[Any, str], ExecutedPrecision]:
     """A llama.cpp model's probe: the GGUF's matrices by type (no call), counted over every one, so a
     K-quant whose rows were too short for its blocks (a fallback to Q5_0 or Q8_0) is a fallback here too.
-    A mix (build details with `kept_layers`) holds when the file holds exactly the mix asked: the kept
-    matrices and the output layer in the kept type, every other matrix below it."""
+    A mix (build details with `kept_layers`) holds when the file holds exactly the mix asked (judge_mix)."""
     counts: Counter[str] = Counter()
     for name, n in tensor_types.items():
         counts[bucket_of(name)] += n
-    evidence = {"GGUF tensor types": dict(counts)}
-    if not details or "kept_layers" not in details:
-        return lambda native_input, claimed: judge(claimed, evidence, most=True)
-    kept_bucket = bucket_of(details["kept_type"])
-    asked = {kept_bucket: len(details["kept_layers"]) + 1, "compressed": int(details["compressed_layers"])}
-    ran = {kept_bucket: counts.get(kept_bucket, 0), "compressed": sum(counts.values()) - counts.get(kept_bucket, 0)}
-
-    def probe(native_input: Any, claimed: str) -> ExecutedPrecision:
-        if ran == asked:
-            return ExecutedPrecision(claimed, OK, "GGUF tensor types", dict(counts), evidence)
-        reason = f"{claimed} mix asked {asked}, the file holds {dict(counts)}"
-        return ExecutedPrecision(claimed, FALLBACK, "GGUF tensor types", dict(counts), evidence, reason)
-
-    return probe
+    if details and "kept_layers" in details:
+        return lambda native_input, claimed: judge_mix(claimed, dict(counts), "GGUF tensor types", details)
+    return lambda native_input, claimed: judge(claimed, {"GGUF tensor types": dict(counts)}, most=True)

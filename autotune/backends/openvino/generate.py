@@ -23,13 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendOptions, BackendSpec, choice, import_failure
+from autotune.backends.generation import sensitivity
 from autotune.backends.openvino import ir_export
-from autotune.backends.precision import ExecutedPrecision, bucket_of, judge
+from autotune.backends.precision import ExecutedPrecision, bucket_of, judge, judge_mix
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
 
 PRECISIONS = tuple(ir_export.WEIGHT_FORMATS)
+# The type a mix keeps its sensitive matrices in: fp16 under int8, int8 under int4.
+KEPT_TYPES = {"int8_asym": "fp16", "int4_sym": "int8_asym", "int4_asym": "int8_asym"}
 KEEP_INPUT = "logits_to_keep"
 
 
@@ -42,6 +45,12 @@ class OpenVinoGenerateOptions(BackendOptions):
     dynamic_quantization_group_size: int = choice(32, 0, 128, precisions=("int8_asym", *ir_export.INT4))
     group_size: int = choice(128, 64, 32, precisions=ir_export.INT4)  # NNCF's int4 group
     ratio: float = choice(1.0, 0.8, precisions=ir_export.INT4)  # share of the matrices in int4 (the rest int8)
+    # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the IR's
+    # type, the rest in the type above it (KEPT_TYPES), written by NNCF with the kept matrices as its ignored
+    # scope; 1 = optimum-cli's whole-model export. Never sampled: the mix search bisects for it
+    compressed_share: float = choice(
+        1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=tuple(KEPT_TYPES)
+    )
     # the u8 KV cache's quantization groups along each head (KEY_CACHE_GROUP_SIZE and VALUE_CACHE_GROUP_SIZE);
     # 0: the plugin's own (one group per head); refused with another KV precision, where it does nothing
     kv_cache_group_size: int = choice(0, 32, 64, 16)
@@ -91,6 +100,13 @@ def unsupported(config: BackendConfig) -> str | None:
     """A bf16 hint the CPU plugin cannot honour compiles f32: the trial would repeat the f32 one; so would KV
     groups for a cache in f16 or f32, and split-fuse on or off without a cap (every prompt in one step)."""
     options = OpenVinoGenerateOptions.of(config)
+    share = float(options.compressed_share)
+    if share != 1.0 and config.precision not in KEPT_TYPES:
+        return f"compressed_share means a mix of a compressed type with a wider one; {config.precision} is not one"
+    if not 0.0 <= share <= 1.0:
+        return f"compressed_share must lie in [0, 1], got {share}"
+    if share != 1.0 and float(options.ratio) != 1.0:
+        return "compressed_share and ratio are two mixes: NNCF's ratio ranks by its own metric; choose one"
     if options.inference_precision == "bf16":
         offered = plugin_capabilities()
         if "BF16" not in offered:
@@ -120,23 +136,48 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
         "precision": config.precision,
         "exporter": ir_export.exporter_version(),
     }
+    options = OpenVinoGenerateOptions.of(config)
     if config.precision in ir_export.INT4:
-        options = OpenVinoGenerateOptions.of(config)
         identity.update(group_size=int(options.group_size), ratio=float(options.ratio))
+    share = float(options.compressed_share)
+    if share != 1.0:
+        identity.update(compressed_share=share, sensitivity=sensitivity.METHOD_ID)
     return identity
 
 
 def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir: Path) -> dict[str, Any]:
-    """Export (and compress) once into out_dir; returns what was done."""
+    """Export (and compress) once into out_dir; returns what was done. A mix ranks the model's matrices on
+    the calibration text first (generation/sensitivity.py) and keeps the most sensitive in the wider type."""
     import openvino as ov
 
     options = OpenVinoGenerateOptions.of(config)
-    done = ir_export.export(model.eval(), config.precision, out_dir, int(options.group_size), float(options.ratio))
+    share = float(options.compressed_share)
+    mixed: dict[str, Any] = {}
+    if share != 1.0:
+        if calibration is None:
+            raise ValueError("a mix (compressed_share below 1) needs the calibration text to rank the layers")
+        int4 = config.precision in ir_export.INT4
+        fmt = sensitivity.WeightFormat(4, int(options.group_size), config.precision == "int4_sym") if int4 else None
+        ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir, fmt)
+        kept = ranking.kept(share)
+        done = ir_export.export_mix(
+            model.eval(), config.precision, out_dir, kept, sensitivity.edge_layers(model), int(options.group_size)
+        )
+        mixed = {
+            "compressed_share": share,
+            "kept_type": KEPT_TYPES[config.precision],
+            "kept_layers": list(kept),
+            "compressed_layers": len(ranking.layers) - len(kept),
+            "sensitivity": ranking.to_json(),
+        }
+    else:
+        done = ir_export.export(model.eval(), config.precision, out_dir, int(options.group_size), float(options.ratio))
     ir = out_dir / ir_export.IR_FILE
     return {
         "precision": config.precision,
         "engine": f"OpenVINO {ov.__version__}",
         **done,
+        **mixed,
         "weight_types": ir_export.weight_types(ir),
         "weight_bytes": ir.with_suffix(".bin").stat().st_size,
     }
@@ -173,7 +214,7 @@ def prepare(
         )
         details["scheduler"] = generator.scheduler_settings
         details["drift_request_runtime"] = generator.runtime_properties()  # compiled while the IR is here
-    generator.probe = ir_weight_probe(details["weight_types"])
+    generator.probe = ir_weight_probe(details["weight_types"], details)
     details["runner"] = generator.engine
     return generator, details
 
@@ -378,10 +419,15 @@ class OpenVinoGenerator:
         return torch.from_numpy(tokens), None if kept is None else torch.from_numpy(np.concatenate(kept, axis=1))
 
 
-def ir_weight_probe(weight_types: dict[str, int]) -> Callable[[Any, str], ExecutedPrecision]:
+def ir_weight_probe(
+    weight_types: dict[str, int], details: dict[str, Any] | None = None
+) -> Callable[[Any, str], ExecutedPrecision]:
     """An OpenVINO IR's probe: its matrix products by weight type (NNCF's u8/i4 constants; no call),
-    counted over every one, so NNCF keeping a matrix it cannot group in int8 is seen."""
+    counted over every one, so NNCF keeping a matrix it cannot group in int8 is seen. A mix (build details
+    with `kept_layers`) holds when the IR holds exactly the mix asked (judge_mix)."""
     counts: Counter[str] = Counter()
     for name, n in weight_types.items():
         counts[bucket_of(name)] += n
+    if details and "kept_layers" in details:
+        return lambda native_input, claimed: judge_mix(claimed, dict(counts), "IR weight types", details)
     return lambda native_input, claimed: judge(claimed, {"IR weight types": dict(counts)}, most=True)

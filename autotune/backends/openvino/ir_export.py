@@ -10,6 +10,7 @@ runs in a subprocess with that overlay first on its path, reusing this runtime's
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,61 @@ def export(model: Any, precision: str, out_dir: Path, group_size: int = 128, rat
     else:
         carried = "none: optimum-cli did not convert the model's tokenizer"
     return {"exported_by": " ".join(shown), "tokenizer": carried}
+
+
+def scope_patterns(modules: tuple[str, ...] | list[str]) -> list[str]:
+    """NNCF ignored-scope patterns for Hugging Face module names: every node the exporter named inside the
+    module (`__module.model.layers.3.mlp.down_proj/aten::linear/MatMul` and its weight's nodes)."""
+    return [rf"__module\.{re.escape(name)}/.*" for name in modules]
+
+
+def export_mix(
+    model: Any, precision: str, out_dir: Path, kept: tuple[str, ...], edges: tuple[str, ...], group_size: int = 128
+) -> dict[str, Any]:
+    """A mix: the fp16 IR exported as for `fp16`, then NNCF's `compress_weights` on it, its ignored scope
+    holding the kept matrices. int8_asym: every other matrix in int8, the kept ones, the output layer and the
+    embedding (`edges`) left in fp16. int4: every other matrix in int4 (the output layer and the embedding in
+    NNCF's int8 backup, as a whole-model int4 export), then the kept ones in int8_asym."""
+    import nncf
+    import openvino as ov
+
+    done = export(model, "fp16", out_dir)
+    ir = out_dir / IR_FILE
+    compressed = ov.Core().read_model(ir)
+    if precision == "int8_asym":
+        if len(kept) < len(compressible(compressed)) - 1:  # some matrix is left to compress
+            scope = nncf.IgnoredScope(patterns=scope_patterns([*kept, *edges]), validate=True)
+            compressed = nncf.compress_weights(compressed, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=scope)
+        steps = ["nncf.compress_weights(INT8_ASYM, ignored_scope=kept + output + embedding)"]
+    else:
+        mode = nncf.CompressWeightsMode.INT4_SYM if precision == "int4_sym" else nncf.CompressWeightsMode.INT4_ASYM
+        scope = nncf.IgnoredScope(patterns=scope_patterns(kept), validate=True) if kept else None
+        compressed = nncf.compress_weights(compressed, mode=mode, group_size=group_size, ratio=1.0, ignored_scope=scope)
+        compressed = nncf.compress_weights(compressed, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        steps = [
+            f"nncf.compress_weights({mode.name}, group_size={group_size}, ratio=1, ignored_scope=kept)",
+            "nncf.compress_weights(INT8_ASYM)",
+        ]
+    scratch = out_dir / "mixed.xml"
+    ov.save_model(compressed, scratch)
+    del compressed
+    scratch.replace(ir)
+    scratch.with_suffix(".bin").replace(ir.with_suffix(".bin"))
+    return {**done, "exported_by": f"{done['exported_by']}; then {'; '.join(steps)}"}
+
+
+def compressible(model: Any) -> list[str]:
+    """The names of the IR's matrix products whose weight is a constant (what NNCF may compress)."""
+    names = []
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul":
+            continue
+        source = node.input(1).get_source_output().get_node()
+        while source.get_type_name() in DECOMPRESSION:
+            source = source.input(0).get_source_output().get_node()
+        if source.get_type_name() == "Constant":
+            names.append(node.get_friendly_name())
+    return names
 
 
 def weight_types(ir_file: Path) -> dict[str, int]:
