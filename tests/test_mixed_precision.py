@@ -124,7 +124,9 @@ def test_a_share_compresses_the_least_sensitive_weights_counted_by_parameters(sh
         ranking.compressed(1.5)
 
 
-def engine_trials(trained, workdir, runs: dict[str, tuple[str, str, float | None]]) -> dict:
+def engine_trials(
+    trained, workdir, runs: dict[str, tuple[str, str, float | None]], options: dict | None = None
+) -> dict:
     """Real trials of the trained tiny Llama (prompt PROMPT, 4 new tokens, drift over 8 prompts), one per
     name: (backend, precision, compressed_share or None for the whole-model type)."""
     from autotune.machine.probe import probe_machine
@@ -140,15 +142,16 @@ def engine_trials(trained, workdir, runs: dict[str, tuple[str, str, float | None
     ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
     done = {}
     for name, (backend, precision, share) in runs.items():
-        options = {} if share is None else {"compressed_share": share}
-        config = TrialConfig(backend, precision, 1, threads_per_instance=2, options=options)
+        chosen = {**(options or {}), **({} if share is None else {"compressed_share": share})}
+        config = TrialConfig(backend, precision, 1, threads_per_instance=2, options=chosen)
         done[name] = run_config(config, ctx, workdir / name, 600)[0]
     return done
 
 
 def assert_mix_spans_its_types(runs: dict, types_key: str, kept_bucket_type: str, low_type: str) -> None:
     """mix0 drifts as `higher`, mix100 is `lower` (the same artifact), mix50 lies between and holds exactly
-    the mix asked, named."""
+    the mix asked, named: its matrices by type as the build read them off the file (`types_key`), or, for
+    torchao's modules (None), as the executed-precision check counted them."""
     kld = {name: metrics.drift.kl_divergence for name, metrics in runs.items()}
     assert kld["mix0"] == pytest.approx(kld["higher"], rel=0.05, abs=1e-6), kld
     assert runs["mix100"].artifact.dir == runs["lower"].artifact.dir and kld["mix100"] == kld["lower"]
@@ -158,9 +161,15 @@ def assert_mix_spans_its_types(runs: dict, types_key: str, kept_bucket_type: str
     assert details["compressed_share"] == 0.5
     kept = details["kept_layers"]
     assert 0 < len(kept) < ranked and details["compressed_layers"] == ranked - len(kept)
-    assert details[types_key] == {kept_bucket_type: len(kept) + 1, low_type: ranked - len(kept)}  # + the output
+
+    def held(metrics) -> dict:
+        if types_key is not None:
+            return metrics.backend_details[types_key]
+        return metrics.executed_precision.counts
+
+    assert held(runs["mix50"]) == {kept_bucket_type: len(kept) + 1, low_type: ranked - len(kept)}  # + the output
     assert runs["mix50"].executed_precision.status == "ok", runs["mix50"].executed_precision
-    assert runs["mix0"].backend_details[types_key] == {kept_bucket_type: ranked + 1}
+    assert held(runs["mix0"]) == {kept_bucket_type: ranked + 1}
 
 
 @pytest.mark.slow
@@ -267,3 +276,23 @@ def test_the_search_bisects_for_the_largest_share_within_the_bound(trained, sear
         "Q8_0": len(mix["kept_layers"]) + 1,
         "Q4_0": mix["compressed_layers"],
     }
+
+
+@pytest.mark.slow
+def test_torchao_mixes_run_from_int8s_drift_to_int4s_with_the_mix_asked(trained, workdir):
+    """Real eager trials of the trained tiny Llama at torchao's woq_int4 (bf16 activations, groups of 32): a mix
+    at share 0 holds every Linear in woq_int8 and drifts as woq_int8 does; at share 1 it is woq_int4 (the same
+    artifact); between, the drift lies between and the model holds exactly the mix asked (kept matrices and
+    the output layer in int8, the others in int4, torchao's filter_fn choosing them)."""
+    runs = engine_trials(
+        trained,
+        workdir,
+        {
+            "higher": ("eager", "woq_int8", None),
+            "lower": ("eager", "woq_int4", None),
+            **{name: ("eager", "woq_int4", share) for name, share in (("mix0", 0.0), ("mix50", 0.5), ("mix100", 1.0))},
+        },
+        {"activations": "bf16", "group_size": 32},
+    )
+    assert_mix_spans_its_types(runs, None, "int8", "int4")
+    assert runs["mix50"].backend_details["kept_type"] == "woq_int8"

@@ -149,7 +149,7 @@ class GenerationRunner:
         self.details = details
         # what the layers run: an engine's own probe (llama.cpp: its GGUF's tensor types), else the torch
         # module's (quantized) weight types
-        self.probe = getattr(generator, "probe", None) or weight_probe(generator.model)
+        self.probe = getattr(generator, "probe", None) or weight_probe(generator.model, details)
 
     def __call__(self, input_ids: Any) -> Any:
         return self.generator.generate(input_ids)

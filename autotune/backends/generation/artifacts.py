@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.backends.generation import sensitivity
 from autotune.backends.generation.quantization import (
     INT4,
     WEIGHT_ONLY,
@@ -16,6 +17,7 @@ from autotune.backends.generation.quantization import (
     activations_of,
     apply_precision,
     linear_projections,
+    mix_format,
     weight_bytes,
 )
 
@@ -37,6 +39,8 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
         identity["group_size"] = int(options.group_size)
     if config.precision == "smoothquant_int8":
         identity["alpha"] = float(options.alpha)
+    if float(options.compressed_share) != 1.0:
+        identity.update(compressed_share=float(options.compressed_share), sensitivity=sensitivity.METHOD_ID)
     return identity
 
 
@@ -45,7 +49,13 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
     with `weights_only=True`); returns what was done, with the quantization time and weight bytes."""
     import torch
 
-    details = apply_precision(model.eval(), config.precision, config.options, calibration)
+    options = TorchGenerateOptions.of(config)
+    ranking = None
+    if float(options.compressed_share) != 1.0 and calibration is not None:  # measured once for every share
+        fmt = mix_format(config.precision, int(options.group_size))
+        linear_projections(model)  # GPT-2's Conv1D ranked as the Linear it becomes
+        ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir, fmt)
+    details = apply_precision(model.eval(), config.precision, config.options, calibration, ranking)
     details["weight_bytes"] = weight_bytes(model)
     # The modules of the quantized tensor types: torch.load(weights_only=True) accepts a type only once
     # its module has been imported (torchao registers them as safe globals on import).

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendOptions, choice
-from autotune.backends.precision import bucket_of, judge
+from autotune.backends.precision import bucket_of, judge, judge_mix
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
+    from autotune.backends.generation.sensitivity import Sensitivity, WeightFormat
     from autotune.backends.precision import ExecutedPrecision
 
 PRECISIONS = ("fp32", "bf16", "woq_int8", "da8w8", "woq_int4", "da8w4", "smoothquant_int8")
@@ -37,6 +38,12 @@ class TorchGenerateOptions(BackendOptions):
     alpha: float = choice(0.5, 0.25, 0.75, precisions=("smoothquant_int8",))
     # fp32 where a config predates the option, as it was measured then; bf16 first in the space
     activations: str = choice("bf16", "fp32", precisions=WEIGHT_ONLY, default="fp32")
+    # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the
+    # precision, the rest and the output layer in the one above it (MIX_KEPT); torchao's filter_fn picks them.
+    # Never sampled: the mix search bisects for it (tuning/mix_search.py)
+    compressed_share: float = choice(
+        1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=("woq_int8", "da8w8", *INT4)
+    )
 
 
 # Quantized once by the prepare process, cached, and loaded by every trial with the same numerics.
@@ -124,27 +131,80 @@ def precision_variant(precision: str, options: Mapping[str, Any]) -> str:
     return f"{precision}/{activations_of(precision, options)}" if precision in WEIGHT_ONLY else precision
 
 
-def apply_precision(model: Any, precision: str, options: Mapping[str, Any], calibration: Any = None) -> dict[str, Any]:
+def mix_format(precision: str, group_size: int) -> WeightFormat:
+    """The rounding a torchao precision does to a weight, as the sensitivity ranking models it: int8 per
+    output channel, symmetric; int4 in groups, asymmetric (weight-only) or symmetric (dynamic activations)."""
+    from autotune.backends.generation.sensitivity import WeightFormat
+
+    if precision in INT4:
+        return WeightFormat(4, int(group_size), precision == "da8w4")
+    return WeightFormat(8, None, True)
+
+
+def apply_precision(
+    model: Any, precision: str, options: Mapping[str, Any], calibration: Any = None, ranking: Sensitivity | None = None
+) -> dict[str, Any]:
     """Convert the model in place to `precision` (a configuration's options: TorchGenerateOptions); returns
-    what was done and how long it took."""
+    what was done and how long it took. A mix (compressed_share below 1) ranks the matrices on the
+    calibration text first (or takes `ranking`, measured before on these weights)."""
     import torch
 
     t0 = time.monotonic()
     chosen = TorchGenerateOptions.from_json(dict(options))
     activations = activations_of(precision, options)
     converted = linear_projections(model) if precision in QUANTIZED else 0
+    share = float(chosen.compressed_share)
+    if share != 1.0 and ranking is None:
+        if calibration is None:
+            raise ValueError("a mix (compressed_share below 1) needs the calibration text to rank the layers")
+        from autotune.backends.generation.sensitivity import rank_layers
+
+        ranking = rank_layers(model.eval(), calibration, precision, mix_format(precision, chosen.group_size))
     if activations == "bf16":  # a weight-only precision quantizes the bf16 model's weights
         model.to(torch.bfloat16)
+    mixed: dict[str, Any] = {}
     if precision == "smoothquant_int8":
         smoothquant(model, float(chosen.alpha), calibration)
     elif precision not in ("fp32", "bf16"):
         from torchao.quantization import quantize_
 
-        quantize_(model, quantization_config(precision, chosen.group_size))
-    details: dict[str, Any] = {"precision": precision, "activations": activations}
+        config = quantization_config(precision, chosen.group_size)
+        if ranking is None or share == 1.0:
+            quantize_(model, config)
+        else:
+            kept = set(ranking.kept(share))
+            compressed = set(ranking.compressed(share))
+            quantize_(model, config, filter_fn=lambda module, name: _linear(module) and name in compressed)
+            kept_type = MIX_KEPT.get(precision) or activations
+            if kept_type in QUANTIZED:  # int4's kept matrices and every other Linear (the output) in int8
+                quantize_(
+                    model,
+                    quantization_config(kept_type, chosen.group_size),
+                    filter_fn=lambda module, name: _linear(module) and name not in compressed,
+                )
+            mixed = {
+                "compressed_share": share,
+                "kept_type": kept_type,
+                "kept_layers": [name for name in ranking.kept(share) if name in kept],
+                "compressed_layers": len(compressed),
+                "sensitivity": ranking.to_json(),
+            }
+    details: dict[str, Any] = {"precision": precision, "activations": activations, **mixed}
     if converted:
         details["conv1d_as_linear"] = converted
     return {**details, "quantize_s": time.monotonic() - t0}
+
+
+# The precision a mix keeps its sensitive matrices (and the output layer) in: int8 under int4, the
+# activations' float type under int8 (weight-only: bf16 or fp32; dynamic int8: fp32).
+MIX_KEPT = {"woq_int4": "woq_int8", "da8w4": "da8w8"}
+
+
+def _linear(module: Any) -> bool:
+    """A plain nn.Linear whose weight is not quantized yet (what torchao's own default filter takes)."""
+    import torch
+
+    return isinstance(module, torch.nn.Linear) and type(module.weight) in (torch.Tensor, torch.nn.Parameter)
 
 
 def needs_calibration(config: BackendConfig) -> bool:
@@ -313,7 +373,10 @@ def _weight_bucket(tensor: Any) -> str:
     return "int8" if "Quantized" in type(tensor).__name__ else "other"
 
 
-def weight_probe(model: Any) -> Callable[[Any, str], ExecutedPrecision]:
+def weight_probe(model: Any, details: dict[str, Any] | None = None) -> Callable[[Any, str], ExecutedPrecision]:
     """A language model's probe: its layers' weight types (no call). Every compute layer of the model is
-    counted, so the claim holds only where most of them hold quantized weights (not one output head)."""
+    counted, so the claim holds only where most of them hold quantized weights (not one output head); a
+    mix (build details with `kept_layers`) only where they hold exactly the mix asked (judge_mix)."""
+    if details and "kept_layers" in details:
+        return lambda native_input, claimed: judge_mix(claimed, weight_counts(model), "layer weight types", details)
     return lambda native_input, claimed: judge(claimed, {"layer weight types": weight_counts(model)}, most=True)
