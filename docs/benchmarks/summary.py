@@ -180,6 +180,28 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
+def quality_table(rows: list[dict]) -> list[str]:
+    """autotune's KL divergence beside llama-perplexity's on the same GGUFs (a trained-model results file)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"autotune's KL divergence beside `llama-perplexity --kl-divergence` ({rows[0]['chunks']} chunks), "
+        "each GGUF against its F32 GGUF:",
+        "",
+        "| GGUF | autotune KLD | llama-perplexity KLD | autotune / tool | same top: autotune | same top: tool |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        ours, same = row.get("autotune_kld"), row.get("autotune_same_top")
+        lines.append(
+            f"| {row['type']} | {'' if ours is None else format(ours, '.3g')} | {row['llama_perplexity_kld']:.3g} "
+            f"± {row['llama_perplexity_kld_pm']:.2g} | {_ratio(row.get('ratio'))} | "
+            f"{'' if same is None else format(100 * same, '.1f') + '%'} | {row['llama_perplexity_same_top_percent']}% |"
+        )
+    return lines
+
+
 def results_section(path: Path) -> str:
     """One results file: where and how it ran, its rows, its chart, its targets."""
     data = json.loads(path.read_text())
@@ -202,7 +224,11 @@ def results_section(path: Path) -> str:
     others = sorted({key for row in rows for key in row if key.startswith("vs_")} - {"vs_baseline", "vs_eager_fp32"})
     header = ["sequences"] * grouped + ["row", unit, "runs", f"vs {baseline}"]
     header += [f"vs {key[3:].replace('_', ' ')}" for key in others] + [f"drift ({bound.label})"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|"]
+    if rows:
+        lines += [
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join("---" if h == "row" else "---:" for h in header) + "|",
+        ]
     for row in rows:
         drift = row.get(f"drift_{bound.metric}")
         out = past_bound(row, bound)
@@ -220,6 +246,7 @@ def results_section(path: Path) -> str:
             f"A row past the drift bound ({bound.label} above {bound.value:g}) is shown for reference only: a search "
             "prunes such a configuration before timing it, so it never competes with the winner.",
         ]
+    lines += quality_table(data.get("llama_perplexity") or [])
     targets = data.get("targets") or []
     if targets:
         lines += ["", "Targets:", ""]
