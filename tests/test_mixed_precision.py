@@ -232,7 +232,8 @@ def test_the_search_bisects_for_the_largest_share_within_the_bound(trained, sear
     """A search of llama.cpp Q4_0 on the trained tiny Llama, whose whole-model Q4_0 breaks a KL divergence bound
     that Q8_0 keeps: the sampler never draws a share; once share 1 is pruned for drift, the mix search
     enqueues 0.5, then bisects (0.75 or 0.25, ...) and finds a mix within the bound in at most 3 more trials,
-    each a real trial whose drift decides the next; the winner is that mix, its kept layers in best.json."""
+    each a real trial whose drift decides the next; the winner is that mix, its kept layers in best.json, and
+    the report draws its matrices by sensitivity."""
     import json
 
     from conftest import QUICK_GENERATION, assert_trials_ran, flagged_noisy, generation_space, load_study
@@ -249,7 +250,18 @@ def test_the_search_bisects_for_the_largest_share_within_the_bound(trained, sear
     shape = ["--prompt-tokens", str(PROMPT), "--new-tokens", "4", "--eval-samples", "8", "--finalists", "0"]
     bound = ["--drift-metric", "kld", "--max-drift", str(BOUND)]
     result = searcher(
-        "search", *model, "--space", str(space), *shape, *bound, *QUICK_GENERATION, "--study", "mix", "--trials", "5"
+        "search",
+        *model,
+        "--space",
+        str(space),
+        *shape,
+        *bound,
+        *QUICK_GENERATION,
+        "--study",
+        "mix",
+        "--trials",
+        "5",
+        timeout=900,
     )
     assert_trials_ran(result)
     trials = [t for t in load_study(workdir, "mix").trials if t.params.get("backend") == "llamacpp"]
@@ -270,6 +282,11 @@ def test_the_search_bisects_for_the_largest_share_within_the_bound(trained, sear
     assert best["config"]["backend"] == "llamacpp", best["config"]
     share = best["config"]["options"]["compressed_share"]
     assert share == max(t.params["llamacpp.compressed_share"] for t in within)
+    report = searcher("report", "--study", "mix")
+    assert report.returncode == 0, report.stderr
+    page = (workdir / "studies" / "mix" / "report.html").read_text()
+    assert "Sensitivity of each matrix to the low type" in page and "the front a step line" in page
+    assert all(name in page for name in best["mix"]["kept_layers"])  # the chart names every matrix
     mix = best["mix"]
     assert best["config"]["precision"] == mix["low_type"] == "Q4_0" and mix["compressed_share"] == share
     assert mix["kept_layers"] and mix["executed"] == {

@@ -169,10 +169,59 @@ def drift_chart(study: optuna.study.Study) -> str | None:
         ax.scatter([max(p[0], 1e-9) for p in mine], [p[1] for p in mine], s=18, label=backend)
     if not spec.drift_relative:
         ax.axvline(spec.max_drift, color="#c33", linestyle="--", label="drift bound")
+    front = speed_front([(max(p[0], 1e-9), p[1]) for p in points])
+    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="#333", linewidth=1, label="front")
     ax.set_xscale("log")
     ax.set_xlabel(f"drift from FP32 ({criterion.metric} drop; 1e-9 shown for exact or better)")
     ax.set_ylabel(f"throughput ({throughput_unit(study)})")
     ax.legend(fontsize=8)
+    return _svg(fig)
+
+
+def speed_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (drift, speed) points no other point beats on both (less drift and more speed), least drift first:
+    the best speed each quality buys."""
+    front: list[tuple[float, float]] = []
+    for drift, speed in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or speed > front[-1][1]:
+            front.append((drift, speed))
+    return front
+
+
+def mix_trial(study: optuna.study.Study) -> tuple[optuna.trial.FrozenTrial, dict[str, Any]] | None:
+    """The fastest clean trial of a mix (its build ranked the model's matrices), with its build details."""
+    mixes = [
+        (t, details)
+        for t in clean_trials(study)
+        if "sensitivity" in (details := metrics_of(t).backend_details or {}) and metrics_of(t).throughput_sps
+    ]
+    return max(mixes, key=lambda pair: metrics_of(pair[0]).throughput_sps or 0.0, default=None)
+
+
+def sensitivity_chart(study: optuna.study.Study) -> str | None:
+    """The model's matrices by sensitivity (the KL divergence each moves the model by alone in the low type),
+    those the fastest mix kept in the wider type marked: what the mix search traded."""
+    found = mix_trial(study)
+    if found is None:
+        return None
+    trial, details = found
+    layers = details["sensitivity"]["layers"]
+    kept = set(details.get("kept_layers") or [])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, max(3.0, 0.12 * len(layers))))
+    colors = ["#c33" if layer["name"] in kept else "#4a7ab5" for layer in layers]
+    ax.barh(range(len(layers)), [max(layer["score"], 1e-12) for layer in layers], color=colors)
+    ax.set_yticks(range(len(layers)), [layer["name"] for layer in layers], fontsize=max(3, min(7, 400 // len(layers))))
+    ax.set_xscale("log")
+    low, wide = details["sensitivity"]["low_type"], details.get("kept_type", "?")
+    ax.set_xlabel(f"KL divergence from FP32 with the matrix alone in {low}")
+    ax.set_title(
+        f"trial #{trial.number}: share {details.get('compressed_share')} in {low}, red kept in {wide}", fontsize=9
+    )
     return _svg(fig)
 
 
@@ -281,9 +330,12 @@ def build_report(study: optuna.study.Study) -> str:
         ),
         ("Parameter importances", importance_chart(study)),
         ("Speedup by backend and precision", speedup_chart(study)),
-        ("Drift against speed", drift_chart(study)),
+        ("Drift against speed: each trial a point, the bound dashed, the front a step line", drift_chart(study)),
         ("Best so far against time", best_so_far_chart(study)),
     ]
+    sensitivity = sensitivity_chart(study)  # a study with a mix only: no note where there is none
+    if sensitivity:
+        charts.append(("Sensitivity of each matrix to the low type, the fastest mix's kept ones in red", sensitivity))
     if server:
         charts.insert(0, ("p99 latency against offered request rate (server scenario)", server_chart(study)))
     figures = "".join(

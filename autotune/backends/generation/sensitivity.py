@@ -141,25 +141,27 @@ def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat |
     is rounded to it."""
     import torch
 
-    from autotune.measure.drift import mean_kl_divergence
-
     fmt = fmt or FORMATS[low_type]
     ids = torch.as_tensor(calibration)
     scored = min(SCORED_POSITIONS, ids.shape[1])
 
-    def logits() -> Any:
+    def log_probs() -> Any:
         with torch.inference_mode():
             out = model(ids).logits[:, -scored:]
-        return out.reshape(-1, out.shape[-1]).to(torch.float32).numpy()
+        return torch.log_softmax(out.reshape(-1, out.shape[-1]).to(torch.float64), dim=-1)
+
+    def mean_kl_divergence(candidate: Any, reference: Any) -> float:
+        """Mean over positions of KL(P_fp32 || P_candidate) in nats (measure/drift.py's, on log-probabilities)."""
+        return max(float((reference.exp() * (reference - candidate)).sum(dim=-1).mean()), 0.0)
 
     model.eval()
-    reference = logits()
+    reference = log_probs()
     layers = []
     for name, module in ranked_linears(model).items():
         weight = module.weight.data
         module.weight.data = fake_quantize(weight, fmt).to(weight.dtype)
         try:
-            score = mean_kl_divergence(logits(), reference)
+            score = mean_kl_divergence(log_probs(), reference)
         finally:
             module.weight.data = weight
         layers.append(LayerSensitivity(name, int(weight.numel()), score))
