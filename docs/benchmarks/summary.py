@@ -193,10 +193,10 @@ def quality_table(rows: list[dict]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        ours, same = row.get("autotune_kld"), row.get("autotune_same_top")
+        ours, same, ratio = row.get("autotune_kld"), row.get("autotune_same_top"), row.get("ratio")
         lines.append(
             f"| {row['type']} | {'' if ours is None else format(ours, '.3g')} | {row['llama_perplexity_kld']:.3g} "
-            f"± {row['llama_perplexity_kld_pm']:.2g} | {_ratio(row.get('ratio'))} | "
+            f"± {row['llama_perplexity_kld_pm']:.2g} | {'' if ratio is None else format(ratio, '.3f')} | "
             f"{'' if same is None else format(100 * same, '.1f') + '%'} | {row['llama_perplexity_same_top_percent']}% |"
         )
     return lines

@@ -14,10 +14,13 @@
    GGUF, over the held-out text (chunks of --context tokens, BOS first, the second half of each scored), and
    the ratio of autotune's KL divergence to the tool's (autotune's is over step 3's --eval-samples prompts:
    seeded windows of the same text, the last 128 positions of each, 8,192 positions at the default 64).
+   With --quality-only, steps 2 and 3 are replaced: llama.cpp's types alone, through autotune with the tool's
+   own chunks as the drift prompts (a token file of rows, each scored once), so both score the same positions
+   and the ratio holds no sampling error between them.
 
     make llama-tools
     .venv/bin/python docs/benchmarks/trained_llm.py [--train-seconds 360] [--budget 20m] [--skip-search]
-        [--eval-samples 64]
+        [--eval-samples 64] [--quality-only]
 
 Writes docs/results/trained-llm-<date>.json (machine, commit, command, training, rows, the tool's KLD).
 """
@@ -79,6 +82,20 @@ def train(seconds: float, vocab: int) -> dict:
     return result
 
 
+def tool_chunks(folder: str, held_out: str, context: int, chunks: int) -> Path:
+    """The held-out text as llama-perplexity cuts it: its ids with BOS first, in chunks of `context` whose
+    first id is BOS; saved as rows (each row one of autotune's prompts, so both score the same positions)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = [tokenizer.bos_token_id, *tokenizer.encode(Path(held_out).read_text(), add_special_tokens=False)]
+    rows = [[tokenizer.bos_token_id, *ids[i * context + 1 : (i + 1) * context]] for i in range(chunks)]
+    out = WORK / f"tool-chunks-{context}.pt"
+    torch.save(torch.tensor(rows, dtype=torch.long), out)
+    return out
+
+
 def run(command: list[str]) -> None:
     print("$", shlex.join(command), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
@@ -101,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the engine rows' drift prompts (64 x 128 compared positions: a KL divergence whose sampling error is "
         "a few percent, to set beside llama-perplexity's)",
     )
+    parser.add_argument(
+        "--quality-only",
+        action="store_true",
+        help="no search and llama.cpp's types only; autotune's drift prompts are the tool's own chunks (--context "
+        "tokens, BOS first), each once: both score the second half of every chunk",
+    )
     parser.add_argument("--out", help="results file (default docs/results/trained-llm-<date>.json)")
     return parser
 
@@ -119,7 +142,7 @@ def main() -> int:
     shape = ["--prompt-tokens", str(args.prompt), "--new-tokens", str(args.new)]
     study = "trained-llama"
     best = WORK / "studies" / study / "best.json"
-    if not args.skip_search:
+    if not args.skip_search and not args.quality_only:
         run(
             [
                 str(Path(python).with_name("autotune")),
@@ -139,11 +162,17 @@ def main() -> int:
                 *shape,
             ]
         )
-    engines_out = WORK / "engines.json"
+    engines_out = WORK / ("engines-quality.json" if args.quality_only else "engines.json")
     engines = [python, str(HERE / "llm_engines.py"), "--model", folder, "--data", held_out, "--sequences", "1"]
-    engines += ["--prompt", str(args.prompt), "--new", str(args.new), "--no-recipe", "--out", str(engines_out)]
-    engines += ["--eval-samples", str(args.eval_samples)]
-    if best.is_file():
+    chunks = trained["held_out_tokens"] // args.context
+    if args.quality_only:  # the tool's own chunks as the prompts, each once: the same positions scored
+        engines[engines.index("--data") + 1] = str(tool_chunks(folder, held_out, args.context, chunks))
+        engines += ["--prompt", str(args.context), "--new", "1", "--openvino-types", "", "--ipex-types", ""]
+        engines += ["--window", "1", "--eval-samples", str(chunks)]
+    else:
+        engines += ["--prompt", str(args.prompt), "--new", str(args.new), "--eval-samples", str(args.eval_samples)]
+    engines += ["--no-recipe", "--out", str(engines_out)]
+    if best.is_file() and not args.quality_only:
         engines += ["--best", str(best)]
     run(engines)
     from autotune.backends.llamacpp.generate import AMX_BUILD, LlamaCppGenerator
@@ -161,7 +190,6 @@ def main() -> int:
     if "F32" in files:
         scratch = WORK / "perplexity"
         scratch.mkdir(exist_ok=True)
-        chunks = trained["held_out_tokens"] // args.context
         for gguf_type, gguf in files.items():
             if gguf_type == "F32":
                 continue
@@ -196,10 +224,10 @@ def main() -> int:
         "a trained 23M Llama folder: each engine and type through autotune beside the tools, autotune's KL "
         "divergence beside llama-perplexity's, and a search's winner",
         {**data["workload"], "model": "trained Llama (training below)"},
-        rows,
+        [] if args.quality_only else rows,  # its speeds are one short window each: the quality is the point
         args.out,
         drift_bound=data["drift_bound"],
-        targets=data.get("targets", []),
+        targets=[] if args.quality_only else data.get("targets", []),
         failed_tool_runs=data.get("failed_tool_runs", []),
         training=trained,
         llama_perplexity=quality,
