@@ -25,6 +25,8 @@ from autotune.common.json_record import Record
 
 METHOD_ID = "kld-one-at-a-time-1"  # in a mixed artifact's key: another method ranks another mix
 METHOD = "each matrix alone in the low type (fake-quantized), FP32 forward: mean KL divergence from FP32"
+IMATRIX_ID = "input-energy-1"  # in an artifact's key: llama.cpp's importance matrix as input_energy computes it
+IMATRIX_METHOD = "E[x^2] per input column of every Linear, one FP32 forward over the calibration text"
 SCORED_POSITIONS = 64  # the last positions of each calibration window whose next-token distributions count
 
 
@@ -225,3 +227,31 @@ def edge_layers(model: Any) -> tuple[str, ...]:
         if name:
             edges.append(name)
     return tuple(edges)
+
+
+def input_energy(model: Any, calibration: Any) -> dict[str, Any]:
+    """The mean square of each input column of every Linear (the output layer included) over the calibration
+    ids, one FP32 forward: llama.cpp's importance matrix (what `llama-imatrix` computes, E[x_j^2]), which its
+    quantizer uses to weigh each column's rounding error."""
+    import torch
+
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    sums: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+
+    def hook(name: str) -> Any:
+        def collect(module: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            x = inputs[0].detach().to(torch.float64).reshape(-1, inputs[0].shape[-1])
+            sums[name] = sums.get(name, 0) + (x * x).sum(dim=0)
+            counts[name] = counts.get(name, 0) + x.shape[0]
+
+        return collect
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in linears.items()]
+    try:
+        with torch.inference_mode():
+            model.eval()(torch.as_tensor(calibration))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: (sums[name] / counts[name]).to(torch.float32).numpy() for name in sums}

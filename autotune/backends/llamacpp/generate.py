@@ -39,6 +39,8 @@ AMX_BUILD = "AMX_INT8 = 1"
 
 KV_CACHE_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of the K and V caches
 # The type a mix keeps its sensitive matrices in: 16 bits over 8, 8 over fewer.
+# The types llama.cpp's quantizer rounds with an importance matrix (Q8_0 has one rounding only).
+IMATRIX_TYPES = ("Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q2_K")
 KEPT_TYPES = {"Q8_0": "F16", "Q6_K": "Q8_0", "Q5_K_M": "Q8_0", "Q4_K_M": "Q8_0", "Q4_0": "Q8_0", "Q2_K": "Q8_0"}
 
 
@@ -64,6 +66,10 @@ class LlamaCppOptions(BackendOptions):
     compressed_share: float = choice(
         1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=tuple(KEPT_TYPES)
     )
+    # llama.cpp's importance matrix (`llama-imatrix`, then `llama-quantize --imatrix`): each Linear's mean
+    # squared input per column over the calibration text, from one FP32 forward in PyTorch, so the quantizer
+    # weighs each column's rounding error by how much it reaches the output; the text is the user's
+    imatrix: bool = choice(False, True, precisions=IMATRIX_TYPES)
 
 
 SPEC = BackendSpec(
@@ -108,6 +114,8 @@ def unsupported(config: BackendConfig) -> str | None:
         return f"compressed_share means a mix of a quantized type with a wider one; {config.precision} is not quantized"
     if not 0.0 <= share <= 1.0:
         return f"compressed_share must lie in [0, 1], got {share}"
+    if options.imatrix and config.precision not in IMATRIX_TYPES:
+        return f"llama.cpp's quantizer uses an importance matrix for {', '.join(IMATRIX_TYPES)} only"
     if options.repack == "off" and amx_build():
         return (
             "repack off is repack auto here: this llama.cpp build has AMX, so its extra weight buffers are off already"
@@ -129,9 +137,12 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
         "precision": config.precision,
         "converter": gguf_export.converter_version(),
     }
-    share = float(LlamaCppOptions.of(config).compressed_share)
+    options = LlamaCppOptions.of(config)
+    share = float(options.compressed_share)
     if share != 1.0:
         identity.update(compressed_share=share, sensitivity=sensitivity.METHOD_ID)
+    if options.imatrix:
+        identity["imatrix"] = sensitivity.IMATRIX_ID
     return identity
 
 
@@ -140,22 +151,29 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
     matrices on the calibration text first and keeps the most sensitive in the wider type."""
     import llama_cpp
 
-    share = float(LlamaCppOptions.of(config).compressed_share)
+    options = LlamaCppOptions.of(config)
+    share = float(options.compressed_share)
     mixed: dict[str, Any] = {}
     mix = None
+    importance = None
+    if options.imatrix:
+        if calibration is None:
+            raise ValueError("an importance matrix needs the calibration text")
+        importance = sensitivity.input_energy(model.eval(), calibration)
+        mixed["imatrix"] = f"{sensitivity.IMATRIX_METHOD}: {len(importance)} matrices, {calibration.numel()} tokens"
     if share != 1.0:
         if calibration is None:
             raise ValueError("a mix (compressed_share below 1) needs the calibration text to rank the layers")
         ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir)
         mix = gguf_export.Mix(ranking.kept(share), KEPT_TYPES[config.precision])
-        mixed = {
+        mixed |= {
             "compressed_share": share,
             "kept_type": mix.kept_type,
             "kept_layers": list(mix.kept),
             "compressed_layers": len(ranking.layers) - len(mix.kept),
             "sensitivity": ranking.to_json(),
         }
-    done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE, mix)
+    done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE, mix, importance)
     return {
         "precision": config.precision,
         "engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})",

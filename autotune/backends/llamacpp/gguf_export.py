@@ -90,11 +90,14 @@ class Mix:
     kept_type: str
 
 
-def convert(model: Any, gguf_type: str, out_file: Path, mix: Mix | None = None) -> dict[str, Any]:
+def convert(
+    model: Any, gguf_type: str, out_file: Path, mix: Mix | None = None, imatrix: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Write the model as a GGUF of `gguf_type` (F32, F16, BF16, Q8_0 by the converter; Q4_0, Q2_K, Q4_K_M,
     Q5_K_M, Q6_K by the quantizer from the converter's F32; a mix always by the quantizer, with a type
     override per kept tensor); returns the seconds each step took and the architecture. Raises RuntimeError
-    saying why when llama.cpp cannot convert this model."""
+    saying why when llama.cpp cannot convert this model. `imatrix`: each Linear's mean squared input per column
+    (Hugging Face module names), passed to the quantizer as its importance matrix."""
     import torch
 
     conversion = _import_converter()
@@ -150,21 +153,36 @@ def convert(model: Any, gguf_type: str, out_file: Path, mix: Mix | None = None) 
                 if tensor is None:
                     raise RuntimeError(f"llama.cpp's converter has no tensor for {module}")
                 overrides[tensor] = mix.kept_type
+        importance: dict[str, Any] = {}
+        if imatrix:
+            names = gguf.get_tensor_name_map(instance.model_arch, instance.block_count)
+            for module, values in imatrix.items():
+                tensor = names.get_name(f"{module}.weight", try_suffixes=(".weight",))
+                if tensor is not None:
+                    importance[tensor] = values
         if not by_converter:
-            quantize_s = quantize(converted, out_file, gguf_type, overrides, mix.kept_type if mix else None)
+            edges = mix.kept_type if mix else None
+            quantize_s = quantize(converted, out_file, gguf_type, overrides, edges, importance)
     return {"architecture": architecture, "convert_s": convert_s, "quantize_s": quantize_s, **said}
 
 
 def quantize(
-    source: Path, out_file: Path, gguf_type: str, overrides: dict[str, str] | None = None, edges: str | None = None
+    source: Path,
+    out_file: Path,
+    gguf_type: str,
+    overrides: dict[str, str] | None = None,
+    edges: str | None = None,
+    importance: dict[str, Any] | None = None,
 ) -> float:
     """llama.cpp's quantizer (what `llama-quantize SOURCE OUT TYPE [--tensor-type NAME=T ...]
     [--output-tensor-type T --token-embedding-type T]` runs); returns the seconds it took. `overrides`: a
-    type per tensor (GGUF names), `edges`: the output layer's and token embedding's type."""
+    type per tensor (GGUF names), `edges`: the output layer's and token embedding's type, `importance`: the
+    importance matrix per tensor (`--imatrix`: float32 values, one per input column)."""
     import ctypes
     import re
 
     import llama_cpp
+    import numpy as np
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QUANTIZER_FTYPES.get(gguf_type) or QUANTIZER_MIX_FTYPES[gguf_type]
@@ -179,6 +197,17 @@ def quantize(
     )
     if overrides:
         params.tt_overrides = ctypes.cast(table, ctypes.POINTER(override))
+    entry = llama_cpp.llama_model_imatrix_data
+    columns = [np.ascontiguousarray(v, dtype=np.float32) for v in (importance or {}).values()]
+    matrix = (entry * (len(columns) + 1))(
+        *[
+            entry(name.encode(), v.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), v.size)
+            for name, v in zip(importance or {}, columns, strict=True)
+        ],
+        entry(None, None, 0),  # the end of the list
+    )
+    if importance:
+        params.imatrix = ctypes.cast(matrix, ctypes.POINTER(entry))
     t0 = time.monotonic()
     failed = llama_cpp.llama_model_quantize(str(source).encode(), str(out_file).encode(), params)
     if failed:
