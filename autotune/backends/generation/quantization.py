@@ -209,13 +209,14 @@ def _linear(module: Any) -> bool:
 
 def needs_calibration(config: BackendConfig) -> bool:
     """Whether building the config's weights reads text: SmoothQuant's scales, a mix's layer ranking
-    (generation/sensitivity.py), llama.cpp's importance matrix; so the calibration text is in the artifact's
-    key."""
+    (generation/sensitivity.py), llama.cpp's importance matrix, NNCF's data-aware int4; so the calibration
+    text is in the artifact's key."""
     options = config.options
     return (
         config.precision == "smoothquant_int8"
         or float(options.get("compressed_share", 1.0)) != 1.0
         or bool(options.get("imatrix", False))
+        or options.get("data_aware", "none") != "none"
     )
 
 

@@ -51,6 +51,8 @@ class OpenVinoGenerateOptions(BackendOptions):
     compressed_share: float = choice(
         1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=tuple(KEPT_TYPES)
     )
+    # NNCF's data-aware int4 (ir_export.DATA_AWARE) on the calibration text: the user's own, through the IR
+    data_aware: str = choice("none", *ir_export.DATA_AWARE, precisions=ir_export.INT4)
     # the u8 KV cache's quantization groups along each head (KEY_CACHE_GROUP_SIZE and VALUE_CACHE_GROUP_SIZE);
     # 0: the plugin's own (one group per head); refused with another KV precision, where it does nothing
     kv_cache_group_size: int = choice(0, 32, 64, 16)
@@ -105,6 +107,8 @@ def unsupported(config: BackendConfig) -> str | None:
         return f"compressed_share means a mix of a compressed type with a wider one; {config.precision} is not one"
     if not 0.0 <= share <= 1.0:
         return f"compressed_share must lie in [0, 1], got {share}"
+    if options.data_aware != "none" and config.precision not in ir_export.INT4:
+        return f"NNCF's data-aware algorithms ({options.data_aware}) compress int4 weights; {config.precision} is not"
     if share != 1.0 and float(options.ratio) != 1.0:
         return "compressed_share and ratio are two mixes: NNCF's ratio ranks by its own metric; choose one"
     if options.inference_precision == "bf16":
@@ -142,6 +146,8 @@ def artifact_identity(config: BackendConfig) -> dict[str, Any]:
     share = float(options.compressed_share)
     if share != 1.0:
         identity.update(compressed_share=share, sensitivity=sensitivity.METHOD_ID)
+    if config.precision in ir_export.INT4 and options.data_aware != "none":
+        identity["data_aware"] = str(options.data_aware)
     return identity
 
 
@@ -152,17 +158,16 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
 
     options = OpenVinoGenerateOptions.of(config)
     share = float(options.compressed_share)
+    data_aware = str(options.data_aware) if config.precision in ir_export.INT4 else "none"
     mixed: dict[str, Any] = {}
+    kept: tuple[str, ...] = ()
+    if (share != 1.0 or data_aware != "none") and calibration is None:
+        raise ValueError("a mix or data-aware int4 needs the calibration text")
     if share != 1.0:
-        if calibration is None:
-            raise ValueError("a mix (compressed_share below 1) needs the calibration text to rank the layers")
         int4 = config.precision in ir_export.INT4
         fmt = sensitivity.WeightFormat(4, int(options.group_size), config.precision == "int4_sym") if int4 else None
         ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir, fmt)
         kept = ranking.kept(share)
-        done = ir_export.export_mix(
-            model.eval(), config.precision, out_dir, kept, sensitivity.edge_layers(model), int(options.group_size)
-        )
         mixed = {
             "compressed_share": share,
             "kept_type": KEPT_TYPES[config.precision],
@@ -170,6 +175,18 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
             "compressed_layers": len(ranking.layers) - len(kept),
             "sensitivity": ranking.to_json(),
         }
+    if share != 1.0 or data_aware != "none":
+        done = ir_export.export_compressed(
+            model.eval(),
+            config.precision,
+            out_dir,
+            int(options.group_size),
+            float(options.ratio),
+            kept,
+            sensitivity.edge_layers(model),
+            calibration,
+            data_aware,
+        )
     else:
         done = ir_export.export(model.eval(), config.precision, out_dir, int(options.group_size), float(options.ratio))
     ir = out_dir / ir_export.IR_FILE

@@ -114,13 +114,48 @@ def scope_patterns(modules: tuple[str, ...] | list[str]) -> list[str]:
     return [rf"__module\.{re.escape(name)}/.*" for name in modules]
 
 
-def export_mix(
-    model: Any, precision: str, out_dir: Path, kept: tuple[str, ...], edges: tuple[str, ...], group_size: int = 128
+# NNCF's data-aware algorithms for int4 (each reads the calibration text through the IR): AWQ rescales the
+# channels activations make salient, scale estimation fits each group's scale to its outputs, GPTQ corrects
+# the rounding of each column in the ones after it.
+DATA_AWARE = {"awq": {"awq": True}, "scale_estimation": {"scale_estimation": True}, "gptq": {"gptq": True}}
+
+
+def calibration_dataset(calibration: Any) -> Any:
+    """The calibration ids (rows of token ids) as an nncf.Dataset of the stateful IR's inputs, one row a sample
+    (NNCF resets the KV-cache state before each)."""
+    import nncf
+    import numpy as np
+
+    rows = [np.asarray(row, dtype=np.int64)[None] for row in np.asarray(calibration)]
+
+    def inputs(ids: Any) -> dict[str, Any]:
+        return {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        }
+
+    return nncf.Dataset(rows, inputs)
+
+
+def export_compressed(
+    model: Any,
+    precision: str,
+    out_dir: Path,
+    group_size: int = 128,
+    ratio: float = 1.0,
+    kept: tuple[str, ...] = (),
+    edges: tuple[str, ...] = (),
+    calibration: Any = None,
+    data_aware: str = "none",
 ) -> dict[str, Any]:
-    """A mix: the fp16 IR exported as for `fp16`, then NNCF's `compress_weights` on it, its ignored scope
-    holding the kept matrices. int8_asym: every other matrix in int8, the kept ones, the output layer and the
-    embedding (`edges`) left in fp16. int4: every other matrix in int4 (the output layer and the embedding in
-    NNCF's int8 backup, as a whole-model int4 export), then the kept ones in int8_asym."""
+    """The fp16 IR exported as for `fp16`, then NNCF's `compress_weights` on it in this process: what a mix
+    (`kept`: matrices left one type wider) and the data-aware int4 algorithms need, which optimum-cli cannot
+    do with the user's own text. int8_asym: every matrix but the kept ones, the output layer and the embedding
+    (`edges`) in int8. int4: every matrix but the kept ones in int4 (the output layer and the embedding in
+    NNCF's int8 backup, as in a whole-model int4 export), with `data_aware`'s algorithm on the calibration
+    ids, then the kept ones in int8_asym."""
     import nncf
     import openvino as ov
 
@@ -131,17 +166,27 @@ def export_mix(
         if len(kept) < len(compressible(compressed)) - 1:  # some matrix is left to compress
             scope = nncf.IgnoredScope(patterns=scope_patterns([*kept, *edges]), validate=True)
             compressed = nncf.compress_weights(compressed, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=scope)
-        steps = ["nncf.compress_weights(INT8_ASYM, ignored_scope=kept + output + embedding)"]
+        steps = [f"nncf.compress_weights(INT8_ASYM, ignored_scope={len(kept)} kept + output + embedding)"]
     else:
         mode = nncf.CompressWeightsMode.INT4_SYM if precision == "int4_sym" else nncf.CompressWeightsMode.INT4_ASYM
         scope = nncf.IgnoredScope(patterns=scope_patterns(kept), validate=True) if kept else None
-        compressed = nncf.compress_weights(compressed, mode=mode, group_size=group_size, ratio=1.0, ignored_scope=scope)
-        compressed = nncf.compress_weights(compressed, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        extra: dict[str, Any] = {}
+        if data_aware != "none":
+            rows = len(calibration)
+            extra = {**DATA_AWARE[data_aware], "dataset": calibration_dataset(calibration), "subset_size": rows}
+        compressed = nncf.compress_weights(
+            compressed, mode=mode, group_size=group_size, ratio=ratio, ignored_scope=scope, **extra
+        )
         steps = [
-            f"nncf.compress_weights({mode.name}, group_size={group_size}, ratio=1, ignored_scope=kept)",
-            "nncf.compress_weights(INT8_ASYM)",
+            f"nncf.compress_weights({mode.name}, group_size={group_size}, ratio={ratio}"
+            + (f", ignored_scope={len(kept)} kept" if kept else "")
+            + (f", {data_aware} on {len(calibration)} calibration rows" if data_aware != "none" else "")
+            + ")"
         ]
-    scratch = out_dir / "mixed.xml"
+        if kept:
+            compressed = nncf.compress_weights(compressed, mode=nncf.CompressWeightsMode.INT8_ASYM)
+            steps.append("nncf.compress_weights(INT8_ASYM) of the kept")
+    scratch = out_dir / "compressed.xml"
     ov.save_model(compressed, scratch)
     del compressed
     scratch.replace(ir)
