@@ -78,6 +78,8 @@ class MixBisection:
         if not beyond:
             return None
         high, pruned = min(beyond, key=lambda pair: pair[0])
+        if float(pruned.params.get(f"{backend}.ratio", 1.0)) != 1.0:  # NNCF's own mix: not ours to bisect
+            return None
         low = max((s for s in within if s < high), default=None)
         between = [s for s in self.shares[backend] if (low is None or s > low) and s < high]
         if not between:

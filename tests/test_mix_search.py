@@ -1,0 +1,89 @@
+"""The mix search's policy on a stored study: which share it enqueues next, given the trials' drift verdicts
+(the trials here are stored records; tests/test_mixed_precision.py runs the search end to end)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+
+from autotune.records.attributes import Attr
+from autotune.tuning.mix_search import MixBisection
+
+SHARES = [1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
+
+
+class Space:
+    """The part of a SearchSpace the mix search reads: each backend's listed values, and its spec."""
+
+    def __init__(self, shares: list[float]) -> None:
+        from autotune.backends import backend_specs
+
+        self.backends = {"llamacpp": {"precision": ["Q4_0", "F32"], "compressed_share": shares}}
+        self.specs = backend_specs("generate")
+
+
+def stored(study: optuna.study.Study, precision: str, share: float | None, drifted: bool) -> None:
+    params = {"backend": "llamacpp", "llamacpp.precision": precision, "threads_per_instance": 2}
+    distributions = {
+        "backend": CategoricalDistribution(["llamacpp"]),
+        "llamacpp.precision": CategoricalDistribution(["Q4_0", "F32"]),
+        "threads_per_instance": CategoricalDistribution([1, 2]),
+    }
+    attrs: dict = {}
+    if share is not None:
+        params["llamacpp.compressed_share"] = share
+        distributions["llamacpp.compressed_share"] = CategoricalDistribution(SHARES)
+        attrs[Attr.MIX_SHARE] = share
+    if drifted:
+        attrs[Attr.PRUNE_REASON] = "drift: kld drop 0.1 > max 0.05"
+    state = optuna.trial.TrialState.PRUNED if drifted else optuna.trial.TrialState.COMPLETE
+    trial = optuna.trial.create_trial(
+        params=params, distributions=distributions, user_attrs=attrs, state=state, value=None if drifted else 1.0
+    )
+    study.add_trial(trial)
+
+
+def waiting(study: optuna.study.Study) -> list[dict]:
+    """The enqueued trials' parameters (Optuna keeps a waiting trial's as its fixed parameters)."""
+    return [t.system_attrs["fixed_params"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
+
+
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        ([(None, True)], 0.5),  # the whole-model file drifted: half first
+        ([(None, True), (0.5, False)], 0.75),  # within at 0.5: above it
+        ([(None, True), (0.5, True)], 0.25),  # beyond at 0.5: below it
+        ([(None, True), (0.5, False), (0.75, True)], 0.625),
+        ([(None, True), (0.5, False), (0.75, True), (0.625, True)], None),  # nothing listed between 0.5 and 0.625
+        ([(None, True), (0.5, True), (0.25, True), (0.125, True)], None),  # no listed share below 0.125
+        ([(None, False)], None),  # the whole-model file passes: nothing to search
+    ],
+)
+def test_the_next_share_halves_the_interval_between_the_known_ends(history, expected):
+    study = optuna.create_study(direction="maximize")
+    for share, drifted in history:
+        stored(study, "Q4_0", share, drifted)
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    enqueued = waiting(study)
+    if expected is None:
+        assert enqueued == []
+    else:
+        assert [p["llamacpp.compressed_share"] for p in enqueued] == [expected]
+        assert enqueued[0]["llamacpp.precision"] == "Q4_0" and enqueued[0]["threads_per_instance"] == 2
+        trial = study.get_trials(states=(optuna.trial.TrialState.WAITING,))[0]
+        assert trial.user_attrs[Attr.MIX_SHARE] == expected and trial.user_attrs[Attr.ORDER].startswith("mix search")
+        MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+        assert len(waiting(study)) == 1  # not enqueued twice
+
+
+def test_a_type_without_shares_or_a_space_listing_one_share_is_left_alone():
+    """F32 takes no share; a space that lists one share has nothing to bisect."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "F32", None, True)
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    assert waiting(study) == []
+    stored(study, "Q4_0", None, True)
+    MixBisection(Space([1.0]))(study)  # type: ignore[arg-type]
+    assert waiting(study) == []
