@@ -23,8 +23,11 @@ class Space:
         self.specs = backend_specs("generate")
 
 
-def stored(study: optuna.study.Study, precision: str, share: float | None, drifted: bool) -> None:
-    params = {"backend": "llamacpp", "llamacpp.precision": precision, "threads_per_instance": 2}
+def stored(
+    study: optuna.study.Study, precision: str, share: float | None, drifted: bool | None, threads: int = 2
+) -> None:
+    """A finished trial: pruned for drift (drifted), complete within the bound (not drifted), or failed (None)."""
+    params = {"backend": "llamacpp", "llamacpp.precision": precision, "threads_per_instance": threads}
     distributions = {
         "backend": CategoricalDistribution(["llamacpp"]),
         "llamacpp.precision": CategoricalDistribution(["Q4_0", "F32"]),
@@ -37,9 +40,11 @@ def stored(study: optuna.study.Study, precision: str, share: float | None, drift
         attrs[Attr.MIX_SHARE] = share
     if drifted:
         attrs[Attr.PRUNE_REASON] = "drift: kld drop 0.1 > max 0.05"
-    state = optuna.trial.TrialState.PRUNED if drifted else optuna.trial.TrialState.COMPLETE
+    states = {True: optuna.trial.TrialState.PRUNED, False: optuna.trial.TrialState.COMPLETE}
+    state = states.get(drifted, optuna.trial.TrialState.FAIL)  # type: ignore[call-overload]
+    value = 1.0 if state == optuna.trial.TrialState.COMPLETE else None
     trial = optuna.trial.create_trial(
-        params=params, distributions=distributions, user_attrs=attrs, state=state, value=None if drifted else 1.0
+        params=params, distributions=distributions, user_attrs=attrs, state=state, value=value
     )
     study.add_trial(trial)
 
@@ -87,3 +92,14 @@ def test_a_type_without_shares_or_a_space_listing_one_share_is_left_alone():
     stored(study, "Q4_0", None, True)
     MixBisection(Space([1.0]))(study)  # type: ignore[arg-type]
     assert waiting(study) == []
+
+
+def test_a_failed_mix_trial_counts_as_past_the_bound_and_layouts_of_one_type_bisect_together():
+    """A mix trial that failed cannot be the answer: the next share is below it, not the same one again. Two
+    sampled trials of one type at other thread counts, both pruned for drift, start one bisection, not two."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "Q4_0", None, True, threads=2)
+    stored(study, "Q4_0", None, True, threads=1)
+    stored(study, "Q4_0", 0.5, None)
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    assert [p["llamacpp.compressed_share"] for p in waiting(study)] == [0.25]

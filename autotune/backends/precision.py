@@ -170,10 +170,12 @@ def check_precision(runner: Any, native_input: Any, claimed: str) -> ExecutedPre
 
 def judge_mix(claimed: str, counts: dict[str, int], source: str, details: dict[str, Any]) -> ExecutedPrecision:
     """A mixed-precision artifact (build details with `kept_layers`, `kept_type`, `compressed_layers`) holds
-    when its matrices are exactly the mix asked: the kept ones and the output layer in the kept type's bucket,
-    every other one below it; `counts` are the matrices by bucket."""
+    when its matrices are exactly the mix asked: the kept ones and the output layer (`output_matrices`, 1 unless
+    the file reuses the embedding) in the kept type's bucket, every other one below it; `counts` are the
+    matrices by bucket."""
     kept_bucket = CLAIMED_BUCKET.get(details["kept_type"]) or bucket_of(details["kept_type"])
-    asked = {kept_bucket: len(details["kept_layers"]) + 1, "compressed": int(details["compressed_layers"])}
+    output = int(details.get("output_matrices", 1))  # 0: a tied output layer the file does not hold apart
+    asked = {kept_bucket: len(details["kept_layers"]) + output, "compressed": int(details["compressed_layers"])}
     ran = {kept_bucket: counts.get(kept_bucket, 0), "compressed": sum(counts.values()) - counts.get(kept_bucket, 0)}
     evidence = {source: dict(counts)}
     if ran == asked:

@@ -239,7 +239,13 @@ def _mix(metrics: BestMetrics) -> MixSummary | None:
         kept_layers=list(details["kept_layers"]),
         compressed_layers=int(details["compressed_layers"]),
         sensitivity_method=str((details.get("sensitivity") or {}).get("method", "")),
-        executed=dict(details.get("tensor_types") or {}),
+        # the file's matrices by type (a GGUF's tensor types, an IR's weight types), else the modules' as the
+        # executed-precision check counted them (torchao)
+        executed=dict(
+            details.get("tensor_types")
+            or details.get("weight_types")
+            or (metrics.executed_precision.counts if metrics.executed_precision else {})
+        ),
     )
 
 

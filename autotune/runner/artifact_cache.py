@@ -92,6 +92,8 @@ def _generation_key(
             "data": file_digest(data) if data else "seeded token ids",
             "length": min(backend.CALIBRATION_LENGTH, generation.prompt_tokens),
         }
+        if data and generation.tokenizer:  # a text read by the model's tokenizer, not as bytes
+            calibration["tokenized"] = "the model's tokenizer"
     return {
         "model": {"kind": model.kind, "name": model.name, "weights_sha256": model.weights_sha256},
         # eager and inductor load the same quantized weights; an engine (llama.cpp) its own file

@@ -28,7 +28,8 @@ KEPT_ON_RETRY = (
     "prior",
     "layout",
     "order",
-)  # why the trial was enqueued: the retry plays the same role
+    "mix_share",
+)  # why the trial was enqueued: the retry plays the same role (and a mix's share: the retry runs the same mix)
 WORKER_KEY = "worker:"
 
 

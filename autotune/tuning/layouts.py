@@ -45,7 +45,7 @@ from autotune.common.json_record import Record
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.results.selection import is_valid, primary_value
 from autotune.tuning.pruners import best_clean
-from autotune.tuning.space import InfeasibleConfig, SearchSpace, family, most_threads
+from autotune.tuning.space import InfeasibleConfig, SearchSpace, family, guided_attrs, most_threads
 
 OBJECTIVES = ("throughput", "server")  # both maximized
 
@@ -307,7 +307,8 @@ class LayoutRound:
                 f"layout round: the best layout #{best.number} ({TrialAttrs.of(best).config_summary or ''}) "
                 f"as {layout} with {params[space.batch_param]} {space.batch_param} (the most the space lists)"
             )
-            study.enqueue_trial(params, user_attrs={Attr.LAYOUT: True, Attr.ORDER: why}, skip_if_exists=True)
+            attrs = {Attr.LAYOUT: True, Attr.ORDER: why, **guided_attrs(params)}
+            study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
         study.set_user_attr(
             Attr.SEQUENCES_ROUND, -1 if params is None or best is None else best.number
         )  # last, as above
@@ -333,9 +334,8 @@ class LayoutRound:
                 order = plan["order"] + (
                     f" (in turn with the {may_lead} coverage trial(s) that may lead, still held)" if in_turn else ""
                 )
-                study.enqueue_trial(
-                    plan["params"], user_attrs={Attr.LAYOUT: True, Attr.ORDER: order}, skip_if_exists=True
-                )
+                attrs = {Attr.LAYOUT: True, Attr.ORDER: order, **guided_attrs(plan["params"])}
+                study.enqueue_trial(plan["params"], user_attrs=attrs, skip_if_exists=True)
                 # dropped from the queue as stored now: another worker may have held a later leader's splits
                 # (read, then written: a hold landing between the two can still be lost; a split dropped
                 # twice and held again is harmless, skip_if_exists never runs a trial twice)
@@ -376,7 +376,8 @@ class LayoutRound:
                     order += " (no completed trial to lead a layout round)"
                 else:
                     order += " (after the enqueued rounds; no layout round in this process)"
-            study.enqueue_trial(params, user_attrs={Attr.COVERAGE: True, Attr.ORDER: order}, skip_if_exists=True)
+            attrs = {Attr.COVERAGE: True, Attr.ORDER: order, **guided_attrs(params)}
+            study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             study.set_user_attr(Attr.COVERAGE_QUEUE, [plan.to_json() for plan in queue])
             study.set_user_attr(Attr.RELEASED_LAST, "coverage")
 

@@ -21,8 +21,11 @@ MIX_SEARCH = "mix search"  # the order note every enqueued trial carries
 
 
 def _share_of(trial: optuna.trial.FrozenTrial, backend: str, default: float) -> float:
-    """The trial's share: its parameter where the mix search set it, else the largest listed (what every
-    sampled trial runs: the space never samples a share)."""
+    """The share the trial ran: its configuration's (stored once it ran), else its parameter where the mix
+    search set it, else the largest listed (what a sampled trial runs: the space never samples a share)."""
+    config = TrialAttrs.of(trial).config
+    if config is not None and config.backend == backend:
+        return float(config.options.get(SHARE, 1.0))
     value = trial.params.get(f"{backend}.{SHARE}")
     return default if value is None else float(value)
 
@@ -39,8 +42,9 @@ def _verdict(trial: optuna.trial.FrozenTrial) -> bool | None:
 
 
 class MixBisection:
-    """Optuna callback: for each backend whose space lists several shares, and each of its (precision, options)
-    groups with a trial pruned for drift, enqueue the bisection's next share (module docstring)."""
+    """Optuna callback: for each backend whose space lists several shares, and each of its numerics (precision
+    and the options that change the numbers) with a trial pruned for drift, enqueue the bisection's next share
+    (module docstring) at the layout of that group's pruned trial at the smallest share."""
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
@@ -59,7 +63,7 @@ class MixBisection:
         for done in trials:
             backend = done.params.get("backend")
             if backend in self.shares and self._applies(done.params, backend):
-                groups.setdefault(self._group(done.params, backend), []).append(done)
+                groups.setdefault(self._numerics(done.params, backend), []).append(done)
         for members in groups.values():
             params = self._next(members)
             if params is not None and self._key(params) not in taken:
@@ -74,7 +78,12 @@ class MixBisection:
         backend = members[0].params["backend"]
         top = self.shares[backend][-1]
         within = [_share_of(t, backend, top) for t in members if _verdict(t) is True]
-        beyond = [(_share_of(t, backend, top), t) for t in members if _verdict(t) is False]
+        # a mix trial that failed, or stopped before its drift was known, cannot be the answer: past it, lower
+        beyond = [
+            (_share_of(t, backend, top), t)
+            for t in members
+            if _verdict(t) is False or (_verdict(t) is None and Attr.MIX_SHARE in t.user_attrs)
+        ]
         if not beyond:
             return None
         high, pruned = min(beyond, key=lambda pair: pair[0])
@@ -93,10 +102,19 @@ class MixBisection:
         spec = self.space.specs[backend]
         return spec.applies(SHARE, str(params.get(f"{backend}.precision")))
 
-    @staticmethod
-    def _group(params: dict[str, Any], backend: str) -> tuple[Any, ...]:
-        """Every parameter but the share: trials of one type and options, whose drift differs by the share."""
-        return tuple(sorted((k, repr(v)) for k, v in params.items() if k != f"{backend}.{SHARE}"))
+    def _numerics(self, params: dict[str, Any], backend: str) -> tuple[Any, ...]:
+        """What the drift depends on but the share: the backend's precision, runtime and options that change
+        the numbers (not its scheduling ones, nor threads, instances, sequences or the allocator), so every
+        layout of one type and options bisects together."""
+        scheduling = set(self.space.specs[backend].options.scheduling())
+        prefix = f"{backend}."
+        return tuple(
+            sorted(
+                (k, repr(v))
+                for k, v in params.items()
+                if k.startswith(prefix) and k[len(prefix) :] not in scheduling and k != f"{prefix}{SHARE}"
+            )
+        )
 
     @staticmethod
     def _key(params: dict[str, Any]) -> tuple[Any, ...]:

@@ -249,6 +249,17 @@ def _offered(value: Any, supported: Sequence[Any]) -> bool:
 GUIDED = {"compressed_share": Attr.MIX_SHARE}
 
 
+# Options added after studies were stored: at their default they are left out of a configuration, so its
+# numerics (drift reuse, known fallbacks) match the same configuration stored before they existed.
+LEFT_OUT_AT_DEFAULT = ("compressed_share", "imatrix", "data_aware")
+
+
+def guided_attrs(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The user attributes that let an enqueued copy of `params` run its guided values (a layout variant, a
+    retry, a prior of a mix trial): without them it would run the largest listed share instead."""
+    return {attr: value for name, value in params.items() for key, attr in GUIDED.items() if name.endswith(f".{key}")}
+
+
 def _backend_dims(name: str, spec: BackendSpec, options: Any) -> dict[str, list[Any]]:
     """A backend's precisions and option values the YAML lists, checked against its options record
     (backends/base.py: each option's values), each missing one at its default (the first value)."""
@@ -411,7 +422,9 @@ class SearchSpace:
                 if value != spec.choices[key][0]:  # at the option's default it is left out, as before it existed
                     chosen[key] = value
                 continue
-            chosen[key] = trial.suggest_categorical(f"{backend}.{key}", values)
+            value = trial.suggest_categorical(f"{backend}.{key}", values)
+            if key not in LEFT_OUT_AT_DEFAULT or value != spec.choices[key][0]:
+                chosen[key] = value
         routes = self.runtimes.get(backend, ["main"])
         runtime = trial.suggest_categorical(f"{backend}.runtime", routes) if len(routes) > 1 else routes[0]
         pool: dict[str, Any] = {}

@@ -68,7 +68,7 @@ from autotune.tuning.recording import (
     record_suggested,
 )
 from autotune.tuning.slos import check_latency_bounds
-from autotune.tuning.space import InfeasibleConfig, SearchSpace, family
+from autotune.tuning.space import InfeasibleConfig, SearchSpace, family, guided_attrs
 from autotune.tuning.speed_screening import first_too_slow, judge_screening, speed_gate_for, stop_too_slow
 from autotune.tuning.stage_times import FinalistReserve, StageClock, deferral
 from autotune.tuning.storage import open_storage
@@ -461,7 +461,8 @@ def _enqueue_prior_winners(
         if dropped:
             why += f" (sampled here: {', '.join(dropped)}, outside this space)"
         if params not in enqueued:
-            study.enqueue_trial(params, user_attrs={Attr.PRIOR: True, Attr.ORDER: why}, skip_if_exists=True)
+            attrs = {Attr.PRIOR: True, Attr.ORDER: why, **guided_attrs(params)}
+            study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
             enqueued.append(params)
     if len(enqueued) > 1:
         console.print(f"{len(enqueued) - 1} winner(s) of earlier studies on this machine tried first", markup=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +133,8 @@ def calibration_ids(workload: GenerationWorkload) -> Any:
     from autotune.backends.generation import CALIBRATION_LENGTH
 
     length = min(CALIBRATION_LENGTH, workload.prompt_tokens)
-    return prompts(
-        GenerationWorkload(length, 1, workload.vocab_size, workload.context, workload.data), 4, CALIBRATION_SEED
-    )
+    # the workload's own reading of the data (a folder's tokenizer included), in shorter windows
+    return prompts(replace(workload, prompt_tokens=length, new_tokens=1), 4, CALIBRATION_SEED)
 
 
 class GenerationRunner:

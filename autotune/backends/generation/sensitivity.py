@@ -124,17 +124,23 @@ def fake_quantize(weight: Any, fmt: WeightFormat) -> Any:
     return q.reshape(rows, cols)
 
 
-def ranked_linears(model: Any) -> dict[str, Any]:
-    """The model's Linear modules a mix ranks, by name: every one but the output layer (the engines give
-    the output and the embedding their own type)."""
+def is_conv1d(module: Any) -> bool:
+    """transformers' Conv1D (GPT-2's projections): a Linear whose weight is stored transposed (in x out)."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def projections(model: Any) -> dict[str, Any]:
+    """Every matrix product with a weight, by module name: nn.Linear and transformers' Conv1D."""
     import torch
 
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) or is_conv1d(m)}
+
+
+def ranked_linears(model: Any) -> dict[str, Any]:
+    """The model's projections a mix ranks, by name: every one but the output layer (the engines give the
+    output and the embedding their own type)."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and module is not output
-    }
+    return {name: module for name, module in projections(model).items() if module is not output}
 
 
 def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat | None = None) -> Sensitivity:
@@ -161,7 +167,10 @@ def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat |
     layers = []
     for name, module in ranked_linears(model).items():
         weight = module.weight.data
-        module.weight.data = fake_quantize(weight, fmt).to(weight.dtype)
+        if is_conv1d(module):  # rounded along its input, as the engines store it: out x in
+            module.weight.data = fake_quantize(weight.t(), fmt).t().contiguous().to(weight.dtype)
+        else:
+            module.weight.data = fake_quantize(weight, fmt).to(weight.dtype)
         try:
             score = mean_kl_divergence(log_probs(), reference)
         finally:
@@ -235,7 +244,7 @@ def input_energy(model: Any, calibration: Any) -> dict[str, Any]:
     quantizer uses to weigh each column's rounding error."""
     import torch
 
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    linears = projections(model)
     sums: dict[str, Any] = {}
     counts: dict[str, int] = {}
 

@@ -174,6 +174,8 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
             "sensitivity": ranking.to_json(),
         }
     done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE, mix, importance)
+    if mix is not None:  # tied embeddings: no output matrix of its own beside the kept ones
+        mixed["output_matrices"] = gguf_export.output_matrices(out_dir / GGUF_FILE)
     return {
         "precision": config.precision,
         "engine": f"llama.cpp (llama-cpp-python {llama_cpp.__version__})",

@@ -228,3 +228,12 @@ def tensor_types(gguf_file: Path) -> dict[str, int]:
         if len([d for d in tensor.shape if d > 1]) >= 2 and not tensor.name.startswith(EMBEDDINGS):
             counts[tensor.tensor_type.name] += 1
     return dict(counts)
+
+
+def output_matrices(gguf_file: Path) -> int:
+    """1 when the file holds its own output layer (`output.weight`), 0 when it reuses the token embedding (a
+    model with tied embeddings): what a mix's check counts beside the kept matrices."""
+    _import_converter()
+    from gguf import GGUFReader
+
+    return sum(1 for tensor in GGUFReader(str(gguf_file)).tensors if tensor.name == "output.weight")
