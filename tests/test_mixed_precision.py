@@ -359,3 +359,30 @@ def test_nncfs_data_aware_int4_on_the_calibration_text_runs_in_openvino_genai(tr
         assert details["weight_types"] == runs["none"].backend_details["weight_types"]
         assert runs[name].executed_precision.status == "ok"
     assert min(kld[name] for name in variants) < kld["none"], kld  # measured: GPTQ 0.00027 against 0.0011
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("factory", "output"), [("tiny_gpt2", 1), ("tiny_llama_tied", 0)])
+def test_a_mix_of_gpt2s_conv1d_projections_and_of_a_tied_output_layer_holds_what_was_asked(factory, output, workdir):
+    """GPT-2's projections are transformers' Conv1D (a transposed Linear): ranked and mixed like any matrix. A
+    model whose output layer is the token embedding has no output matrix in its GGUF: the mix's check does not
+    count one. A real llama.cpp trial of each, random init, Q4_0 at share 0.5."""
+    from autotune.machine.probe import probe_machine
+    from autotune.measure.stopwatch import MeasureSettings
+    from autotune.model.generation import GenerationWorkload
+    from autotune.records.config import TrialConfig
+    from autotune.runner.trials import TrialContext, compute_reference, run_config
+
+    source = resolve_model(f"{LM}:{factory}", None, "input_ids:int64:32:0-256")
+    workload = GenerationWorkload(32, 2, 256, 256)
+    reference = compute_reference(source, workdir / "study", 2, 300, generation=workload)
+    measure = MeasureSettings(warmup_min_s=0.1, window_min_s=0.2, window_max_s=0.5, screen_s=0.0)
+    ctx = TrialContext(probe_machine(), reference, measure, workdir / ".cache", noisy_retries=0)
+    config = TrialConfig("llamacpp", "Q4_0", 1, threads_per_instance=2, options={"compressed_share": 0.5})
+    metrics = run_config(config, ctx, workdir / "trial", 600)[0]
+    details = metrics.backend_details
+    per_block = 4 if factory == "tiny_gpt2" else 7  # GPT-2: c_attn, attn.c_proj, c_fc, mlp.c_proj
+    assert len(details["sensitivity"]["layers"]) == per_block * 2
+    assert 0 < details["compressed_layers"] < len(details["sensitivity"]["layers"])
+    assert details["output_matrices"] == output
+    assert metrics.executed_precision.status == "ok", metrics.executed_precision

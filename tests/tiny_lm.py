@@ -37,6 +37,14 @@ def tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(llama_config())
 
 
+def tiny_llama_tied() -> LlamaForCausalLM:
+    """The tiny Llama with its output layer tied to the token embedding (as Llama 3.2 1B, Qwen2.5 and SmolLM
+    ship): a GGUF of it holds no output matrix of its own."""
+    config = llama_config()
+    config.tie_word_embeddings = True
+    return LlamaForCausalLM(config)
+
+
 def tiny_gpt2() -> GPT2LMHeadModel:
     """A GPT-2-style decoder (random init): its attention and MLP projections are transformers' Conv1D
     modules, not nn.Linear."""
