@@ -172,7 +172,6 @@ def apply_precision(
         if ranking is None or share == 1.0:
             quantize_(model, config)
         else:
-            kept = set(ranking.kept(share))
             compressed = set(ranking.compressed(share))
             quantize_(model, config, filter_fn=lambda module, name: _linear(module) and name in compressed)
             kept_type = MIX_KEPT.get(precision) or activations
@@ -182,13 +181,7 @@ def apply_precision(
                     quantization_config(kept_type, chosen.group_size),
                     filter_fn=lambda module, name: _linear(module) and name not in compressed,
                 )
-            mixed = {
-                "compressed_share": share,
-                "kept_type": kept_type,
-                "kept_layers": [name for name in ranking.kept(share) if name in kept],
-                "compressed_layers": len(compressed),
-                "sensitivity": ranking.to_json(),
-            }
+            mixed = ranking.mix_details(share, kept_type)
     details: dict[str, Any] = {"precision": precision, "activations": activations, **mixed}
     if converted:
         details["conv1d_as_linear"] = converted

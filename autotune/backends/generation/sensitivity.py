@@ -102,6 +102,17 @@ class Sensitivity(Record):
         compressed = set(self.compressed(share))
         return tuple(layer.name for layer in reversed(self.layers) if layer.name not in compressed)
 
+    def mix_details(self, share: float, kept_type: str) -> dict[str, Any]:
+        """What a mixed artifact's build reports (its trial's details, best.json's `mix`, the mix's check)."""
+        kept = self.kept(share)
+        return {
+            "compressed_share": share,
+            "kept_type": kept_type,
+            "kept_layers": list(kept),
+            "compressed_layers": len(self.layers) - len(kept),
+            "sensitivity": self.to_json(),
+        }
+
 
 def fake_quantize(weight: Any, fmt: WeightFormat) -> Any:
     """The weight as the low type stores it, dequantized: round to `bits` per block of input columns (or per

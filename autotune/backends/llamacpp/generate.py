@@ -166,13 +166,7 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
             raise ValueError("a mix (compressed_share below 1) needs the calibration text to rank the layers")
         ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir)
         mix = gguf_export.Mix(ranking.kept(share), KEPT_TYPES[config.precision])
-        mixed |= {
-            "compressed_share": share,
-            "kept_type": mix.kept_type,
-            "kept_layers": list(mix.kept),
-            "compressed_layers": len(ranking.layers) - len(mix.kept),
-            "sensitivity": ranking.to_json(),
-        }
+        mixed |= ranking.mix_details(share, mix.kept_type)
     done = gguf_export.convert(model.eval(), config.precision, out_dir / GGUF_FILE, mix, importance)
     if mix is not None:  # tied embeddings: no output matrix of its own beside the kept ones
         mixed["output_matrices"] = gguf_export.output_matrices(out_dir / GGUF_FILE)

@@ -168,13 +168,7 @@ def build_artifact(model: Any, calibration: Any, config: BackendConfig, out_dir:
         fmt = sensitivity.WeightFormat(4, int(options.group_size), config.precision == "int4_sym") if int4 else None
         ranking = sensitivity.cached_ranking(model.eval(), calibration, config.precision, out_dir, fmt)
         kept = ranking.kept(share)
-        mixed = {
-            "compressed_share": share,
-            "kept_type": KEPT_TYPES[config.precision],
-            "kept_layers": list(kept),
-            "compressed_layers": len(ranking.layers) - len(kept),
-            "sensitivity": ranking.to_json(),
-        }
+        mixed = ranking.mix_details(share, KEPT_TYPES[config.precision])
     if share != 1.0 or data_aware != "none":
         done = ir_export.export_compressed(
             model.eval(),
