@@ -1528,3 +1528,18 @@ def test_a_study_names_the_engines_it_never_tried():
     assert untried["inductor"] == "deferred: inductor took 80s to start and load in trial 1"  # said once
     assert "--budget" in untried["llamacpp"]
     assert "engines never tried: inductor: deferred: inductor took" in study_summary(study)
+
+
+def test_the_mix_benchmarks_space_covers_int8_first_and_lets_the_mix_search_bisect_its_shares():
+    """search_spaces/generate-mix.yaml: its coverage round runs OpenVINO int8_asym for the whole model (whose
+    drift decides whether a mix is needed) and the mix search finds its eight shares there (a share list the
+    parser dropped would leave the search nothing to bisect)."""
+    from autotune.tuning.mix_search import MixBisection
+    from autotune.tuning.space import load_space_file
+
+    data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate-mix.yaml")
+    space = SearchSpace.parse(data, fake_machine(), RUNTIMES, task="generate")
+    (first, *_) = space.coverage_params()
+    assert first["backend"] == "openvino" and first["openvino.precision"] == "int8_asym"
+    assert first.get("openvino.compressed_share", 1.0) == 1.0
+    assert MixBisection(space).shares == {"openvino": [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]}

@@ -114,6 +114,30 @@ def test_the_engines_summary_counts_no_row_past_the_drift_bound_the_recipe_inclu
     assert line["winner_vs_recipe"] == 130.0 / 250.0 and "recipe_past_bound" not in line
 
 
+def test_the_mix_summary_sets_the_winner_beside_the_best_whole_type_and_never_counts_its_own_file_as_a_tool():
+    """llm_engines.py's targets with a mixed winner: the tool run on the winner's own file is not a tool's
+    type (a user of the tool alone has no mix), and the best whole-model type is the fastest autotune row
+    within the bound, never one past it nor the winner itself."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks"))
+    import llm_engines
+
+    def row(name: str, speed: float, drift: float, **extra: object) -> dict:
+        return {"sequences": 1, "row": name, "tokens_per_s": speed, "drift_relative_l2": drift, **extra}
+
+    rows = [
+        row("autotune search winner", 8.0, 0.045, compressed_share=0.625, kept_type="fp16"),
+        row("autotune openvino fp16", 5.0, 0.026),
+        row("autotune openvino int8_asym", 10.0, 0.086),
+        row(f"{llm_engines.WINNER_FILE_ROW} (openvino-genai)", 8.4, 0.045),
+        row("openvino-genai fp16", 4.8, 0.026),
+        row("openvino-genai int8_asym", 10.1, 0.086),
+    ]
+    (line,) = llm_engines.targets(rows, 0.05, tool_target=1.5)
+    assert line["best_tool"] == "openvino-genai fp16" and line["winner_vs_best_tool"] == 8.0 / 4.8
+    assert line["best_whole_type"] == "autotune openvino fp16" and line["winner_vs_best_whole_type"] == 8.0 / 5.0
+    assert "target 1.5x" in line["text"] and "share 0.625" in line["text"], line["text"]
+
+
 def _commands(parser: argparse.ArgumentParser, path: str = "autotune"):
     """(command, its parser) for the parser and every subcommand's, nested ones included."""
     yield path, parser

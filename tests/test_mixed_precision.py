@@ -108,6 +108,41 @@ def test_fake_quantization_keeps_the_types_grid():
     assert (q8 - weight).abs().max() < (q4.reshape(8, 64) - weight).abs().max()
 
 
+@pytest.mark.parametrize("factory", ["tiny_llama", "tiny_gpt2"])
+def test_the_ranking_replays_the_blocks_before_a_matrix_and_scores_as_the_full_forward_does(factory):
+    """rank_layers reuses the unrounded outputs of the blocks before a matrix's block: each score equals the
+    one a full FP32 forward with that matrix alone rounded gives (a replay that fed a stale or a wrong block's
+    output would move the scores of every matrix past the first block)."""
+    import tiny_lm
+
+    from autotune.backends.generation.sensitivity import ranked_linears
+
+    torch.manual_seed(0)
+    model = getattr(tiny_lm, factory)()
+    config = model.config
+    config.num_hidden_layers = 4  # replayed outputs of more than one block (GPT-2 reads n_layer through it)
+    model = type(model)(config).eval()
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
+    ranking = rank_layers(model, ids, "Q4_0")
+    with torch.inference_mode():
+        reference = torch.log_softmax(model(ids).logits[:, -48:].reshape(-1, 256).double(), dim=-1)
+    full = {}
+    for name, module in ranked_linears(model).items():
+        weight = module.weight.data
+        conv = type(module).__name__ == "Conv1D"
+        module.weight.data = fake_quantize(weight.t() if conv else weight, FORMATS["Q4_0"])
+        module.weight.data = module.weight.data.t().contiguous() if conv else module.weight.data
+        with torch.inference_mode():
+            candidate = torch.log_softmax(model(ids).logits[:, -48:].reshape(-1, 256).double(), dim=-1)
+        module.weight.data = weight
+        full[name] = mean_kl_divergence(candidate.numpy(), reference.numpy())  # log-probabilities: their own logits
+    assert len(ranking.layers) == len(full) > 4
+    scores = {layer.name: layer.score for layer in ranking.layers}
+    assert min(full.values()) > 0
+    for name, score in full.items():
+        assert scores[name] == pytest.approx(score, rel=1e-3), name
+
+
 @pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
 def test_a_share_compresses_the_least_sensitive_weights_counted_by_parameters(share):
     """`compressed(share)` takes the least sensitive layers until their parameters reach the share; `kept` is

@@ -10,9 +10,13 @@ trained_llm.py trains one), interleaved in one run.
         [--repeats 1] [--best studies/S/best.json ...]
 
 --best adds the winner of an `autotune search --task generate` on the same decoder as a row at its total
-sequences; the seed's recipe (inductor da8w8, max-autotune, C++ wrapper, concat_linear, freezing) is a row
-unless --no-recipe. The summary sets the winner beside the best tool row within --max-drift (relative L2,
-default 0.05: a tool row past it does not count) and beside the recipe.
+sequences, and where it is llama.cpp or OpenVINO, its engine's tool on the winner's own file as a row (a mix
+included: whether its speed is the file's; never counted as a tool's type); the seed's recipe (inductor da8w8,
+max-autotune, C++ wrapper, concat_linear, freezing) is a row unless --no-recipe. The summary sets the winner
+beside the best tool row within --max-drift (relative L2, default 0.05: a tool row past it does not count;
+--target is printed beside it), beside the best whole-model type through autotune within it, and beside the
+recipe. A mixed winner's row says its compressed_share, kept type and layers (search_spaces/generate-mix.yaml
+is the mixed-precision benchmark's space).
 
 autotune's rows run autotune's protocol (a fresh pinned process per trial, warm-up, stop rule, a stamp per
 token); tokens/s is generated tokens over the timed calls' time (prefill and decode). llama-batched-bench's
@@ -73,7 +77,7 @@ def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: in
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "command": shlex.join(command)}
 
 
-def targets(rows: list[dict], max_drift: float, metric: str = "relative_l2") -> list[dict]:
+def targets(rows: list[dict], max_drift: float, metric: str = "relative_l2", tool_target: float = 1.1) -> list[dict]:
     """Per sequences: the search's winner against the best of the tools' own rows whose file stays within
     the drift bound (a row past it does not count), and against the seed's recipe."""
     out = []
@@ -85,9 +89,27 @@ def targets(rows: list[dict], max_drift: float, metric: str = "relative_l2") -> 
         within = [r for r in tools if r.get(f"drift_{metric}") is not None and r[f"drift_{metric}"] <= max_drift]
         past = [r["row"] for r in tools if r not in within]
         best_tool = max(within, key=lambda r: r["tokens_per_s"], default=None)
-        line: dict = {"sequences": sequences, "best_tool": best_tool and best_tool["row"], "tools_past_bound": past}
+        # autotune's rows of one type for the whole model (not the winner, not the recipe) within the bound
+        whole = [
+            r
+            for r in shape
+            if r["row"].startswith("autotune ")
+            and r is not winner
+            and r is not recipe
+            and r.get(f"drift_{metric}") is not None
+            and r[f"drift_{metric}"] <= max_drift
+        ]
+        best_whole = max(whole, key=lambda r: r["tokens_per_s"], default=None)
+        line: dict = {
+            "sequences": sequences,
+            "best_tool": best_tool and best_tool["row"],
+            "best_whole_type": best_whole and best_whole["row"],
+            "tools_past_bound": past,
+        }
         if winner and best_tool:
             line["winner_vs_best_tool"] = winner["tokens_per_s"] / best_tool["tokens_per_s"]
+        if winner and best_whole:
+            line["winner_vs_best_whole_type"] = winner["tokens_per_s"] / best_whole["tokens_per_s"]
         recipe_drift = recipe and recipe.get(f"drift_{metric}")
         if recipe and not (recipe_drift is not None and recipe_drift <= max_drift):  # garbage (or NaN): no target
             line["recipe_past_bound"] = recipe_drift
@@ -102,8 +124,15 @@ def targets(rows: list[dict], max_drift: float, metric: str = "relative_l2") -> 
             if best_tool:
                 text += (
                     f", {line['winner_vs_best_tool']:.2f}x {best_tool['row']} ({best_tool['tokens_per_s']:.1f}; "
-                    f"target 1.1x)"
+                    f"target {tool_target}x)"
                 )
+            if best_whole:
+                text += (
+                    f", {line['winner_vs_best_whole_type']:.2f}x the best whole-model type within the bound "
+                    f"({best_whole['row']}, {best_whole['tokens_per_s']:.1f})"
+                )
+            if winner.get("compressed_share") is not None:
+                text += f"; the winner is a mix: share {winner['compressed_share']} in its low type"
             if recipe:
                 text += f", {line['winner_vs_recipe']:.2f}x the recipe ({recipe['tokens_per_s']:.1f}; target 1.2x)"
         if "recipe_past_bound" in line:
@@ -114,6 +143,52 @@ def targets(rows: list[dict], max_drift: float, metric: str = "relative_l2") -> 
         line["text"] = text
         out.append(line)
     return out
+
+
+WINNER_FILE_ROW = "search winner's file in its engine's tool"  # not a tool's own type: no target counts it
+
+
+def mix_fields(metrics: object) -> dict:
+    """A mixed build's share, kept type and layers and executed types as a row's columns (empty: a whole type)."""
+    details = getattr(getattr(metrics, "artifact", None), "details", None) or {}
+    if "kept_layers" not in details:
+        return {}
+    return {
+        "compressed_share": details["compressed_share"],
+        "kept_type": details["kept_type"],
+        "kept_layers": len(details["kept_layers"]),
+        "compressed_layers": details["compressed_layers"],
+        "executed_types": details.get("tensor_types") or details.get("weight_types"),
+    }
+
+
+def winner_file_tool(
+    metrics: object,
+    config: object,
+    args: argparse.Namespace,
+    sequences: int,
+    cores: int,
+    tool: Path,
+    repack: bool,
+    machine: object,
+) -> dict | None:
+    """The engine's own tool on the file the search winner's trial loaded (its mix, where it is one): whether
+    the winner's speed is the file's or autotune's process around it. None: not an engine with a tool."""
+    from autotune.backends.llamacpp.own_tool import batched_bench
+    from autotune.records.config import pin_prefix
+
+    artifact = getattr(metrics, "artifact", None)
+    if artifact is None:
+        return None
+    if config.backend == "openvino":
+        return {"tool": "openvino-genai", **genai_bench(Path(artifact.dir), args.prompt, args.new, sequences, cores)}
+    if config.backend == "llamacpp" and tool.is_file():
+        pin = pin_prefix(config.instance_cpus(machine)[0], machine)
+        measured = batched_bench(
+            tool, Path(artifact.dir) / "model.gguf", args.prompt, args.new, sequences, cores, repack, pin
+        )
+        return {"tool": "llama-batched-bench", **measured}
+    return None
 
 
 def drift_fields(drift: object | None) -> dict[str, float | None]:
@@ -153,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="results file (default docs/results/engines-<date>.json)")
     parser.add_argument("--no-recipe", action="store_true", help="leave out the seed's recipe (inductor da8w8)")
     parser.add_argument("--max-drift", type=float, default=0.05, help="a row past this drift does not count")
+    parser.add_argument(
+        "--target", type=float, default=1.1, help="the winner's target against the best tool row (printed beside it)"
+    )
     parser.add_argument(
         "--drift-metric",
         choices=("relative_l2", "kld"),
@@ -271,7 +349,9 @@ def main() -> int:
         runs: dict[str, list[float]] = {name: [] for name in configs}
         tool_runs: dict[str, list[dict]] = {gguf_type: [] for gguf_type in types}
         genai_runs: dict[str, list[dict]] = {ov_type: [] for ov_type in ov_types}
+        winner_file_runs: list[dict] = []  # the tool on the search winner's own file (a mix's included)
         drift: dict[str, dict] = {}
+        mixes: dict[str, dict] = {}
         files: dict[str, Path] = {}
         for repeat in range(args.repeats):
             for name, config in configs.items():
@@ -283,9 +363,19 @@ def main() -> int:
                     continue
                 runs[name].append(metrics.throughput_sps)
                 drift[name] = drift_fields(metrics.drift)
-                if metrics.artifact:
+                mixes[name] = mix_fields(metrics)
+                if name == "autotune search winner":  # its file may be a mix: never a whole type's tool row
+                    measured_file = winner_file_tool(metrics, config, args, sequences, cores, tool, repack, machine)
+                    if measured_file:
+                        winner_file_runs.append(measured_file)
+                        console.print(
+                            f"{sequences} seq. repeat {repeat + 1} {measured_file['tool']} on the winner's file: "
+                            f"{measured_file['generated_tokens_per_s']:.1f} tokens/s",
+                            markup=False,
+                        )
+                elif metrics.artifact:
                     files[config.precision] = Path(metrics.artifact.dir) / "model.gguf"
-                if config.backend == "openvino" and metrics.artifact:
+                if config.backend == "openvino" and metrics.artifact and name != "autotune search winner":
                     measured = genai_bench(Path(metrics.artifact.dir), args.prompt, args.new, sequences, cores)
                     genai_runs[config.precision].append(measured)
                     console.print(
@@ -298,7 +388,7 @@ def main() -> int:
                     f"{metrics.noisy_note()}",
                     markup=False,
                 )
-                if config.backend == "llamacpp" and config.precision in files:
+                if config.backend == "llamacpp" and config.precision in files and name != "autotune search winner":
                     try:
                         pin = pin_prefix(config.instance_cpus(machine)[0], machine)  # where the trial ran
                         measured = batched_bench(
@@ -326,6 +416,7 @@ def main() -> int:
                         "runs": values,
                         "vs_eager_fp32": statistics.median(values) / base if base else None,
                         **drift.get(name, {}),
+                        **mixes.get(name, {}),
                         **(
                             {"file": str(files[configs[name].precision])}
                             if name.startswith("autotune llamacpp")
@@ -338,6 +429,20 @@ def main() -> int:
                         ),
                     }
                 )
+        if winner_file_runs:
+            values = [m["generated_tokens_per_s"] for m in winner_file_runs]
+            rows.append(
+                {
+                    "sequences": sequences,
+                    "row": f"{WINNER_FILE_ROW} ({winner_file_runs[0]['tool']})",
+                    "tokens_per_s": statistics.median(values),
+                    "runs": values,
+                    "vs_eager_fp32": statistics.median(values) / base if base else None,
+                    **drift.get("autotune search winner", {}),  # the same file's
+                    **mixes.get("autotune search winner", {}),
+                    "command": winner_file_runs[0]["command"],
+                }
+            )
         tool_sets = (
             ("llama-batched-bench", "autotune llamacpp", tool_runs, ("speed_pp", "speed_tg")),
             ("openvino-genai", "autotune openvino", genai_runs, ("ttft_ms", "tpot_ms")),
@@ -360,7 +465,7 @@ def main() -> int:
                     )
     table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
     drift_columns = ("KLD", "same top", "ppl +", "rel. L2")
-    for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", *drift_columns):
+    for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "mix", *drift_columns):
         table.add_column(column, justify="left" if column == "row" else "right")
     by_name = {(r["sequences"], r["row"]): r for r in rows}
     for row in rows:
@@ -378,13 +483,14 @@ def main() -> int:
             f"{row['tokens_per_s']:.1f}",
             f"{row['vs_eager_fp32']:.2f}x" if row["vs_eager_fp32"] else "-",
             ratio,
+            "-" if row.get("compressed_share") is None else f"{row['compressed_share']} {row['kept_type']}",
             *(
                 "-" if row.get(key) is None else f"{row[key]:.3g}"
                 for key in ("drift_kld", "drift_same_top", "drift_perplexity_increase", "drift_relative_l2")
             ),
         )
     console.print(table)
-    summary = targets(rows, args.max_drift, metric)
+    summary = targets(rows, args.max_drift, metric, args.target)
     for line in summary:
         console.print(line["text"], markup=False)
     for failure in failures:
@@ -401,6 +507,7 @@ def main() -> int:
         args.out,
         drift_bound={"metric": metric, "max": args.max_drift},
         targets=summary,
+        tool_target=args.target,
         failed_tool_runs=failures,
     )
     console.print(f"wrote {out}", markup=False)

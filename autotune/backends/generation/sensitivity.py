@@ -154,38 +154,87 @@ def ranked_linears(model: Any) -> dict[str, Any]:
     return {name: module for name, module in projections(model).items() if module is not output}
 
 
+def decoder_blocks(model: Any) -> tuple[str, list[Any]]:
+    """The model's repeated blocks in call order and their list's module name: its longest ModuleList (a
+    decoder's layers). ("", []) where it has none."""
+    import torch
+
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return "", []
+    name, blocks = max(lists, key=lambda pair: len(pair[1]))
+    return name, list(blocks)
+
+
+def block_of(name: str, blocks_name: str, count: int) -> int:
+    """Which block a module name lies in (0: outside the blocks, so the whole forward runs)."""
+    prefix = f"{blocks_name}." if blocks_name else ""
+    head = name[len(prefix) :].split(".", 1)[0] if prefix and name.startswith(prefix) else ""
+    return int(head) if head.isdigit() and int(head) < count else 0
+
+
 def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat | None = None) -> Sensitivity:
     """Every ranked Linear's sensitivity to `low_type` (a key of FORMATS, or any name with its `fmt`), least
     sensitive first: the KL divergence the model's next-token distributions move by when that matrix alone
-    is rounded to it."""
+    is rounded to it.
+
+    A matrix in block i changes nothing before block i, so the blocks before it return the outputs they
+    gave the unrounded model (kept from its forward) instead of computing them again: on a decoder the
+    forwards cost about half, and the scores are the full forward's (tests/test_mixed_precision.py)."""
+    import inspect
+
     import torch
 
     fmt = fmt or FORMATS[low_type]
     ids = torch.as_tensor(calibration)
     scored = min(SCORED_POSITIONS, ids.shape[1])
+    accepted = inspect.signature(model.forward).parameters
+    # no KV cache (the skipped blocks would leave it holes); only the scored positions' logits
+    call = {key: value for key, value in (("use_cache", False), ("logits_to_keep", scored)) if key in accepted}
+    blocks_name, blocks = decoder_blocks(model)
+    outputs: dict[int, Any] = {}
 
     def log_probs() -> Any:
         with torch.inference_mode():
-            out = model(ids).logits[:, -scored:]
+            out = model(ids, **call).logits[:, -scored:]
         return torch.log_softmax(out.reshape(-1, out.shape[-1]).to(torch.float64), dim=-1)
 
     def mean_kl_divergence(candidate: Any, reference: Any) -> float:
         """Mean over positions of KL(P_fp32 || P_candidate) in nats (measure/drift.py's, on log-probabilities)."""
         return max(float((reference.exp() * (reference - candidate)).sum(dim=-1).mean()), 0.0)
 
+    def keep(index: int) -> Any:
+        def hook(module: Any, inputs: Any, output: Any) -> None:
+            outputs[index] = output
+
+        return hook
+
+    def replay(index: int) -> Any:
+        return lambda *args, **kwargs: outputs[index]
+
     model.eval()
-    reference = log_probs()
+    handles = [block.register_forward_hook(keep(i)) for i, block in enumerate(blocks)]
+    try:
+        reference = log_probs()
+    finally:
+        for handle in handles:
+            handle.remove()
     layers = []
     for name, module in ranked_linears(model).items():
+        start = block_of(name, blocks_name, len(blocks)) if len(outputs) == len(blocks) else 0
         weight = module.weight.data
         if is_conv1d(module):  # rounded along its input, as the engines store it: out x in
             module.weight.data = fake_quantize(weight.t(), fmt).t().contiguous().to(weight.dtype)
         else:
             module.weight.data = fake_quantize(weight, fmt).to(weight.dtype)
+        for index in range(start):
+            blocks[index].forward = replay(index)  # an instance attribute: Module.__call__ calls it
         try:
             score = mean_kl_divergence(log_probs(), reference)
         finally:
             module.weight.data = weight
+            for index in range(start):
+                del blocks[index].forward
         layers.append(LayerSensitivity(name, int(weight.numel()), score))
     layers.sort(key=lambda layer: (layer.score, layer.name))
     return Sensitivity(low_type, METHOD, tuple(layers), int(ids.numel()))
