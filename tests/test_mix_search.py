@@ -19,18 +19,23 @@ class Space:
     def __init__(self, shares: list[float]) -> None:
         from autotune.backends import backend_specs
 
-        self.backends = {"llamacpp": {"precision": ["Q4_0", "F32"], "compressed_share": shares}}
+        self.backends = {"llamacpp": {"precision": ["Q4_0", "Q8_0", "F32"], "compressed_share": shares}}
         self.specs = backend_specs("generate")
 
 
 def stored(
-    study: optuna.study.Study, precision: str, share: float | None, drifted: bool | None, threads: int = 2
+    study: optuna.study.Study,
+    precision: str,
+    share: float | None,
+    drifted: bool | None,
+    threads: int = 2,
+    fail_cause: str | None = None,
 ) -> None:
     """A finished trial: pruned for drift (drifted), complete within the bound (not drifted), or failed (None)."""
     params = {"backend": "llamacpp", "llamacpp.precision": precision, "threads_per_instance": threads}
     distributions = {
         "backend": CategoricalDistribution(["llamacpp"]),
-        "llamacpp.precision": CategoricalDistribution(["Q4_0", "F32"]),
+        "llamacpp.precision": CategoricalDistribution(["Q4_0", "Q8_0", "F32"]),
         "threads_per_instance": CategoricalDistribution([1, 2]),
     }
     attrs: dict = {}
@@ -40,6 +45,8 @@ def stored(
         attrs[Attr.MIX_SHARE] = share
     if drifted:
         attrs[Attr.PRUNE_REASON] = "drift: kld drop 0.1 > max 0.05"
+    if fail_cause:
+        attrs[Attr.FAIL_CAUSE] = fail_cause
     states = {True: optuna.trial.TrialState.PRUNED, False: optuna.trial.TrialState.COMPLETE}
     state = states.get(drifted, optuna.trial.TrialState.FAIL)  # type: ignore[call-overload]
     value = 1.0 if state == optuna.trial.TrialState.COMPLETE else None
@@ -103,3 +110,24 @@ def test_a_failed_mix_trial_counts_as_past_the_bound_and_layouts_of_one_type_bis
     stored(study, "Q4_0", 0.5, None)
     MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
     assert [p["llamacpp.compressed_share"] for p in waiting(study)] == [0.25]
+
+
+@pytest.mark.parametrize("cause", ["budget ran out: timed out after 21s while preparing", "interrupted (Ctrl-C)"])
+def test_a_mix_trial_stopped_from_outside_runs_its_share_again(cause):
+    """A share whose trial the search's budget or Ctrl-C stopped says nothing of its drift: when the search
+    resumes, the same share runs again, not the one below it."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "Q4_0", None, True)
+    stored(study, "Q4_0", 0.5, None, fail_cause=cause)
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    assert [p["llamacpp.compressed_share"] for p in waiting(study)] == [0.5]
+
+
+def test_no_mix_is_bisected_over_a_kept_type_that_breaks_the_bound_whole():
+    """Q4_0's mix keeps its sensitive matrices in Q8_0: with the whole-model Q8_0 file pruned for drift, no
+    share of Q4_0 can pass (share 0 is all Q8_0), so only Q8_0's own mix (over F16) is bisected."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "Q4_0", None, True)
+    stored(study, "Q8_0", None, True)
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    assert [(p["llamacpp.precision"], p["llamacpp.compressed_share"]) for p in waiting(study)] == [("Q8_0", 0.5)]

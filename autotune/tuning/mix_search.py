@@ -30,6 +30,36 @@ def _share_of(trial: optuna.trial.FrozenTrial, backend: str, default: float) -> 
     return default if value is None else float(value)
 
 
+# failures from outside the trial (the search's budget, Ctrl-C): they say nothing of the share, which runs again
+STOPPED_FROM_OUTSIDE = ("budget ran out", "interrupted")
+
+
+def _failed_at_share(trial: optuna.trial.FrozenTrial) -> bool:
+    """A mix trial that failed on its own (its build or run crashed): its share cannot be the answer. One
+    stopped from outside, or one still running, is not."""
+    cause = TrialAttrs.of(trial).fail_cause or ""
+    return (
+        trial.state == optuna.trial.TrialState.FAIL
+        and Attr.MIX_SHARE in trial.user_attrs
+        and not cause.startswith(STOPPED_FROM_OUTSIDE)
+    )
+
+
+def _kept_type(backend: str, precision: str) -> str | None:
+    """The type a mix of this precision keeps its sensitive matrices in (None: one the engine does not mix)."""
+    from autotune.backends.generation.quantization import MIX_KEPT
+    from autotune.backends.llamacpp.generate import KEPT_TYPES as GGUF_KEPT
+    from autotune.backends.openvino.generate import KEPT_TYPES as IR_KEPT
+
+    kept: dict[str, dict[str, str]] = {
+        "llamacpp": GGUF_KEPT,
+        "openvino": IR_KEPT,
+        "eager": MIX_KEPT,
+        "inductor": MIX_KEPT,
+    }
+    return kept.get(backend, {}).get(precision)
+
+
 def _verdict(trial: optuna.trial.FrozenTrial) -> bool | None:
     """True: its drift was within the bound; False: it was pruned for drift; None: not known (failed, or
     pruned before drift was measured)."""
@@ -58,19 +88,22 @@ class MixBisection:
         if not self.shares:
             return
         trials = study.get_trials(deepcopy=False)
-        taken = {self._key(t.params) for t in trials if t.state != optuna.trial.TrialState.FAIL}
+        # a failed trial's share may run again (stopped from outside); Optuna's skip_if_exists would refuse it
+        taken = {self._key(self._params(t)) for t in trials if t.state != optuna.trial.TrialState.FAIL}
         groups: dict[tuple[Any, ...], list[optuna.trial.FrozenTrial]] = {}
         for done in trials:
             backend = done.params.get("backend")
             if backend in self.shares and self._applies(done.params, backend):
                 groups.setdefault(self._numerics(done.params, backend), []).append(done)
         for members in groups.values():
+            if self._kept_breaks_bound(trials, members[0].params):
+                continue  # every share holds the kept type at least: none can pass where it does not
             params = self._next(members)
             if params is not None and self._key(params) not in taken:
                 share = params[f"{params['backend']}.{SHARE}"]
                 why = f"{MIX_SEARCH}: {params['backend']} {params[params['backend'] + '.precision']} at share {share}"
                 user_attrs = {Attr.ORDER: why, Attr.MIX_SHARE: share}
-                study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=True)
+                study.enqueue_trial(params, user_attrs=user_attrs)
                 taken.add(self._key(params))
 
     def _next(self, members: list[optuna.trial.FrozenTrial]) -> dict[str, Any] | None:
@@ -78,12 +111,8 @@ class MixBisection:
         backend = members[0].params["backend"]
         top = self.shares[backend][-1]
         within = [_share_of(t, backend, top) for t in members if _verdict(t) is True]
-        # a mix trial that failed, or stopped before its drift was known, cannot be the answer: past it, lower
-        beyond = [
-            (_share_of(t, backend, top), t)
-            for t in members
-            if _verdict(t) is False or (_verdict(t) is None and Attr.MIX_SHARE in t.user_attrs)
-        ]
+        # a mix trial that failed on its own cannot be the answer: past it, lower
+        beyond = [(_share_of(t, backend, top), t) for t in members if _verdict(t) is False or _failed_at_share(t)]
         if not beyond:
             return None
         high, pruned = min(beyond, key=lambda pair: pair[0])
@@ -96,6 +125,20 @@ class MixBisection:
         middle = ((low if low is not None else 0.0) + high) / 2
         share = min(between, key=lambda s: (abs(s - middle), -s))
         return {**pruned.params, f"{backend}.{SHARE}": share}
+
+    @staticmethod
+    def _kept_breaks_bound(trials: list[optuna.trial.FrozenTrial], params: dict[str, Any]) -> bool:
+        """Whether a whole-model trial of the type this group's mix keeps its sensitive matrices in was pruned
+        for drift (int8 weights past the bound: no int4-over-int8 mix is within it, share 0 included)."""
+        backend = params["backend"]
+        kept = _kept_type(backend, str(params.get(f"{backend}.precision")))
+        return kept is not None and any(
+            done.params.get("backend") == backend
+            and done.params.get(f"{backend}.precision") == kept
+            and _share_of(done, backend, 1.0) == 1.0
+            and _verdict(done) is False
+            for done in trials
+        )
 
     def _applies(self, params: dict[str, Any], backend: str) -> bool:
         """Whether the trial's precision takes a share (a quantized type)."""
@@ -115,6 +158,12 @@ class MixBisection:
                 if k.startswith(prefix) and k[len(prefix) :] not in scheduling and k != f"{prefix}{SHARE}"
             )
         )
+
+    @staticmethod
+    def _params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        """A trial's parameters: a waiting one's are the fixed ones it was enqueued with."""
+        fixed: dict[str, Any] = trial.system_attrs.get("fixed_params", trial.params)
+        return fixed
 
     @staticmethod
     def _key(params: dict[str, Any]) -> tuple[Any, ...]:
