@@ -131,3 +131,23 @@ def test_no_mix_is_bisected_over_a_kept_type_that_breaks_the_bound_whole():
     stored(study, "Q8_0", None, True)
     MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
     assert [(p["llamacpp.precision"], p["llamacpp.compressed_share"]) for p in waiting(study)] == [("Q8_0", 0.5)]
+
+
+def test_a_mix_trial_still_running_is_neither_within_nor_beyond():
+    """A share another worker is still measuring has no verdict: counting it as beyond the bound (as a failed
+    one is) would enqueue the share below it, a trial wasted once it comes back within."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "Q4_0", None, True)
+    bisection = MixBisection(Space(SHARES))  # type: ignore[arg-type]
+    bisection(study)
+    running = study.ask()  # the enqueued share 0.5, as a worker takes it
+    for name, choices in (
+        ("backend", ["llamacpp"]),
+        ("llamacpp.precision", ["Q4_0", "F32"]),
+        ("threads_per_instance", [1, 2]),
+        ("llamacpp.compressed_share", SHARES),
+    ):
+        running.suggest_categorical(name, choices)
+    assert running.params["llamacpp.compressed_share"] == 0.5 and Attr.MIX_SHARE in running.user_attrs
+    bisection(study)
+    assert waiting(study) == []

@@ -143,18 +143,24 @@ def test_the_ranking_replays_the_blocks_before_a_matrix_and_scores_as_the_full_f
         assert scores[name] == pytest.approx(score, rel=1e-3), name
 
 
-@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
-def test_a_share_compresses_the_least_sensitive_weights_counted_by_parameters(share):
-    """`compressed(share)` takes the least sensitive layers until their parameters reach the share; `kept` is
-    the rest, most sensitive first."""
+@pytest.mark.parametrize(
+    ("share", "compressed", "kept"),
+    [
+        (0.0, (), ("l3", "l2", "l1", "l0")),
+        (0.25, ("l0", "l1"), ("l3", "l2")),  # l0's 100 of 500 fall short of 125: l1, the first past it, goes too
+        (0.3, ("l0", "l1"), ("l3", "l2")),  # exactly 150: no more
+        (1.0, ("l0", "l1", "l2", "l3"), ()),
+    ],
+)
+def test_a_share_compresses_the_least_sensitive_weights_counted_by_parameters(share, compressed, kept):
+    """`compressed(share)` takes the least sensitive layers until their parameters reach the share (the first
+    past it included, as NNCF's ratio counts); `kept` is the rest, most sensitive first."""
     from autotune.backends.generation.sensitivity import LayerSensitivity, Sensitivity
 
     layers = tuple(LayerSensitivity(f"l{i}", p, float(i)) for i, p in enumerate((100, 50, 200, 150)))
     ranking = Sensitivity("Q4_0", "test", layers)
-    compressed = ranking.compressed(share)
-    expected = {0.0: (), 0.3: ("l0", "l1"), 1.0: ("l0", "l1", "l2", "l3")}[share]
-    assert compressed == expected
-    assert ranking.kept(share) == tuple(n for n in ("l3", "l2", "l1", "l0") if n not in compressed)
+    assert ranking.compressed(share) == compressed
+    assert ranking.kept(share) == kept
     with pytest.raises(ValueError, match="compressed_share"):
         ranking.compressed(1.5)
 
@@ -250,18 +256,25 @@ def test_openvino_mixes_run_from_fp16s_drift_to_int8s_with_the_mix_asked(trained
     assert runs["mix50"].backend_details["kept_type"] == "fp16"
 
 
-def test_a_mix_of_an_unquantized_type_or_a_share_outside_0_1_is_refused():
-    """compressed_share mixes a quantized GGUF type with a wider one: at F32, or beyond [0, 1], the trial is
-    refused before it runs, in words."""
-    from autotune.backends.llamacpp.generate import unsupported
+@pytest.mark.parametrize(
+    ("backend", "low", "wide"),
+    [("llamacpp", "Q4_0", "F32"), ("openvino", "int8_asym", "fp16"), ("eager", "woq_int4", "smoothquant_int8")],
+)
+def test_a_mix_of_a_type_the_engine_does_not_mix_or_a_share_outside_0_1_is_refused(backend, low, wide):
+    """compressed_share mixes one of the engine's low types with a wider one: at a type it does not mix (which
+    would pay for a ranking and change nothing), or beyond [0, 1], the trial is refused before it runs, in
+    words."""
+    from autotune.backends import backend_module
     from autotune.records.config import TrialConfig
 
-    def why(precision: str, share: float) -> str | None:
-        return unsupported(TrialConfig("llamacpp", precision, 1, options={"compressed_share": share}))
+    unsupported = backend_module(backend, "generate").unsupported
 
-    assert "F32 is not quantized" in str(why("F32", 0.5))
-    assert "[0, 1]" in str(why("Q4_0", 1.5))
-    assert why("Q4_0", 0.5) is None and why("F32", 1.0) is None
+    def why(precision: str, share: float) -> str | None:
+        return unsupported(TrialConfig(backend, precision, 1, options={"compressed_share": share}))
+
+    assert f"{wide} is not one" in str(why(wide, 0.5))
+    assert "[0, 1]" in str(why(low, 1.5))
+    assert why(low, 0.5) is None and why(wide, 1.0) is None
 
 
 @pytest.mark.slow

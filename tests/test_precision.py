@@ -390,3 +390,19 @@ def test_an_int8_claim_with_only_the_output_head_quantized_is_a_fallback_naming_
     verdict = weight_probe(model)(None, "woq_int8")
     assert verdict.fallback and verdict.counts == {"f32": 8, "int8": 1}
     assert verdict.reason == "woq_int8 asked, 1 of 9 compute layers ran in int8 (layer weight types: 8 f32, 1 int8)"
+
+
+def test_a_mix_holds_only_where_every_compressed_matrix_lies_below_the_kept_type():
+    """judge_mix: 3 kept matrices and the output layer in f16, 5 compressed ones in int8 is the mix asked; a
+    compressed matrix the quantizer left in f32 (torchao skips a Linear its int4 group does not divide) or
+    one kept too many is a fallback, not a mix."""
+    from autotune.backends.precision import FALLBACK, OK, judge_mix
+
+    details = {"kept_type": "fp16", "kept_layers": ["a", "b", "c"], "compressed_layers": 5}
+    assert judge_mix("int8_asym", {"f16": 4, "int8": 5}, "IR weight types", details).status == OK
+    left_wide = judge_mix("int8_asym", {"f16": 4, "int8": 4, "f32": 1}, "IR weight types", details)
+    assert left_wide.status == FALLBACK and "mix asked" in left_wide.reason
+    assert judge_mix("int8_asym", {"f16": 5, "int8": 4}, "IR weight types", details).status == FALLBACK
+    int4 = {"kept_type": "Q8_0", "kept_layers": ["a"], "compressed_layers": 2}
+    assert judge_mix("Q4_0", {"int8": 2, "int4": 1, "int6": 1}, "GGUF tensor types", int4).status == OK
+    assert judge_mix("Q4_0", {"int8": 2, "int4": 1, "f16": 1}, "GGUF tensor types", int4).status == FALLBACK

@@ -168,17 +168,24 @@ def check_precision(runner: Any, native_input: Any, claimed: str) -> ExecutedPre
     return replace(record, probe_s=time.monotonic() - t0)
 
 
+# bits per weight of each bucket: a mix's compressed matrices must lie below its kept type ("other": unknown)
+BUCKET_BITS = {"int2": 2, "int3": 3, "int4": 4, "int5": 5, "int6": 6, "int8": 8, "f16": 16, "bf16": 16, "f32": 32}
+
+
 def judge_mix(claimed: str, counts: dict[str, int], source: str, details: dict[str, Any]) -> ExecutedPrecision:
     """A mixed-precision artifact (build details with `kept_layers`, `kept_type`, `compressed_layers`) holds
     when its matrices are exactly the mix asked: the kept ones and the output layer (`output_matrices`, 1 unless
-    the file reuses the embedding) in the kept type's bucket, every other one below it; `counts` are the
-    matrices by bucket."""
+    the file reuses the embedding) in the kept type's bucket, every other one in a narrower bucket (a
+    compressed matrix the quantizer left wide, as torchao leaves a Linear its group does not divide, fails);
+    `counts` are the matrices by bucket."""
     kept_bucket = CLAIMED_BUCKET.get(details["kept_type"]) or bucket_of(details["kept_type"])
     output = int(details.get("output_matrices", 1))  # 0: a tied output layer the file does not hold apart
     asked = {kept_bucket: len(details["kept_layers"]) + output, "compressed": int(details["compressed_layers"])}
-    ran = {kept_bucket: counts.get(kept_bucket, 0), "compressed": sum(counts.values()) - counts.get(kept_bucket, 0)}
+    kept_bits = BUCKET_BITS.get(kept_bucket, 0)
+    narrower = sum(n for b, n in counts.items() if b != kept_bucket and BUCKET_BITS.get(b, 99) < kept_bits)
+    ran = {kept_bucket: counts.get(kept_bucket, 0), "compressed": narrower}
     evidence = {source: dict(counts)}
-    if ran == asked:
+    if ran == asked and sum(counts.values()) == sum(asked.values()):
         return ExecutedPrecision(claimed, OK, source, dict(counts), evidence)
     reason = f"{claimed} mix asked {asked}, the file holds {describe(counts)}"
     return ExecutedPrecision(claimed, FALLBACK, source, dict(counts), evidence, reason)

@@ -92,6 +92,8 @@ class MixBisection:
         taken = {self._key(self._params(t)) for t in trials if t.state != optuna.trial.TrialState.FAIL}
         groups: dict[tuple[Any, ...], list[optuna.trial.FrozenTrial]] = {}
         for done in trials:
+            if not done.state.is_finished():  # running (another worker's) or waiting: no verdict yet
+                continue
             backend = done.params.get("backend")
             if backend in self.shares and self._applies(done.params, backend):
                 groups.setdefault(self._numerics(done.params, backend), []).append(done)

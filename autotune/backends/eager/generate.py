@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec
-from autotune.backends.generation import artifacts
+from autotune.backends.generation import artifacts, sensitivity
 from autotune.backends.generation.decode_loop import Generator
 from autotune.backends.generation.quantization import (
+    MIXABLE,
     PRECISIONS,
     QUANTIZED,
     TorchGenerateOptions,
@@ -48,8 +49,10 @@ def unavailable() -> str | None:
 
 
 def unsupported(config: BackendConfig) -> str | None:
-    """Every combination of the space runs; a precision this torchao lacks is left out before (main)."""
-    return None
+    """A compressed_share of a precision torchao does not mix; every other combination of the space runs (a
+    precision this torchao lacks is left out before: main)."""
+    share = float(TorchGenerateOptions.of(config).compressed_share)
+    return sensitivity.share_refusal(share, config.precision, MIXABLE)
 
 
 def prepare(

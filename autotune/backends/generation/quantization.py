@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendOptions, choice
+from autotune.backends.generation.sensitivity import SHARES
 from autotune.backends.precision import bucket_of, judge, judge_mix
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ INT4 = ("woq_int4", "da8w4")
 # 100M decoder's 512-token prefill took 32.7 s with fp32 activations against 0.51 s with bf16 ones on a
 # Xeon with AMX, docs/manual/benchmarks-log.md), so fp32 is an option, not the default.
 WEIGHT_ONLY = ("woq_int8", "woq_int4")
+MIXABLE = ("woq_int8", "da8w8", *INT4)  # the precisions compressed_share mixes with a wider one (MIX_KEPT)
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,7 @@ class TorchGenerateOptions(BackendOptions):
     # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the
     # precision, the rest and the output layer in the one above it (MIX_KEPT); torchao's filter_fn picks them.
     # Never sampled: the mix search bisects for it (tuning/mix_search.py)
-    compressed_share: float = choice(
-        1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=("woq_int8", "da8w8", *INT4)
-    )
+    compressed_share: float = choice(*SHARES, precisions=MIXABLE)
 
 
 # Quantized once by the prepare process, cached, and loaded by every trial with the same numerics.

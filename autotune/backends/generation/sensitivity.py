@@ -2,8 +2,9 @@
 so a mix compresses the least sensitive ones first and keeps the rest in a higher type (`compressed_share`).
 
 The method: each matrix alone is rounded to the engine's own low type (its bits, block and symmetry), the
-model runs in FP32 over the calibration text (never the drift prompts), and the mean KL divergence of its
-next-token distributions from the unrounded model's, over the last positions of each window, is that
+model runs in FP32 over the calibration windows (of the same text as the drift prompts, drawn with a seed of
+their own: they may overlap them, so the drift of a mix is not measured on held-out text), and the mean KL
+divergence of its next-token distributions from the unrounded model's, over the last positions of each window, is that
 matrix's sensitivity: the measure the quality bound judges, one forward per matrix. A layer-local estimate
 (the input-weighted rounding error behind llama.cpp's importance matrix and NNCF's hessian_input_activation,
 one forward in all) was tried first and ranked worse than chance on a trained Llama: it cannot see that
@@ -23,11 +24,23 @@ from typing import Any, ClassVar
 
 from autotune.common.json_record import Record
 
-METHOD_ID = "kld-one-at-a-time-1"  # in a mixed artifact's key: another method ranks another mix
+METHOD_ID = "kld-one-at-a-time-2"  # in a mixed artifact's key: another method ranks another mix (2: Conv1D ranked)
 METHOD = "each matrix alone in the low type (fake-quantized), FP32 forward: mean KL divergence from FP32"
 IMATRIX_ID = "input-energy-1"  # in an artifact's key: llama.cpp's importance matrix as input_energy computes it
 IMATRIX_METHOD = "E[x^2] per input column of every Linear, one FP32 forward over the calibration text"
 SCORED_POSITIONS = 64  # the last positions of each calibration window whose next-token distributions count
+# compressed_share's values in every engine's options, the whole-model file (1) first: the mix search bisects them
+SHARES = (1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0)
+
+
+def share_refusal(share: float, precision: str, mixable: Any) -> str | None:
+    """Why a config's compressed_share cannot run (None: it can): a mix needs one of the engine's `mixable`
+    low types (a share of a 16-bit or unquantized type would rank the model and then change nothing)."""
+    if share != 1.0 and precision not in mixable:
+        return f"compressed_share means a mix of a quantized type with a wider one; {precision} is not one"
+    if not 0.0 <= share <= 1.0:
+        return f"compressed_share must lie in [0, 1], got {share}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -76,11 +89,6 @@ class Sensitivity(Record):
     method: str
     layers: tuple[LayerSensitivity, ...]
     calibration_tokens: int = 0
-
-    def digest(self) -> str:
-        """Short digest of the ranking (which layers a share keeps depends on it)."""
-        order = json.dumps([layer.name for layer in self.layers])
-        return hashlib.sha256(f"{self.low_type}:{order}".encode()).hexdigest()[:12]
 
     def compressed(self, share: float) -> tuple[str, ...]:
         """The least sensitive layers holding `share` of the ranked parameters (the first past it included,
@@ -261,12 +269,12 @@ def cached_ranking(
 
     ids = torch.as_tensor(calibration).to(torch.int64)
     fmt = fmt or FORMATS[low_type]
-    key = hashlib.sha256(
-        f"{METHOD_ID}:{low_type}:{fmt}:{weights_digest(model)}:".encode() + ids.numpy().tobytes()
-    ).hexdigest()[:24]
     artifacts = Path(artifact_dir).resolve().parent
     if artifacts.name != "artifacts":
         return rank_layers(model, ids, low_type, fmt)
+    key = hashlib.sha256(
+        f"{METHOD_ID}:{low_type}:{fmt}:{weights_digest(model)}:{tuple(ids.shape)}:".encode() + ids.numpy().tobytes()
+    ).hexdigest()[:24]
     folder = artifacts.parent / "sensitivity"
     path = folder / f"{low_type}-{key}.json"
     try:

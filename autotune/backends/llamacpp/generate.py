@@ -63,9 +63,7 @@ class LlamaCppOptions(BackendOptions):
     # type; the rest, the output layer and the token embedding in the type above it (KEPT_TYPES): 1 = the
     # whole-model type as llama.cpp's quantizer writes it. Never sampled: the mix search bisects for the largest
     # share within the quality bound (tuning/mix_search.py)
-    compressed_share: float = choice(
-        1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=tuple(KEPT_TYPES)
-    )
+    compressed_share: float = choice(*sensitivity.SHARES, precisions=tuple(KEPT_TYPES))
     # llama.cpp's importance matrix (`llama-imatrix`, then `llama-quantize --imatrix`): each Linear's mean
     # squared input per column over the calibration text, from one FP32 forward in PyTorch, so the quantizer
     # weighs each column's rounding error by how much it reaches the output; the text is the user's
@@ -109,11 +107,9 @@ def unsupported(config: BackendConfig) -> str | None:
             "decode threads half changes nothing here: llama.cpp takes all for a step of several sequences, "
             "and half of one thread is one"
         )
-    share = float(options.compressed_share)
-    if share != 1.0 and config.precision not in KEPT_TYPES:
-        return f"compressed_share means a mix of a quantized type with a wider one; {config.precision} is not quantized"
-    if not 0.0 <= share <= 1.0:
-        return f"compressed_share must lie in [0, 1], got {share}"
+    refusal = sensitivity.share_refusal(float(options.compressed_share), config.precision, KEPT_TYPES)
+    if refusal:
+        return refusal
     if options.imatrix and config.precision not in IMATRIX_TYPES:
         return f"llama.cpp's quantizer uses an importance matrix for {', '.join(IMATRIX_TYPES)} only"
     if options.repack == "off" and amx_build():

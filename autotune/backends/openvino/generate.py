@@ -48,9 +48,7 @@ class OpenVinoGenerateOptions(BackendOptions):
     # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the IR's
     # type, the rest in the type above it (KEPT_TYPES), written by NNCF with the kept matrices as its ignored
     # scope; 1 = optimum-cli's whole-model export. Never sampled: the mix search bisects for it
-    compressed_share: float = choice(
-        1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0, precisions=tuple(KEPT_TYPES)
-    )
+    compressed_share: float = choice(*sensitivity.SHARES, precisions=tuple(KEPT_TYPES))
     # NNCF's data-aware int4 (ir_export.DATA_AWARE) on the calibration text: the user's own, through the IR
     data_aware: str = choice("none", *ir_export.DATA_AWARE, precisions=ir_export.INT4)
     # the u8 KV cache's quantization groups along each head (KEY_CACHE_GROUP_SIZE and VALUE_CACHE_GROUP_SIZE);
@@ -103,10 +101,9 @@ def unsupported(config: BackendConfig) -> str | None:
     groups for a cache in f16 or f32, and split-fuse on or off without a cap (every prompt in one step)."""
     options = OpenVinoGenerateOptions.of(config)
     share = float(options.compressed_share)
-    if share != 1.0 and config.precision not in KEPT_TYPES:
-        return f"compressed_share means a mix of a compressed type with a wider one; {config.precision} is not one"
-    if not 0.0 <= share <= 1.0:
-        return f"compressed_share must lie in [0, 1], got {share}"
+    refusal = sensitivity.share_refusal(share, config.precision, KEPT_TYPES)
+    if refusal:
+        return refusal
     if options.data_aware != "none" and config.precision not in ir_export.INT4:
         return f"NNCF's data-aware algorithms ({options.data_aware}) compress int4 weights; {config.precision} is not"
     if share != 1.0 and float(options.ratio) != 1.0:

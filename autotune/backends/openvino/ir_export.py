@@ -163,10 +163,11 @@ def export_compressed(
     ir = out_dir / IR_FILE
     compressed = ov.Core().read_model(ir)
     if precision == "int8_asym":
-        if len(kept) < len(compressible(compressed)) - 1:  # some matrix is left to compress
+        steps = []
+        if len(kept) < len(compressible(compressed)) - 1:  # some matrix is left to compress (share 0: none)
             scope = nncf.IgnoredScope(patterns=scope_patterns([*kept, *edges]), validate=True)
             compressed = nncf.compress_weights(compressed, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=scope)
-        steps = [f"nncf.compress_weights(INT8_ASYM, ignored_scope={len(kept)} kept + output + embedding)"]
+            steps = [f"nncf.compress_weights(INT8_ASYM, ignored_scope={len(kept)} kept + output + embedding)"]
     else:
         mode = nncf.CompressWeightsMode.INT4_SYM if precision == "int4_sym" else nncf.CompressWeightsMode.INT4_ASYM
         scope = nncf.IgnoredScope(patterns=scope_patterns(kept), validate=True) if kept else None
@@ -191,7 +192,8 @@ def export_compressed(
     del compressed
     scratch.replace(ir)
     scratch.with_suffix(".bin").replace(ir.with_suffix(".bin"))
-    return {**done, "exported_by": f"{done['exported_by']}; then {'; '.join(steps)}"}
+    then = f"; then {'; '.join(steps)}" if steps else "; every matrix kept in fp16 (share 0)"
+    return {**done, "exported_by": f"{done['exported_by']}{then}"}
 
 
 def compressible(model: Any) -> list[str]:
