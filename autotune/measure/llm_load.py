@@ -1,0 +1,167 @@
+"""Requests for a language-model server under load, drawn and scored by the conventions of vLLM's `bench
+serve`, so a number here reads as the same number there.
+
+Arrivals: the gaps between requests are gamma-distributed with shape `burstiness` and mean 1 / rate (shape 1:
+a Poisson process; below 1 burstier, above 1 more regular), seeded. vLLM rescales a run's gaps so its last
+request arrives at exactly count / rate; here they are not rescaled, so the offered rate is the process's
+own and a probe's requests arrive as a Poisson stream would.
+Lengths: prompt and output tokens uniform over [floor(L (1 - r)), ceil(L (1 + r))] for a length L and a
+range ratio r (vLLM's --random-range-ratio; 0: every request the same length), seeded apart.
+Per request, from its scheduled arrival (so time spent queued counts, as a user waits it):
+TTFT = first token - arrival; TPOT = (last token - first token) / (output tokens - 1), for outputs of two
+tokens or more; ITL = the gaps between consecutive tokens; E2EL = last token - arrival.
+Percentiles are numpy's (linear interpolation, as vLLM's). Goodput: the requests within every bound
+asked, per second of the probe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from autotune.common.json_record import Record
+
+
+@dataclass(frozen=True)
+class RequestMix(Record):
+    """How a probe's requests are drawn: mean prompt and output lengths in tokens, the range ratio around
+    them, and the arrival process's burstiness (1: Poisson)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    range_ratio: float = 0.0
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise ValueError(f"prompt and output lengths must be at least 1 token, got {self}")
+        if not 0.0 <= self.range_ratio < 1.0:
+            raise ValueError(f"range_ratio must lie in [0, 1), got {self.range_ratio}")
+        if self.burstiness <= 0.0:
+            raise ValueError(f"burstiness must be positive, got {self.burstiness}")
+
+    def lengths(self, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """`count` prompt and output lengths (int64), each uniform over its range."""
+        rng = np.random.default_rng(seed)
+
+        def draw(length: int) -> np.ndarray:
+            low = max(1, math.floor(length * (1.0 - self.range_ratio)))
+            high = max(low, math.ceil(length * (1.0 + self.range_ratio)))
+            return rng.integers(low, high + 1, size=count, dtype=np.int64)
+
+        return draw(self.prompt_tokens), draw(self.output_tokens)
+
+
+def arrival_offsets(rate_per_s: float, count: int, seed: int, burstiness: float = 1.0) -> np.ndarray:
+    """Seconds from the probe's start at which `count` requests arrive: gamma gaps of shape `burstiness` and
+    mean 1 / rate, the first request one gap in."""
+    if rate_per_s <= 0.0 or burstiness <= 0.0:
+        raise ValueError(f"rate and burstiness must be positive, got {rate_per_s} and {burstiness}")
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate_per_s * burstiness), size=count)
+    return np.cumsum(gaps)
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One request as the load generator saw it: its scheduled arrival and the time each output token
+    reached it (empty: no token came), on the probe's clock."""
+
+    arrival: float
+    token_times: tuple[float, ...]
+
+    @property
+    def answered(self) -> bool:
+        return bool(self.token_times)
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival if self.token_times else math.nan
+
+    @property
+    def tpot(self) -> float:
+        """Mean time per output token after the first (NaN for fewer than two tokens, as vLLM leaves it out)."""
+        tokens = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (tokens - 1) if tokens > 1 else math.nan
+
+    @property
+    def itl(self) -> np.ndarray:
+        return np.diff(np.asarray(self.token_times, dtype=np.float64))
+
+    @property
+    def e2el(self) -> float:
+        return self.token_times[-1] - self.arrival if self.token_times else math.nan
+
+
+@dataclass(frozen=True)
+class Percentiles(Record):
+    """p50, p90 and p99 of one measure in milliseconds (None: no sample)."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    samples: int
+
+    @classmethod
+    def of(cls, seconds: np.ndarray) -> Percentiles:
+        values = seconds[~np.isnan(seconds)] * 1000.0
+        if not len(values):
+            return cls(None, None, None, 0)
+        p50, p90, p99 = (float(v) for v in np.percentile(values, [50, 90, 99]))
+        return cls(p50, p90, p99, len(values))
+
+
+@dataclass(frozen=True)
+class LoadSummary(Record):
+    """A probe's requests scored: how many arrived and were answered, the percentiles of TTFT, TPOT, ITL and
+    E2EL, and the goodput (requests within every bound given, per second from the first arrival to the last
+    token)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {
+        "ttft_ms": Percentiles,
+        "tpot_ms": Percentiles,
+        "itl_ms": Percentiles,
+        "e2el_ms": Percentiles,
+    }
+
+    requests: int
+    answered: int
+    duration_s: float
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    itl_ms: Percentiles
+    e2el_ms: Percentiles
+    goodput_rps: float
+    output_tokens_per_s: float
+
+
+def summarize(
+    timings: list[RequestTiming], ttft_bound_ms: float | None = None, tpot_bound_ms: float | None = None
+) -> LoadSummary:
+    """The probe's percentiles and goodput. A request is good when it was answered and its TTFT and TPOT are
+    within the bounds given (a one-token output has no TPOT and meets that bound, as in vLLM)."""
+    answered = [t for t in timings if t.answered]
+    start = min((t.arrival for t in timings), default=0.0)
+    end = max((t.token_times[-1] for t in answered), default=start)
+    duration = max(end - start, 1e-9)
+    good = 0
+    for timing in answered:
+        ttft_ok = ttft_bound_ms is None or timing.ttft * 1000.0 <= ttft_bound_ms
+        tpot = timing.tpot
+        tpot_ok = tpot_bound_ms is None or math.isnan(tpot) or tpot * 1000.0 <= tpot_bound_ms
+        good += ttft_ok and tpot_ok
+    itl = np.concatenate([t.itl for t in answered]) if answered else np.empty(0)
+    return LoadSummary(
+        requests=len(timings),
+        answered=len(answered),
+        duration_s=duration,
+        ttft_ms=Percentiles.of(np.array([t.ttft for t in answered])),
+        tpot_ms=Percentiles.of(np.array([t.tpot for t in answered])),
+        itl_ms=Percentiles.of(itl),
+        e2el_ms=Percentiles.of(np.array([t.e2el for t in answered])),
+        goodput_rps=good / duration,
+        output_tokens_per_s=sum(len(t.token_times) for t in answered) / duration,
+    )
