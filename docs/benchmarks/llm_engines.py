@@ -191,6 +191,24 @@ def winner_file_tool(
     return None
 
 
+def tool_row(
+    sequences: int, name: str, measured: list[dict], base: float | None, same_file: dict, kept: tuple[str, ...]
+) -> dict:
+    """A tool's runs as a row: the median of its tokens/s, the drift (and mix) of the file it ran, its command
+    and the fields of its own output kept per run."""
+    values = [m["generated_tokens_per_s"] for m in measured]
+    return {
+        "sequences": sequences,
+        "row": name,
+        "tokens_per_s": statistics.median(values),
+        "runs": values,
+        "vs_eager_fp32": statistics.median(values) / base if base else None,
+        **same_file,
+        "command": measured[0]["command"],
+        **{key: [m[key] for m in measured] for key in kept},
+    }
+
+
 def drift_fields(drift: object | None) -> dict[str, float | None]:
     """A trial's drift against FP32 eager as a row's columns (None where it was not measured)."""
     return {
@@ -430,19 +448,9 @@ def main() -> int:
                     }
                 )
         if winner_file_runs:
-            values = [m["generated_tokens_per_s"] for m in winner_file_runs]
-            rows.append(
-                {
-                    "sequences": sequences,
-                    "row": f"{WINNER_FILE_ROW} ({winner_file_runs[0]['tool']})",
-                    "tokens_per_s": statistics.median(values),
-                    "runs": values,
-                    "vs_eager_fp32": statistics.median(values) / base if base else None,
-                    **drift.get("autotune search winner", {}),  # the same file's
-                    **mixes.get("autotune search winner", {}),
-                    "command": winner_file_runs[0]["command"],
-                }
-            )
+            name = f"{WINNER_FILE_ROW} ({winner_file_runs[0]['tool']})"
+            same_file = {**drift.get("autotune search winner", {}), **mixes.get("autotune search winner", {})}
+            rows.append(tool_row(sequences, name, winner_file_runs, base, same_file, ()))
         tool_sets = (
             ("llama-batched-bench", "autotune llamacpp", tool_runs, ("speed_pp", "speed_tg")),
             ("openvino-genai", "autotune openvino", genai_runs, ("ttft_ms", "tpot_ms")),
@@ -450,19 +458,8 @@ def main() -> int:
         for tool_name, autotune_row, by_type, kept in tool_sets:
             for file_type, measured in by_type.items():
                 if measured:
-                    values = [m["generated_tokens_per_s"] for m in measured]
-                    rows.append(
-                        {
-                            "sequences": sequences,
-                            "row": f"{tool_name} {file_type}",
-                            "tokens_per_s": statistics.median(values),
-                            "runs": values,
-                            "vs_eager_fp32": statistics.median(values) / base if base else None,
-                            **drift.get(f"{autotune_row} {file_type}", {}),  # the same file's
-                            "command": measured[0]["command"],
-                            **{key: [m[key] for m in measured] for key in kept},
-                        }
-                    )
+                    same_file = drift.get(f"{autotune_row} {file_type}", {})
+                    rows.append(tool_row(sequences, f"{tool_name} {file_type}", measured, base, same_file, kept))
     table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
     drift_columns = ("KLD", "same top", "ppl +", "rel. L2")
     for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "mix", *drift_columns):
