@@ -191,7 +191,7 @@ def winner_file_tool(
     return None
 
 
-def tool_row(
+def tool_runs_row(
     sequences: int, name: str, measured: list[dict], base: float | None, same_file: dict, kept: tuple[str, ...]
 ) -> dict:
     """A tool's runs as a row: the median of its tokens/s, the drift (and mix) of the file it ran, its command
@@ -450,7 +450,7 @@ def main() -> int:
         if winner_file_runs:
             name = f"{WINNER_FILE_ROW} ({winner_file_runs[0]['tool']})"
             same_file = {**drift.get("autotune search winner", {}), **mixes.get("autotune search winner", {})}
-            rows.append(tool_row(sequences, name, winner_file_runs, base, same_file, ()))
+            rows.append(tool_runs_row(sequences, name, winner_file_runs, base, same_file, ()))
         tool_sets = (
             ("llama-batched-bench", "autotune llamacpp", tool_runs, ("speed_pp", "speed_tg")),
             ("openvino-genai", "autotune openvino", genai_runs, ("ttft_ms", "tpot_ms")),
@@ -459,7 +459,7 @@ def main() -> int:
             for file_type, measured in by_type.items():
                 if measured:
                     same_file = drift.get(f"{autotune_row} {file_type}", {})
-                    rows.append(tool_row(sequences, f"{tool_name} {file_type}", measured, base, same_file, kept))
+                    rows.append(tool_runs_row(sequences, f"{tool_name} {file_type}", measured, base, same_file, kept))
     table = Table(title=f"generated tokens/s, medians of {args.repeats} interleaved run(s)")
     drift_columns = ("KLD", "same top", "ppl +", "rel. L2")
     for column in ("sequences", "row", "tokens/s", "vs eager fp32", "autotune / tool", "mix", *drift_columns):
