@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -89,6 +90,7 @@ class Sensitivity(Record):
     method: str
     layers: tuple[LayerSensitivity, ...]
     calibration_tokens: int = 0
+    measured_s: float = 0.0  # how long measuring it took (a cached ranking is read in no time: this is its cost)
 
     def compressed(self, share: float) -> tuple[str, ...]:
         """The least sensitive layers holding `share` of the ranked parameters (the first past it included,
@@ -220,6 +222,7 @@ def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat |
     def replay(index: int) -> Any:
         return lambda *args, **kwargs: outputs[index]
 
+    started = time.monotonic()
     model.eval()
     handles = [block.register_forward_hook(keep(i)) for i, block in enumerate(blocks)]
     try:
@@ -245,7 +248,7 @@ def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat |
                 del blocks[index].forward
         layers.append(LayerSensitivity(name, int(weight.numel()), score))
     layers.sort(key=lambda layer: (layer.score, layer.name))
-    return Sensitivity(low_type, METHOD, tuple(layers), int(ids.numel()))
+    return Sensitivity(low_type, METHOD, tuple(layers), int(ids.numel()), round(time.monotonic() - started, 3))
 
 
 def weights_digest(model: Any) -> str:
