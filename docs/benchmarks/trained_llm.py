@@ -22,6 +22,12 @@
     .venv/bin/python docs/benchmarks/trained_llm.py [--train-seconds 360] [--budget 20m] [--skip-search]
         [--eval-samples 64] [--quality-only]
 
+Mixed precision at a bound tight enough that the whole-model 4-bit files break it: the search in the mixes'
+own space, and the engine rows at the same bound with the types beside it:
+
+    .venv/bin/python docs/benchmarks/trained_llm.py --space search_spaces/generate-mix.yaml --study trained-mix \
+        --max-drift 0.001 --types Q8_0,Q4_0 --openvino-types int8_asym,int4_sym --budget 20m
+
 Writes docs/results/trained-llm-<date>.json (machine, commit, command, training, rows, the tool's KLD).
 """
 
@@ -124,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="no search and llama.cpp's types only; autotune's drift prompts are the tool's own chunks (--context "
         "tokens, BOS first), each once: both score the second half of every chunk",
     )
+    parser.add_argument(
+        "--space", help="the search's space (default: autotune's; e.g. search_spaces/generate-mix.yaml)"
+    )
+    parser.add_argument("--study", default="trained-llama", help="the search's study (beside the trained folder)")
+    parser.add_argument(
+        "--max-drift", type=float, help="the KL divergence bound of the search and the engine rows (default 0.05)"
+    )
+    parser.add_argument("--types", help="llm_engines.py's --types (default: its own)")
+    parser.add_argument("--openvino-types", help="llm_engines.py's --openvino-types (default: its own)")
+    parser.add_argument("--target", type=float, help="llm_engines.py's --target: the winner against the best tool")
     parser.add_argument("--out", help="results file (default docs/results/trained-llm-<date>.json)")
     return parser
 
@@ -140,8 +156,9 @@ def main() -> int:
     folder, held_out = trained["folder"], trained["held_out"]
     python = sys.executable
     shape = ["--prompt-tokens", str(args.prompt), "--new-tokens", str(args.new)]
-    study = "trained-llama"
+    study = args.study
     best = WORK / "studies" / study / "best.json"
+    bound = ["--max-drift", str(args.max_drift)] if args.max_drift is not None else []
     if not args.skip_search and not args.quality_only:
         run(
             [
@@ -160,6 +177,8 @@ def main() -> int:
                 "--sequences",
                 "1",
                 *shape,
+                *bound,
+                *(["--space", args.space] if args.space else []),
             ]
         )
     engines_out = WORK / ("engines-quality.json" if args.quality_only else "engines.json")
@@ -171,7 +190,14 @@ def main() -> int:
         engines += ["--window", "1", "--eval-samples", str(chunks)]
     else:
         engines += ["--prompt", str(args.prompt), "--new", str(args.new), "--eval-samples", str(args.eval_samples)]
-    engines += ["--no-recipe", "--out", str(engines_out)]
+    engines += ["--no-recipe", "--out", str(engines_out), *bound]
+    for option, value in (
+        ("--types", args.types),
+        ("--openvino-types", args.openvino_types),
+        ("--target", args.target),
+    ):
+        if value is not None and not args.quality_only:
+            engines += [option, str(value)]
     if best.is_file() and not args.quality_only:
         engines += ["--best", str(best)]
     run(engines)
