@@ -8,6 +8,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from autotune.records.attributes import Attr
+from autotune.tuning.fleet import dead_orchestrator_cause, silent_worker_cause
 from autotune.tuning.mix_search import MixBisection
 
 SHARES = [1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
@@ -30,6 +31,7 @@ def stored(
     drifted: bool | None,
     threads: int = 2,
     fail_cause: str | None = None,
+    kv_cache_type: str | None = None,
 ) -> None:
     """A finished trial: pruned for drift (drifted), complete within the bound (not drifted), or failed (None)."""
     params = {"backend": "llamacpp", "llamacpp.precision": precision, "threads_per_instance": threads}
@@ -39,6 +41,9 @@ def stored(
         "threads_per_instance": CategoricalDistribution([1, 2]),
     }
     attrs: dict = {}
+    if kv_cache_type is not None:
+        params["llamacpp.kv_cache_type"] = kv_cache_type
+        distributions["llamacpp.kv_cache_type"] = CategoricalDistribution(["f16", "q8_0"])
     if share is not None:
         params["llamacpp.compressed_share"] = share
         distributions["llamacpp.compressed_share"] = CategoricalDistribution(SHARES)
@@ -112,10 +117,21 @@ def test_a_failed_mix_trial_counts_as_past_the_bound_and_layouts_of_one_type_bis
     assert [p["llamacpp.compressed_share"] for p in waiting(study)] == [0.25]
 
 
-@pytest.mark.parametrize("cause", ["budget ran out: timed out after 21s while preparing", "interrupted (Ctrl-C)"])
+SILENT = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={})
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        "budget ran out: timed out after 21s while preparing",
+        "interrupted (Ctrl-C)",
+        silent_worker_cause(SILENT, 60),
+        dead_orchestrator_cause("a", 7),
+    ],
+)
 def test_a_mix_trial_stopped_from_outside_runs_its_share_again(cause):
-    """A share whose trial the search's budget or Ctrl-C stopped says nothing of its drift: when the search
-    resumes, the same share runs again, not the one below it."""
+    """A share whose trial the search's budget, Ctrl-C, or its worker's death stopped says nothing of its
+    drift: when the search resumes, the same share runs again, not the one below it."""
     study = optuna.create_study(direction="maximize")
     stored(study, "Q4_0", None, True)
     stored(study, "Q4_0", 0.5, None, fail_cause=cause)
@@ -131,6 +147,26 @@ def test_no_mix_is_bisected_over_a_kept_type_that_breaks_the_bound_whole():
     stored(study, "Q8_0", None, True)
     MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
     assert [(p["llamacpp.precision"], p["llamacpp.compressed_share"]) for p in waiting(study)] == [("Q8_0", 0.5)]
+
+
+def test_a_kept_type_pruned_with_other_numerics_does_not_stop_the_mix():
+    """Q8_0 whole pruned with a q8_0 KV cache says nothing of Q4_0 over Q8_0 with an f16 cache: that mix is
+    bisected; with the f16 cache's Q8_0 pruned too, it is not."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "Q4_0", None, True, kv_cache_type="f16")
+    stored(study, "Q8_0", None, True, kv_cache_type="q8_0")
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    enqueued = {
+        (p["llamacpp.precision"], p["llamacpp.kv_cache_type"], p["llamacpp.compressed_share"]) for p in waiting(study)
+    }
+    assert enqueued == {("Q4_0", "f16", 0.5), ("Q8_0", "q8_0", 0.5)}
+    stored(study, "Q8_0", None, True, kv_cache_type="f16")
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    enqueued = {
+        (p["llamacpp.precision"], p["llamacpp.kv_cache_type"], p["llamacpp.compressed_share"]) for p in waiting(study)
+    }
+    assert ("Q8_0", "f16", 0.5) in enqueued
+    assert len([p for p in waiting(study) if p["llamacpp.precision"] == "Q4_0"]) == 1  # only the one from before
 
 
 def test_a_mix_trial_still_running_is_neither_within_nor_beyond():

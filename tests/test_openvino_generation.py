@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from conftest import assert_trials_ran, generation_space, load_study
 
+from autotune.common.cpuinfo import bf16_tiles
 from autotune.records.config import TrialConfig
 from autotune.records.metrics import TrialMetrics
 
@@ -212,7 +213,7 @@ def test_fp16_weights_with_bf16_activations_on_one_cpu_are_refused_while_genai_d
     if "BF16" not in module.plugin_capabilities():  # bf16 is refused whatever the weights, for its own reason
         assert "offers no bf16" in (module.unsupported(one) or "")
         return
-    amx = module.amx_cpu()
+    amx = bf16_tiles()
     assert module.unsupported(one) == (module.FP16_BF16_ONE_CPU if amx else None)
     assert module.unsupported(two) is None
     assert (

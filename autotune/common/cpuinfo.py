@@ -33,3 +33,13 @@ def int8_dot_products() -> bool:
     16-bit sum that saturates, so the quantizers keep weights to 7 bits there (the toolkits' advice for
     non-VNNI CPUs)."""
     return bool(read_cpuinfo()[1] & set(INT8_DOT))
+
+
+# The /proc/cpuinfo flag of AMX's bf16 tiles: OpenVINO's CPU plugin runs bf16 on them by itself, and some of
+# its bf16 kernels exist only there.
+BF16_TILES = "amx_bf16"
+
+
+def bf16_tiles() -> bool:
+    """Whether the CPU has AMX bf16 tiles (BF16_TILES)."""
+    return BF16_TILES in read_cpuinfo()[1]

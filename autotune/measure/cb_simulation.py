@@ -53,4 +53,4 @@ def simulate(
         for index in running:
             times[index].append(now)
         running = [i for i in running if len(times[i]) < int(output_lengths[i])]
-    return [RequestTiming(float(arrivals[i]), tuple(times[i])) for i in range(count)]
+    return [RequestTiming(float(arrivals[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]

@@ -10,8 +10,9 @@ range ratio r (vLLM's --random-range-ratio; 0: every request the same length), s
 Per request, from its scheduled arrival (so time spent queued counts, as a user waits it):
 TTFT = first token - arrival; TPOT = (last token - first token) / (output tokens - 1), for outputs of two
 tokens or more; ITL = the gaps between consecutive tokens; E2EL = last token - arrival.
-Percentiles are numpy's (linear interpolation, as vLLM's). Goodput: the requests within every bound
-asked, per second of the probe.
+Percentiles are numpy's (linear interpolation, as vLLM's), over the completed requests; one is given only
+with enough samples (p90: 10, p99: 100), as the stopwatch gives them. Goodput: the completed requests within
+every bound asked, per second of the probe.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import ClassVar
 import numpy as np
 
 from autotune.common.json_record import Record
+from autotune.measure.stopwatch import LatencySummary, latency_summary
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,17 @@ def arrival_offsets(rate_per_s: float, count: int, seed: int, burstiness: float 
 
 @dataclass(frozen=True)
 class RequestTiming:
-    """One request as the load generator saw it: its scheduled arrival and the time each output token
-    reached it (empty: no token came), on the probe's clock."""
+    """One request as the load generator saw it: its scheduled arrival, the output tokens it asked for, and
+    the time each output token reached it (fewer than asked: the probe gave up on it), on the probe's clock."""
 
     arrival: float
+    requested_tokens: int
     token_times: tuple[float, ...]
 
     @property
-    def answered(self) -> bool:
-        return bool(self.token_times)
+    def completed(self) -> bool:
+        """Whether every token asked for came (as vLLM counts a request completed)."""
+        return len(self.token_times) >= self.requested_tokens
 
     @property
     def ttft(self) -> float:
@@ -96,44 +100,32 @@ class RequestTiming:
         return self.token_times[-1] - self.arrival if self.token_times else math.nan
 
 
-@dataclass(frozen=True)
-class Percentiles(Record):
-    """p50, p90 and p99 of one measure in milliseconds (None: no sample)."""
-
-    p50: float | None
-    p90: float | None
-    p99: float | None
-    samples: int
-
-    @classmethod
-    def of(cls, seconds: np.ndarray) -> Percentiles:
-        values = seconds[~np.isnan(seconds)] * 1000.0
-        if not len(values):
-            return cls(None, None, None, 0)
-        p50, p90, p99 = (float(v) for v in np.percentile(values, [50, 90, 99]))
-        return cls(p50, p90, p99, len(values))
+def _latencies(seconds: np.ndarray) -> LatencySummary:
+    """The stopwatch's summary (milliseconds; a percentile without enough samples is None) of the defined
+    values."""
+    return latency_summary(seconds[~np.isnan(seconds)])
 
 
 @dataclass(frozen=True)
 class LoadSummary(Record):
-    """A probe's requests scored: how many arrived and were answered, the percentiles of TTFT, TPOT, ITL and
-    E2EL, and the goodput (requests within every bound given, per second from the first arrival to the last
-    token)."""
+    """A probe's requests scored: how many arrived and were completed, the percentiles of TTFT, TPOT, ITL and
+    E2EL over the completed ones, and the goodput (completed requests within every bound given, per second
+    from the first arrival to the last token)."""
 
     NESTED: ClassVar[dict[str, type[Record]]] = {
-        "ttft_ms": Percentiles,
-        "tpot_ms": Percentiles,
-        "itl_ms": Percentiles,
-        "e2el_ms": Percentiles,
+        "ttft_ms": LatencySummary,
+        "tpot_ms": LatencySummary,
+        "itl_ms": LatencySummary,
+        "e2el_ms": LatencySummary,
     }
 
     requests: int
-    answered: int
+    completed: int
     duration_s: float
-    ttft_ms: Percentiles
-    tpot_ms: Percentiles
-    itl_ms: Percentiles
-    e2el_ms: Percentiles
+    ttft_ms: LatencySummary
+    tpot_ms: LatencySummary
+    itl_ms: LatencySummary
+    e2el_ms: LatencySummary
     goodput_rps: float
     output_tokens_per_s: float
 
@@ -141,27 +133,29 @@ class LoadSummary(Record):
 def summarize(
     timings: list[RequestTiming], ttft_bound_ms: float | None = None, tpot_bound_ms: float | None = None
 ) -> LoadSummary:
-    """The probe's percentiles and goodput. A request is good when it was answered and its TTFT and TPOT are
-    within the bounds given (a one-token output has no TPOT and meets that bound, as in vLLM)."""
-    answered = [t for t in timings if t.answered]
+    """The probe's percentiles and goodput, over the completed requests (vLLM's): one cut off when the probe
+    gave up is neither scored nor good, though the tokens it got end the probe's duration. A completed
+    request is good when its TTFT and TPOT are within the bounds given (a one-token output has no TPOT and
+    meets that bound, as in vLLM)."""
+    completed = [t for t in timings if t.completed]
     start = min((t.arrival for t in timings), default=0.0)
-    end = max((t.token_times[-1] for t in answered), default=start)
+    end = max((t.token_times[-1] for t in timings if t.token_times), default=start)
     duration = max(end - start, 1e-9)
     good = 0
-    for timing in answered:
+    for timing in completed:
         ttft_ok = ttft_bound_ms is None or timing.ttft * 1000.0 <= ttft_bound_ms
         tpot = timing.tpot
         tpot_ok = tpot_bound_ms is None or math.isnan(tpot) or tpot * 1000.0 <= tpot_bound_ms
         good += ttft_ok and tpot_ok
-    itl = np.concatenate([t.itl for t in answered]) if answered else np.empty(0)
+    itl = np.concatenate([t.itl for t in completed]) if completed else np.empty(0)
     return LoadSummary(
         requests=len(timings),
-        answered=len(answered),
+        completed=len(completed),
         duration_s=duration,
-        ttft_ms=Percentiles.of(np.array([t.ttft for t in answered])),
-        tpot_ms=Percentiles.of(np.array([t.tpot for t in answered])),
-        itl_ms=Percentiles.of(itl),
-        e2el_ms=Percentiles.of(np.array([t.e2el for t in answered])),
+        ttft_ms=_latencies(np.array([t.ttft for t in completed])),
+        tpot_ms=_latencies(np.array([t.tpot for t in completed])),
+        itl_ms=_latencies(itl),
+        e2el_ms=_latencies(np.array([t.e2el for t in completed])),
         goodput_rps=good / duration,
-        output_tokens_per_s=sum(len(t.token_times) for t in answered) / duration,
+        output_tokens_per_s=sum(len(t.token_times) for t in completed) / duration,
     )

@@ -61,4 +61,4 @@ def drive(
         stamp = clock() - start
         for request, tokens in produced.items():
             times[request].extend([stamp] * tokens)
-    return [RequestTiming(float(offsets[i]), tuple(times[i])) for i in range(count)]
+    return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]

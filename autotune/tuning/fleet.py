@@ -70,11 +70,22 @@ def retry_abandoned_trial(study: optuna.study.Study, trial: optuna.trial.FrozenT
     study.enqueue_trial(params, user_attrs={**kept, Attr.RETRY_OF: trial.number, Attr.RETRIES: retries + 1})
 
 
+# How the causes of trials whose process went away begin: the trial said nothing of its configuration.
+SILENT_WORKER = "its worker ("
+DEAD_ORCHESTRATOR = "the autotune process running it ("
+ABANDONED = (SILENT_WORKER, DEAD_ORCHESTRATOR)
+
+
 def silent_worker_cause(trial: optuna.trial.FrozenTrial, grace_s: Any) -> str:
     """Why a trial whose heartbeat stopped is failed: which host and pid went silent."""
     owner = TrialAttrs.of(trial).orchestrator or Orchestrator()
     where = f"host {_or_unknown(owner.host)}, pid {_or_unknown(owner.pid)}"
-    return f"its worker ({where}) sent no heartbeat for over {grace_s}s: it died or lost the database"
+    return f"{SILENT_WORKER}{where}) sent no heartbeat for over {grace_s}s: it died or lost the database"
+
+
+def dead_orchestrator_cause(host: str, pid: int | None) -> str:
+    """Why a trial left running by a process of this host that is gone is failed."""
+    return f"{DEAD_ORCHESTRATOR}host {host}, pid {_or_unknown(pid)}) died"
 
 
 def record_silent_worker(storage: optuna.storages.BaseStorage, trial_id: int, grace_s: Any) -> None:
@@ -117,7 +128,7 @@ def fail_abandoned_trials(study: optuna.study.Study, say: Callable[[str], None],
             owner = TrialAttrs.of(trial).orchestrator or Orchestrator()
             if owner.host != host or owner.pid == os.getpid() or is_alive(owner):
                 continue
-            cause = f"the autotune process running it (host {host}, pid {_or_unknown(owner.pid)}) died"
+            cause = dead_orchestrator_cause(host, owner.pid)
             try:
                 storage.set_trial_user_attr(trial._trial_id, Attr.FAIL_CAUSE, cause)
                 if not storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):

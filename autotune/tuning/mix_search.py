@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 
 from autotune.records.attributes import Attr, TrialAttrs
+from autotune.tuning.fleet import ABANDONED
 from autotune.tuning.space import SearchSpace
 
 SHARE = "compressed_share"
@@ -31,12 +32,12 @@ def _share_of(trial: optuna.trial.FrozenTrial, backend: str, default: float) -> 
 
 
 # failures from outside the trial (the search's budget, Ctrl-C): they say nothing of the share, which runs again
-STOPPED_FROM_OUTSIDE = ("budget ran out", "interrupted")
+STOPPED_FROM_OUTSIDE = ("budget ran out", "interrupted", *ABANDONED)
 
 
 def _failed_at_share(trial: optuna.trial.FrozenTrial) -> bool:
     """A mix trial that failed on its own (its build or run crashed): its share cannot be the answer. One
-    stopped from outside, or one still running, is not."""
+    stopped from outside (the budget, Ctrl-C, its worker or orchestrator gone), or one still running, is not."""
     cause = TrialAttrs.of(trial).fail_cause or ""
     return (
         trial.state == optuna.trial.TrialState.FAIL
@@ -98,7 +99,7 @@ class MixBisection:
             if backend in self.shares and self._applies(done.params, backend):
                 groups.setdefault(self._numerics(done.params, backend), []).append(done)
         for members in groups.values():
-            if self._kept_breaks_bound(trials, members[0].params):
+            if self._kept_breaks_bound(list(trials), members[0].params):
                 continue  # every share holds the kept type at least: none can pass where it does not
             params = self._next(members)
             if params is not None and self._key(params) not in taken:
@@ -128,19 +129,25 @@ class MixBisection:
         share = min(between, key=lambda s: (abs(s - middle), -s))
         return {**pruned.params, f"{backend}.{SHARE}": share}
 
-    @staticmethod
-    def _kept_breaks_bound(trials: list[optuna.trial.FrozenTrial], params: dict[str, Any]) -> bool:
-        """Whether a whole-model trial of the type this group's mix keeps its sensitive matrices in was pruned
-        for drift (int8 weights past the bound: no int4-over-int8 mix is within it, share 0 included)."""
+    def _kept_breaks_bound(self, trials: list[optuna.trial.FrozenTrial], params: dict[str, Any]) -> bool:
+        """Whether a whole-model trial of the type this group's mix keeps its sensitive matrices in, with the
+        same numerics otherwise (the options both set, a KV cache's type say), was pruned for drift (int8
+        weights past the bound: no int4-over-int8 mix is within it, share 0 included)."""
         backend = params["backend"]
         kept = _kept_type(backend, str(params.get(f"{backend}.precision")))
-        return kept is not None and any(
-            done.params.get("backend") == backend
-            and done.params.get(f"{backend}.precision") == kept
-            and _share_of(done, backend, 1.0) == 1.0
-            and _verdict(done) is False
-            for done in trials
-        )
+        if kept is None:
+            return False
+        mine = dict(self._numerics(params, backend))
+        for done in trials:
+            if done.params.get("backend") != backend or done.params.get(f"{backend}.precision") != kept:
+                continue
+            if _share_of(done, backend, 1.0) != 1.0 or _verdict(done) is not False:
+                continue
+            theirs = dict(self._numerics(done.params, backend))
+            shared = (mine.keys() & theirs.keys()) - {f"{backend}.precision"}
+            if all(mine[key] == theirs[key] for key in shared):
+                return True
+        return False
 
     def _applies(self, params: dict[str, Any], backend: str) -> bool:
         """Whether the trial's precision takes a share (a quantized type)."""

@@ -92,12 +92,12 @@ from typing import Any
 from autotune.backends import TORCHAO_HOSTS, backend_specs, engine_of
 from autotune.backends.base import LAST
 from autotune.backends.precision import CLAIMED_BUCKET
-from autotune.common.cpuinfo import INT8_DOT
+from autotune.common.cpuinfo import BF16_TILES, INT8_DOT
 from autotune.tuning.space import family
 
 NATIVE = {"bf16": ("avx512_bf16", "amx_bf16")}
 # A classifier's compute-bound bf16 pays where the CPU has tiles for it; vector bf16 alone does not.
-TILES = {"bf16": "amx_bf16"}
+TILES = {"bf16": BF16_TILES}
 # A classifier's int8 backend that goes first in its tier (see the module docstring for the measurements),
 # and a model's with attention layers on a CPU without int8 dot products.
 CLASSIFIER_INT8_FIRST = "openvino"

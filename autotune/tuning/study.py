@@ -665,8 +665,12 @@ def _optimize(
     def say(line: str) -> None:
         console.print(line, markup=False)
 
+    mixes = MixBisection(objective.space)
     layouts = LayoutRound(objective.space, spec.objective, more_sequences_pay(spec))
-    layouts(study)  # a run resumed after the last enqueued trial was interrupted (no callback ran for it)
+    # a run resumed after its last trial was interrupted: no callback ran for it, so the next share or layout
+    # is queued now (the mix first: the layout round releases only when none waits)
+    mixes(study)
+    layouts(study)
     printer = ProgressPrinter(console, started, spec.budget_s, lambda: baseline_throughput(study))
     status = LiveStatus(study, started, spec.budget_s, lambda: baseline_throughput(study))
     objective.status = status
@@ -688,7 +692,7 @@ def _optimize(
                     printer,
                     status,
                     AbandonedTrialsCheck(say),
-                    MixBisection(objective.space),  # ahead of the layout round: it releases only when none waits
+                    mixes,  # ahead of the layout round: it releases only when none waits
                     layouts,
                     BudgetGuard(objective.search_deadline),
                 ],

@@ -26,6 +26,7 @@ from autotune.backends.base import BackendOptions, BackendSpec, choice, import_f
 from autotune.backends.generation import sensitivity
 from autotune.backends.openvino import ir_export
 from autotune.backends.precision import ExecutedPrecision, bucket_of, judge, judge_mix
+from autotune.common.cpuinfo import bf16_tiles
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -92,13 +93,6 @@ FP16_BF16_ONE_CPU = (
 )
 
 
-def amx_cpu() -> bool:
-    """Whether this CPU has AMX (the bf16 tiles OpenVINO's CPU plugin compiles bf16 for)."""
-    from autotune.machine.probe import probe_machine
-
-    return bool(probe_machine().isa.get("amx_bf16"))
-
-
 def unavailable() -> str | None:
     """Why OpenVINO cannot run text generation here (GenAI or its exporter missing), or None."""
     return import_failure(SPEC) or ir_export.exporter_missing()
@@ -120,7 +114,7 @@ def unsupported(config: BackendConfig) -> str | None:
         offered = plugin_capabilities()
         if "BF16" not in offered:
             return f"the CPU plugin offers no bf16 here (its capabilities: {' '.join(offered)})"
-        if config.precision == "fp16" and config.threads_per_instance == 1 and amx_cpu():
+        if config.precision == "fp16" and config.threads_per_instance == 1 and bf16_tiles():
             return FP16_BF16_ONE_CPU
     if options.kv_cache_group_size and options.kv_cache_precision != "u8":
         return f"KV cache groups quantize a u8 cache: a {options.kv_cache_precision} cache has none"
