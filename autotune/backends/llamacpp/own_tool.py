@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 TOOL = "llama-batched-bench"
+RUNS_TO_PRINT = 15
 
 
 def tool_path(prefix: str | Path = sys.prefix, name: str = TOOL) -> Path:
@@ -60,10 +61,12 @@ def batched_bench(
         *([] if repack else ["--no-repack"]),
     ]
     # llama.cpp's logger prints from a thread the tool does not wait for at exit: its result line is lost in
-    # about one run of three (stdout, stderr and --log-file alike), so a run that printed none is run again
+    # one run of three to one of two (stdout, stderr and --log-file alike; 10 of 20 runs to a file, 6 of 20
+    # to a pipe on a Zen 4; -v, --log-colors off and --log-jsonl do not help), so a run that printed none is
+    # run again, up to RUNS_TO_PRINT times (all of them lost at one in two: 3e-5)
     row: dict[str, Any] | None = None
     attempt = 0
-    for attempt in range(1, 6):  # noqa: B007 (read after the loop)
+    for attempt in range(1, RUNS_TO_PRINT + 1):  # noqa: B007 (read after the loop)
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:  # a crash (llama.cpp's AMX kernels: SIGSEGV) is a result of its own
             last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
@@ -73,7 +76,7 @@ def batched_bench(
         if row is not None:
             break
     if row is None:
-        raise RuntimeError(f"{shlex.join(command)} printed no result in 5 runs: {done.stderr[-800:]}")
+        raise RuntimeError(f"{shlex.join(command)} printed no result in {RUNS_TO_PRINT} runs: {done.stderr[-800:]}")
     return {
         **row,
         "command": shlex.join(command),
