@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -141,6 +143,65 @@ def test_the_ranking_replays_the_blocks_before_a_matrix_and_scores_as_the_full_f
     assert min(full.values()) > 0
     for name, score in full.items():
         assert scores[name] == pytest.approx(score, rel=1e-3), name
+
+
+class SharedBlocks(torch.nn.Module):
+    """A decoder-shaped model that calls its block 1 twice (0, 1, 2, 1: shared weights, as ALBERT's): a
+    replay of the blocks before a matrix's block would hand block 1's second call its first output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, 16)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()) for _ in range(3)
+        )
+        self.head = torch.nn.Linear(16, 256)
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
+
+    def forward(self, input_ids: torch.Tensor) -> Any:
+        hidden = self.embed(input_ids)
+        for index in (0, 1, 2, 1):
+            hidden = hidden + self.blocks[index](hidden)
+        return types.SimpleNamespace(logits=self.head(hidden))
+
+
+def full_forward_scores(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, float]:
+    """Each ranked matrix's score from a full forward with it alone rounded to Q4_0 (no replay)."""
+    from autotune.backends.generation.sensitivity import ranked_linears
+
+    with torch.inference_mode():
+        reference = torch.log_softmax(model(ids).logits.reshape(-1, 256).double(), dim=-1)
+    scores = {}
+    for name, module in ranked_linears(model).items():
+        weight = module.weight.data
+        module.weight.data = fake_quantize(weight, FORMATS["Q4_0"])
+        with torch.inference_mode():
+            candidate = torch.log_softmax(model(ids).logits.reshape(-1, 256).double(), dim=-1)
+        module.weight.data = weight
+        scores[name] = mean_kl_divergence(candidate.numpy(), reference.numpy())
+    return scores
+
+
+def test_blocks_called_out_of_order_or_with_their_own_forward_are_not_replayed():
+    """A model calling a block twice is ranked by full forwards (its scores equal theirs), and a block whose
+    forward is an instance attribute (a hook library's wrapper) keeps it: the replay neither replaces it for
+    good nor deletes it."""
+    torch.manual_seed(0)
+    model = SharedBlocks().eval()
+    wrapper = model.blocks[0].forward  # bound: calls the class's forward
+    model.blocks[0].forward = wrapper
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    expected = full_forward_scores(model, ids)
+    scores = {layer.name: layer.score for layer in rank_layers(model, ids, "Q4_0").layers}
+    assert set(scores) == {"blocks.0.0", "blocks.1.0", "blocks.2.0"}
+    for name, score in expected.items():
+        assert scores[name] == pytest.approx(score, rel=1e-3), name
+    assert vars(model.blocks[0])["forward"] is wrapper
+    del model.blocks[0].forward
+    in_order_calls = rank_layers(model, ids, "Q4_0")  # now replayable but for the double call: the same scores
+    assert {layer.name: layer.score for layer in in_order_calls.layers} == pytest.approx(scores, rel=1e-6)
 
 
 @pytest.mark.parametrize(

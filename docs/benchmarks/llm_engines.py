@@ -498,7 +498,12 @@ def main() -> int:
         "engines",
         "llama.cpp and OpenVINO through autotune against llama-batched-bench and OpenVINO GenAI's benchmark, on the "
         "same files",
-        {"model": args.model, **({} if folder else {"layers": args.layers}), "prompt": args.prompt, "new": args.new}
+        {
+            "model": args.model,
+            **({"layers": args.layers} if args.model == "decoder" else {}),
+            "prompt": args.prompt,
+            "new": args.new,
+        }
         | ({"data": args.data} if args.data else {}),
         rows,
         args.out,

@@ -213,9 +213,12 @@ def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat |
         """Mean over positions of KL(P_fp32 || P_candidate) in nats (measure/drift.py's, on log-probabilities)."""
         return max(float((reference.exp() * (reference - candidate)).sum(dim=-1).mean()), 0.0)
 
+    order: list[int] = []
+
     def keep(index: int) -> Any:
         def hook(module: Any, inputs: Any, output: Any) -> None:
             outputs[index] = output
+            order.append(index)
 
         return hook
 
@@ -230,9 +233,12 @@ def rank_layers(model: Any, calibration: Any, low_type: str, fmt: WeightFormat |
     finally:
         for handle in handles:
             handle.remove()
+    # replayed only where the forward called each block once, in order, and no block's forward is already an
+    # instance attribute (a hook library's wrapper, which the replay would replace and then delete)
+    replayable = order == list(range(len(blocks))) and not any("forward" in vars(block) for block in blocks)
     layers = []
     for name, module in ranked_linears(model).items():
-        start = block_of(name, blocks_name, len(blocks)) if len(outputs) == len(blocks) else 0
+        start = block_of(name, blocks_name, len(blocks)) if replayable else 0
         weight = module.weight.data
         if is_conv1d(module):  # rounded along its input, as the engines store it: out x in
             module.weight.data = fake_quantize(weight.t(), fmt).t().contiguous().to(weight.dtype)
