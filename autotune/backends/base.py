@@ -136,6 +136,9 @@ class BackendSpec:
     inductor_cache: bool = False
     # Variables the backend needs when the trial preloads an allocator (LD_PRELOAD).
     preloaded_allocator_env: tuple[tuple[str, str], ...] = ()
+    # A mix's types (compressed_share): the type each mixed precision keeps its sensitive matrices in, where
+    # that is a precision of its own (the mix search reads whether that type's whole model broke the bound).
+    kept_types: tuple[tuple[str, str], ...] = ()
 
     @property
     def choices(self) -> dict[str, tuple[Any, ...]]:

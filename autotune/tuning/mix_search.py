@@ -46,21 +46,6 @@ def _failed_at_share(trial: optuna.trial.FrozenTrial) -> bool:
     )
 
 
-def _kept_type(backend: str, precision: str) -> str | None:
-    """The type a mix of this precision keeps its sensitive matrices in (None: one the engine does not mix)."""
-    from autotune.backends.generation.quantization import MIX_KEPT
-    from autotune.backends.llamacpp.generate import KEPT_TYPES as GGUF_KEPT
-    from autotune.backends.openvino.generate import KEPT_TYPES as IR_KEPT
-
-    kept: dict[str, dict[str, str]] = {
-        "llamacpp": GGUF_KEPT,
-        "openvino": IR_KEPT,
-        "eager": MIX_KEPT,
-        "inductor": MIX_KEPT,
-    }
-    return kept.get(backend, {}).get(precision)
-
-
 def _verdict(trial: optuna.trial.FrozenTrial) -> bool | None:
     """True: its drift was within the bound; False: it was pruned for drift; None: not known (failed, or
     pruned before drift was measured)."""
@@ -134,7 +119,7 @@ class MixBisection:
         same numerics otherwise (the options both set, a KV cache's type say), was pruned for drift (int8
         weights past the bound: no int4-over-int8 mix is within it, share 0 included)."""
         backend = params["backend"]
-        kept = _kept_type(backend, str(params.get(f"{backend}.precision")))
+        kept = dict(self.space.specs[backend].kept_types).get(str(params.get(f"{backend}.precision")))
         if kept is None:
             return False
         mine = dict(self._numerics(params, backend))

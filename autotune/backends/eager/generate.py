@@ -9,6 +9,7 @@ from autotune.backends.base import BackendSpec
 from autotune.backends.generation import artifacts, sensitivity
 from autotune.backends.generation.decode_loop import Generator
 from autotune.backends.generation.quantization import (
+    MIX_KEPT,
     MIXABLE,
     PRECISIONS,
     QUANTIZED,
@@ -33,6 +34,7 @@ SPEC = BackendSpec(
     prepare_cost=0,
     uses_artifact=QUANTIZED,
     torch_threads=True,
+    kept_types=tuple(MIX_KEPT.items()),
 )
 
 # Every generation backend loads the same quantized weights: one artifact for eager and inductor.

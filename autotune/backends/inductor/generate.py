@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BackendSpec, choice
 from autotune.backends.eager import generate as eager
-from autotune.backends.generation.quantization import TorchGenerateOptions
+from autotune.backends.generation.quantization import MIX_KEPT, TorchGenerateOptions
 
 if TYPE_CHECKING:
     from autotune.backends.base import BackendConfig
@@ -38,6 +38,7 @@ SPEC = BackendSpec(
     uses_artifact=eager.SPEC.uses_artifact,
     torch_threads=True,
     inductor_cache=True,
+    kept_types=tuple(MIX_KEPT.items()),
 )
 
 # eager's artifact (the same quantized weights), and eager's answers to what cannot run (nothing: a flag

@@ -85,6 +85,7 @@ SPEC = BackendSpec(
     runtime_hint="make setup builds llama-cpp-python",
     probe_environment=(gguf_export.CONVERTER_ENV,),
     uses_artifact=True,
+    kept_types=tuple(KEPT_TYPES.items()),
 )
 ARTIFACT_VERSION = 1
 

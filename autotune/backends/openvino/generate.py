@@ -78,6 +78,7 @@ SPEC = BackendSpec(
     # as for classification (openvino/classify.py): oneTBB's DEEPBIND frees with glibc what a preloaded
     # allocator handed out, and compiling the IR aborts (free(): invalid pointer) without this setting
     preloaded_allocator_env=(("TBB_ENABLE_SANITIZERS", "1"),),
+    kept_types=tuple(KEPT_TYPES.items()),
 )
 ARTIFACT_VERSION = 1
 
