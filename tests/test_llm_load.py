@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from autotune.measure.cb_simulation import StepCosts, simulate
-from autotune.measure.llm_load import RequestMix, RequestTiming, arrival_offsets, summarize
+from autotune.measure.llm_load import RequestMix, RequestTiming, arrival_offsets, random_prompts, summarize
 from autotune.measure.llm_server_loop import drive
 from autotune.measure.serving import wait_until
 
@@ -105,18 +105,18 @@ class SlotServer:
         self.waiting: deque[tuple[int, int, int]] = deque()
         self.left: dict[int, int] = {}  # request in a slot -> tokens still to make
 
-    def add(self, request_id: int, prompt_tokens: int, max_new_tokens: int) -> None:
-        self.waiting.append((request_id, prompt_tokens, max_new_tokens))
+    def add(self, request_id: int, prompt: np.ndarray, max_new_tokens: int) -> None:
+        self.waiting.append((request_id, len(prompt), max_new_tokens))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.left)
 
-    def step(self) -> dict[int, int]:
+    def step(self) -> dict[int, list[int]]:
         room = self.max_seqs - len(self.left)
         new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         wait_until(time.monotonic() + self.costs.of(sum(prompt for _, prompt, _ in new), len(self.left)))
         self.left.update({request: tokens for request, _, tokens in new})
-        produced = dict.fromkeys(self.left, 1)
+        produced = {request: [request % 7] for request in self.left}
         self.left = {request: left - 1 for request, left in self.left.items() if left > 1}
         return produced
 
@@ -130,7 +130,7 @@ def test_the_loop_measures_a_server_of_known_step_costs_as_the_exact_simulation_
     costs, slots = StepCosts(0.008, 0.00008, 0.002), 4
     prompts, outputs = RequestMix(64, 8, range_ratio=0.5).lengths(200, seed=2)
     offsets = arrival_offsets(17.0, 200, seed=7)  # capacity ~28 requests/s (simulated, all arriving at once)
-    measured = summarize(drive(SlotServer(costs, slots), offsets, prompts, outputs))
+    measured = summarize(drive(SlotServer(costs, slots), offsets, random_prompts(prompts, 256, 1), outputs))
     expected = summarize(simulate(offsets, prompts, outputs, costs, slots))
     assert measured.completed == expected.completed == 200
     for name in ("ttft_ms", "tpot_ms"):
@@ -146,7 +146,7 @@ def test_an_overloaded_probe_is_given_up_without_draining_its_queue():
     prompts, outputs = RequestMix(16, 4).lengths(400, seed=1)
     offsets = arrival_offsets(2000.0, 400, seed=1)
     started = time.monotonic()
-    timings = drive(SlotServer(costs, 2), offsets, prompts, outputs, give_up_s=0.3)
+    timings = drive(SlotServer(costs, 2), offsets, random_prompts(prompts, 256, 1), outputs, give_up_s=0.3)
     assert time.monotonic() - started < 1.0
     summary = summarize(timings)
     assert 0 < summary.completed < 400 and summary.completed == sum(1 for t in timings if len(t.token_times) == 4)

@@ -57,6 +57,13 @@ class RequestMix(Record):
         return draw(self.prompt_tokens), draw(self.output_tokens)
 
 
+def random_prompts(lengths: np.ndarray, vocab_size: int, seed: int) -> list[np.ndarray]:
+    """One prompt of random token ids per length (int64, uniform over the vocabulary, seeded), as vLLM's
+    random data set draws them: the server's work depends on the lengths, not on which ids."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, size=int(length), dtype=np.int64) for length in lengths]
+
+
 def arrival_offsets(rate_per_s: float, count: int, seed: int, burstiness: float = 1.0) -> np.ndarray:
     """Seconds from the probe's start at which `count` requests arrive: gamma gaps of shape `burstiness` and
     mean 1 / rate, the first request one gap in."""

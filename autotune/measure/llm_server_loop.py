@@ -1,17 +1,24 @@
-"""The load generator's loop around an engine that batches continuously in the caller's thread (OpenVINO
-GenAI's ContinuousBatchingPipeline: add_request, then step; its step holds the GIL, so arrivals and steps
-share one loop): requests are handed to the engine when their scheduled arrival has passed, each step's new
-tokens are stamped when the step returns, and the server idles until the next arrival when it has none.
+"""The load generator's loops around a language-model server: requests are handed over when their scheduled
+arrival has passed and every output token is stamped when it reaches the generator, on one clock from the
+probe's start. TTFT counts from the scheduled arrival (llm_load), so waiting to be handed over is queueing,
+as a user waits it.
 
-A token's time is the end of the step that made it, as a streaming client would receive it a moment later.
-A request is handed over at the first step boundary after its arrival, and its TTFT counts from the arrival:
-the wait for the running step is queueing, as a user waits it.
+Two kinds of server:
+- one that batches continuously in the caller's thread (OpenVINO GenAI's ContinuousBatchingPipeline:
+  add_request, then step; its step holds the GIL, so arrivals and steps share one loop): each step's new
+  tokens are stamped when the step returns, and a request is handed over at the first step boundary after
+  its arrival (`drive`);
+- one in another process that streams each request's tokens over its own connection (llama-server): a thread
+  per request sends it at its arrival and stamps each token as its chunk is read (`drive_streaming`).
+Either gives up at `give_up_s` without draining its queue: an overloaded probe is refused quickly, and the
+requests not finished by then keep the tokens they got.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -23,28 +30,45 @@ from autotune.measure.serving import wait_until
 class SteppedEngine(Protocol):
     """An engine the loop drives: requests in, one batched step at a time, the tokens each step made out."""
 
-    def add(self, request_id: int, prompt_tokens: int, max_new_tokens: int) -> None: ...
+    def add(self, request_id: int, prompt: np.ndarray, max_new_tokens: int) -> None: ...
 
-    def step(self) -> dict[int, int]:
-        """Run one step; return the tokens it produced per request id (a finished request's last included)."""
+    def step(self) -> dict[int, list[int]]:
+        """Run one step; return the token ids it produced per request id (a finished request's last ones
+        included)."""
         ...
 
     def has_work(self) -> bool: ...
 
 
+class StreamingServer(Protocol):
+    """A server a request is streamed from: `stream` sends one request and calls `on_tokens` with each chunk
+    of token ids as it arrives, returning when the answer ends or soon after `cancelled` is set (the
+    connection closed, so the server drops the request)."""
+
+    def stream(
+        self,
+        prompt: np.ndarray,
+        max_new_tokens: int,
+        on_tokens: Callable[[list[int]], None],
+        cancelled: threading.Event,
+    ) -> None: ...
+
+
 def drive(
     engine: SteppedEngine,
     offsets: np.ndarray,
-    prompt_lengths: np.ndarray,
+    prompts: Sequence[np.ndarray],
     output_lengths: np.ndarray,
     give_up_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    received: list[list[int]] | None = None,
 ) -> list[RequestTiming]:
     """Offer the requests at `offsets` seconds from now and return each one's token times on the same clock
-    (from 0). `give_up_s`: stop stepping once this many seconds have passed (an overloaded probe is refused
-    without draining its queue; the requests not finished by then keep the tokens they got)."""
+    (from 0); `received`, when given, gets each request's token ids. `give_up_s`: stop stepping once this
+    many seconds have passed."""
     count = len(offsets)
     times: list[list[float]] = [[] for _ in range(count)]
+    tokens: list[list[int]] = [[] for _ in range(count)]
     start = clock()
     offered = 0
     while offered < count or engine.has_work():
@@ -52,13 +76,70 @@ def drive(
         if give_up_s is not None and now > give_up_s:
             break
         while offered < count and offsets[offered] <= now:
-            engine.add(offered, int(prompt_lengths[offered]), int(output_lengths[offered]))
+            engine.add(offered, prompts[offered], int(output_lengths[offered]))
             offered += 1
         if not engine.has_work():
             wait_until(start + float(offsets[offered]), clock)
             continue
         produced = engine.step()
         stamp = clock() - start
-        for request, tokens in produced.items():
-            times[request].extend([stamp] * tokens)
+        for request, ids in produced.items():
+            times[request].extend([stamp] * len(ids))
+            tokens[request].extend(ids)
+    if received is not None:
+        received[:] = tokens
+    return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]
+
+
+def drive_streaming(
+    server: StreamingServer,
+    offsets: np.ndarray,
+    prompts: Sequence[np.ndarray],
+    output_lengths: np.ndarray,
+    give_up_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    received: list[list[int]] | None = None,
+) -> list[RequestTiming]:
+    """`drive` for a streaming server: this thread starts each request's thread at its arrival, then waits
+    for them until `give_up_s`, when the unfinished ones are cancelled. A request whose stream failed (the
+    server died) keeps the tokens it got, and the failure is raised once every thread has returned."""
+    count = len(offsets)
+    times: list[list[float]] = [[] for _ in range(count)]
+    tokens: list[list[int]] = [[] for _ in range(count)]
+    failures: list[BaseException] = []
+    cancelled = threading.Event()
+    start = clock()
+
+    def one(index: int) -> None:
+        def on_tokens(ids: list[int]) -> None:
+            stamp = clock() - start
+            times[index].extend([stamp] * len(ids))
+            tokens[index].extend(ids)
+
+        try:
+            server.stream(prompts[index], int(output_lengths[index]), on_tokens, cancelled)
+        except BaseException as failure:  # carried to the caller's thread
+            failures.append(failure)
+            cancelled.set()
+
+    threads = []
+    for index in range(count):
+        wait_until(start + float(offsets[index]), clock)
+        if cancelled.is_set() or (give_up_s is not None and clock() - start > give_up_s):
+            break
+        thread = threading.Thread(target=one, args=(index,), daemon=True, name=f"request-{index}")
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        left = None if give_up_s is None else max(0.0, start + give_up_s - clock())
+        thread.join(left)
+        if thread.is_alive():
+            break
+    cancelled.set()
+    for thread in threads:
+        thread.join(5.0)  # each returns once its connection is closed
+    if failures:
+        raise failures[0]
+    if received is not None:
+        received[:] = tokens
     return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]

@@ -1,0 +1,208 @@
+"""The language-model server scenario's verdicts: the highest Poisson request rate a continuous-batching
+server sustains within p99 (or p90) bounds on TTFT and TPOT.
+
+A probe offers requests at one rate (llm_load's draws, scheduled arrivals) and scores them (llm_load's
+summary). It is *sustained* when every request completed, the backlog (requests arrived and not yet
+finished) at the last arrival is not above its level a quarter into the arrivals by more than
+serving.growth_allowed (a growing backlog is overload, however good the percentiles looked so far), and the
+quantile asked of TTFT and of TPOT is within its bound over enough completed requests to have one (p99:
+100, p90: 10). The rate is bisected below the server's saturated throughput (every request offered at
+once), which bounds it from above, by the classification server scenario's RateSearch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from autotune.common.json_record import Record
+from autotune.measure.llm_load import LoadSummary, RequestTiming, summarize
+from autotune.measure.serving import PROBE_REQUESTS, RateSearch, growth_allowed
+from autotune.measure.stopwatch import samples_needed
+
+QUANTILES = (90, 99)
+# The seconds a probe may run past its last arrival before it is given up (the requests not finished by
+# then are not completed: overload): this many times the TTFT bound, at least DRAIN_MIN_S.
+DRAIN_BOUNDS = 4
+DRAIN_MIN_S = 2.0
+
+
+@dataclass(frozen=True)
+class LatencyBounds(Record):
+    """The service level a rate must hold: the `quantile` (90 or 99) of TTFT and of TPOT in milliseconds
+    (None: that one unbounded)."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    quantile: int = 99
+
+    def __post_init__(self) -> None:
+        if self.quantile not in QUANTILES:
+            raise ValueError(f"the bounds' quantile must be one of {QUANTILES}, got {self.quantile}")
+        if self.ttft_ms is None and self.tpot_ms is None:
+            raise ValueError("a server scenario needs a TTFT or a TPOT bound")
+
+    @property
+    def min_requests(self) -> int:
+        """Completed requests a probe needs for the quantile to exist at all."""
+        return samples_needed(self.quantile)
+
+    def drain_s(self) -> float:
+        """How long a probe waits for its requests after the last arrival before giving up."""
+        return max(DRAIN_MIN_S, DRAIN_BOUNDS * (self.ttft_ms or 0.0) / 1e3)
+
+    def describe(self) -> str:
+        parts = [
+            f"{name} p{self.quantile} <= {bound:g} ms"
+            for name, bound in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms))
+            if bound is not None
+        ]
+        return " and ".join(parts)
+
+
+def backlog_at(timings: list[RequestTiming], moment: float) -> int:
+    """Requests arrived by `moment` and not finished by then (a request never completed counts)."""
+    return sum(
+        1
+        for t in timings
+        if t.arrival <= moment and not (t.completed and t.token_times and t.token_times[-1] <= moment)
+    )
+
+
+@dataclass(frozen=True)
+class LlmServerProbe(Record):
+    """One offered rate: the requests scored, the backlog a quarter in and at the last arrival, and whether
+    the rate counts as sustained (with why not)."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"load": LoadSummary}
+
+    rate_rps: float
+    load: LoadSummary
+    backlog_early: int
+    backlog_end: int
+    overloaded: bool
+    sustained: bool
+    why: str
+
+
+def _quantile(summary: LoadSummary, measure: str, quantile: int) -> float | None:
+    value: float | None = getattr(getattr(summary, measure), f"p{quantile}")
+    return value
+
+
+def judge_llm_probe(
+    timings: list[RequestTiming], rate_rps: float, bounds: LatencyBounds, concurrency: int
+) -> LlmServerProbe:
+    """The probe's verdict (module docstring); `concurrency`: the sequences the server runs at once, which
+    its backlog holds without growing."""
+    load = summarize(timings, bounds.ttft_ms, bounds.tpot_ms)
+    arrivals = np.array([t.arrival for t in timings]) if timings else np.zeros(1)
+    first, last = float(arrivals.min()), float(arrivals.max())
+    early = backlog_at(timings, first + (last - first) / 4)
+    end = backlog_at(timings, last)
+    grew = end - early > growth_allowed(len(timings), concurrency)
+    unfinished = load.requests - load.completed
+    overloaded = grew or unfinished > 0
+    ttft = _quantile(load, "ttft_ms", bounds.quantile)
+    tpot = _quantile(load, "tpot_ms", bounds.quantile)
+    q = f"p{bounds.quantile}"
+    enough = load.completed >= bounds.min_requests
+    ttft_ok = bounds.ttft_ms is None or (ttft is not None and ttft <= bounds.ttft_ms)
+    tpot_ok = bounds.tpot_ms is None or tpot is None or tpot <= bounds.tpot_ms  # one-token outputs: no TPOT
+    sustained = not overloaded and enough and ttft_ok and tpot_ok
+    if unfinished:
+        why = f"overload: {unfinished} of {load.requests} requests unfinished when the probe gave up"
+    elif grew:
+        why = f"overload: the backlog grew from {early} to {end} requests over the arrivals"
+    elif not enough:
+        why = f"too few requests for a {q} ({load.completed}, needs {bounds.min_requests})"
+    elif not ttft_ok:
+        why = f"TTFT {q} {ttft:.1f} ms > {bounds.ttft_ms:g} ms"
+    elif not tpot_ok:
+        why = f"TPOT {q} {tpot:.1f} ms > {bounds.tpot_ms:g} ms"
+    else:
+        shown = ", ".join(
+            f"{name} {q} {value:.1f} ms" for name, value in (("TTFT", ttft), ("TPOT", tpot)) if value is not None
+        )
+        why = f"{shown}: within {bounds.describe()}, backlog steady"
+    return LlmServerProbe(rate_rps, load, early, end, overloaded, sustained, why)
+
+
+@dataclass(frozen=True)
+class LlmServerMetrics(Record):
+    """A server trial: the highest rate sustained within the bounds, the saturated throughput the search
+    started below, every probe, and why the search ended where it did."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"bounds": LatencyBounds, "probes": LlmServerProbe}
+
+    sustained_rps: float
+    bounds: LatencyBounds
+    saturated_rps: float
+    concurrency: int
+    probes: list[LlmServerProbe]
+    verdict: str
+    seed: int
+    rule: str = field(
+        default=(
+            "sustained: every request completed, the backlog at the last arrival within max(2 x concurrency, 2% "
+            "of the requests) of its level a quarter in, and the bounds' quantile of TTFT and TPOT within them"
+        )
+    )
+
+    @property
+    def at_sustained(self) -> LlmServerProbe | None:
+        kept = [p for p in self.probes if p.sustained and p.rate_rps == self.sustained_rps]
+        return kept[-1] if kept else None
+
+
+def saturated_rps(timings: list[RequestTiming]) -> float:
+    """Completed requests per second when all were offered at once: the server's throughput at this mix,
+    which no sustained rate exceeds."""
+    load = summarize(timings)
+    return load.completed / load.duration_s if load.completed else 0.0
+
+
+def probe_requests(rate_rps: float, bounds: LatencyBounds, min_s: float, max_s: float) -> int:
+    """How many requests a probe at this rate offers: its minimum window's worth, more up to PROBE_REQUESTS
+    within `max_s`, and never fewer than the quantile needs (with a fifth to spare for the ones the backlog
+    check may cut off)."""
+    within = int(rate_rps * max_s)
+    wanted = max(int(rate_rps * min_s), min(PROBE_REQUESTS, within))
+    return max(wanted, int(1.2 * bounds.min_requests))
+
+
+def search_rate(
+    run_probe: Callable[[float, int], list[RequestTiming]],
+    saturated_rps: float,
+    bounds: LatencyBounds,
+    concurrency: int,
+    seed: int,
+    deadline: float,
+    max_probes: int = 8,
+    clock: Callable[[], float] = time.monotonic,
+) -> LlmServerMetrics:
+    """Bisect the offered rate below `saturated_rps`: `run_probe(rate, number)` serves one probe and returns
+    its requests' timings. Stops before a probe when the deadline has passed."""
+    search = RateSearch(saturated_rps, max_probes=max_probes)
+    probes: list[LlmServerProbe] = []
+    out_of_time = False
+    while (rate := search.next_rate()) is not None:
+        if clock() > deadline:
+            out_of_time = True
+            break
+        probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds, concurrency)
+        probes.append(probe)
+        search.record(rate, probe.sustained)
+    if search.sustained_rps > 0:
+        verdict = f"highest sustained rate {search.sustained_rps:.2f} requests/s after {len(probes)} probes"
+    elif probes:
+        verdict = f"no rate down to {min(p.rate_rps for p in probes):.2f} requests/s sustained ({probes[-1].why})"
+    else:
+        verdict = "no rate probed"
+    if out_of_time:
+        verdict += "; stopped early: the trial's time ran out"
+    return LlmServerMetrics(search.sustained_rps, bounds, saturated_rps, concurrency, probes, verdict, seed)

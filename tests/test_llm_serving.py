@@ -1,0 +1,212 @@
+"""Language-model servers under load, in real processes: OpenVINO GenAI's continuous-batching pipeline and
+llama.cpp's llama-server serve a tiny Llama under a short Poisson probe (every request completes with the
+same engine's offline greedy tokens), a server that dies mid-probe fails it with its last lines and leaves
+no process, and the rate search finds the rate an exact simulation of the same server finds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_llm_load import SlotServer
+
+from autotune.measure.cb_simulation import StepCosts, simulate
+from autotune.measure.llm_load import RequestMix, arrival_offsets, random_prompts, summarize
+from autotune.measure.llm_server_loop import drive, drive_streaming
+from autotune.measure.llm_serving import LatencyBounds, judge_llm_probe, search_rate
+from autotune.records.config import TrialConfig
+
+PROBE = 24  # requests per engine probe: a few arrive while others decode
+
+
+def probe_plan(vocab: int, seed: int = 1) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Arrivals (Poisson, 20 requests/s), prompts of 16-48 random ids and outputs of 4-12 tokens."""
+    prompt_lengths, outputs = RequestMix(32, 8, range_ratio=0.5).lengths(PROBE, seed)
+    return arrival_offsets(20.0, PROBE, seed), random_prompts(prompt_lengths, vocab, seed), outputs
+
+
+def vocab_folder(folder: Path) -> Path:
+    """The tiny Llama (random init) in a Hugging Face folder with a SentencePiece tokenizer: llama-server
+    detokenizes every token it streams, so its GGUF needs a vocabulary."""
+    import tiny_lm
+    from transformers import LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_lm.sentencepiece_folder(folder, tiny_lm.stdlib_text()[:200_000], 512)
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_lm.llama_config(context=512, vocab=len(tokenizer))).save_pretrained(folder)
+    return folder
+
+
+def test_openvino_genais_continuous_batching_serves_a_poisson_probe_with_its_offline_tokens(tmp_path):
+    """24 requests arriving at 20/s into GenAI's ContinuousBatchingPipeline on an fp32 IR of the tiny Llama:
+    every one completes with exactly the tokens asked, each token stamped after its arrival, and the tokens
+    are the ones GenAI's LLMPipeline (the offline trials' engine) decodes for the prompt alone."""
+    import tiny_lm
+
+    from autotune.backends import backend_module
+    from autotune.backends.generation import prepare
+    from autotune.backends.openvino.serving import GenAiServer, SchedulerSettings
+
+    torch.manual_seed(0)
+    model = tiny_lm.tiny_llama().eval()
+    config = TrialConfig("openvino", "fp32", batch_size=1, threads_per_instance=2)
+    exported = backend_module("openvino", "generate").build_artifact(model, None, config, tmp_path)
+    properties = {"INFERENCE_NUM_THREADS": 2, "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    server = GenAiServer(tmp_path, properties, SchedulerSettings(max_num_seqs=8, max_num_batched_tokens=64))
+    offsets, prompts, outputs = probe_plan(256)
+    received: list[list[int]] = []
+    timings = drive(server, offsets, prompts, outputs, give_up_s=60, received=received)
+    load = summarize(timings)
+    assert load.completed == PROBE and [len(r) for r in received] == list(outputs)
+    assert all(t.token_times[0] > t.arrival for t in timings) and load.ttft_ms.samples == PROBE
+    artifact = {"dir": str(tmp_path), "details": exported}
+    for index in (0, 7, 23):
+        plain = TrialConfig(
+            "openvino", "fp32", batch_size=1, threads_per_instance=2, options={"kv_cache_precision": "f32"}
+        )
+        engine, _ = prepare(model, plain, int(outputs[index]), artifact=artifact)
+        offline = engine.generate(torch.from_numpy(prompts[index]).reshape(1, -1), stamp=False)
+        assert offline.reshape(-1).tolist() == received[index], index
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """The vocab folder's model as an F32 GGUF (llama.cpp's converter)."""
+    from transformers import LlamaForCausalLM
+
+    from autotune.backends.llamacpp import gguf_export
+
+    folder = vocab_folder(tmp_path_factory.mktemp("vocab") / "model")
+    out = folder.parent / "model-f32.gguf"
+    gguf_export.convert(LlamaForCausalLM.from_pretrained(folder), "F32", out)
+    return out
+
+
+def llama_server_or_skip() -> None:
+    from conftest import require
+
+    from autotune.backends.llamacpp.own_tool import tool_path
+    from autotune.backends.llamacpp.server import SERVER_TOOL
+
+    require(tool_path(name=SERVER_TOOL).is_file(), SERVER_TOOL, "make llama-tools builds it")
+
+
+def test_llama_server_serves_a_poisson_probe_with_its_offline_tokens(tiny_gguf, tmp_path):
+    """The same probe streamed from llama-server (4 slots, a UNIX socket in the trial's folder): every
+    request completes with the tokens asked, stamped one by one, equal to llama-cpp-python's greedy tokens
+    for the prompt alone (the offline trials' library), and the server is gone once the block ends."""
+    import llama_cpp
+
+    from autotune.backends.llamacpp.server import UNNAMED, LlamaServer, LlamaServerSettings
+
+    llama_server_or_skip()
+    offsets, prompts, outputs = probe_plan(512)
+    received: list[list[int]] = []
+    with LlamaServer(tiny_gguf, LlamaServerSettings(slots=4, context=1024, threads=2), tmp_path) as server:
+        timings = drive_streaming(server, offsets, prompts, outputs, give_up_s=60, received=received)
+        process = server.process
+    assert process is not None and process.poll() is not None
+    load = summarize(timings)
+    assert load.completed == PROBE and [len(r) for r in received] == list(outputs)
+    assert all(len(set(t.token_times)) > 1 for t in timings if len(t.token_times) > 2)  # streamed, not at once
+    llm = llama_cpp.Llama(str(tiny_gguf), n_ctx=256, n_threads=2, verbose=False)
+
+    def no_eos(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:  # the server's ignore_eos: EOS banned
+        scores[llm.token_eos()] = -np.inf
+        return scores
+
+    named = 0
+    for index in range(PROBE):
+        offline: list[int] = []
+        greedy = llm.generate(
+            [int(t) for t in prompts[index]], top_k=1, temp=0.0, reset=True, logits_processor=[no_eos]
+        )
+        for token in greedy:
+            offline.append(token)
+            if len(offline) == outputs[index]:
+                break
+        # the server leaves unnamed the byte tokens of a character it held back (random weights make many)
+        assert [o if r == UNNAMED else r for o, r in zip(offline, received[index])] == offline, index
+        named += sum(r != UNNAMED for r in received[index])
+    assert named > 0.5 * sum(outputs)
+
+
+def test_a_llama_server_that_dies_mid_probe_fails_it_with_its_last_lines_and_leaves_no_process(tiny_gguf, tmp_path):
+    """The server killed (SIGKILL) a moment into a probe of long answers: the probe raises, saying the server
+    died and what its log said last, within seconds, and no llama-server process is left."""
+    from autotune.backends.llamacpp.server import LlamaServer, LlamaServerSettings
+
+    llama_server_or_skip()
+    offsets, prompts, _ = probe_plan(512)
+    outputs = np.full(PROBE, 200)
+    with LlamaServer(tiny_gguf, LlamaServerSettings(slots=2, context=1024, threads=2), tmp_path) as server:
+        assert server.process is not None
+        threading.Timer(0.3, server.process.kill).start()
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"llama-server died \(exit -9\): .*listening"):
+            drive_streaming(server, offsets, prompts, outputs, give_up_s=60)
+        assert time.monotonic() - started < 10
+    assert server.process.poll() is not None
+
+
+@pytest.mark.parametrize(("quantile", "bound_ms"), [(90, 15.0), (99, 40.0)])
+def test_the_rate_search_on_a_server_of_known_step_costs_finds_the_simulations_rate(quantile, bound_ms):
+    """A 4-slot server whose steps cost 2 ms + 0.02 ms per prompt token + 0.5 ms per decoded request (114
+    requests/s saturated): its TTFT p90 passes 15 ms and its p99 40 ms near 60 requests/s (simulated over
+    2,000 requests). The rate search driving it in real time ends within 15% of the same search over the
+    exact simulation (a shared machine only adds time, so never far above it), well below saturation."""
+    costs, slots = StepCosts(0.002, 0.00002, 0.0005), 4
+    bounds = LatencyBounds(ttft_ms=bound_ms, tpot_ms=None, quantile=quantile)
+    mix = RequestMix(64, 8, range_ratio=0.5)
+
+    def plan(rate: float, number: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        count = max(int(rate * 1.5), int(1.2 * bounds.min_requests))
+        prompts, outputs = mix.lengths(count, seed=number)
+        return arrival_offsets(rate, count, seed=100 + number), prompts, outputs
+
+    def simulated(rate: float, number: int) -> list:
+        offsets, prompts, outputs = plan(rate, number)
+        return simulate(offsets, prompts, outputs, costs, slots)
+
+    def served(rate: float, number: int) -> list:
+        offsets, prompts, outputs = plan(rate, number)
+        give_up = float(offsets[-1]) + bounds.drain_s()
+        return drive(SlotServer(costs, slots), offsets, random_prompts(prompts, 256, 1), outputs, give_up)
+
+    offsets, prompts, outputs = plan(1.0, 0)
+    saturated = simulate(np.zeros(len(offsets)), prompts, outputs, costs, slots)
+    upper = len(saturated) / max(t.token_times[-1] for t in saturated)
+    expected = search_rate(simulated, upper, bounds, slots, seed=0, deadline=float("inf"))
+    measured = search_rate(served, upper, bounds, slots, seed=0, deadline=time.monotonic() + 120)
+    assert 0 < expected.sustained_rps < 0.8 * upper and expected.at_sustained is not None
+    assert 0.85 * expected.sustained_rps <= measured.sustained_rps <= 1.05 * expected.sustained_rps, (
+        measured.verdict,
+        expected.verdict,
+    )
+
+
+def test_a_probe_is_judged_by_completion_backlog_and_the_bounds_quantile():
+    """Sustained only with every request completed, a steady backlog and the quantile within its bound; each
+    refusal says which rule refused it."""
+    from autotune.measure.llm_load import RequestTiming
+
+    def steady(ttft: float, count: int = 120) -> list[RequestTiming]:
+        return [RequestTiming(i * 0.1, 2, (i * 0.1 + ttft, i * 0.1 + ttft + 0.01)) for i in range(count)]
+
+    bounds = LatencyBounds(ttft_ms=100.0, tpot_ms=50.0)
+    assert judge_llm_probe(steady(0.05), 10.0, bounds, 4).sustained
+    slow = judge_llm_probe(steady(0.2), 10.0, bounds, 4)
+    assert not slow.sustained and slow.why.startswith("TTFT p99 200.0 ms > 100 ms")
+    few = judge_llm_probe(steady(0.05, 50), 10.0, bounds, 4)
+    assert not few.sustained and "too few requests for a p99" in few.why
+    assert judge_llm_probe(steady(0.05, 50), 10.0, LatencyBounds(100.0, 50.0, quantile=90), 4).sustained
+    growing = [RequestTiming(i * 0.1, 2, (i * 0.1 + 0.05 + i * 0.05, i * 0.1 + 0.06 + i * 0.05)) for i in range(120)]
+    grew = judge_llm_probe(growing, 10.0, LatencyBounds(ttft_ms=None, tpot_ms=50.0), 4)
+    assert grew.overloaded and grew.why.startswith("overload: the backlog grew")
+    cut = [*steady(0.05)[:-1], RequestTiming(11.9, 2, (12.0,))]
+    assert judge_llm_probe(cut, 10.0, bounds, 4).why.startswith("overload: 1 of 120 requests unfinished")
