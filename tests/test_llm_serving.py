@@ -210,3 +210,21 @@ def test_a_probe_is_judged_by_completion_backlog_and_the_bounds_quantile():
     assert grew.overloaded and grew.why.startswith("overload: the backlog grew")
     cut = [*steady(0.05)[:-1], RequestTiming(11.9, 2, (12.0,))]
     assert judge_llm_probe(cut, 10.0, bounds, 4).why.startswith("overload: 1 of 120 requests unfinished")
+
+
+def test_a_servers_measurement_starts_below_its_saturated_throughput_and_ends_within_the_bounds():
+    """measure_server on the known-cost server: its saturated throughput (48 requests at once) is the
+    simulation's within 15%, and the probe at the rate it reports sustained held the bound's quantile over
+    enough completed requests."""
+    from autotune.worker.llm_serve import SATURATION_REQUESTS, ServingPlan, measure_server
+
+    costs, slots = StepCosts(0.002, 0.00002, 0.0005), 4
+    plan = ServingPlan(RequestMix(64, 8, 0.5), LatencyBounds(40.0, None, 90), probe_min_s=1.0, probe_max_s=2.0)
+    metrics = measure_server(SlotServer(costs, slots), False, plan, 256, slots, time.monotonic() + 60)
+    prompts, outputs = plan.mix.lengths(SATURATION_REQUESTS, plan.seed)
+    simulated = simulate(np.zeros(SATURATION_REQUESTS), prompts, outputs, costs, slots)
+    expected = SATURATION_REQUESTS / max(t.token_times[-1] for t in simulated)
+    assert 0.85 * expected <= metrics.saturated_rps <= 1.05 * expected, (metrics.saturated_rps, expected)
+    at = metrics.at_sustained
+    assert at is not None and 0 < metrics.sustained_rps <= 1.1 * metrics.saturated_rps
+    assert at.load.completed >= plan.bounds.min_requests and at.load.ttft_ms.p90 <= 40.0
