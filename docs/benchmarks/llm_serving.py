@@ -60,7 +60,7 @@ def build_files(folder: Path, out: Path, threads: int) -> tuple[Path, Path]:
     return gguf, ir
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="a Hugging Face folder with its tokenizer")
     parser.add_argument("--prompt", type=int, default=256, help="mean prompt tokens")
@@ -75,6 +75,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--minutes-per-row", type=float, default=6.0)
     parser.add_argument("--out")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     folder = Path(args.model)
     if not (folder / "config.json").is_file():
