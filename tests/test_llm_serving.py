@@ -228,3 +228,17 @@ def test_a_servers_measurement_starts_below_its_saturated_throughput_and_ends_wi
     at = metrics.at_sustained
     assert at is not None and 0 < metrics.sustained_rps <= 1.1 * metrics.saturated_rps
     assert at.load.completed >= plan.bounds.min_requests and at.load.ttft_ms.p90 <= 40.0
+
+
+def test_a_search_whose_every_probe_was_sustained_says_it_stopped_at_its_ceiling():
+    """The bisection never offers more than 1.1x the saturated throughput: a server sustaining every probe
+    up to there is reported as such, not as if its capacity had been found."""
+    from autotune.measure.llm_load import RequestTiming
+
+    def easy(rate: float, number: int) -> list[RequestTiming]:
+        return [RequestTiming(i / rate, 2, (i / rate + 0.01, i / rate + 0.02)) for i in range(150)]
+
+    bounds = LatencyBounds(ttft_ms=100.0, tpot_ms=None)
+    metrics = search_rate(easy, 10.0, bounds, 4, seed=0, deadline=float("inf"))
+    assert metrics.sustained_rps > 10.0 and all(p.sustained for p in metrics.probes)
+    assert metrics.verdict.startswith("every probe sustained") and "may sustain more" in metrics.verdict

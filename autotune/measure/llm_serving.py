@@ -21,7 +21,7 @@ import numpy as np
 
 from autotune.common.json_record import Record
 from autotune.measure.llm_load import LoadSummary, RequestTiming, summarize
-from autotune.measure.serving import PROBE_REQUESTS, RateSearch, growth_allowed
+from autotune.measure.serving import PROBE_REQUESTS, UPPER_HEADROOM, RateSearch, growth_allowed
 from autotune.measure.stopwatch import samples_needed
 
 QUANTILES = (90, 99)
@@ -197,7 +197,12 @@ def search_rate(
         probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds, concurrency)
         probes.append(probe)
         search.record(rate, probe.sustained)
-    if search.sustained_rps > 0:
+    if search.sustained_rps > 0 and not any(not p.sustained for p in probes):
+        verdict = (
+            f"every probe sustained, up to {search.sustained_rps:.2f} requests/s: the search's ceiling is "
+            f"{UPPER_HEADROOM:g}x the saturated throughput, and the server may sustain more"
+        )
+    elif search.sustained_rps > 0:
         verdict = f"highest sustained rate {search.sustained_rps:.2f} requests/s after {len(probes)} probes"
     elif probes:
         verdict = f"no rate down to {min(p.rate_rps for p in probes):.2f} requests/s sustained ({probes[-1].why})"
