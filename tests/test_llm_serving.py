@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -230,15 +231,23 @@ def test_a_servers_measurement_starts_below_its_saturated_throughput_and_ends_wi
     assert at.load.completed >= plan.bounds.min_requests and at.load.ttft_ms.p90 <= 40.0
 
 
-def test_a_search_whose_every_probe_was_sustained_says_it_stopped_at_its_ceiling():
-    """The bisection never offers more than 1.1x the saturated throughput: a server sustaining every probe
-    up to there is reported as such, not as if its capacity had been found."""
+def test_a_search_whose_every_probe_was_sustained_raises_its_ceiling_and_says_when_it_stayed_there():
+    """The bisection offers at most 1.1x its upper bound, the saturated throughput (10 requests/s here). A
+    server sustaining up to 25 requests/s is found near 25 by doubling the bound (twice at most), not
+    reported at 11; one sustaining any rate is reported as stopped at the raised ceiling."""
     from autotune.measure.llm_load import RequestTiming
 
-    def easy(rate: float, number: int) -> list[RequestTiming]:
-        return [RequestTiming(i / rate, 2, (i / rate + 0.01, i / rate + 0.02)) for i in range(150)]
+    def server(capacity: float) -> Callable[[float, int], list[RequestTiming]]:
+        def probe(rate: float, number: int) -> list[RequestTiming]:
+            ttft = 0.01 if rate <= capacity else 1.0
+            return [RequestTiming(i / rate, 2, (i / rate + ttft, i / rate + ttft + 0.01)) for i in range(150)]
+
+        return probe
 
     bounds = LatencyBounds(ttft_ms=100.0, tpot_ms=None)
-    metrics = search_rate(easy, 10.0, bounds, 4, seed=0, deadline=float("inf"))
-    assert metrics.sustained_rps > 10.0 and all(p.sustained for p in metrics.probes)
-    assert metrics.verdict.startswith("every probe sustained") and "may sustain more" in metrics.verdict
+    found = search_rate(server(25.0), 10.0, bounds, 4, seed=0, deadline=float("inf"), max_probes=12)
+    assert 0.9 * 25.0 <= found.sustained_rps <= 25.0, found.verdict
+    assert found.verdict.startswith("highest sustained rate")
+    capped = search_rate(server(float("inf")), 10.0, bounds, 4, seed=0, deadline=float("inf"))
+    assert capped.sustained_rps > 20.0 and all(p.sustained for p in capped.probes)
+    assert capped.verdict.startswith("every probe sustained") and "raised 2 times" in capped.verdict

@@ -29,6 +29,8 @@ QUANTILES = (90, 99)
 # then are not completed: overload): this many times the TTFT bound, at least DRAIN_MIN_S.
 DRAIN_BOUNDS = 4
 DRAIN_MIN_S = 2.0
+# A search that sustained every probe up to its ceiling doubles its upper bound, at most this many times.
+CEILING_RAISES = 2
 
 
 @dataclass(frozen=True)
@@ -186,28 +188,44 @@ def search_rate(
     clock: Callable[[], float] = time.monotonic,
 ) -> LlmServerMetrics:
     """Bisect the offered rate below `saturated_rps`: `run_probe(rate, number)` serves one probe and returns
-    its requests' timings. Stops before a probe when the deadline has passed."""
-    search = RateSearch(saturated_rps, max_probes=max_probes)
+    its requests' timings. A search that sustained every probe up to its ceiling (UPPER_HEADROOM x the upper
+    bound: a saturated probe can undercount a server that batches more the more is waiting) goes on with
+    the bound doubled, up to CEILING_RAISES times. Stops before a probe when the deadline has passed."""
+    upper = saturated_rps
+    search = RateSearch(upper, max_probes=max_probes)
     probes: list[LlmServerProbe] = []
     out_of_time = False
-    while (rate := search.next_rate()) is not None:
-        if clock() > deadline:
-            out_of_time = True
+    raises = 0
+    while True:
+        refused = False
+        while (rate := search.next_rate()) is not None:
+            if clock() > deadline:
+                out_of_time = True
+                break
+            probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds, concurrency)
+            probes.append(probe)
+            refused = refused or not probe.sustained
+            search.record(rate, probe.sustained)
+        capped = search.sustained_rps > 0 and not refused
+        if out_of_time or not capped or raises >= CEILING_RAISES or len(probes) >= max_probes:
             break
-        probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds, concurrency)
-        probes.append(probe)
-        search.record(rate, probe.sustained)
-    if search.sustained_rps > 0 and not any(not p.sustained for p in probes):
+        raises += 1
+        low, upper = search.sustained_rps, 2 * upper
+        search = RateSearch(upper, [(low + UPPER_HEADROOM * upper) / 2], max_probes=max_probes - len(probes))
+        search.low = low
+    sustained = max((p.rate_rps for p in probes if p.sustained), default=0.0)
+    if capped and not out_of_time:
         verdict = (
-            f"every probe sustained, up to {search.sustained_rps:.2f} requests/s: the search's ceiling is "
-            f"{UPPER_HEADROOM:g}x the saturated throughput, and the server may sustain more"
+            f"every probe sustained, up to {sustained:.2f} requests/s: the search's ceiling "
+            f"({UPPER_HEADROOM * upper:.2f}, raised {raises} times from {UPPER_HEADROOM:g}x the saturated "
+            f"throughput) was reached, and the server may sustain more"
         )
-    elif search.sustained_rps > 0:
-        verdict = f"highest sustained rate {search.sustained_rps:.2f} requests/s after {len(probes)} probes"
+    elif sustained > 0:
+        verdict = f"highest sustained rate {sustained:.2f} requests/s after {len(probes)} probes"
     elif probes:
         verdict = f"no rate down to {min(p.rate_rps for p in probes):.2f} requests/s sustained ({probes[-1].why})"
     else:
         verdict = "no rate probed"
     if out_of_time:
         verdict += "; stopped early: the trial's time ran out"
-    return LlmServerMetrics(search.sustained_rps, bounds, saturated_rps, concurrency, probes, verdict, seed)
+    return LlmServerMetrics(sustained, bounds, saturated_rps, concurrency, probes, verdict, seed)
