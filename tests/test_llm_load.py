@@ -111,6 +111,10 @@ class SlotServer:
     def has_work(self) -> bool:
         return bool(self.waiting or self.left)
 
+    def abort(self) -> None:
+        self.waiting.clear()
+        self.left.clear()
+
     def step(self) -> dict[int, list[int]]:
         room = self.max_seqs - len(self.left)
         new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
@@ -149,4 +153,6 @@ def test_an_overloaded_probe_is_given_up_without_draining_its_queue():
     timings = drive(SlotServer(costs, 2), offsets, random_prompts(prompts, 256, 1), outputs, give_up_s=0.3)
     assert time.monotonic() - started < 1.0
     summary = summarize(timings)
-    assert 0 < summary.completed < 400 and summary.completed == sum(1 for t in timings if len(t.token_times) == 4)
+    assert 0 < summary.completed < 400
+    cut_off = [t for t in timings if 0 < len(t.token_times) < 4]  # in a slot when the probe gave up
+    assert cut_off and not any(t.completed for t in cut_off)

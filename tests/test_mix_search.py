@@ -8,7 +8,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from autotune.records.attributes import Attr
-from autotune.tuning.fleet import dead_orchestrator_cause, silent_worker_cause
+from autotune.tuning.fleet import MAX_RETRIES, dead_orchestrator_cause, silent_worker_cause
 from autotune.tuning.mix_search import MixBisection
 
 SHARES = [1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125]
@@ -160,13 +160,14 @@ def test_a_kept_type_pruned_with_other_numerics_does_not_stop_the_mix():
         (p["llamacpp.precision"], p["llamacpp.kv_cache_type"], p["llamacpp.compressed_share"]) for p in waiting(study)
     }
     assert enqueued == {("Q4_0", "f16", 0.5), ("Q8_0", "q8_0", 0.5)}
-    stored(study, "Q8_0", None, True, kv_cache_type="f16")
-    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    same = optuna.create_study(direction="maximize")  # the same numerics: Q4_0's mix cannot pass
+    stored(same, "Q4_0", None, True, kv_cache_type="f16")
+    stored(same, "Q8_0", None, True, kv_cache_type="f16")
+    MixBisection(Space(SHARES))(same)  # type: ignore[arg-type]
     enqueued = {
-        (p["llamacpp.precision"], p["llamacpp.kv_cache_type"], p["llamacpp.compressed_share"]) for p in waiting(study)
+        (p["llamacpp.precision"], p["llamacpp.kv_cache_type"], p["llamacpp.compressed_share"]) for p in waiting(same)
     }
-    assert ("Q8_0", "f16", 0.5) in enqueued
-    assert len([p for p in waiting(study) if p["llamacpp.precision"] == "Q4_0"]) == 1  # only the one from before
+    assert enqueued == {("Q8_0", "f16", 0.5)}
 
 
 def test_a_mix_trial_still_running_is_neither_within_nor_beyond():
@@ -187,3 +188,21 @@ def test_a_mix_trial_still_running_is_neither_within_nor_beyond():
     assert running.params["llamacpp.compressed_share"] == 0.5 and Attr.MIX_SHARE in running.user_attrs
     bisection(study)
     assert waiting(study) == []
+
+
+def test_a_share_whose_trials_lost_their_process_more_often_than_a_retry_allows_counts_as_past_the_bound():
+    """A share whose trial lost its worker runs again, up to the fleet's retries; a third loss at the same
+    share (a mix that kills its host, say) counts as past the bound, so the bisection goes below it rather
+    than queueing it until the budget ends."""
+    study = optuna.create_study(direction="maximize")
+    stored(study, "Q4_0", None, True)
+    for _ in range(MAX_RETRIES):
+        stored(study, "Q4_0", 0.5, None, fail_cause=dead_orchestrator_cause("a", 7))
+    MixBisection(Space(SHARES))(study)  # type: ignore[arg-type]
+    assert [p["llamacpp.compressed_share"] for p in waiting(study)] == [0.5]
+    again = optuna.create_study(direction="maximize")
+    stored(again, "Q4_0", None, True)
+    for _ in range(MAX_RETRIES + 1):
+        stored(again, "Q4_0", 0.5, None, fail_cause=dead_orchestrator_cause("a", 7))
+    MixBisection(Space(SHARES))(again)  # type: ignore[arg-type]
+    assert [p["llamacpp.compressed_share"] for p in waiting(again)] == [0.25]

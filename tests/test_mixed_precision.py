@@ -146,11 +146,13 @@ def test_the_ranking_replays_the_blocks_before_a_matrix_and_scores_as_the_full_f
 
 
 class SharedBlocks(torch.nn.Module):
-    """A decoder-shaped model that calls its block 1 twice (0, 1, 2, 1: shared weights, as ALBERT's): a
-    replay of the blocks before a matrix's block would hand block 1's second call its first output."""
+    """A decoder-shaped model that calls its blocks in `order`; (0, 1, 2, 1) calls block 1 twice (shared
+    weights, as ALBERT's): a replay of the blocks before a matrix's block would hand block 1's second call
+    its first output."""
 
-    def __init__(self) -> None:
+    def __init__(self, order: tuple[int, ...] = (0, 1, 2, 1)) -> None:
         super().__init__()
+        self.order = order
         self.embed = torch.nn.Embedding(256, 16)
         self.blocks = torch.nn.ModuleList(
             torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()) for _ in range(3)
@@ -162,7 +164,7 @@ class SharedBlocks(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> Any:
         hidden = self.embed(input_ids)
-        for index in (0, 1, 2, 1):
+        for index in self.order:
             hidden = hidden + self.blocks[index](hidden)
         return types.SimpleNamespace(logits=self.head(hidden))
 
@@ -185,23 +187,33 @@ def full_forward_scores(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, 
 
 
 def test_blocks_called_out_of_order_or_with_their_own_forward_are_not_replayed():
-    """A model calling a block twice is ranked by full forwards (its scores equal theirs), and a block whose
-    forward is an instance attribute (a hook library's wrapper) keeps it: the replay neither replaces it for
-    good nor deletes it."""
+    """A model calling a block twice is ranked by full forwards (its scores equal theirs). A model calling its
+    blocks in order whose block 0 has its own forward (a hook library's wrapper, here one that doubles the
+    block's output) is not replayed either: a replay would replace the wrapper (its scores would follow the
+    unwrapped block) and delete it after; it keeps its wrapper and the wrapped model's scores."""
     torch.manual_seed(0)
-    model = SharedBlocks().eval()
-    wrapper = model.blocks[0].forward  # bound: calls the class's forward
-    model.blocks[0].forward = wrapper
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
-    expected = full_forward_scores(model, ids)
-    scores = {layer.name: layer.score for layer in rank_layers(model, ids, "Q4_0").layers}
+    shared = SharedBlocks().eval()
+    expected = full_forward_scores(shared, ids)
+    scores = {layer.name: layer.score for layer in rank_layers(shared, ids, "Q4_0").layers}
     assert set(scores) == {"blocks.0.0", "blocks.1.0", "blocks.2.0"}
     for name, score in expected.items():
         assert scores[name] == pytest.approx(score, rel=1e-3), name
-    assert vars(model.blocks[0])["forward"] is wrapper
-    del model.blocks[0].forward
-    in_order_calls = rank_layers(model, ids, "Q4_0")  # now replayable but for the double call: the same scores
-    assert {layer.name: layer.score for layer in in_order_calls.layers} == pytest.approx(scores, rel=1e-6)
+
+    torch.manual_seed(0)
+    in_order = SharedBlocks((0, 1, 2)).eval()
+    block = in_order.blocks[0]
+    unwrapped = block.forward
+
+    def wrapper(hidden: torch.Tensor) -> torch.Tensor:
+        return 2 * unwrapped(hidden)
+
+    block.forward = wrapper
+    expected = full_forward_scores(in_order, ids)
+    scores = {layer.name: layer.score for layer in rank_layers(in_order, ids, "Q4_0").layers}
+    for name, score in expected.items():
+        assert scores[name] == pytest.approx(score, rel=1e-3), name
+    assert vars(block)["forward"] is wrapper
 
 
 @pytest.mark.parametrize(

@@ -39,11 +39,16 @@ class SteppedEngine(Protocol):
 
     def has_work(self) -> bool: ...
 
+    def abort(self) -> None:
+        """Drop every request it holds (a probe given up), so the next probe starts on an idle server."""
+        ...
+
 
 class StreamingServer(Protocol):
     """A server a request is streamed from: `stream` sends one request and calls `on_tokens` with each chunk
-    of token ids as it arrives, returning when the answer ends or soon after `cancelled` is set (the
-    connection closed, so the server drops the request)."""
+    of token ids as it arrives, returning when the answer ends; `cancel_all` closes every open request's
+    connection (their `stream` calls return, and the server drops them); `settle` waits until the server
+    serves no request."""
 
     def stream(
         self,
@@ -52,6 +57,10 @@ class StreamingServer(Protocol):
         on_tokens: Callable[[list[int]], None],
         cancelled: threading.Event,
     ) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+    def settle(self) -> None: ...
 
 
 def drive(
@@ -74,6 +83,7 @@ def drive(
     while offered < count or engine.has_work():
         now = clock() - start
         if give_up_s is not None and now > give_up_s:
+            engine.abort()  # its unfinished requests would run on into the next probe
             break
         while offered < count and offsets[offered] <= now:
             engine.add(offered, prompts[offered], int(output_lengths[offered]))
@@ -84,8 +94,9 @@ def drive(
         produced = engine.step()
         stamp = clock() - start
         for request, ids in produced.items():
-            times[request].extend([stamp] * len(ids))
-            tokens[request].extend(ids)
+            if 0 <= request < count:  # an earlier probe's request the engine still held: not this probe's
+                times[request].extend([stamp] * len(ids))
+                tokens[request].extend(ids)
     if received is not None:
         received[:] = tokens
     return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]
@@ -119,8 +130,9 @@ def drive_streaming(
         try:
             server.stream(prompts[index], int(output_lengths[index]), on_tokens, cancelled)
         except BaseException as failure:  # carried to the caller's thread
-            failures.append(failure)
-            cancelled.set()
+            if not cancelled.is_set():  # a stream shut by the give-up is not a failure
+                failures.append(failure)
+                cancelled.set()
 
     threads = []
     for index in range(count):
@@ -135,9 +147,12 @@ def drive_streaming(
         thread.join(left)
         if thread.is_alive():
             break
-    cancelled.set()
-    for thread in threads:
-        thread.join(5.0)  # each returns once its connection is closed
+    if any(thread.is_alive() for thread in threads):
+        cancelled.set()
+        server.cancel_all()  # a request waiting for a slot blocks in its read: its connection is shut
+        for thread in threads:
+            thread.join(10.0)
+        server.settle()  # the server dropped them before the next probe begins
     if failures:
         raise failures[0]
     if received is not None:

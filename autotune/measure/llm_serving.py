@@ -3,11 +3,14 @@ server sustains within p99 (or p90) bounds on TTFT and TPOT.
 
 A probe offers requests at one rate (llm_load's draws, scheduled arrivals) and scores them (llm_load's
 summary). It is *sustained* when every request completed, the backlog (requests arrived and not yet
-finished) at the last arrival is not above its level a quarter into the arrivals by more than
-serving.growth_allowed (a growing backlog is overload, however good the percentiles looked so far), and the
-quantile asked of TTFT and of TPOT is within its bound over enough completed requests to have one (p99:
-100, p90: 10). The rate is bisected below the server's saturated throughput (every request offered at
-once), which bounds it from above, by the classification server scenario's RateSearch.
+finished, at each arrival) over the last quarter of the arrivals is not above its level over the first
+quarter (medians) by more than GROWTH_SHARE of the requests, 2, or half the early level, whichever is
+largest (a growing backlog is overload, however good the percentiles looked so far; the allowance does not
+scale with a server's configured concurrency, which can be far above what it holds), and the quantile asked
+of TTFT and of TPOT is within its bound over enough completed requests to have one (p99: 100, p90: 10).
+A probe waits for its requests after the last arrival long enough for the longest to finish at the bounds.
+The rate is bisected below the server's saturated throughput (every request offered at once), which bounds
+it from above, by the classification server scenario's RateSearch.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ import numpy as np
 
 from autotune.common.json_record import Record
 from autotune.measure.llm_load import LoadSummary, RequestTiming, summarize
-from autotune.measure.serving import PROBE_REQUESTS, UPPER_HEADROOM, RateSearch, growth_allowed
+from autotune.measure.serving import PROBE_REQUESTS, RELATIVE_TOLERANCE, UPPER_HEADROOM, RateSearch
 from autotune.measure.stopwatch import samples_needed
 
 QUANTILES = (90, 99)
 # The seconds a probe may run past its last arrival before it is given up (the requests not finished by
-# then are not completed: overload): this many times the TTFT bound, at least DRAIN_MIN_S.
-DRAIN_BOUNDS = 4
+# then are not completed: overload): the longest request at the bounds (TTFT bound plus its output at the
+# TPOT bound, or at the per-token time measured when TPOT is unbounded), times DRAIN_MARGIN, at least
+# DRAIN_MIN_S.
+DRAIN_MARGIN = 2.0
 DRAIN_MIN_S = 2.0
+GROWTH_SHARE = 0.02
+GROWTH_MIN = 2
 # A search that sustained every probe up to its ceiling doubles its upper bound, at most this many times.
 CEILING_RAISES = 2
 
@@ -53,9 +60,12 @@ class LatencyBounds(Record):
         """Completed requests a probe needs for the quantile to exist at all."""
         return samples_needed(self.quantile)
 
-    def drain_s(self) -> float:
-        """How long a probe waits for its requests after the last arrival before giving up."""
-        return max(DRAIN_MIN_S, DRAIN_BOUNDS * (self.ttft_ms or 0.0) / 1e3)
+    def drain_s(self, longest_output: int, measured_tpot_s: float = 0.0) -> float:
+        """How long a probe waits for its requests after the last arrival before giving up: the longest
+        output at the TPOT bound (or at `measured_tpot_s` without one) after the TTFT bound, with margin."""
+        tpot_s = self.tpot_ms / 1e3 if self.tpot_ms is not None else measured_tpot_s
+        longest = (self.ttft_ms or 0.0) / 1e3 + max(longest_output - 1, 0) * tpot_s
+        return max(DRAIN_MIN_S, DRAIN_MARGIN * longest)
 
     def describe(self) -> str:
         parts = [
@@ -75,6 +85,22 @@ def backlog_at(timings: list[RequestTiming], moment: float) -> int:
     )
 
 
+def backlog_quarters(timings: list[RequestTiming]) -> tuple[float, float]:
+    """The median backlog at the arrivals of the first quarter and of the last quarter of the arrivals."""
+    arrivals = sorted(t.arrival for t in timings)
+    if not arrivals:
+        return 0.0, 0.0
+    quarter = max(1, len(arrivals) // 4)
+    early = float(np.median([backlog_at(timings, moment) for moment in arrivals[:quarter]]))
+    late = float(np.median([backlog_at(timings, moment) for moment in arrivals[-quarter:]]))
+    return early, late
+
+
+def growth_allowed(requests: int, early: float) -> float:
+    """How far the late backlog may lie above the early one before it counts as growth (module docstring)."""
+    return max(GROWTH_SHARE * requests, GROWTH_MIN, 0.5 * early)
+
+
 @dataclass(frozen=True)
 class LlmServerProbe(Record):
     """One offered rate: the requests scored, the backlog a quarter in and at the last arrival, and whether
@@ -84,8 +110,8 @@ class LlmServerProbe(Record):
 
     rate_rps: float
     load: LoadSummary
-    backlog_early: int
-    backlog_end: int
+    backlog_early: float  # median over the first quarter of the arrivals
+    backlog_late: float  # median over the last quarter
     overloaded: bool
     sustained: bool
     why: str
@@ -96,17 +122,11 @@ def _quantile(summary: LoadSummary, measure: str, quantile: int) -> float | None
     return value
 
 
-def judge_llm_probe(
-    timings: list[RequestTiming], rate_rps: float, bounds: LatencyBounds, concurrency: int
-) -> LlmServerProbe:
-    """The probe's verdict (module docstring); `concurrency`: the sequences the server runs at once, which
-    its backlog holds without growing."""
+def judge_llm_probe(timings: list[RequestTiming], rate_rps: float, bounds: LatencyBounds) -> LlmServerProbe:
+    """The probe's verdict (module docstring)."""
     load = summarize(timings, bounds.ttft_ms, bounds.tpot_ms)
-    arrivals = np.array([t.arrival for t in timings]) if timings else np.zeros(1)
-    first, last = float(arrivals.min()), float(arrivals.max())
-    early = backlog_at(timings, first + (last - first) / 4)
-    end = backlog_at(timings, last)
-    grew = end - early > growth_allowed(len(timings), concurrency)
+    early, late = backlog_quarters(timings)
+    grew = late - early > growth_allowed(len(timings), early)
     unfinished = load.requests - load.completed
     overloaded = grew or unfinished > 0
     ttft = _quantile(load, "ttft_ms", bounds.quantile)
@@ -119,7 +139,7 @@ def judge_llm_probe(
     if unfinished:
         why = f"overload: {unfinished} of {load.requests} requests unfinished when the probe gave up"
     elif grew:
-        why = f"overload: the backlog grew from {early} to {end} requests over the arrivals"
+        why = f"overload: the backlog grew from {early:g} to {late:g} requests (medians of the first and last quarter)"
     elif not enough:
         why = f"too few requests for a {q} ({load.completed}, needs {bounds.min_requests})"
     elif not ttft_ok:
@@ -131,7 +151,7 @@ def judge_llm_probe(
             f"{name} {q} {value:.1f} ms" for name, value in (("TTFT", ttft), ("TPOT", tpot)) if value is not None
         )
         why = f"{shown}: within {bounds.describe()}, backlog steady"
-    return LlmServerProbe(rate_rps, load, early, end, overloaded, sustained, why)
+    return LlmServerProbe(rate_rps, load, early, late, overloaded, sustained, why)
 
 
 @dataclass(frozen=True)
@@ -150,8 +170,9 @@ class LlmServerMetrics(Record):
     seed: int
     rule: str = field(
         default=(
-            "sustained: every request completed, the backlog at the last arrival within max(2 x concurrency, 2% "
-            "of the requests) of its level a quarter in, and the bounds' quantile of TTFT and TPOT within them"
+            "sustained: every request completed, the median backlog over the last quarter of the arrivals within "
+            "max(2% of the requests, 2, half the first quarter's) of the first quarter's, and the bounds' quantile "
+            "of TTFT and TPOT within them"
         )
     )
 
@@ -202,7 +223,7 @@ def search_rate(
             if clock() > deadline:
                 out_of_time = True
                 break
-            probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds, concurrency)
+            probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds)
             probes.append(probe)
             refused = refused or not probe.sustained
             search.record(rate, probe.sustained)
@@ -214,7 +235,12 @@ def search_rate(
         search = RateSearch(upper, [(low + UPPER_HEADROOM * upper) / 2], max_probes=max_probes - len(probes))
         search.low = low
     sustained = max((p.rate_rps for p in probes if p.sustained), default=0.0)
-    if capped and not out_of_time:
+    at_ceiling = search.high <= search.low * (1 + RELATIVE_TOLERANCE)
+    if capped and not out_of_time and not at_ceiling:
+        verdict = (
+            f"every probe sustained, up to {sustained:.2f} requests/s, when the search's {max_probes} probes were spent"
+        )
+    elif capped and not out_of_time:
         verdict = (
             f"every probe sustained, up to {sustained:.2f} requests/s: the search's ceiling "
             f"({UPPER_HEADROOM * upper:.2f}, raised {raises} times from {UPPER_HEADROOM:g}x the saturated "

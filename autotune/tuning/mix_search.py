@@ -9,12 +9,13 @@ file drifts too far reaches its largest share within the bound in at most 3 more
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import optuna
 
 from autotune.records.attributes import Attr, TrialAttrs
-from autotune.tuning.fleet import ABANDONED
+from autotune.tuning.fleet import ABANDONED, MAX_RETRIES
 from autotune.tuning.space import SearchSpace
 
 SHARE = "compressed_share"
@@ -43,6 +44,16 @@ def _failed_at_share(trial: optuna.trial.FrozenTrial) -> bool:
         trial.state == optuna.trial.TrialState.FAIL
         and Attr.MIX_SHARE in trial.user_attrs
         and not cause.startswith(STOPPED_FROM_OUTSIDE)
+    )
+
+
+def _abandoned_at_share(trial: optuna.trial.FrozenTrial) -> bool:
+    """A mix trial failed because its worker or orchestrator went away."""
+    cause = TrialAttrs.of(trial).fail_cause or ""
+    return (
+        trial.state == optuna.trial.TrialState.FAIL
+        and Attr.MIX_SHARE in trial.user_attrs
+        and cause.startswith(ABANDONED)
     )
 
 
@@ -99,8 +110,14 @@ class MixBisection:
         backend = members[0].params["backend"]
         top = self.shares[backend][-1]
         within = [_share_of(t, backend, top) for t in members if _verdict(t) is True]
-        # a mix trial that failed on its own cannot be the answer: past it, lower
-        beyond = [(_share_of(t, backend, top), t) for t in members if _verdict(t) is False or _failed_at_share(t)]
+        # a mix trial that failed on its own cannot be the answer: past it, lower; nor can a share whose trials
+        # lost their process more often than a configuration is retried (one that kills its host, say)
+        lost = Counter(_share_of(t, backend, top) for t in members if _abandoned_at_share(t))
+        beyond = [
+            (_share_of(t, backend, top), t)
+            for t in members
+            if _verdict(t) is False or _failed_at_share(t) or lost[_share_of(t, backend, top)] > MAX_RETRIES
+        ]
         if not beyond:
             return None
         high, pruned = min(beyond, key=lambda pair: pair[0])

@@ -14,11 +14,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from autotune.common.json_record import Record
-from autotune.measure.llm_load import RequestMix, RequestTiming, arrival_offsets, random_prompts
+from autotune.measure.llm_load import RequestMix, RequestTiming, arrival_offsets, random_prompts, summarize
 from autotune.measure.llm_server_loop import drive, drive_streaming
 from autotune.measure.llm_serving import LatencyBounds, LlmServerMetrics, probe_requests, saturated_rps, search_rate
 
 SATURATION_REQUESTS = 48  # the saturated probe: enough to fill any slot count searched several times over
+SATURATION_GIVE_UP_S = 3600.0
 PROBE_MIN_S = 10.0
 PROBE_MAX_S = 60.0
 
@@ -60,13 +61,20 @@ def measure_server(
         return random_prompts(prompt_lengths, vocab_size, plan.seed + 7919 * number + 1), outputs
 
     prompts, outputs = requests(SATURATION_REQUESTS, 0)
-    run(np.zeros(2), prompts[:2], outputs[:2], bounds.drain_s() + 600)  # warm-up: compiled kernels, caches
-    saturated = saturated_rps(run(np.zeros(len(outputs)), prompts, outputs, 3600.0))
+    longest = int(outputs.max())
+    # warm-up: compiled kernels and caches, given the saturated probe's time (no bound applies yet)
+    run(np.zeros(2), prompts[:2], outputs[:2], SATURATION_GIVE_UP_S)
+    burst = run(np.zeros(len(outputs)), prompts, outputs, SATURATION_GIVE_UP_S)
+    saturated = saturated_rps(burst)
+    # the per-token time under the heaviest load: how long a probe waits for its last answers without a TPOT bound
+    tpot_ms = summarize(burst).tpot_ms
+    burst_tpot_s = (tpot_ms.p90 or tpot_ms.p50 or 0.0) / 1e3
+    drain_s = bounds.drain_s(longest, burst_tpot_s)
 
     def probe(rate: float, number: int) -> list[RequestTiming]:
         count = probe_requests(rate, bounds, plan.probe_min_s, plan.probe_max_s)
         offsets = arrival_offsets(rate, count, plan.seed + 104729 * (number + 1), mix.burstiness)
         prompts, outputs = requests(count, number + 1)
-        return run(offsets, prompts, outputs, float(offsets[-1]) + bounds.drain_s())
+        return run(offsets, prompts, outputs, float(offsets[-1]) + drain_s)
 
     return search_rate(probe, saturated, bounds, concurrency, plan.seed, deadline, clock=time.monotonic)

@@ -6,7 +6,8 @@ after the first) and rate search (autotune/measure/llm_serving.py).
 Rows, interleaved per round (each round runs every row once, in the same order):
 - llama-server at its defaults (`-np` auto: 4 slots, one KV cache shared by them; `-c` sized for 4 of the
   mix's longest requests, since the default is the model's training context), on the Q8_0 GGUF;
-- llama-server with --slots N (a KV cache for N of the longest requests);
+- llama-server with --slots N and one KV cache shared by them (`-kvu`, as the default's), for N of the
+  longest requests;
 - OpenVINO GenAI's ContinuousBatchingPipeline at its default SchedulerConfig and CPU plugin properties (but
   the threads), on the int8_asym IR;
 - the same with --genai-max-seqs and --genai-batched-tokens.
@@ -107,7 +108,11 @@ def main() -> int:
 
     def llama_row(slots: int) -> dict[str, Any]:
         shown = slots or 4  # -np -1: llama-server's auto, 4 slots
-        settings = LlamaServerSettings(slots=slots, context=shown * longest, threads=threads)
+        # an explicit -np makes one KV cache per slot; -kvu keeps the default's one shared cache, so the rows
+        # differ in their slots alone
+        settings = LlamaServerSettings(
+            slots=slots, context=shown * longest, threads=threads, unified_kv=True if slots else None
+        )
         with (
             tempfile.TemporaryDirectory(prefix="llama-server-") as scratch,
             LlamaServer(gguf, settings, Path(scratch)) as server,
@@ -133,7 +138,7 @@ def main() -> int:
     tuned = SchedulerSettings(max_num_seqs=args.genai_max_seqs, max_num_batched_tokens=args.genai_batched_tokens)
     plans = [
         ("llama-server defaults (-np auto)", lambda: llama_row(0)),
-        (f"llama-server -np {args.slots}", lambda: llama_row(args.slots)),
+        (f"llama-server -np {args.slots} -kvu", lambda: llama_row(args.slots)),
         ("GenAI defaults", lambda: genai_row(defaults)),
         (
             f"GenAI max_num_seqs {tuned.max_num_seqs}, max_num_batched_tokens {tuned.max_num_batched_tokens}",

@@ -61,6 +61,15 @@ class LlamaServerSettings(Record):
         return flags
 
 
+def _die_with_parent() -> None:
+    """In the server's process before it starts: SIGTERM when the process that started it dies, so a killed
+    search or benchmark leaves no server behind (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
 class UnixConnection(http.client.HTTPConnection):
     """HTTP over a UNIX socket (llama-server listens on one when its --host is a path)."""
 
@@ -100,19 +109,30 @@ class LlamaServer:
         ]
         self.settings = settings
         self.process: subprocess.Popen[bytes] | None = None
+        self._open: set[UnixConnection] = set()
+        self._lock = threading.Lock()
 
     def __enter__(self) -> LlamaServer:
         self.socket.unlink(missing_ok=True)
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._healthy():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited {self.process.returncode} while starting: {self.last_lines()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"llama-server was not ready within {STARTUP_TIMEOUT_S:.0f}s: {self.last_lines()}")
-            time.sleep(0.05)
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not self._healthy():
+                if self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"llama-server exited {self.process.returncode} while starting: {self.last_lines()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"llama-server was not ready within {STARTUP_TIMEOUT_S:.0f}s: {self.last_lines()}"
+                    )
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -153,10 +173,45 @@ class LlamaServer:
         finally:
             connection.close()
 
-    def _died(self) -> RuntimeError | None:
-        if self.process is not None and self.process.poll() is not None:
-            return RuntimeError(f"llama-server died (exit {self.process.returncode}): {self.last_lines()}")
-        return None
+    def _died(self, wait_s: float = 0.0) -> RuntimeError | None:
+        """The server's death as an error, waiting up to `wait_s` for a dying process to be reaped."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return RuntimeError(f"llama-server died (exit {self.process.returncode}): {self.last_lines()}")
+
+    def cancel_all(self) -> None:
+        """Shut every open request's connection: its read returns, and llama-server drops the request."""
+        with self._lock:
+            connections = list(self._open)
+        for connection in connections:
+            if connection.sock is not None:
+                try:
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """Wait until no slot is processing a request (llama-server's /slots)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            connection = UnixConnection(self.socket, timeout=5.0)
+            try:
+                connection.request("GET", "/slots")
+                slots = json.loads(connection.getresponse().read())
+            except (OSError, http.client.HTTPException, ValueError):
+                slots = None
+            finally:
+                connection.close()
+            if isinstance(slots, list) and not any(slot.get("is_processing") for slot in slots):
+                return
+            if died := self._died():
+                raise died
+            time.sleep(0.05)
+        raise RuntimeError(f"llama-server still processed requests {timeout_s:.0f}s after they were cancelled")
 
     def stream(
         self,
@@ -181,7 +236,10 @@ class LlamaServer:
             "samplers": ["top_k"],
         }
         connection = UnixConnection(self.socket, timeout=600.0)
+        with self._lock:
+            self._open.add(connection)
         seen = 0
+        stopped = False
         try:
             connection.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
             response = connection.getresponse()
@@ -194,6 +252,8 @@ class LlamaServer:
                 if not line.startswith(b"data: "):
                     continue
                 chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"llama-server refused the request: {json.dumps(chunk['error'])[:300]}")
                 ids = [int(t) for t in chunk.get("tokens") or []]
                 # a chunk that completes a UTF-8 character held back over several tokens names only its
                 # last token: the others are counted (tokens_predicted) and named UNNAMED
@@ -202,11 +262,15 @@ class LlamaServer:
                     on_tokens([UNNAMED] * (count - len(ids)) + ids[-count:])
                     seen += count
                 if chunk.get("stop"):
+                    stopped = True
                     break
         except (OSError, http.client.HTTPException) as error:
-            raise self._died() or RuntimeError(f"llama-server's stream broke: {error}") from error
+            if cancelled.is_set():
+                return  # shut by cancel_all
+            raise self._died(1.0) or RuntimeError(f"llama-server's stream broke: {error}") from error
         finally:
+            with self._lock:
+                self._open.discard(connection)
             connection.close()
-        died = self._died()
-        if died is not None:
-            raise died
+        if not stopped and not cancelled.is_set():
+            raise self._died(1.0) or RuntimeError("llama-server's stream ended before its last token")

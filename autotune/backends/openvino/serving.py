@@ -16,6 +16,8 @@ from typing import Any
 
 from autotune.common.json_record import Record
 
+ABORT_STEPS = 1000  # steps a cancelled request may take to leave the pipeline
+
 
 @dataclass(frozen=True)
 class SchedulerSettings(Record):
@@ -97,3 +99,14 @@ class GenAiServer:
 
     def has_work(self) -> bool:
         return bool(self._handles) or bool(self.pipeline.has_non_finished_requests())
+
+    def abort(self) -> None:
+        """Cancel every request and step until the pipeline has freed them."""
+        for handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()
+        for _ in range(ABORT_STEPS):
+            if not self.pipeline.has_non_finished_requests():
+                return
+            self.pipeline.step()
+        raise RuntimeError(f"openvino-genai still held requests {ABORT_STEPS} steps after they were cancelled")
