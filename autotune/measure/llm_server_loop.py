@@ -63,6 +63,11 @@ class StreamingServer(Protocol):
     def settle(self) -> None: ...
 
 
+def _timings(offsets: np.ndarray, output_lengths: np.ndarray, times: list[list[float]]) -> list[RequestTiming]:
+    """Each request's arrival, tokens asked and token times: what a loop returns."""
+    return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(len(offsets))]
+
+
 def drive(
     engine: SteppedEngine,
     offsets: np.ndarray,
@@ -99,7 +104,7 @@ def drive(
                 tokens[request].extend(ids)
     if received is not None:
         received[:] = tokens
-    return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]
+    return _timings(offsets, output_lengths, times)
 
 
 def drive_streaming(
@@ -157,4 +162,4 @@ def drive_streaming(
         raise failures[0]
     if received is not None:
         received[:] = tokens
-    return [RequestTiming(float(offsets[i]), int(output_lengths[i]), tuple(times[i])) for i in range(count)]
+    return _timings(offsets, output_lengths, times)
