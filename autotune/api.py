@@ -38,6 +38,7 @@ from autotune.measure.drift import DEFAULT_CLASSIFY_METRIC, DEFAULT_GENERATION_M
 from autotune.records.options import (
     DEFAULT_SPACE,
     GENERATION_SPACE,
+    SERVING_SPACE,
     TASKS,
     Duration,
     PathArg,
@@ -455,7 +456,8 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
     )
     objective = _scenario_objective(options.scenario, options.objective)
     pareto = objective == "pareto"
-    many_calls = (options.slo_ms is not None and objective == "throughput") or pareto or options.ttft_slo_ms is not None
+    offline_ttft = options.ttft_slo_ms is not None and objective == "throughput"  # a p99 over generations
+    many_calls = (options.slo_ms is not None and objective == "throughput") or pareto or offline_ttft
     workload = inputs.workload
     studies_dir = os.fspath(options.studies_dir)
     return SearchSpec(
@@ -481,7 +483,8 @@ def search_spec(options: SearchOptions, console: Console | None = None) -> Searc
         finalists=0 if pareto else options.finalists,
         finalist_repeats=options.finalist_repeats,
         finalist_share=options.finalist_share,
-        speed_pruning=options.speed_pruning and not pareto,
+        # a language model's server: its offline screening (tokens/s) says nothing of a sustained request rate
+        speed_pruning=options.speed_pruning and not pareto and not (workload and objective == "server"),
         runtimes=[str(interpreter_of(os.fspath(path))) for path in options.runtimes],
         memory_limit_mib=parse_size_mib(options.memory_limit, flag("memory_limit"), machine_memory_mib()),
         cache_size_mib=parse_size_mib(options.cache_size, flag("cache_size")),
@@ -528,7 +531,9 @@ def _resolve_inputs(options: SearchOptions, reference: str, console: Console) ->
 
         prompts = default_eval_samples(options.eval_samples, True)
         workload = replace(workload, drift_prompts=None if prompts == DEFAULT_DRIFT_PROMPTS else prompts)
-    space_path = Path(options.space or (GENERATION_SPACE if workload else DEFAULT_SPACE))
+    serving = workload and _scenario_objective(options.scenario, options.objective) == "server"
+    default = (SERVING_SPACE if serving else GENERATION_SPACE) if workload else DEFAULT_SPACE
+    space_path = Path(options.space or default)
     space = load_space_file(space_path)
     if workload:
         space = _with_sequences(space, options.sequences)

@@ -57,8 +57,20 @@ def search_summary(result: Result) -> str:
     speed = f", {best.speedup_vs_baseline:.2f}x the eager fp32 baseline ({how})" if best.speedup_vs_baseline else ""
     revalidated = best.objective.revalidated_median
     unit = best.throughput_unit
-    server = best.server
-    if server:  # the server scenario: a sustained request rate at the bound, and the batching that did it
+    server, served = best.server, best.llm_server
+    if served:  # a language model's server: the sustained rate within the TTFT and TPOT bounds, its sequences
+        rate = revalidated or served.sustained_rps
+        found = f" (re-measured; its search measurement: {served.sustained_rps:.2f})" if revalidated else ""
+        load = (
+            f" (goodput {served.goodput_rps:.2f}, {served.in_flight:.1f} requests in flight on average)"
+            if served.goodput_rps is not None and served.in_flight is not None
+            else ""
+        )
+        number = (
+            f"{rate:.2f} requests/s sustained within {served.bounds.describe()}{load}, {served.concurrency} "
+            f"sequences at once{found}"
+        )
+    elif server:  # the server scenario: a sustained request rate at the bound, and the batching that did it
         bound = f"p99 <= {server.slo_ms:g} ms, max_batch {server.max_batch}, max_wait {server.max_wait_ms:g} ms"
         rate = revalidated or server.sustained_rps
         number = f"{rate:.1f} requests/s sustained at {bound}{' (re-measured)' if revalidated else ''}"

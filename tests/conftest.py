@@ -29,6 +29,20 @@ FAST = ["--measure-seconds", "0.3s-2s", "--eval-samples", "8", "--finalists", "0
 os.environ.setdefault("AUTOTUNE_MAX_STEAL", "0.5")
 
 
+def benchmark_script(name: str, registered_as: str | None = None):
+    """docs/benchmarks/NAME.py as a module (the scripts are not a package), registered in sys.modules under
+    `registered_as` (default: its name) so the dataclasses it defines find their module."""
+    import importlib.util
+
+    path = TESTS.parent / "docs" / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(registered_as or name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[registered_as or name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def require(available: bool, what: str, how: str = "make setup installs it as root") -> None:
     """Skip a test whose machine lacks `what`, except in CI, which installs it: there it is a failure,
     so a missing allocator, numactl or core is never a silent skip."""

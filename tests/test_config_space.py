@@ -1543,3 +1543,20 @@ def test_the_mix_benchmarks_space_covers_int8_first_and_lets_the_mix_search_bise
     assert first["backend"] == "openvino" and first["openvino.precision"] == "int8_asym"
     assert first.get("openvino.compressed_share", 1.0) == 1.0
     assert MixBisection(space).shares == {"openvino": [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]}
+
+
+def test_the_server_space_serves_engine_defaults_first_with_its_concurrency_apart_from_the_offline_batch():
+    """search_spaces/generate-server.yaml: the server's sequences at once are each engine's server_sequences,
+    up to GenAI's own 256, and the first OpenVINO configuration is GenAI's default scheduler (256 sequences,
+    256 tokens a step, split-fuse); the offline batch each trial's drift runs is its own dimension."""
+    from autotune.tuning.space import load_space_file
+
+    data = load_space_file(Path(__file__).resolve().parent.parent / "search_spaces" / "generate-server.yaml")
+    space = SearchSpace.parse(data, fake_machine(), RUNTIMES, task="generate")
+    (first, *_) = space.coverage_params()
+    assert first["backend"] == "openvino", first
+    config = space.suggest(optuna.trial.FixedTrial(first))
+    assert config.batch_size == 8, config
+    assert config.options["server_sequences"] == 256 and config.options["max_num_batched_tokens"] == 256
+    assert config.options["dynamic_split_fuse"] is True
+    assert {4, 8, 16, 32} <= set(space.backends["llamacpp"]["server_sequences"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import LM, assert_trials_ran, generation_space, load_study, tiny
+from conftest import GENERATE, LM, assert_trials_ran, generation_space, load_study, tiny
 
 from autotune.records.job import WorkerJob
 from autotune.records.metrics import TrialMetrics
@@ -70,6 +70,8 @@ def test_trained_model_search_keeps_int8_within_perplexity_and_times_tokens(sear
         best_path = workdir / "studies" / "tiny_llama" / "best.json"
         best = json.loads(best_path.read_text())
         assert best["metrics"]["generation"]["tpot_ms"]["p50"] > 0
+        evaluation = best["drift"]["evaluation"]  # drift was read from the held-out text, not random inputs
+        assert evaluation["data"] == str(trained["text"]) and not evaluation["synthetic"], evaluation
         import torch
 
         import autotune
@@ -200,6 +202,8 @@ def test_eval_samples_is_the_number_of_drift_prompts_and_a_study_from_before_it_
         (f"{LM}:tiny_llama", ["--new-tokens", "0"], "--new-tokens must be 1 or more"),
         (f"{LM}:tiny_llama", ["--prompt-tokens", "300"], "exceeds the 256-token context"),
         (f"{LM}:tiny_llama", ["--sequences", "0"], "counts must be 1 or more"),
+        (f"{LM}:tiny_llama", ["--scenario", "server", *GENERATE], "give --ttft-slo-ms and/or --tpot-slo-ms"),
+        (f"{LM}:tiny_llama", ["--scenario", "server", "--slo-ms", "50", *GENERATE], "(not --slo-ms)"),
     ],
 )
 def test_bad_generation_input_is_one_line_and_exit_2(cli, model, extra, message):

@@ -138,7 +138,8 @@ def test_genais_scheduler_cap_split_fuse_and_kv_groups_reach_the_pipeline_and_ke
     computes (here under the batch's 3 x 100 prompt tokens, so the prefill takes several steps), with
     split-fuse on and off, and the u8 KV cache's groups. Each reaches the pipeline (the trial's details say so,
     the drift request compiled with the groups) and decodes the same greedy tokens on an fp32 IR; the
-    combinations that would repeat another trial are refused."""
+    combinations that would repeat another trial are refused. A timed call stamps each of its new tokens
+    once: the step at which every sequence had it."""
     import tiny_lm
 
     from autotune.backends import backend_module
@@ -168,7 +169,10 @@ def test_genais_scheduler_cap_split_fuse_and_kv_groups_reach_the_pipeline_and_ke
         runtime = details["drift_request_runtime"]  # what the plugin compiled with the same properties
         groups = str(options.get("kv_cache_group_size", 0))
         assert (runtime["KEY_CACHE_GROUP_SIZE"], runtime["VALUE_CACHE_GROUP_SIZE"]) == (groups, groups), runtime
-        tokens.append(engine.generate(ids, stamp=False))
+        tokens.append(engine.generate(ids))
+        # one stamp per token of every sequence, in order, though a capped prefill staggers their first tokens
+        stamps = list(engine.token_stamps)
+        assert len(stamps) == 6 and stamps == sorted(stamps), stamps
     assert all(torch.equal(tokens[0], other) for other in tokens[1:3])  # scheduling only: the same tokens
     assert (tokens[3] == tokens[0]).float().mean() > 0.8  # a u8 cache in groups of 16 (the tiny heads): nearly the same
     refuse = [

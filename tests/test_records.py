@@ -199,7 +199,12 @@ def test_the_trial_job_template_keeps_the_layout_best_json_stores():
     calibration = {"data": "synthetic", "samples": 64}
     reference = SimpleNamespace(model=model, outputs_path="/r.pt", calibration=calibration, generation=None)
     ctx = SimpleNamespace(
-        reference=reference, measure=MeasureSettings(), cache_dir="/c", calibration_samples=64, server=None
+        reference=reference,
+        measure=MeasureSettings(),
+        cache_dir="/c",
+        calibration_samples=64,
+        server=None,
+        llm_server=None,
     )
     assert list(job_template(config, ctx, None).to_json().items()) == [  # type: ignore[arg-type]
         ("format", "autotune.job/1"),  # what a worker checks before it reads the rest

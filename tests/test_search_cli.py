@@ -657,17 +657,10 @@ def test_the_ready_barrier_stops_a_trial_on_any_instances_gate_verdict():
 
 
 def load_bench_replay() -> Any:
-    """docs/benchmarks/sampler_replay.py as a module (a script, not a package), registered so its
-    dataclasses find it."""
-    import importlib.util
+    """docs/benchmarks/sampler_replay.py as a module, registered so its dataclasses find it."""
+    from conftest import benchmark_script
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "sampler_replay.py"
-    spec = importlib.util.spec_from_file_location("bench_replay", path)
-    assert spec is not None and spec.loader is not None
-    replay = importlib.util.module_from_spec(spec)
-    sys.modules["bench_replay"] = replay
-    spec.loader.exec_module(replay)
-    return replay
+    return benchmark_script("sampler_replay", "bench_replay")
 
 
 def test_the_replay_values_a_configuration_by_the_median_of_its_measurements():

@@ -45,13 +45,27 @@ class RequestMix(Record):
         if self.burstiness <= 0.0:
             raise ValueError(f"burstiness must be positive, got {self.burstiness}")
 
+    def span(self, length: int) -> tuple[int, int]:
+        """The lowest and highest length drawn around `length`."""
+        low = max(1, math.floor(length * (1.0 - self.range_ratio)))
+        return low, max(low, math.ceil(length * (1.0 + self.range_ratio)))
+
+    @property
+    def longest_request(self) -> int:
+        """The most tokens one request can hold: the longest prompt and the longest output."""
+        return self.span(self.prompt_tokens)[1] + self.span(self.output_tokens)[1]
+
+    def kv_context(self, slots: int, block: int = 256) -> int:
+        """The tokens of one KV cache shared by `slots` sequences, each holding a longest request, in whole
+        blocks: what a server trial gives llama-server, and what its export writes."""
+        return -(-slots * self.longest_request // block) * block
+
     def lengths(self, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """`count` prompt and output lengths (int64), each uniform over its range."""
         rng = np.random.default_rng(seed)
 
         def draw(length: int) -> np.ndarray:
-            low = max(1, math.floor(length * (1.0 - self.range_ratio)))
-            high = max(low, math.ceil(length * (1.0 + self.range_ratio)))
+            low, high = self.span(length)
             return rng.integers(low, high + 1, size=count, dtype=np.int64)
 
         return draw(self.prompt_tokens), draw(self.output_tokens)

@@ -23,7 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from autotune.common.json_record import Record
-from autotune.measure.llm_load import LoadSummary, RequestTiming, summarize
+from autotune.measure.llm_load import LoadSummary, RequestMix, RequestTiming, summarize
 from autotune.measure.serving import PROBE_REQUESTS, RELATIVE_TOLERANCE, UPPER_HEADROOM, RateSearch
 from autotune.measure.stopwatch import samples_needed
 
@@ -38,6 +38,12 @@ GROWTH_SHARE = 0.02
 GROWTH_MIN = 2
 # A search that sustained every probe up to its ceiling doubles its upper bound, at most this many times.
 CEILING_RAISES = 2
+# a probe's arrivals last at least and at most this long (a search's: its measuring window's)
+PROBE_MIN_S = 10.0
+PROBE_MAX_S = 60.0
+# a search's requests: prompt and output lengths uniform within +-50% of the workload's (guidellm's and vLLM's
+# random datasets take such a range ratio)
+LENGTH_SPREAD = 0.5
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,20 @@ class LatencyBounds(Record):
             if bound is not None
         ]
         return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class ServingPlan(Record):
+    """What a server trial offers: the request mix, the bounds, the seed its probes are drawn from, and the
+    window a probe aims for."""
+
+    NESTED: ClassVar[dict[str, type[Record]]] = {"mix": RequestMix, "bounds": LatencyBounds}
+
+    mix: RequestMix
+    bounds: LatencyBounds
+    seed: int = 0
+    probe_min_s: float = PROBE_MIN_S
+    probe_max_s: float = PROBE_MAX_S
 
 
 def backlog_at(timings: list[RequestTiming], moments: np.ndarray) -> np.ndarray:
@@ -181,6 +201,20 @@ class LlmServerMetrics(Record):
         kept = [p for p in self.probes if p.sustained and p.rate_rps == self.sustained_rps]
         return kept[-1] if kept else None
 
+    @property
+    def goodput_rps(self) -> float | None:
+        """Requests per second completed within both bounds at the sustained rate."""
+        at = self.at_sustained
+        return at.load.goodput_rps if at else None
+
+    @property
+    def in_flight(self) -> float | None:
+        """Requests in the server at once on average at the sustained rate (Little's law: the rate times the
+        mean time from arrival to last token): the concurrency the bounds allowed, beside the slots configured."""
+        at = self.at_sustained
+        mean_ms = at.load.e2el_ms.mean if at else None
+        return self.sustained_rps * mean_ms / 1e3 if mean_ms is not None else None
+
 
 def saturated_rps(timings: list[RequestTiming]) -> float:
     """Completed requests per second when all were offered at once: the server's throughput at this mix,
@@ -207,11 +241,14 @@ def search_rate(
     deadline: float,
     max_probes: int = 8,
     clock: Callable[[], float] = time.monotonic,
+    probe_seconds: Callable[[float, int], float] = lambda rate, number: 0.0,
 ) -> LlmServerMetrics:
     """Bisect the offered rate below `saturated_rps`: `run_probe(rate, number)` serves one probe and returns
     its requests' timings. A search that sustained every probe up to its ceiling (UPPER_HEADROOM x the upper
     bound: a saturated probe can undercount a server that batches more the more is waiting) goes on with
-    the bound doubled, up to CEILING_RAISES times. Stops before a probe when the deadline has passed."""
+    the bound doubled, up to CEILING_RAISES times. A probe starts only when it ends by the deadline at the
+    latest (`probe_seconds(rate, number)`: its arrivals and the wait after them), so the trial is not
+    killed mid-probe with its probes so far lost."""
     upper = saturated_rps
     search = RateSearch(upper, max_probes=max_probes)
     probes: list[LlmServerProbe] = []
@@ -220,7 +257,7 @@ def search_rate(
     while True:
         refused = False
         while (rate := search.next_rate()) is not None:
-            if clock() > deadline:
+            if clock() + probe_seconds(rate, len(probes)) > deadline:
                 out_of_time = True
                 break
             probe = judge_llm_probe(run_probe(rate, len(probes)), rate, bounds)

@@ -187,12 +187,17 @@ class WindowSignals(Record):
     voluntary_cs_per_s: float | None = None
 
 
-def window_signals(before: dict[str, Any], after: dict[str, Any], threads: int) -> WindowSignals:
-    """Interference during one instance's window, from two process snapshots."""
+def window_signals(
+    before: dict[str, Any], after: dict[str, Any], threads: int, children_are_the_work: bool = False
+) -> WindowSignals:
+    """Interference during one instance's window, from two process snapshots. `children_are_the_work`: the
+    processes it started ran what was measured (a language model's server, llama-server), so their CPU time
+    is the window's own, not a process beside it."""
     wall = after["wall"] - before["wall"]
-    cpu_s = after["cpu_s"] - before["cpu_s"]
+    children_s = max(0.0, after["children_cpu_s"] - before["children_cpu_s"])
+    cpu_s = after["cpu_s"] - before["cpu_s"] + (children_s if children_are_the_work else 0.0)
     ticks = {k: after["cpu_ticks"][k] - before["cpu_ticks"][k] for k in ("busy", "steal", "total")}
-    children_ticks = max(0.0, after["children_cpu_s"] - before["children_cpu_s"]) * CLOCK_TICKS
+    children_ticks = 0.0 if children_are_the_work else children_s * CLOCK_TICKS
     ours_ticks = cpu_s * CLOCK_TICKS
     total = ticks["total"]
     return WindowSignals(

@@ -18,6 +18,7 @@ from autotune.backends.precision import ExecutedPrecision
 from autotune.common.json_record import OpenRecord, Record, RecordError
 from autotune.machine.runtimes import RuntimeRecord
 from autotune.measure.drift import Drift
+from autotune.measure.llm_serving import LlmServerMetrics
 from autotune.measure.serving import ServerMetrics
 from autotune.measure.stopwatch import LatencySummary, MeasureSettings
 from autotune.model.sources import ModelSource
@@ -290,6 +291,7 @@ class BestJson(OpenRecord):
         "study": StudyInfo,
         "objective": ObjectiveInfo,
         "server": ServerSummary,
+        "llm_server": LlmServerMetrics,
         "pareto_front": ParetoPoint,
         "finalists": Finalists,
         "model": ModelSource,
@@ -310,6 +312,7 @@ class BestJson(OpenRecord):
         "speedup_source",
         "scenario",
         "server",
+        "llm_server",
         "sequences",
         "mix",
     )
@@ -322,6 +325,9 @@ class BestJson(OpenRecord):
     selection: str  # why this trial won (or why there is no winner)
     scenario: str | None = None  # offline, single-stream or server (None in files written before it existed)
     server: ServerSummary | None = None  # the server scenario: sustained rate, bound, batching policy, probes
+    # a language model's server scenario: the sustained rate within the TTFT and TPOT bounds, the saturated
+    # throughput, the concurrency (the engine's slots) and every probe
+    llm_server: LlmServerMetrics | None = None
     pareto_front: list[ParetoPoint] | None = None  # pareto studies: every non-dominated clean trial
     finalists: Finalists | None = None  # the finalist round, when one decided
     # how trials built the model (kind, name, input shape, weights); None: a study that stored none

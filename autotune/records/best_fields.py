@@ -104,6 +104,18 @@ FIELDS: tuple[FieldDoc, ...] = (
         "(a refusal the machine stalled, probed again), `verdict`, `requests_per_call`, `seed`)",
     ),
     FieldDoc(
+        ("llm_server",),
+        "a language model's server scenario (`--task generate --scenario server`; absent otherwise): "
+        "`sustained_rps` (the highest Poisson request rate whose `bounds` held: `ttft_ms` and `tpot_ms` at "
+        "`quantile` 99), `saturated_rps` (every request of one probe offered at once: the rate search's "
+        "ceiling), `concurrency` (the engine's sequences at once: GenAI's max_num_seqs, llama-server's slots; "
+        "the backend's `server_sequences` option, else the config's `batch_size`), `verdict` (why the search "
+        "ended there), `seed`, `rule` (what sustained means), and `probes`: per offered `rate_rps`, `load` "
+        "(requests, completed, TTFT, TPOT, ITL and E2EL summaries, goodput), `backlog_early` and "
+        "`backlog_late` (requests waiting, medians over the first and last quarter of the arrivals), "
+        "`overloaded`, `sustained`, `why`",
+    ),
+    FieldDoc(
         ("model",),
         "how trials built the model: `kind` (`torchvision`, `factory`, `torchscript` or `exported-program`), "
         "`name`, `input_shape` (one sample of the first input), `inputs` (`null` for one float input, else "

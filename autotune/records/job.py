@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from autotune.common.json_record import FORMAT, OpenRecord, Record, RecordError
 from autotune.measure.drift import DriftCriterion
+from autotune.measure.llm_serving import ServingPlan
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import MeasureSettings
 from autotune.model.dataset import DataSource
@@ -53,6 +54,7 @@ class WorkerJob(OpenRecord):
     calibration_description: str = "synthetic"  # prepare: what its calibration data was
     generation: GenerationWorkload | None = None  # a language model's workload
     server: ServerSettings | None = None  # the server scenario's arrival settings
+    llm_server: ServingPlan | None = None  # a language model's server scenario: requests, bounds, seed
     # the reference task
     eval_samples: int = 0
     data: DataSource | None = None  # what drift (and calibration) is drawn from
@@ -79,6 +81,7 @@ class WorkerJob(OpenRecord):
         "calibration": CalibrationSet,
         "generation": GenerationWorkload,
         "server": ServerSettings,
+        "llm_server": ServingPlan,
         "data": DataSource,
         "calibration_data": DataSource,
         "speed_gate": SpeedGate,

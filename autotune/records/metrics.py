@@ -13,6 +13,7 @@ from autotune.backends.precision import ExecutedPrecision
 from autotune.common.json_record import FORMAT, OpenRecord, Record, RecordError
 from autotune.machine.runtimes import RuntimeRecord
 from autotune.measure.drift import Drift
+from autotune.measure.llm_serving import LlmServerMetrics
 from autotune.measure.noise import WindowSignals
 from autotune.measure.serving import RELATIVE_TOLERANCE, ServerMetrics
 from autotune.measure.speed_gate import GateVerdict
@@ -127,8 +128,9 @@ class InstanceResult(Record):
         "screening": InstanceScreen,
         "executed_precision": ExecutedPrecision,
         "server": ServerMetrics,
+        "llm_server": LlmServerMetrics,
     }
-    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("warmup_children_cpu_s",)
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("warmup_children_cpu_s", "llm_server")
 
     format: str = field(default=RESULT_FORMAT, kw_only=True, metadata=FORMAT)
     pid: int
@@ -162,6 +164,7 @@ class InstanceResult(Record):
     executed_precision: ExecutedPrecision | None = None  # instance 0 only: what really ran, against the claim
     tokens_path: str | None = None  # generation: each timed call's token stamps, one row per call
     server: ServerMetrics | None = None  # the server scenario: the rate search (the same on every instance)
+    llm_server: LlmServerMetrics | None = None  # a language model's server scenario: its server under load
 
 
 @dataclass(frozen=True)
@@ -316,9 +319,11 @@ class TrialMetrics(Record):
         "executed_precision": ExecutedPrecision,
         "generation": GenerationMetrics,
         "server": ServerMetrics,
+        "llm_server": LlmServerMetrics,
         "runtime": RuntimeRecord,
         "artifact": ArtifactUse,
     }
+    OMIT_IF_NONE: ClassVar[tuple[str, ...]] = ("llm_server",)
 
     throughput_sps: float
     latency_ms: LatencySummary
@@ -345,6 +350,15 @@ class TrialMetrics(Record):
     # The server scenario: the highest request rate sustained at the p99 bound, and the rate search's probes
     # (throughput_sps is then the closed-loop window that bounded it from above).
     server: ServerMetrics | None = None
+    # A language model's server scenario: its engine's server (GenAI's continuous batching, llama-server) under
+    # Poisson load, the highest rate whose TTFT and TPOT quantiles held (throughput_sps: the offline window's).
+    llm_server: LlmServerMetrics | None = None
+
+    @property
+    def sustained_rps(self) -> float | None:
+        """The server scenario's sustained request rate (None outside it)."""
+        served = self.llm_server or self.server
+        return None if served is None else served.sustained_rps
 
     @classmethod
     def from_trial_attrs(cls, attrs: dict[str, object], trial_number: int | None = None) -> TrialMetrics:
@@ -390,7 +404,7 @@ class FinalistRun(Record):
     @classmethod
     def of(cls, value: float, metrics: TrialMetrics) -> FinalistRun:
         # A sustained rate is known to the rate search's tolerance, not to the closed-loop window's interval.
-        ci_rel = RELATIVE_TOLERANCE if metrics.server else metrics.measurement.throughput_ci_rel
+        ci_rel = RELATIVE_TOLERANCE if metrics.sustained_rps is not None else metrics.measurement.throughput_ci_rel
         return cls(
             value=value,
             valid=metrics.valid,

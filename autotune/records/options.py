@@ -31,6 +31,7 @@ from autotune.model.generation import DEFAULT_DRIFT_PROMPTS, DEFAULT_NEW_TOKENS,
 
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent.parent / "search_spaces" / "default.yaml"
 GENERATION_SPACE = DEFAULT_SPACE.with_name("generate.yaml")
+SERVING_SPACE = DEFAULT_SPACE.with_name("generate-server.yaml")  # a language model's server scenario
 # The finalist round's defaults, shared by the CLI, the Python API, a joining worker and the replay
 # benchmark (which replays the round's choice of contenders).
 DEFAULT_EVAL_SAMPLES = 32  # a classifier's evaluation set when --eval-samples does not say
@@ -140,7 +141,8 @@ class SearchOptions:
     space: PathArg | None = option(
         None,
         help=f"search space YAML (default {DEFAULT_SPACE.relative_to(DEFAULT_SPACE.parent.parent)}; "
-        f"{GENERATION_SPACE.relative_to(GENERATION_SPACE.parent.parent)} for text generation)",
+        f"{GENERATION_SPACE.relative_to(GENERATION_SPACE.parent.parent)} for text generation, "
+        f"{SERVING_SPACE.relative_to(SERVING_SPACE.parent.parent)} for its server scenario)",
     )
     objective: str = option(
         "throughput",

@@ -153,7 +153,15 @@ class SearchSpec(Record):
             raise UserError(
                 f"{flag('finalist_share')} is a fraction of the budget in [0, 1), got {self.finalist_share}"
             )
-        if self.objective == "server" and self.slo_ms is None:
+        if self.objective == "server" and self.task == "generate":
+            if self.slo_ms is not None or (self.ttft_slo_ms is None and self.tpot_slo_ms is None):
+                raise UserError(
+                    f"{flag('scenario')} server with a language model searches the highest request rate whose p99 "
+                    f"time to first token and per output token stay within bounds: give {flag('ttft_slo_ms')} "
+                    f"and/or {flag('tpot_slo_ms')} (not {flag('slo_ms')}), e.g. {flag('ttft_slo_ms')} 1000 "
+                    f"{flag('tpot_slo_ms')} 100"
+                )
+        elif self.objective == "server" and self.slo_ms is None:
             raise UserError(
                 f"{flag('scenario')} server searches the highest request rate at a p99 latency bound: give it with "
                 f"{flag('slo_ms')}, e.g. {flag('slo_ms')} 50"
@@ -162,11 +170,6 @@ class SearchSpec(Record):
             raise UserError(
                 f"{flag('slo_ms')} must be a positive bound on p99 latency and goes with the offline or server "
                 f"scenario ({flag('objective')} throughput), got {self.slo_ms}"
-            )
-        if self.objective == "server" and self.task == "generate":
-            raise UserError(
-                f"{flag('scenario')} server times requests of one forward pass; for a language model bound "
-                f"{flag('ttft_slo_ms')} or {flag('tpot_slo_ms')}"
             )
         if self.objective == "pareto" and (self.speed_pruning or self.finalists or self.measure.window_min_iters < 100):
             raise UserError(
@@ -188,11 +191,13 @@ class SearchSpec(Record):
                 f"{flag('slo_ms')} bounds one call; for generation bound {flag('ttft_slo_ms')} or {flag('tpot_slo_ms')}"
             )
         for name, bound in (("ttft_slo_ms", self.ttft_slo_ms), ("tpot_slo_ms", self.tpot_slo_ms)):
-            if bound is not None and (bound <= 0 or self.objective != "throughput"):
+            if bound is not None and (bound <= 0 or self.objective not in ("throughput", "server")):
                 raise UserError(
-                    f"{flag(name)} must be a positive p99 bound and goes with {flag('objective')} throughput"
+                    f"{flag(name)} must be a positive p99 bound and goes with the offline or server scenario "
+                    f"({flag('objective')} throughput)"
                 )
-        if self.ttft_slo_ms is not None and self.measure.window_min_iters < 100:
+        offline_p99 = self.ttft_slo_ms is not None and self.objective != "server"  # a server's p99 is its requests'
+        if offline_p99 and self.measure.window_min_iters < 100:
             raise UserError(f"{flag('ttft_slo_ms')} needs at least 100 generations per measurement for a p99")
         if self.calibration_samples < 1:
             raise UserError(f"{flag('calibration_samples')} must be at least 1, got {self.calibration_samples}")

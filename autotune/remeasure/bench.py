@@ -56,6 +56,19 @@ class BenchRun:
 
     @classmethod
     def of_metrics(cls, metrics: TrialMetrics) -> BenchRun:
+        served = metrics.llm_server
+        if served is not None:  # a language model's server: the sustained rate, TPOT p50/p99 and TTFT p50 there
+            probe = served.at_sustained
+            return cls(
+                served.sustained_rps,
+                probe.load.tpot_ms.p50 if probe else None,
+                probe.load.tpot_ms.p99 if probe else None,
+                metrics.drift,
+                metrics.valid,
+                metrics.noise_flags,
+                "requests/s",
+                probe.load.ttft_ms.p50 if probe else None,
+            )
         if metrics.server is not None:  # the server scenario: the sustained rate, and the latency there
             at = metrics.server.at_sustained
             return cls(

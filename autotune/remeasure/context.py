@@ -15,7 +15,8 @@ from autotune.runner.trials import Reference, TrialContext
 
 def context_from_best(best: BestJson) -> TrialContext:
     """The trial context of an exported winner: its reference, weights, measurement settings, caches and
-    runtime, and in the server scenario its bound and arrivals (the search's first rates left out)."""
+    runtime, and in the server scenario its bound and arrivals (the search's first rates left out), or a
+    language model's serving plan (requests, bounds, seed)."""
     job = best.job
     if job is None or job.reference_path is None or job.workdir is None:
         raise RecordError("best.json: its job lacks the reference, the work folder or the job itself")
@@ -32,4 +33,5 @@ def context_from_best(best: BestJson) -> TrialContext:
         job.calibration_samples,
         runtimes=runtimes_with(best.runtime),
         server=replace(job.server, first_rates=None) if job.server else None,
+        llm_server=job.llm_server,
     )

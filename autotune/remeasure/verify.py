@@ -32,7 +32,8 @@ EXIT_NO_VERDICT = 3  # every run was disturbed: nothing to judge
 def recorded_throughput(best: BestJson) -> float:
     """What best.json promises: the finalists' interleaved median when there was a round, else the trial's
     (the server scenario: the sustained request rate)."""
-    measured = best.server.sustained_rps if best.server else best.throughput_sps
+    served = best.llm_server or best.server
+    measured = served.sustained_rps if served else best.throughput_sps
     recorded = best.objective.revalidated_median or measured
     if recorded is None:
         raise UserError("best.json records no throughput for its winner: nothing to compare with")
@@ -41,12 +42,13 @@ def recorded_throughput(best: BestJson) -> float:
 
 def value_of(metrics: TrialMetrics) -> float:
     """What verify compares: throughput, or for the server scenario the sustained request rate."""
-    return metrics.server.sustained_rps if metrics.server is not None else metrics.throughput_sps
+    rate = metrics.sustained_rps
+    return rate if rate is not None else metrics.throughput_sps
 
 
 def noise_of(metrics: TrialMetrics) -> float:
     """A run's relative uncertainty: its throughput interval, or the rate search's tolerance."""
-    if metrics.server is not None:
+    if metrics.sustained_rps is not None:
         return RELATIVE_TOLERANCE
     return metrics.measurement.throughput_ci_rel or 0.0
 
@@ -75,7 +77,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
         raise UserError(
             f"{best_path} was tuned for {best.objective.name}; verify compares throughput or a sustained rate"
         )
-    if through_load and best.server:
+    if through_load and (best.server or best.llm_server):
         raise UserError("--through-load times closed-loop calls; a server-scenario winner is verified without it")
     if through_load and not (best.launch and best.launch.pin_prefixes):
         raise UserError(f"{best_path} names no launch (pin_prefixes): export it again with 'autotune export'")
@@ -97,7 +99,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
             runs.append(run_config(config, ctx, best_path.parent / "verify" / str(i), TIMEOUT_S, server_round=i + 1)[0])
         except TrialFailed as exc:
             raise UserError(f"the tuned config does not run here: {exc.cause}") from None
-        unit = "requests/s sustained" if runs[-1].server else runs[-1].unit
+        unit = "requests/s sustained" if runs[-1].sustained_rps is not None else runs[-1].unit
         console.print(f"run {i + 1}/{repeats}: {value_of(runs[-1]):.2f} {unit}{runs[-1].noisy_note()}", markup=False)
         if through_load:
             loads.append(_through_load(best, best_path, ctx.measure.warmup_min_s, runs[-1], i))
@@ -105,7 +107,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
             for line in pinning_differences(runs[-1], loads[-1]):
                 console.print(f"  pinned differently: {line}", markup=False)
     recorded = recorded_throughput(best)
-    recorded_ci = RELATIVE_TOLERANCE if best.server else best.throughput_ci_rel
+    recorded_ci = RELATIVE_TOLERANCE if best.server or best.llm_server else best.throughput_ci_rel
     verdict, here, margin = judge(recorded, runs, recorded_ci)
     clean = sum(1 for m in runs if m.valid)
     if here is None:
@@ -114,7 +116,7 @@ def verify(best_path: Path, repeats: int, console: Console, through_load: bool =
             console.print(summary(loads, runs), markup=False)
         return EXIT_NO_VERDICT
     change = here / recorded - 1
-    unit = "requests/s sustained" if runs[0].server else runs[0].unit
+    unit = "requests/s sustained" if runs[0].sustained_rps is not None else runs[0].unit
     console.print(
         f"{verdict}: {here:.2f} {unit} here (median of the {clean} clean runs of {repeats}) vs {recorded:.2f} "
         f"recorded ({change:+.1%}; differences within ±{margin:.0%} are noise)"

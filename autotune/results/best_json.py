@@ -153,7 +153,7 @@ def _baseline(baseline: optuna.trial.FrozenTrial | None) -> Baseline | None:
         config=TrialAttrs.of(baseline).config,
         throughput_sps=metrics.throughput_sps,
         latency_ms=metrics.latency_ms,
-        sustained_rps=baseline.values[0] if metrics.server else None,
+        sustained_rps=baseline.values[0] if metrics.sustained_rps is not None else None,
     )
 
 
@@ -202,6 +202,7 @@ def build_best(study: optuna.study.Study, best_path: Path) -> BestJson:
         selection=why,
         scenario=spec.scenario,
         server=server_summary(metrics.server) if metrics.server else None,
+        llm_server=metrics_of(best).llm_server,
         pareto_front=pareto_front(study) if pareto else None,
         finalists=_finalist_view(record, best.number),
         model=_model_for_trials(study, spec),

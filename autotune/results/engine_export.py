@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Any
 from autotune.backends.llamacpp.generate import GGUF_FILE
 from autotune.common.errors import UserError
 from autotune.common.files import write_text_atomic
+from autotune.measure.llm_load import RequestMix
+from autotune.measure.llm_serving import LENGTH_SPREAD
 from autotune.records.attributes import TrialAttrs
 from autotune.records.config import TrialConfig
 from autotune.results.selection import clean_trials, metrics_of, sequences_total
 from autotune.runner.artifact_cache import META_FILE
+from autotune.worker.llm_serve import served_sequences
 
 if TYPE_CHECKING:
     import optuna
@@ -51,6 +54,16 @@ class EngineTrial:
     # llama.cpp: whether the trial loaded the weights into its extra (repacked, AMX) buffers: off on a build
     # with AMX, whose buffers crash, and with repack off; the server loads them as the trial did
     repacked: bool = True
+    # a server study's trial: the sequences its server held at once (GenAI's max_num_seqs, llama-server's slots),
+    # and the tokens of the one KV cache they shared, each holding a longest request; None: an offline trial
+    served_sequences: int | None = None
+    served_context: int | None = None
+    served_rps: float | None = None  # the highest request rate it sustained within the study's bounds
+
+    @property
+    def slots(self) -> int:
+        """The sequences the exported engine holds at once: the served ones, else the offline batch."""
+        return self.served_sequences or int(self.config.batch_size)
 
 
 def best_engine_trial(study: optuna.study.Study, engine_format: str, winner_total: int | None) -> EngineTrial:
@@ -89,6 +102,15 @@ def best_engine_trial(study: optuna.study.Study, engine_format: str, winner_tota
         prompt_tokens=generation.prompt_tokens,
         new_tokens=generation.new_tokens,
         repacked=str((metrics.backend_details or {}).get("extra_weight_buffers", "on")).startswith("on"),
+        served_sequences=served_sequences(attrs.config) if metrics.llm_server else None,
+        served_rps=metrics.llm_server.sustained_rps if metrics.llm_server else None,
+        served_context=(
+            RequestMix(generation.prompt_tokens, generation.new_tokens, LENGTH_SPREAD).kv_context(
+                served_sequences(attrs.config)
+            )
+            if metrics.llm_server
+            else None
+        ),
     )
 
 
@@ -109,6 +131,14 @@ def _header(trial: EngineTrial, study: str, what: str) -> list[str]:
         f"# timed at {trial.tokens_per_s:.1f} generated tokens/s in all: {c.instances} instance(s) x "
         f"{c.batch_size} sequence(s) of {trial.prompt_tokens} prompt + {trial.new_tokens} new tokens, "
         f"{c.threads_per_instance} threads each",
+        *(
+            [
+                f"# served at {trial.served_rps:.2f} requests/s sustained within the study's bounds (its search "
+                f"measurement), {trial.served_sequences} sequences at once"
+            ]
+            if trial.served_rps is not None
+            else []
+        ),
         "set -euo pipefail",
         *(f"export {name}={shlex.quote(value)}" for name, value in sorted(trial.env.items())),
     ]
@@ -127,12 +157,14 @@ def llama_server_arguments(trial: EngineTrial, gguf: Path, port: int) -> list[st
     c, o = trial.config, trial.config.options
     threads = int(c.threads_per_instance)
     decode = threads if o.get("decode_threads", "all") == "all" else max(1, threads // 2)
-    per_slot = -(-(trial.prompt_tokens + trial.new_tokens) // 256) * 256
     kv = str(o.get("kv_cache_type", "f16"))
+    # as a server trial ran: the slots share one cache of their longest requests; else a cache per sequence
+    context = trial.served_context or -(-(trial.prompt_tokens + trial.new_tokens) // 256) * 256 * int(c.batch_size)
     args = [
         *("-m", str(gguf)),
         *("--threads", str(decode), "--threads-batch", str(threads)),
-        *("--parallel", str(c.batch_size), "--ctx-size", str(per_slot * int(c.batch_size))),
+        *("--parallel", str(trial.slots), "--ctx-size", str(context)),
+        *(("--kv-unified",) if trial.served_context else ()),
         *("--batch-size", str(o.get("n_batch", 2048)), "--ubatch-size", str(o.get("n_ubatch", 512))),
         *("--flash-attn", "on" if o.get("flash_attn", True) else "off"),
         *("--cache-type-k", kv, "--cache-type-v", kv),
@@ -205,7 +237,8 @@ def genai_settings(trial: EngineTrial) -> dict[str, Any]:
     scheduler = {
         "enable_prefix_caching": False,
         "max_num_batched_tokens": cap,
-        "max_num_seqs": min(256, cap),
+        # a server trial held its sequences at once; an offline one was given GenAI's own cap
+        "max_num_seqs": trial.served_sequences or min(256, cap),
         "dynamic_split_fuse": bool(o.get("dynamic_split_fuse", True)),
     }
     return {"properties": properties, "scheduler": scheduler}

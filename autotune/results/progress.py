@@ -33,8 +33,19 @@ def _metric_text(trial: optuna.trial.FrozenTrial) -> str:
         ci = metrics.measurement.throughput_ci_rel
         how_sure = f" ±{ci:.1%}" if ci is not None else " (too few calls for an interval)"
         rate = f"{metrics.throughput_sps:8.1f} {metrics.unit}{how_sure}"
-        generation, server = metrics.generation, metrics.server
-        if server is not None:  # the sustained rate first, the closed-loop bound it was searched under after
+        generation, server, served = metrics.generation, metrics.server, metrics.llm_server
+        if served is not None:  # a language model's server: the sustained rate, its quantiles, the saturated rate
+            load = served.at_sustained.load if served.at_sustained else None
+            q = served.bounds.quantile
+            ttft = getattr(load.ttft_ms, f"p{q}") if load else None
+            tpot = getattr(load.tpot_ms, f"p{q}") if load else None
+            text = (
+                f"{served.sustained_rps:8.2f} requests/s at TTFT p{q} {_ms(ttft)} TPOT p{q} {_ms(tpot)} "
+                f"({served.bounds.describe()}, {len(served.probes)} probes, {served.concurrency} at once; "
+                f"saturated {served.saturated_rps:.2f} requests/s; offline {metrics.throughput_sps:.1f} "
+                f"{metrics.unit}){f'  KLD {drift.kl_divergence:.2e}' if drift.kl_divergence is not None else ''}"
+            )
+        elif server is not None:  # the sustained rate first, the closed-loop bound it was searched under after
             at = server.at_sustained
             text = (
                 f"{server.sustained_rps:8.1f} requests/s at p99 {_ms(at.latency_ms.p99 if at else None)} "
@@ -72,8 +83,8 @@ def best_so_far(
     clean = clean_trials(study)
     if not clean:
         return None, None, None
-    server = metrics_of(clean[0]).server
-    sps = server.sustained_rps if server is not None else metrics_of(clean[0]).throughput_sps
+    metrics = metrics_of(clean[0])
+    sps = metrics.sustained_rps if metrics.sustained_rps is not None else metrics.throughput_sps
     baseline = baseline_sps() if sps else None
     return clean[0], sps, sps / baseline if sps and baseline else None
 

@@ -53,13 +53,14 @@ def _svg(figure: Any) -> str:
     return text[text.index("<svg") :]  # drop the XML prolog and doctype: inline SVG
 
 
-def _figure():
+def _figure(columns: int = 1):
+    """A figure of `columns` charts side by side, 6 x 4 inches for one (matplotlib without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(6, 4))
+    return plt.subplots(1, columns, figsize=(6, 4) if columns == 1 else (4.5 * columns, 4))
 
 
 def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
@@ -277,6 +278,38 @@ def server_chart(study: optuna.study.Study, top: int = 3) -> str | None:
     return _svg(fig)
 
 
+def llm_server_chart(study: optuna.study.Study, top: int = 3) -> str | None:
+    """A language model's server scenario: the p99 (the bounds' quantile) of TTFT and of TPOT against the
+    offered rate, one curve per top configuration, with the bounds: where each one's server gives way."""
+    if not is_server(study):
+        return None
+    curves = []
+    for trial in clean_trials(study)[:top]:
+        served = metrics_of(trial).llm_server
+        if served is not None:
+            curves.append((trial.number, served, sorted(served.probes, key=lambda p: p.rate_rps)))
+    if not curves:
+        return None
+    fig, axes = _figure(2)
+    bounds = curves[0][1].bounds
+    q = bounds.quantile
+    for ax, measure, bound in ((axes[0], "ttft_ms", bounds.ttft_ms), (axes[1], "tpot_ms", bounds.tpot_ms)):
+        for number, _, probes in curves:
+            points = [(p.rate_rps, getattr(getattr(p.load, measure), f"p{q}"), p.overloaded) for p in probes]
+            points = [(rate, value, over) for rate, value, over in points if value is not None]
+            line = ax.plot([r for r, _, _ in points], [v for _, v, _ in points], "o-", label=f"#{number}")[0]
+            over = [(r, v) for r, v, o in points if o]
+            ax.plot([r for r, _ in over], [v for _, v in over], "x", color=line.get_color(), ms=9)
+        if bound is not None:
+            ax.axhline(bound, color="#c33", linestyle="--", label=f"bound {bound:g} ms")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered rate (requests/s, Poisson; x: the backlog grew)")
+        ax.set_ylabel(f"{measure.split('_')[0].upper()} p{q} (ms)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _svg(fig)
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -338,6 +371,9 @@ def build_report(study: optuna.study.Study) -> str:
         charts.append(("Sensitivity of each matrix to the low type, the fastest mix's kept ones in red", sensitivity))
     if server:
         charts.insert(0, ("p99 latency against offered request rate (server scenario)", server_chart(study)))
+        charts.insert(
+            0, ("TTFT and TPOT p99 against offered request rate (a language model's server)", llm_server_chart(study))
+        )
     figures = "".join(
         f"<figure>{svg}<figcaption>{html.escape(title)}</figcaption></figure>" for title, svg in charts if svg
     )

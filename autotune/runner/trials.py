@@ -24,6 +24,7 @@ from autotune.common.files import json_digest, read_json, write_json_atomic
 from autotune.machine.probe import MachineProbe
 from autotune.machine.runtimes import Runtime, discover_runtimes, runtime_env
 from autotune.measure.drift import Drift, DriftCriterion
+from autotune.measure.llm_serving import ServingPlan
 from autotune.measure.noise import NoiseLimits, machine_snapshot, noise_flags
 from autotune.measure.speed_gate import SpeedGate
 from autotune.measure.stopwatch import (
@@ -103,6 +104,7 @@ class TrialContext:
     memory_limit_mib: float | None = None  # all processes of a trial together (artifact builds too)
     cache_size_mib: float | None = None  # the artifact cache's cap: least recently used evicted past it
     server: ServerSettings | None = None  # the server scenario's bound and arrivals (None: closed loop)
+    llm_server: ServingPlan | None = None  # a language model's server scenario: requests, bounds, seed
 
     def runtime(self, name: str) -> Runtime:
         """The runtime a config names; one the context does not know is a failed trial, not a crash."""
@@ -241,6 +243,7 @@ def aggregate(results: list[InstanceResult], settings: MeasureSettings) -> Trial
         screening=screening_of(results, settings.ci_confidence),
         generation=generation_of(results, stamps, window, settings),
         server=results[0].server,
+        llm_server=results[0].llm_server,
     )
 
 
@@ -308,6 +311,7 @@ def job_template(config: TrialConfig, ctx: TrialContext, artifact: ArtifactUse |
         calibration=ctx.reference.calibration,
         generation=ctx.reference.generation,
         server=ctx.server,
+        llm_server=ctx.llm_server,
     )
 
 
@@ -473,9 +477,11 @@ def attempt_job(
     """One attempt's job: only the first screens, measures drift (unless known) and keeps the speed
     gate; a server round draws its own arrival stream from the template's seed."""
     measure_drift = known_drift is None and first
-    server = template.server
+    server, served = template.server, template.llm_server
     if server is not None and (server_rates or server_round):
         server = replace(server, first_rates=server_rates or [], seed=server.seed + 104_729 * server_round)
+    if served is not None and server_round:  # a finalist's repeat: its own requests and arrivals
+        served = replace(served, seed=served.seed + 104_729 * server_round)
     return replace(
         template,
         screen=screen and first,
@@ -483,6 +489,7 @@ def attempt_job(
         speed_gate=speed_gate if first else None,
         drift_bound=drift_bound if measure_drift else None,
         server=server,
+        llm_server=served,
     )
 
 
@@ -595,6 +602,7 @@ def compute_reference(
         "calibration_data": calibration_data.to_json() if calibration_data else None,
         **({"generation": generation.to_json(), "reference_format": REFERENCE_FORMAT} if generation else {}),
     }
+    asked = generation  # the text as given, before its ids are cached: what best.json says drift was read from
     if generation is not None:  # encoded here, in the main runtime, for every trial's runtime
         generation = encoded_once(generation, ref_dir)
     try:
@@ -622,7 +630,7 @@ def compute_reference(
         write_json_atomic(ref_dir / "meta.json", {"wanted": wanted, "result": result.to_json()})
     result = ReferenceResult.from_json(read_json(ref_dir / "meta.json")["result"])
     calibration = calibration_record(data, calibration_data, calibration_samples, result)
-    evaluation = evaluation_record(data, result, bool(generation))
+    evaluation = evaluation_record(data, result, asked)
     shared = model if model.has_own_weights else model.with_weights(str(weights_path))
     digest = json_digest(wanted)  # what the reference was computed from: the same on every host of a fleet
     return Reference(
@@ -669,13 +677,21 @@ def calibration_record(
     )
 
 
-def evaluation_record(data: DataSource, result: ReferenceResult, generation: bool) -> EvaluationSet:
-    """What drift was measured on, as the report shows it."""
+def evaluation_record(
+    data: DataSource, result: ReferenceResult, generation: GenerationWorkload | None
+) -> EvaluationSet:
+    """What drift was measured on, as the report shows it: a language model's prompts come from its
+    workload's text (read by its tokenizer) or are seeded random token ids."""
+    described, synthetic = data.describe(), data.kind == "synthetic"
+    if generation is not None:
+        reader = f", read by the tokenizer of {generation.tokenizer}" if generation.tokenizer else ""
+        described = f"{generation.data}{reader}" if generation.data else "seeded random token ids"
+        synthetic = generation.data is None
     return EvaluationSet(
-        data=data.describe(),
+        data=described,
         samples=result.eval_samples,
         labels=result.labels,
         reference_accuracy=result.reference_accuracy,
-        synthetic=data.kind == "synthetic",
+        synthetic=synthetic,
         reference_perplexity=result.reference_perplexity if generation else None,
     )

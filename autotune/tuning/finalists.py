@@ -184,8 +184,9 @@ class _InterleavedRounds:
             self.log(f"{label} FAILED: {exc.cause}")
             return
         value = self.objective_value(metrics)
-        if metrics.server is not None and value <= 0:  # no rate sustained this time: a failed run, not a value
-            cause = f"no rate sustained: {metrics.server.verdict}"
+        served = metrics.llm_server or metrics.server
+        if served is not None and value <= 0:  # no rate sustained this time: a failed run, not a value
+            cause = f"no rate sustained: {served.verdict}"
             entry.runs.append(FinalistRun(failed=cause))
             self.log(f"{label} FAILED: {cause}")
             return

@@ -18,9 +18,10 @@ from autotune.records.spec import SearchSpec
 
 def check_latency_bounds(trial: optuna.trial.Trial, spec: SearchSpec, metrics: TrialMetrics) -> None:
     """Every bound the search was given, checked on the completed trial's metrics."""
-    if spec.objective == "server":
+    if spec.objective == "server":  # a language model's TTFT and TPOT bounds are its server's, judged there
         check_sustained(trial, metrics)
-    elif spec.slo_ms is not None:
+        return
+    if spec.slo_ms is not None:
         check_slo(trial, spec.slo_ms, metrics)
     if spec.ttft_slo_ms is not None or spec.tpot_slo_ms is not None:
         check_token_slos(trial, spec.ttft_slo_ms, spec.tpot_slo_ms, metrics)
@@ -44,11 +45,14 @@ def check_slo(trial: optuna.trial.Trial, bound: float, metrics: TrialMetrics) ->
 def check_sustained(trial: optuna.trial.Trial, metrics: TrialMetrics) -> None:
     """The server scenario: a configuration that sustained no rate at the bound (even 1/64 of its
     closed-loop throughput) is pruned."""
-    server = metrics.server
-    assert server is not None
-    if server.sustained_rps > 0:
+    if (metrics.sustained_rps or 0.0) > 0:
         return
-    reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms: {server.verdict or 'no probe ran'}"
+    served, server = metrics.llm_server, metrics.server
+    if served is not None:  # a language model's server: its TTFT and TPOT bounds
+        reason = f"server: no request rate kept {served.bounds.describe()}: {served.verdict or 'no probe ran'}"
+    else:
+        assert server is not None
+        reason = f"server: no request rate kept p99 within {server.slo_ms:g} ms: {server.verdict or 'no probe ran'}"
     trial.set_user_attr(Attr.PRUNE_REASON, reason)
     raise optuna.TrialPruned(reason)
 

@@ -32,6 +32,8 @@ from autotune.machine.generation_probe import probe_generation
 from autotune.machine.probe import UNPINNED_WARNING, MachineProbe, probe_machine
 from autotune.machine.runtimes import Runtime, discover_runtimes
 from autotune.measure.drift import Drift
+from autotune.measure.llm_load import RequestMix
+from autotune.measure.llm_serving import LENGTH_SPREAD, LatencyBounds, ServingPlan
 from autotune.measure.speed_gate import SpeedGate
 from autotune.records.attributes import Attr, TrialAttrs
 from autotune.records.config import TrialConfig, clean_environment
@@ -77,6 +79,21 @@ MIN_TRIAL_S = 10.0
 SERVER_SEED = 20_241  # the Poisson arrivals' seed: every trial of a study is offered the same streams
 
 
+def serving_plan(spec: SearchSpec) -> ServingPlan | None:
+    """What a language model's server scenario offers every trial: requests around the workload's prompt and
+    output lengths, the p99 TTFT and TPOT bounds, seeded arrivals, probes of the measuring window's length."""
+    if spec.objective != "server" or spec.generation is None:
+        return None
+    workload = spec.generation
+    return ServingPlan(
+        RequestMix(workload.prompt_tokens, workload.new_tokens, LENGTH_SPREAD),
+        LatencyBounds(spec.ttft_slo_ms, spec.tpot_slo_ms),
+        SERVER_SEED,
+        probe_min_s=spec.measure.window_min_s,
+        probe_max_s=spec.measure.window_max_s,
+    )
+
+
 @dataclass
 class SearchOutcome:
     study: optuna.study.Study
@@ -89,8 +106,8 @@ def baseline_throughput(study: optuna.study.Study) -> float | None:
     trial = baseline_trial(study)
     if trial is None:
         return None
-    server = metrics_of(trial).server
-    return server.sustained_rps if server is not None else metrics_of(trial).throughput_sps
+    metrics = metrics_of(trial)
+    return metrics.sustained_rps if metrics.sustained_rps is not None else metrics.throughput_sps
 
 
 def open_study(
@@ -351,9 +368,9 @@ def objective_value(objective: str, metrics: TrialMetrics) -> float | tuple[floa
     if objective == "throughput":
         return metrics.throughput_sps
     if objective == "server":
-        if metrics.server is None:
+        if metrics.sustained_rps is None:
             raise TrialFailed("the server scenario's rate search did not run")
-        return metrics.server.sustained_rps
+        return metrics.sustained_rps
     latency = metrics.generation.tpot_ms if metrics.generation else metrics.latency_ms
     if objective == "pareto":
         p99 = latency.p99
@@ -580,6 +597,7 @@ def run_search(spec: SearchSpec, console: Console) -> SearchOutcome:
         memory_limit_mib=spec.memory_limit_mib,
         cache_size_mib=spec.cache_size_mib,
         server=ServerSettings(spec.slo_ms, SERVER_SEED) if spec.objective == "server" and spec.slo_ms else None,
+        llm_server=serving_plan(spec),
     )
     # The finalists' reserve is kept for the end, sized from what trials cost once some have completed.
     reserve = FinalistReserve(
@@ -611,7 +629,8 @@ def _search_space(
         runtimes,
         spec.task,
         generation.unavailable if generation else None,
-        spec.objective == "server",
+        # padded batches that wait for requests (max_wait_ms); a language model's engine batches continuously
+        spec.objective == "server" and spec.task != "generate",
         generation.routes if generation else None,
     )
     for note in space.notes:

@@ -6,35 +6,31 @@ llm_server_loop): a stepped engine in this thread, a streaming one over its conn
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from autotune.common.json_record import Record
-from autotune.measure.llm_load import RequestMix, RequestTiming, arrival_offsets, random_prompts, summarize
+from autotune.measure.llm_load import RequestTiming, arrival_offsets, random_prompts, summarize
 from autotune.measure.llm_server_loop import drive, drive_streaming
-from autotune.measure.llm_serving import LatencyBounds, LlmServerMetrics, probe_requests, saturated_rps, search_rate
+from autotune.measure.llm_serving import LlmServerMetrics, ServingPlan, probe_requests, saturated_rps, search_rate
+from autotune.records.config import TrialConfig
 
-SATURATION_REQUESTS = 48  # the saturated probe: enough to fill any slot count searched several times over
+SATURATION_REQUESTS = 48  # the saturated probe; a server holding more at once is found by raising the ceiling
 SATURATION_GIVE_UP_S = 3600.0
-PROBE_MIN_S = 10.0
-PROBE_MAX_S = 60.0
+CANCEL_SLACK_S = 40.0  # a given-up probe: its request threads joined (10 s) and the server settled (30 s)
+# the backend option (OpenVINO's and llama.cpp's) that holds the server's sequences at once; 0 or absent: the
+# trial's offline batch (its `sequences`)
+SERVER_SEQUENCES = "server_sequences"
 
 
-@dataclass(frozen=True)
-class ServingPlan(Record):
-    """What is offered: the request mix, the bounds, the seed, and the window a probe aims for."""
-
-    NESTED: ClassVar[dict[str, type[Record]]] = {"mix": RequestMix, "bounds": LatencyBounds}
-
-    mix: RequestMix
-    bounds: LatencyBounds
-    seed: int = 0
-    probe_min_s: float = PROBE_MIN_S
-    probe_max_s: float = PROBE_MAX_S
+def served_sequences(config: TrialConfig) -> int:
+    """The sequences a server trial's engine holds at once (GenAI's max_num_seqs, llama-server's slots): its
+    backend's server_sequences, else its offline batch."""
+    return int(config.options.get(SERVER_SEQUENCES) or config.batch_size)
 
 
 def serve_probe(server: Any, streaming: bool) -> Callable[..., list[RequestTiming]]:
@@ -71,10 +67,47 @@ def measure_server(
     burst_tpot_s = (tpot_ms.p90 or tpot_ms.p50 or 0.0) / 1e3
     drain_s = bounds.drain_s(longest, burst_tpot_s)
 
-    def probe(rate: float, number: int) -> list[RequestTiming]:
+    def arrivals(rate: float, number: int) -> np.ndarray:
         count = probe_requests(rate, bounds, plan.probe_min_s, plan.probe_max_s)
-        offsets = arrival_offsets(rate, count, plan.seed + 104729 * (number + 1), mix.burstiness)
-        prompts, outputs = requests(count, number + 1)
+        return arrival_offsets(rate, count, plan.seed + 104729 * (number + 1), mix.burstiness)
+
+    def probe(rate: float, number: int) -> list[RequestTiming]:
+        offsets = arrivals(rate, number)
+        prompts, outputs = requests(len(offsets), number + 1)
         return run(offsets, prompts, outputs, float(offsets[-1]) + drain_s)
 
-    return search_rate(probe, saturated, bounds, concurrency, plan.seed, deadline, clock=time.monotonic)
+    def probe_seconds(rate: float, number: int) -> float:
+        """A probe's time at most: its (seeded) arrivals, the wait after the last, and the time a given-up
+        probe takes to cancel its requests and see the server idle."""
+        return float(arrivals(rate, number)[-1]) + drain_s + CANCEL_SLACK_S
+
+    return search_rate(
+        probe, saturated, bounds, concurrency, plan.seed, deadline, clock=time.monotonic, probe_seconds=probe_seconds
+    )
+
+
+def serve_trial(
+    plan: ServingPlan, config: TrialConfig, generator: Any, vocab_size: int, instances: int, deadline: float
+) -> LlmServerMetrics:
+    """A trial of the server scenario: the engine's own server on the file the trial loaded, holding the
+    config's served sequences at once (served_sequences), its highest sustained rate."""
+    open_server = getattr(generator, "open_server", None)
+    if open_server is None:
+        raise RuntimeError(
+            f"{config.backend} has no server of its own: a language model's server scenario serves OpenVINO "
+            "(GenAI's continuous batching), llama.cpp (llama-server) and PyTorch eager (static batches); list "
+            "those in the space"
+        )
+    if instances != 1:
+        raise RuntimeError(
+            f"a language model's server scenario serves from one instance (its engine batches the requests), "
+            f"not {instances}: list instances [1] in the space"
+        )
+    slots = served_sequences(config)
+    context = plan.mix.kv_context(slots)
+    # a short path (a UNIX socket's is limited to 107 bytes) for llama-server's socket and log
+    with (
+        tempfile.TemporaryDirectory(prefix="autotune-serve-") as folder,
+        open_server(slots, context, Path(folder)) as (server, streaming),
+    ):
+        return measure_server(server, streaming, plan, vocab_size, slots, deadline)

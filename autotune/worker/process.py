@@ -29,6 +29,7 @@ from autotune.backends.precision import ExecutedPrecision, check_precision
 from autotune.common.files import read_json, write_json_atomic
 from autotune.common.json_record import Record, UnknownFormat
 from autotune.measure.drift import Drift, compute_drift, constant_across_samples, top1_accuracy
+from autotune.measure.llm_serving import LlmServerMetrics
 from autotune.measure.noise import ChildrenSettle, process_snapshot, window_signals
 from autotune.measure.speed_gate import GateTripped, GateVerdict, GateWatch, SpeedGate
 from autotune.measure.stopwatch import MeasureSettings, instance_throughput, latency_summary, timed_window, warm_up
@@ -336,8 +337,9 @@ def run_trial(job: WorkerJob) -> InstanceResult:
         wait_at_barrier(barrier, "screened", instance, screening.to_json(), job.barrier_timeout_s)
     cpus = sorted(os.sched_getaffinity(0))
     before = process_snapshot(cpus)
-    stamps, server = timed_calls(job, config, settings, model, barrier, samples_per_call, t_start)
-    signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance)
+    stamps, server, served = timed_calls(job, config, settings, model, barrier, samples_per_call, t_start)
+    # a language model's server may run in a process of its own (llama-server): its CPU is the measured work
+    signals = window_signals(before, process_snapshot(cpus), config.threads_per_instance, served is not None)
     np.save(stamps_path, stamps)
     tokens = None
     if job.generation:
@@ -375,6 +377,7 @@ def run_trial(job: WorkerJob) -> InstanceResult:
         backend_details=model.runner.details,
         tokens_path=tokens,
         server=server,
+        llm_server=served,
     )
 
 
@@ -433,14 +436,22 @@ def timed_calls(
     barrier: Path | None,
     samples_per_call: int,
     t_start: float,
-) -> tuple[np.ndarray, ServerMetrics | None]:
+) -> tuple[np.ndarray, ServerMetrics | None, LlmServerMetrics | None]:
     """The timed window's call stamps: closed loop, stopped together with the other instances; or in the
     server scenario, the rate search's (whose result comes with them)."""
+    timeout_s = job.barrier_timeout_s or 600.0
+    if job.llm_server:  # a language model's engine serving requests; a short offline window beside it
+        from autotune.worker.llm_serve import serve_trial
+
+        stamps = timed_window(model.step, settings.screening())
+        vocab = job.workload().vocab_size
+        deadline = t_start + timeout_s * 0.95  # the trial's own timeout, less a margin to report
+        served = serve_trial(job.llm_server, config, model.runner.generator, vocab, job.instances, deadline)
+        return stamps, None, served
     if not job.server:
         agree = StopTogether(barrier, job.instance, job.instances) if barrier else (lambda satisfied: satisfied)
-        return timed_window(model.step, settings, agree_to_stop=agree), None
+        return timed_window(model.step, settings, agree_to_stop=agree), None, None
     # A short closed-loop window bounds the rate search from above.
-    timeout_s = job.barrier_timeout_s or 600.0
     stamps = timed_window(model.step, settings.screening())
     peers = Peers(barrier, job.instance, job.instances, timeout_s)
     server = run_rate_search(
@@ -457,7 +468,7 @@ def timed_calls(
         t_start + timeout_s * 0.95,  # the trial's own timeout, less a margin to report
         settings.ci_confidence,
     )
-    return stamps, server
+    return stamps, server, None
 
 
 TASKS = {"reference": run_reference, "prepare": run_prepare, "trial": run_trial}

@@ -5,9 +5,12 @@ and transformers inside functions only."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Prompt positions whose logits the drift pass compares (the last ones; all of a shorter prompt).
@@ -61,6 +64,20 @@ class Generator:
         from transformers import DynamicCache
 
         return DynamicCache()
+
+    @contextlib.contextmanager
+    def open_server(self, slots: int, context_tokens: int, folder: Path) -> Iterator[tuple[Any, bool]]:
+        """The server scenario on PyTorch: static batches of up to `slots` requests on this generator
+        (static_server), the baseline the engines' continuous batching is measured against; stepped in the
+        caller's thread (`context_tokens` and `folder` are llama-server's concern)."""
+        from autotune.backends.generation.static_server import StaticBatchServer
+
+        if self.compiled:
+            raise RuntimeError(
+                "a compiled forward (inductor) runs the shapes it was compiled for, and a static batch's prompt "
+                "lengths vary with its requests: serve PyTorch eager"
+            )
+        yield StaticBatchServer(self, slots), False
 
     def generate(self, input_ids: Any, stamp: bool = True) -> Any:
         """The new tokens (batch x new_tokens); with `stamp`, the time each token is known is appended

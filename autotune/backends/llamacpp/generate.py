@@ -10,12 +10,13 @@ drift pass asks for the compared positions and every decode step, fed FP32's gre
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,9 @@ class LlamaCppOptions(BackendOptions):
     # the instance's, or half (the prompt's prefill, and a step of several sequences, take n_threads_batch: all);
     # a memory-bound step may not scale to every thread
     decode_threads: str = choice("all", "half", scheduling=True)
+    # the server scenario's slots (llama-server's -np), apart from the offline batch its drift and window run:
+    # 0 = that batch's sequences; 4 = llama-server's own (-np auto)
+    server_sequences: int = choice(0, 4, 8, 16, 32, 64, scheduling=True)
     # the share of the blocks' weights (least sensitive matrices first, generation/sensitivity.py) in the file's
     # type; the rest, the output layer and the token embedding in the type above it (KEPT_TYPES): 1 = the
     # whole-model type as llama.cpp's quantizer writes it. Never sampled: the mix search bisects for the largest
@@ -280,6 +284,28 @@ class LlamaCppGenerator:
     def decode_thread_count(self) -> int:
         """Threads of a decode step: the instance's, or half of them."""
         return self.threads if self.decode_threads == "all" else max(1, self.threads // 2)
+
+    @contextlib.contextmanager
+    def open_server(self, slots: int, context_tokens: int, folder: Path) -> Iterator[tuple[Any, bool]]:
+        """The server scenario's engine: llama-server on this GGUF with the same batch, flash-attention, KV
+        cache type, threads and weight repacking, `slots` slots sharing one KV cache of `context_tokens`
+        tokens; its socket and log in `folder`, and it is stopped when the block ends."""
+        from autotune.backends.llamacpp.server import LlamaServer, LlamaServerSettings
+
+        settings = LlamaServerSettings(
+            slots=slots,
+            context=context_tokens,
+            batch=self.n_batch,
+            ubatch=self.n_ubatch,
+            flash_attn="on" if self.flash_attn else "off",
+            cache_type=self.kv_cache_type,
+            threads=self.decode_thread_count,
+            threads_batch=self.threads,
+            unified_kv=True,
+            repack=self.extra_buffers,
+        )
+        with LlamaServer(self.gguf, settings, folder) as server:
+            yield server, True
 
     @staticmethod
     def system_info() -> str:

@@ -1,6 +1,7 @@
 """llama.cpp's llama-server as a server under load: one process per trial, built by `make llama-tools` from
 the source llama-cpp-python carries (the same library the offline trials load), started with the trial's
-settings on a UNIX socket in the trial's folder (no port to collide with another trial's), and driven over
+settings on a UNIX socket in the trial's folder (no port to collide with another trial's; a TCP port on
+loopback where a client that speaks only TCP drives it, as an independent load generator), and driven over
 its native streaming endpoint (`/completion`: token ids in, each chunk's token ids out, so the tokens can be
 compared with the offline path's and no tokenizer runs in the load generator).
 
@@ -28,6 +29,7 @@ SERVER_TOOL = "llama-server"
 STARTUP_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 15
 UNNAMED = -1  # a streamed token whose id llama-server did not send (see LlamaServer.stream)
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class LlamaServerSettings(Record):
     unified_kv: bool | None = None  # None: llama-server's own choice
     cache_reuse: int = 0
     continuous_batching: bool = True
+    repack: bool = True  # llama.cpp's extra weight buffers (off: --no-repack, as a trial without them loads)
 
     def flags(self) -> list[str]:
         flags = ["-np", str(self.slots or -1), "-c", str(self.context), "-b", str(self.batch)]
@@ -58,6 +61,8 @@ class LlamaServerSettings(Record):
             flags += ["--cache-reuse", str(self.cache_reuse)]
         if not self.continuous_batching:
             flags.append("-nocb")
+        if not self.repack:
+            flags.append("--no-repack")
         return flags
 
 
@@ -93,23 +98,17 @@ class LlamaServer:
         folder: Path,
         pin: list[str] | None = None,
         binary: Path | None = None,
+        port: int | None = None,
     ) -> None:
         self.binary = binary or tool_path(name=SERVER_TOOL)
         self.socket = folder / "llama-server.sock"
+        self.port = port  # None: the UNIX socket
         self.log = folder / "llama-server.log"
-        self.command = [
-            *(pin or []),
-            str(self.binary),
-            "-m",
-            str(gguf),
-            "--host",
-            str(self.socket),
-            "--no-webui",
-            *settings.flags(),
-        ]
+        listen = ["--host", str(self.socket)] if port is None else ["--host", LOOPBACK, "--port", str(port)]
+        self.command = [*(pin or []), str(self.binary), "-m", str(gguf), *listen, "--no-webui", *settings.flags()]
         self.settings = settings
         self.process: subprocess.Popen[bytes] | None = None
-        self._open: set[UnixConnection] = set()
+        self._open: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
 
     def __enter__(self) -> LlamaServer:
@@ -161,10 +160,20 @@ class LlamaServer:
     def described(self) -> str:
         return shlex.join(self.command)
 
+    @property
+    def url(self) -> str | None:
+        """The server's base URL on loopback, for an HTTP client of its own (None: it listens on the socket)."""
+        return None if self.port is None else f"http://{LOOPBACK}:{self.port}"
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self.port is None:
+            return UnixConnection(self.socket, timeout)
+        return http.client.HTTPConnection(LOOPBACK, self.port, timeout=timeout)
+
     def _healthy(self) -> bool:
-        if not self.socket.exists():
+        if self.port is None and not self.socket.exists():
             return False
-        connection = UnixConnection(self.socket, timeout=2.0)
+        connection = self._connection(timeout=2.0)
         try:
             connection.request("GET", "/health")
             return connection.getresponse().status == 200
@@ -198,7 +207,7 @@ class LlamaServer:
         """Wait until no slot is processing a request (llama-server's /slots)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            connection = UnixConnection(self.socket, timeout=5.0)
+            connection = self._connection(timeout=5.0)
             try:
                 connection.request("GET", "/slots")
                 slots = json.loads(connection.getresponse().read())
@@ -235,7 +244,7 @@ class LlamaServer:
             "return_tokens": True,
             "samplers": ["top_k"],
         }
-        connection = UnixConnection(self.socket, timeout=600.0)
+        connection = self._connection(timeout=600.0)
         with self._lock:
             self._open.add(connection)
         seen = 0

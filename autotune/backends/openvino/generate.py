@@ -12,12 +12,13 @@ decode step, fed FP32's greedy tokens.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,8 +59,11 @@ class OpenVinoGenerateOptions(BackendOptions):
     # GenAI's continuous-batching scheduler: the most tokens one step computes (0: no cap, as benchmark_genai
     # runs), and whether a step fuses prompt chunks with the running sequences' decode tokens (split-fuse) or
     # prefills whole prompts apart; with the cap, a batch's prompts are prefilled in several steps
-    max_num_batched_tokens: int = choice(0, 2048, 512, scheduling=True)
+    max_num_batched_tokens: int = choice(0, 2048, 512, 256, scheduling=True)  # 256: GenAI's own server default
     dynamic_split_fuse: bool = choice(True, False, scheduling=True)
+    # the server scenario's sequences at once (max_num_seqs), apart from the offline batch its drift and window
+    # run: 0 = that batch's sequences; 256 = GenAI's own default
+    server_sequences: int = choice(0, 256, 128, 64, 32, 16, 8, scheduling=True)
 
 
 SPEC = BackendSpec(
@@ -333,6 +337,23 @@ class OpenVinoGenerator:
             self._request = self._compiled.create_infer_request()
         return self._request
 
+    @contextlib.contextmanager
+    def open_server(self, slots: int, context_tokens: int, folder: Path) -> Iterator[tuple[Any, bool]]:
+        """The server scenario's engine: GenAI's ContinuousBatchingPipeline on this IR with the same plugin
+        properties and scheduler settings, holding up to `slots` sequences at once (its KV cache grows as
+        needed: `context_tokens` and `folder` are llama-server's concern); stepped in the caller's thread."""
+        from autotune.backends.openvino.serving import GenAiServer, SchedulerSettings
+
+        if not self.ir.is_file():
+            raise RuntimeError(f"the IR {self.ir} is gone (evicted from the cache): the server cannot load it")
+        self.release_drift_request()
+        scheduler = SchedulerSettings(
+            max_num_seqs=slots,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            dynamic_split_fuse=self.dynamic_split_fuse,
+        )
+        yield GenAiServer(self.ir.parent, dict(self._properties), scheduler), False
+
     def release_drift_request(self) -> None:
         """Free the infer request's copy of the weights (compiled again if a later pass needs logits)."""
         self._request = None
@@ -371,9 +392,13 @@ class OpenVinoGenerator:
         tokens = np.array(result.tokens, np.int64).reshape(ids.shape[0], self.new_tokens)
         if stamp:
             times = list(result.perf_metrics.raw_metrics.m_new_token_times)  # milliseconds, steady clock
-            if len(times) != self.new_tokens:
+            # GenAI records every step that made a token. With a cap on a step's tokens, a batch's prompts are
+            # prefilled over several steps and its sequences get their first tokens on different steps: the
+            # last new_tokens steps are those at which every sequence had its first, second, ... token
+            staggered = len(times) - self.new_tokens
+            if staggered < 0 or (staggered and not self.max_num_batched_tokens):
                 raise RuntimeError(f"openvino-genai recorded {len(times)} token times for {self.new_tokens} tokens")
-            self.token_stamps.extend(t / 1e3 for t in times)
+            self.token_stamps.extend(t / 1e3 for t in times[staggered:])
         return torch.from_numpy(tokens)
 
     def generate_with_logits(self, input_ids: Any, positions: int, forced: Any = None) -> tuple[Any, Any]:
