@@ -17,6 +17,19 @@ TEST_APT_PACKAGES := chromium postgresql mariadb-server
 # The two runtimes hold about 14 GB of wheels (torch with its CUDA libraries, twice): pip keeps no second copy in
 # its cache, so setup fits on a disk with less room.
 export PIP_NO_CACHE_DIR := 1
+# Each runtime is checked for room before pip first installs it: a disk that fills halfway through leaves a broken
+# venv and pip's OSError, where one line can say what is missing. GB free on this folder's disk for the wheels (pip
+# unpacks them under $$TMPDIR, here the same disk); an update of an existing runtime installs a delta, unchecked.
+VENV_GB := 10
+define need_disk
+	@[ -x $(3)/bin/python ] && exit 0; \
+	free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	case "$$free" in ''|*[!0-9]*) echo "error: cannot read the free space on this disk (df)" >&2; exit 2;; esac; \
+	if [ "$$free" -lt $(1) ]; then \
+		echo "error: $(2) needs about $(1) GB free on this disk and $$free GB are; free some (old clones' .venv folders, studies/.cache) and rerun" >&2; \
+		exit 2; \
+	fi
+endef
 
 # llama.cpp, as llama-cpp-python carries it (built from source; see the llama-cpp target)
 LLAMA_CPP_PYTHON := 0.3.36
@@ -29,17 +42,27 @@ LLAMA_TOOLS      := llama-bench llama-batched-bench llama-perplexity llama-serve
 OPTIMUM_SHARE    := $(VENV)/share/optimum-intel
 OPTIMUM_PACKAGES := optimum-intel==2.2.0 optimum==2.3.0 transformers==5.5.4 tokenizers==0.22.2 huggingface_hub==1.21.0 \
 	httpx==0.28.1 httpcore==1.0.9 certifi==2026.10.19.post1 requests==2.34.2 charset_normalizer==3.5.3 urllib3==2.8.0
+# guidellm, an independent load generator, for docs/benchmarks/guidellm_check.py only: an overlay (340 MB) of it
+# and what it needs beyond the main runtime (whose torch, transformers and numpy it uses); a search needs none of it
+GUIDELLM_SHARE    := $(VENV)/share/guidellm
+GUIDELLM_PACKAGES := guidellm==0.8.1 aiologic==0.17.1 anyio==4.16.0 click==8.4.2 culsans==0.10.0 datasets==5.2.0 \
+	dill==0.4.1 eval_type_backport==0.4.0 faker==40.63.0 ftfy==6.3.1 h11==0.16.0 h2==4.4.1 hpack==4.2.0 \
+	httpcore==1.0.9 httpx==0.28.1 hyperframe==6.1.0 loguru==0.7.3 more_itertools==11.2.1 msgpack==1.2.4 \
+	multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 pydantic_settings==2.16.3 python_dateutil==4.0.0 \
+	python_dotenv==1.2.4 pytz==2026.6 six==1.17.0 sniffio==1.3.1 tzdata==2026.6 uvloop==0.23.0 wcwidth==0.9.4 \
+	websockets==17.4 wrapt==2.5.2 xxhash==4.1.0
 
 MODEL  ?= resnet50
 BUDGET ?= 20m
 ARGS   ?=
 
-.PHONY: setup system-packages test-system-packages search test test-all lint docs docs-serve clean-venv llama-cpp llama-tools optimum-intel
+.PHONY: setup system-packages test-system-packages search test test-all lint docs docs-serve clean-venv llama-cpp llama-tools optimum-intel guidellm
 
 setup: $(STAMP) $(IPEX_STAMP) optimum-intel
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(MAKE) --no-print-directory system-packages
+	$(call need_disk,$(VENV_GB),the main runtime ($(VENV)),$(VENV))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@$(MAKE) --no-print-directory llama-cpp
@@ -69,6 +92,13 @@ optimum-intel: $(STAMP)
 	PYTHONPATH=$(OPTIMUM_SHARE) $(BIN)/python -c "import optimum.exporters.openvino, optimum.commands.optimum_cli"; \
 	echo "$(OPTIMUM_PACKAGES)" > $(OPTIMUM_SHARE)/VERSION
 
+guidellm: $(STAMP)
+	@if [ "$$(cat $(GUIDELLM_SHARE)/VERSION 2>/dev/null)" = "$(GUIDELLM_PACKAGES)" ]; then exit 0; fi; \
+	set -e; rm -rf $(GUIDELLM_SHARE); \
+	$(BIN)/pip install --quiet --no-deps --target $(GUIDELLM_SHARE) $(GUIDELLM_PACKAGES); \
+	PYTHONPATH=$(GUIDELLM_SHARE) $(BIN)/python -c "import guidellm.benchmark.entrypoints"; \
+	echo "$(GUIDELLM_PACKAGES)" > $(GUIDELLM_SHARE)/VERSION
+
 # llama.cpp's own tools from the same source (its web UI off: it would be downloaded at build time):
 # llama-bench and llama-batched-bench for the benchmarks that compare autotune with them
 # (docs/benchmarks/llm_engines.py), llama-perplexity for the quality check of the same GGUFs, and llama-server,
@@ -88,6 +118,7 @@ llama-tools: $(STAMP)
 	rm -rf $(LLAMA_SRC)
 
 $(IPEX_STAMP): constraints-ipex.txt pyproject.toml
+	$(call need_disk,$(VENV_GB),the IPEX runtime ($(IPEX_VENV)),$(IPEX_VENV))
 	$(PYTHON) -m venv $(IPEX_VENV)
 	$(IPEX_VENV)/bin/pip install --quiet --upgrade pip
 	$(IPEX_VENV)/bin/pip install --quiet -r constraints-ipex.txt

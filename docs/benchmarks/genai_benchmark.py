@@ -2,7 +2,9 @@
 models autotune benchmarks carry no tokenizer, so the prompt is random ids instead of text; the rest is
 that sample at its defaults: an LLMPipeline on CPU with prefix caching off and max_num_batched_tokens
 unbounded, 1 warm-up and 3 timed generate calls of max_new_tokens, perf_metrics summed over the timed
-calls. ignore_eos keeps every call at exactly max_new_tokens (a random model may emit its EOS id).
+calls. Its activations are the CPU plugin's default (bf16 where the CPU has AVX512-BF16 or AMX) unless
+--inference-precision names one: the row's quality is that of the precision it ran, printed with the speed.
+ignore_eos keeps every call at exactly max_new_tokens (a random model may emit its EOS id).
 
     .venv/bin/python docs/benchmarks/genai_benchmark.py IR_DIR --prompt 512 --new 64 --sequences 1 --threads 2
 
@@ -25,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--sequences", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="INFERENCE_NUM_THREADS; 0: the plugin's default")
+    parser.add_argument(
+        "--inference-precision",
+        choices=("f32", "bf16", "f16"),
+        help="INFERENCE_PRECISION_HINT; default: the CPU plugin's own (bf16 where the CPU has it)",
+    )
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
@@ -41,7 +48,10 @@ def main() -> int:
     scheduler = openvino_genai.SchedulerConfig()
     scheduler.enable_prefix_caching = False
     scheduler.max_num_batched_tokens = sys.maxsize
-    properties = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
+    properties: dict[str, object] = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
+    if args.inference_precision:
+        properties["INFERENCE_PRECISION_HINT"] = args.inference_precision
+    precision = args.inference_precision or ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
     pipe = openvino_genai.LLMPipeline(args.model, "CPU", scheduler_config=scheduler, **properties)
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = args.new
@@ -63,6 +73,7 @@ def main() -> int:
         json.dumps(
             {
                 "genai": openvino_genai.__version__,
+                "inference_precision": precision,
                 "ttft_ms": metrics.get_ttft().mean,
                 "tpot_ms": metrics.get_tpot().mean,
                 "throughput": metrics.get_throughput().mean,

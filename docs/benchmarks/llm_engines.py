@@ -28,10 +28,12 @@ whose weight buffers crash it, as autotune's trials load it) on the very file au
 their tokens/s is the same quantity read from its JSON line: pl x ntg / t (its own `speed` also counts the
 prompt's tokens). OpenVINO GenAI's rows run genai_benchmark.py (its benchmark_genai sample's protocol on
 token ids: 1 warm-up, 3 timed calls, `INFERENCE_NUM_THREADS` = the cores) on the IR autotune's trial loaded;
-tokens/s is generated tokens over its mean generate duration. Drift is the autotune trial's (the same file)
-against FP32 eager: logits' relative L2, mean KL divergence, same-top-token share and perplexity increase; the
-bound (--drift-metric, --max-drift) is relative L2 0.05 for the random-init decoders and KL divergence 0.05 for
-a folder, autotune's defaults.
+tokens/s is generated tokens over its mean generate duration; they run the CPU plugin's default activations
+(bf16 where the CPU has them), and so does autotune's row of each OpenVINO type, so the tool row's drift is the
+numerics it ran (on the winner's file, GenAI runs the winner's activations). Drift is the autotune trial's (the
+same file and numerics) against FP32 eager: logits' relative L2, mean KL divergence, same-top-token share and
+perplexity increase; the bound (--drift-metric, --max-drift) is relative L2 0.05 for the random-init decoders
+and KL divergence 0.05 for a folder, autotune's defaults.
 Writes docs/results/engines-<date>.json (machine, commit, command, rows).
 """
 
@@ -55,11 +57,27 @@ TYPES = ("F32", "BF16", "Q8_0", "Q4_K_M", "Q4_0")
 OPENVINO_TYPES = ("int8_asym", "int4_sym")
 IPEX_TYPES = ("woq_int8", "bf16")
 IPEX_OPTIONS = {"lowp_mode": "int8"}
-OPENVINO_OPTIONS = {"inference_precision": "f32", "kv_cache_precision": "u8", "dynamic_quantization_group_size": 32}
+OPENVINO_OPTIONS = {"kv_cache_precision": "u8", "dynamic_quantization_group_size": 32}
 
 
-def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: int) -> dict:
-    """OpenVINO GenAI's benchmark protocol (genai_benchmark.py) on the IR, in its own process."""
+def plugin_precision() -> str:
+    """The CPU plugin's default activations (bf16 where the CPU has AVX512-BF16 or AMX): what GenAI's benchmark
+    runs at its defaults, so autotune's row of each type runs it too and the tool row's quality is its own."""
+    import openvino as ov
+
+    return str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string())  # "bf16", not the Type
+
+
+def openvino_row_options() -> dict[str, object]:
+    """The options of autotune's OpenVINO row of a whole type: the tool's numerics (its activations)."""
+    return {"inference_precision": plugin_precision(), **OPENVINO_OPTIONS}
+
+
+def genai_bench(
+    ir_dir: Path, prompt: int, new: int, sequences: int, threads: int, inference_precision: str | None = None
+) -> dict:
+    """OpenVINO GenAI's benchmark protocol (genai_benchmark.py) on the IR, in its own process, at the CPU
+    plugin's default activations or the ones named (the winner's, on its file)."""
     command = [
         sys.executable,
         str(Path(__file__).resolve().parent / "genai_benchmark.py"),
@@ -72,6 +90,7 @@ def genai_bench(ir_dir: Path, prompt: int, new: int, sequences: int, threads: in
         str(sequences),
         "--threads",
         str(threads),
+        *(["--inference-precision", inference_precision] if inference_precision else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "command": shlex.join(command)}
@@ -181,7 +200,9 @@ def winner_file_tool(
     if artifact is None:
         return None
     if config.backend == "openvino":
-        return {"tool": "openvino-genai", **genai_bench(Path(artifact.dir), args.prompt, args.new, sequences, cores)}
+        precision = str(config.options.get("inference_precision", "f32"))  # the winner's activations, not the default
+        measured = genai_bench(Path(artifact.dir), args.prompt, args.new, sequences, cores, precision)
+        return {"tool": "openvino-genai", **measured}
     if config.backend == "llamacpp" and tool.is_file():
         pin = pin_prefix(config.instance_cpus(machine)[0], machine)
         measured = batched_bench(
@@ -358,7 +379,7 @@ def main() -> int:
         ov_types = [t for t in args.openvino_types.split(",") if t]
         for ov_type in ov_types:
             configs[f"autotune openvino {ov_type}"] = TrialConfig(
-                "openvino", ov_type, sequences, threads_per_instance=cores, options=OPENVINO_OPTIONS
+                "openvino", ov_type, sequences, threads_per_instance=cores, options=openvino_row_options()
             )
         for ipex_type in (t for t in args.ipex_types.split(",") if t):  # no tool of its own: IPEX's examples
             configs[f"autotune ipex {ipex_type}"] = TrialConfig(  # time the same patched `generate`
@@ -394,7 +415,8 @@ def main() -> int:
                 elif metrics.artifact:
                     files[config.precision] = Path(metrics.artifact.dir) / "model.gguf"
                 if config.backend == "openvino" and metrics.artifact and name != "autotune search winner":
-                    measured = genai_bench(Path(metrics.artifact.dir), args.prompt, args.new, sequences, cores)
+                    same = str(config.options["inference_precision"])  # the plugin's default: the tool's numerics
+                    measured = genai_bench(Path(metrics.artifact.dir), args.prompt, args.new, sequences, cores, same)
                     genai_runs[config.precision].append(measured)
                     console.print(
                         f"{sequences} seq. repeat {repeat + 1} openvino-genai {config.precision}: "

@@ -10,7 +10,14 @@ Rows, interleaved per round (each round runs every row once, in the same order):
   longest requests;
 - OpenVINO GenAI's ContinuousBatchingPipeline at its default SchedulerConfig and CPU plugin properties (but
   the threads), on the int8_asym IR;
-- the same with --genai-max-seqs and --genai-batched-tokens.
+- the same with --genai-max-seqs and --genai-batched-tokens;
+- PyTorch eager in fp32, static batches of --pytorch-batch requests (autotune/backends/generation/
+  static_server.py: a batch starts when none runs and decodes until its longest output ends), the baseline
+  continuous batching is measured against;
+- per --best (a best.json of `autotune search --task generate` on the same folder: a server search's, or an
+  offline one's, whose fixed-batch winner is then served as it is, its sequences at once): its winner, its
+  file served as its trial served it (autotune/worker/llm_serve.py's serve_trial: the trial's engine,
+  settings and sequences at once), its drift from best.json.
 
 The model: a Hugging Face folder (default: the one docs/benchmarks/trained_llm.py trains). Each row's files
 are the ones the offline search measures (llama.cpp's converter for Q8_0, optimum-cli and NNCF for
@@ -18,6 +25,7 @@ int8_asym); their KL divergence from FP32 is the offline rows' (trained_llm.py),
 
     .venv/bin/python docs/benchmarks/llm_serving.py [--model FOLDER] [--prompt 256] [--new 64] [--range 0.5]
         [--ttft-ms 1000] [--tpot-ms 50] [--slots 8] [--genai-max-seqs 8] [--genai-batched-tokens 512]
+        [--pytorch-batch 8] [--best studies/S/best.json ...] [--rows llama-defaults,genai-defaults,pytorch,best]
 
 Writes docs/results/llm-serving-<date>.json (machine, commit, command, request mix, bounds, every probe).
 """
@@ -25,7 +33,6 @@ Writes docs/results/llm-serving-<date>.json (machine, commit, command, request m
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -39,6 +46,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "studies" / "benchmarks" / "trained-llama" / "model"
+ROWS = ("llama-defaults", "llama-tuned", "genai-defaults", "genai-tuned", "pytorch", "best")
 
 
 def build_files(folder: Path, out: Path, threads: int) -> tuple[Path, Path]:
@@ -73,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slots", type=int, default=8, help="llama-server's tuned row: -np")
     parser.add_argument("--genai-max-seqs", type=int, default=8)
     parser.add_argument("--genai-batched-tokens", type=int, default=512)
+    parser.add_argument("--pytorch-batch", type=int, default=8, help="PyTorch's static batches (0: no such row)")
+    parser.add_argument(
+        "--best", action="append", default=[], help="a search's best.json on this folder: its winner as a row"
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"which rows, comma-separated, of {', '.join(ROWS)} (best: each --best)",
+    )
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--minutes-per-row", type=float, default=6.0)
     parser.add_argument("--out")
@@ -92,15 +109,14 @@ def main() -> int:
     from autotune.backends.openvino.serving import GenAiServer, SchedulerSettings, default_scheduler
     from autotune.machine.probe import probe_machine
     from autotune.measure.llm_load import RequestMix
-    from autotune.measure.llm_serving import LatencyBounds
-    from autotune.worker.llm_serve import ServingPlan, measure_server
+    from autotune.measure.llm_serving import LatencyBounds, ServingPlan
+    from autotune.worker.llm_serve import measure_server
 
     threads = probe_machine().physical_cores
     vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])
     mix = RequestMix(args.prompt, args.new, args.range)
     bounds = LatencyBounds(args.ttft_ms, args.tpot_ms, args.quantile)
     plan = ServingPlan(mix, bounds)
-    longest = math.ceil(args.prompt * (1 + args.range)) + math.ceil(args.new * (1 + args.range))
     work = ROOT / "studies" / "benchmarks" / "llm-serving"
     work.mkdir(parents=True, exist_ok=True)
     gguf, ir = build_files(folder, work, threads)
@@ -111,7 +127,7 @@ def main() -> int:
         # an explicit -np makes one KV cache per slot; -kvu keeps the default's one shared cache, so the rows
         # differ in their slots alone
         settings = LlamaServerSettings(
-            slots=slots, context=shown * longest, threads=threads, unified_kv=True if slots else None
+            slots=slots, context=shown * mix.longest_request, threads=threads, unified_kv=True if slots else None
         )
         with (
             tempfile.TemporaryDirectory(prefix="llama-server-") as scratch,
@@ -134,17 +150,71 @@ def main() -> int:
         )
         return {"engine": server.engine, "file": "int8_asym", "settings": scheduler.to_json(), "metrics": metrics}
 
+    def pytorch_row(batch: int) -> dict[str, Any]:
+        """PyTorch eager fp32, static batches: the fixed-batch path served as model.generate serves."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from autotune.backends.generation import prepare
+        from autotune.records.config import TrialConfig
+
+        torch.set_num_threads(threads)  # the cores the other rows' engines use, not every logical CPU
+        config = TrialConfig("eager", "fp32", batch_size=batch, threads_per_instance=threads)
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        generator, _ = prepare(model, config, args.new, None, None)
+        with generator.open_server(batch, 0, work) as (server, _):
+            deadline = time.monotonic() + 60 * args.minutes_per_row
+            metrics = measure_server(server, False, plan, vocab, batch, deadline)
+        return {"engine": server.engine, "file": "fp32", "settings": config.to_json(), "metrics": metrics}
+
+    def winner_row(best_path: Path) -> dict[str, Any]:
+        """The search's winner, served as its trial served it: the same generator, its own server."""
+        from transformers import AutoModelForCausalLM
+
+        from autotune.backends.generation import cached_artifact, prepare
+        from autotune.records.config import TrialConfig
+        from autotune.worker.llm_serve import serve_trial
+
+        best = json.loads(best_path.read_text())
+        config = TrialConfig.from_json(best["config"])
+        artifact = cached_artifact(best["job"]["artifact_dir"], config.backend)
+        if artifact is None:
+            raise RuntimeError(f"the winner's file in {best['job']['artifact_dir']} is gone: run the search again")
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        generator, _ = prepare(model, config, args.new, None, artifact)
+        metrics = serve_trial(plan, config, generator, vocab, 1, time.monotonic() + 60 * args.minutes_per_row)
+        drift = best.get("drift") or {}
+        return {
+            "engine": config.backend,
+            "file": config.precision,
+            "settings": config.to_json(),
+            "drift": drift,
+            "metrics": metrics,
+        }
+
     defaults = default_scheduler()
     tuned = SchedulerSettings(max_num_seqs=args.genai_max_seqs, max_num_batched_tokens=args.genai_batched_tokens)
-    plans = [
-        ("llama-server defaults (-np auto)", lambda: llama_row(0)),
-        (f"llama-server -np {args.slots} -kvu", lambda: llama_row(args.slots)),
-        ("GenAI defaults", lambda: genai_row(defaults)),
+    wanted = set(args.rows.split(","))
+    if wanted - set(ROWS):
+        parser.error(f"--rows: unknown {', '.join(sorted(wanted - set(ROWS)))}; choose from {', '.join(ROWS)}")
+    keyed = [
+        ("llama-defaults", "llama-server defaults (-np auto)", lambda: llama_row(0)),
+        ("llama-tuned", f"llama-server -np {args.slots} -kvu", lambda: llama_row(args.slots)),
+        ("genai-defaults", "GenAI defaults", lambda: genai_row(defaults)),
         (
+            "genai-tuned",
             f"GenAI max_num_seqs {tuned.max_num_seqs}, max_num_batched_tokens {tuned.max_num_batched_tokens}",
             lambda: genai_row(tuned),
         ),
     ]
+    plans = [(name, run) for key, name, run in keyed if key in wanted]
+    if args.pytorch_batch and "pytorch" in wanted:
+        plans.append(
+            (f"PyTorch eager fp32, static batches of {args.pytorch_batch}", lambda: pytorch_row(args.pytorch_batch))
+        )
+    for best in args.best if "best" in wanted else []:
+        study = Path(best).parent.name
+        plans.append((f"autotune winner of study {study}", lambda best=best: winner_row(Path(best))))
     rows: list[dict[str, Any]] = []
     for round_number in range(args.rounds):
         for name, run in plans:
