@@ -4,7 +4,9 @@ that sample at its defaults: an LLMPipeline on CPU with prefix caching off and m
 unbounded, 1 warm-up and 3 timed generate calls of max_new_tokens, perf_metrics summed over the timed
 calls. Its activations are the CPU plugin's default (bf16 where the CPU has AVX512-BF16 or AMX) unless
 --inference-precision names one: the row's quality is that of the precision it ran, printed with the speed.
-ignore_eos keeps every call at exactly max_new_tokens (a random model may emit its EOS id).
+ignore_eos keeps every call at exactly max_new_tokens (a random model may emit its EOS id). The prompt's ids
+are drawn below the model's vocabulary (`vocab_size` in the IR folder's config.json, else --vocab): an id past
+it is no token of the model, and the plugin's Gather reads zeros for it.
 
     .venv/bin/python docs/benchmarks/genai_benchmark.py IR_DIR --prompt 512 --new 64 --sequences 1 --threads 2
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,10 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("f32", "bf16", "f16"),
         help="INFERENCE_PRECISION_HINT; default: the CPU plugin's own (bf16 where the CPU has it)",
     )
-    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--vocab", type=int, help="ids drawn below this; default: the IR folder's vocab_size")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
     return parser
+
+
+def model_vocab(folder: Path) -> int:
+    """The vocabulary the IR's model was exported with (optimum-intel writes its config.json beside it)."""
+    config = folder / "config.json"
+    if not config.is_file():
+        raise SystemExit(f"{config} is missing: pass --vocab, the model's vocabulary size")
+    return int(json.loads(config.read_text())["vocab_size"])
 
 
 def main() -> int:
@@ -57,7 +68,8 @@ def main() -> int:
     config.max_new_tokens = args.new
     config.ignore_eos = True
     config.apply_chat_template = False
-    ids = np.random.default_rng(0).integers(0, args.vocab, (args.sequences, args.prompt), dtype=np.int64)
+    vocab = args.vocab or model_vocab(Path(args.model))
+    ids = np.random.default_rng(0).integers(0, vocab, (args.sequences, args.prompt), dtype=np.int64)
     inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
     for _ in range(args.warmup):
         pipe.generate(inputs, config)
@@ -74,6 +86,7 @@ def main() -> int:
             {
                 "genai": openvino_genai.__version__,
                 "inference_precision": precision,
+                "vocab": vocab,
                 "ttft_ms": metrics.get_ttft().mean,
                 "tpot_ms": metrics.get_tpot().mean,
                 "throughput": metrics.get_throughput().mean,
