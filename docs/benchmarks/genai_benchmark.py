@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("f32", "bf16", "f16"),
         help="INFERENCE_PRECISION_HINT; default: the CPU plugin's own (bf16 where the CPU has it)",
     )
+    parser.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a CPU plugin property passed to the pipeline as autotune's trial passes it (e.g. KV_CACHE_PRECISION=u8)",
+    )
     parser.add_argument("--vocab", type=int, help="ids drawn below this; default: the IR folder's vocab_size")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
@@ -62,6 +69,9 @@ def main() -> int:
     properties: dict[str, object] = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
     if args.inference_precision:
         properties["INFERENCE_PRECISION_HINT"] = args.inference_precision
+    for named in args.property:
+        key, _, value = named.partition("=")
+        properties[key] = int(value) if value.isdigit() else value
     precision = args.inference_precision or ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
     pipe = openvino_genai.LLMPipeline(args.model, "CPU", scheduler_config=scheduler, **properties)
     config = openvino_genai.GenerationConfig()
@@ -87,6 +97,7 @@ def main() -> int:
                 "genai": openvino_genai.__version__,
                 "inference_precision": precision,
                 "vocab": vocab,
+                "properties": properties,
                 "ttft_ms": metrics.get_ttft().mean,
                 "tpot_ms": metrics.get_tpot().mean,
                 "throughput": metrics.get_throughput().mean,
