@@ -37,6 +37,17 @@ LLAMA_SRC        := $(VENV)/share/llama.cpp-src
 LLAMA_VENDOR     := $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 LLAMA_SHARE      := $(VENV)/share/llama.cpp
 LLAMA_TOOLS      := llama-bench llama-batched-bench llama-perplexity llama-server
+LLAMA_PY_ARGS    := -DGGML_NATIVE=ON
+LLAMA_TOOL_ARGS  := -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
+	-DBUILD_SHARED_LIBS=OFF
+# Compiled for this CPU (-march=native), the llama-cpp-python wheel and the tools are kept per machine in
+# $(LLAMA_CACHE)/<version>-<key>: the key digests the CPU's flags, the compiler, CMake and the build options, so
+# another clone on this machine (a CI run, a second checkout) installs them in seconds instead of compiling for
+# about 20 minutes, and a machine whose CPU or compiler differs compiles its own. Delete the folder to rebuild.
+LLAMA_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/autotune/llama.cpp
+LLAMA_BUILT  = $(LLAMA_CACHE)/$(LLAMA_CPP_PYTHON)-$(shell { grep -m1 '^flags' /proc/cpuinfo; c++ --version 2>&1 | head -1; \
+	cmake --version 2>&1 | head -1; echo '$(LLAMA_PY_ARGS) | $(LLAMA_TOOL_ARGS) | $(LLAMA_TOOLS)'; } | md5sum | cut -c1-16)
 # optimum-intel, which exports a language model to OpenVINO IR, pins transformers below the main runtime's:
 # it and the packages it pins go into an overlay of their own (autotune runs the export with it first on the path)
 OPTIMUM_SHARE    := $(VENV)/share/optimum-intel
@@ -70,19 +81,27 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 # llama.cpp for text generation: PyPI has only the source of llama-cpp-python, which carries llama.cpp itself;
-# pip compiles it for this CPU (-march=native; about 9 minutes on 2 cores), and the source (300 MB) goes. Its converter (convert_hf_to_gguf.py
-# with its conversion/ and gguf-py/) goes beside it in $(LLAMA_SHARE), where autotune looks for it.
+# pip compiles it into a wheel for this CPU (-march=native; about 9 minutes on 2 cores), kept in $(LLAMA_CACHE),
+# and the source (300 MB) goes. Its converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/) is kept
+# with the wheel and goes beside it in $(LLAMA_SHARE), where autotune looks for it.
 llama-cpp:
 	@if $(BIN)/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$(LLAMA_CPP_PYTHON)')" 2>/dev/null \
 		&& [ -f $(LLAMA_SHARE)/convert_hf_to_gguf.py ]; then exit 0; fi; \
-	set -e; rm -rf $(LLAMA_SRC); mkdir -p $(LLAMA_SRC) $(LLAMA_SHARE); \
-	$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
-	tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); \
-	echo "building llama-cpp-python $(LLAMA_CPP_PYTHON) (llama.cpp from source, -march=native)"; \
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -c constraints.txt $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON); \
-	rm -rf $(LLAMA_SHARE)/convert_hf_to_gguf.py $(LLAMA_SHARE)/conversion $(LLAMA_SHARE)/gguf-py; \
-	cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $(LLAMA_SHARE)/; \
-	rm -rf $(LLAMA_SRC)
+	set -e; built=$(LLAMA_BUILT); \
+	if ! [ -f $$built/converter/convert_hf_to_gguf.py ] || ! ls $$built/wheel/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+		rm -rf $(LLAMA_SRC) $$built.part; mkdir -p $(LLAMA_SRC) $$built.part/wheel $$built.part/converter; \
+		$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
+		tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); \
+		echo "building llama-cpp-python $(LLAMA_CPP_PYTHON) (llama.cpp from source, -march=native), kept in $$built"; \
+		CMAKE_ARGS="$(LLAMA_PY_ARGS)" $(BIN)/pip wheel --quiet --no-deps -w $$built.part/wheel \
+			$(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON); \
+		cp -r $(LLAMA_VENDOR)/convert_hf_to_gguf.py $(LLAMA_VENDOR)/conversion $(LLAMA_VENDOR)/gguf-py $$built.part/converter/; \
+		mkdir -p $$built; rm -rf $$built/wheel $$built/converter; mv $$built.part/wheel $$built.part/converter $$built/; \
+		rm -rf $$built.part $(LLAMA_SRC); \
+	fi; \
+	$(BIN)/pip install --quiet -c constraints.txt $$built/wheel/llama_cpp_python-*.whl; \
+	mkdir -p $(LLAMA_SHARE); rm -rf $(LLAMA_SHARE)/convert_hf_to_gguf.py $(LLAMA_SHARE)/conversion $(LLAMA_SHARE)/gguf-py; \
+	cp -r $$built/converter/. $(LLAMA_SHARE)/
 
 # optimum-intel's overlay (130 MB, no second torch: the export runs on the main runtime's torch, openvino, nncf)
 optimum-intel: $(STAMP)
@@ -106,16 +125,21 @@ guidellm: $(STAMP)
 # (about 10 minutes on 2 cores); a search needs none of them.
 llama-tools: $(STAMP)
 	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" ]; then exit 0; fi; \
-	set -e; [ -d $(LLAMA_VENDOR) ] || { mkdir -p $(LLAMA_SRC); \
-		$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
-		tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); }; \
-	cmake -S $(LLAMA_VENDOR) -B $(LLAMA_SRC)/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
-		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-		-DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF; \
-	cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target $(LLAMA_TOOLS); \
-	mkdir -p $(LLAMA_SHARE)/bin && for t in $(LLAMA_TOOLS); do cp $(LLAMA_SRC)/build/bin/$$t $(LLAMA_SHARE)/bin/; done; \
-	echo "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" > $(LLAMA_SHARE)/bin/VERSION; \
-	rm -rf $(LLAMA_SRC)
+	set -e; built=$(LLAMA_BUILT); \
+	if [ "$$(cat $$built/bin/VERSION 2>/dev/null)" != "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" ]; then \
+		[ -d $(LLAMA_VENDOR) ] || { rm -rf $(LLAMA_SRC); mkdir -p $(LLAMA_SRC); \
+			$(BIN)/pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_SRC); \
+			tar -xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_SRC); }; \
+		echo "building llama.cpp's tools ($(LLAMA_TOOLS)), kept in $$built"; \
+		cmake -S $(LLAMA_VENDOR) -B $(LLAMA_SRC)/build $(LLAMA_TOOL_ARGS); \
+		cmake --build $(LLAMA_SRC)/build -j$$(nproc) --target $(LLAMA_TOOLS); \
+		rm -rf $$built.part-bin; mkdir -p $$built.part-bin $$built; \
+		for t in $(LLAMA_TOOLS); do cp $(LLAMA_SRC)/build/bin/$$t $$built.part-bin/; done; \
+		echo "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" > $$built.part-bin/VERSION; \
+		rm -rf $$built/bin; mv $$built.part-bin $$built/bin; rm -rf $(LLAMA_SRC); \
+	fi; \
+	mkdir -p $(LLAMA_SHARE)/bin; for t in $(LLAMA_TOOLS); do cp $$built/bin/$$t $(LLAMA_SHARE)/bin/; done; \
+	cp $$built/bin/VERSION $(LLAMA_SHARE)/bin/VERSION
 
 $(IPEX_STAMP): constraints-ipex.txt pyproject.toml
 	$(call need_disk,$(VENV_GB),the IPEX runtime ($(IPEX_VENV)),$(IPEX_VENV))
