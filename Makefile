@@ -121,7 +121,7 @@ guidellm: $(STAMP)
 # llama.cpp's own tools from the same source (its web UI off: it would be downloaded at build time):
 # llama-bench and llama-batched-bench for the benchmarks that compare autotune with them
 # (docs/benchmarks/llm_engines.py), llama-perplexity for the quality check of the same GGUFs, and llama-server,
-# which `autotune export --format llama-server` starts a winner with. make test-all builds them once
+# which `autotune export --format llama-server` starts a winner with. make test and make test-all build them once
 # (about 10 minutes on 2 cores); a search needs none of them.
 llama-tools: $(STAMP)
 	@if [ "$$(cat $(LLAMA_SHARE)/bin/VERSION 2>/dev/null)" = "$(LLAMA_CPP_PYTHON) $(LLAMA_TOOLS)" ]; then exit 0; fi; \
@@ -172,7 +172,7 @@ search: setup
 
 # The tiers come from the fixtures a test uses (tests/conftest.py): `make test` leaves out the end-to-end
 # searches (marked slow) but for a few smoke tests; `make test-all`, which CI runs, takes everything.
-test: setup test-system-packages
+test: setup test-system-packages llama-tools
 	$(BIN)/python -m pytest -q --durations=20 -m "not slow" $(ARGS)
 
 test-all: setup test-system-packages llama-tools
