@@ -115,7 +115,7 @@ class SlotServer:
         self.waiting.clear()
         self.left.clear()
 
-    def step(self) -> dict[int, list[int]]:
+    def step(self, wait_s: float | None = None) -> dict[int, list[int]]:
         room = self.max_seqs - len(self.left)
         new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         wait_until(time.monotonic() + self.costs.of(sum(prompt for _, prompt, _ in new), len(self.left)))

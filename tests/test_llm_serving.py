@@ -83,6 +83,52 @@ def test_openvino_genais_continuous_batching_serves_a_poisson_probe_with_its_off
         assert offline.reshape(-1).tolist() == received[index], index
 
 
+def test_a_pool_of_genai_pipelines_pinned_apart_serves_one_probe_with_one_pipelines_tokens(tmp_path):
+    """Two GenAI pipelines, each in its own process pinned to one CPU, behind one arrival stream: every request
+    of the probe completes with the tokens one pipeline on both CPUs decodes for it; a probe given up leaves
+    both idle; a member killed fails the next probe with its cause; closing leaves no process."""
+    import os
+    import signal
+
+    import tiny_lm
+    from conftest import require
+
+    from autotune.backends import backend_module
+    from autotune.backends.openvino.serving import GenAiServer, GenAiServerPool, SchedulerSettings, cpu_groups
+
+    cpus = sorted(os.sched_getaffinity(0))
+    require(len(cpus) >= 2, "two CPUs for two pinned pipelines")
+    torch.manual_seed(0)
+    config = TrialConfig("openvino", "fp32", batch_size=1, threads_per_instance=2)
+    backend_module("openvino", "generate").build_artifact(tiny_lm.tiny_llama().eval(), None, config, tmp_path)
+    properties = {"INFERENCE_NUM_THREADS": 2, "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    scheduler = SchedulerSettings(max_num_seqs=8, max_num_batched_tokens=64)
+    offsets, prompts, outputs = probe_plan(256, seed=3)
+    alone: list[list[int]] = []
+    drive(GenAiServer(tmp_path, properties, scheduler), offsets, prompts, outputs, give_up_s=60, received=alone)
+    groups = cpu_groups(cpus[:2], 2)
+    assert groups == [[cpus[0]], [cpus[1]]]
+    pool = GenAiServerPool(tmp_path, properties, scheduler, groups)
+    try:
+        assert [os.sched_getaffinity(p.pid) for p in pool._processes] == [{cpus[0]}, {cpus[1]}]
+        received: list[list[int]] = []
+        timings = drive(pool, offsets, prompts, outputs, give_up_s=60, received=received)
+        assert summarize(timings).completed == PROBE and received == alone
+        assert all(t.token_times[0] > t.arrival for t in timings)
+        cut = drive(pool, np.zeros(PROBE), prompts, np.full(PROBE, 400), give_up_s=0.3)
+        assert not pool.has_work() and not any(t.completed for t in cut)
+        again: list[list[int]] = []
+        drive(pool, offsets[:4], prompts[:4], outputs[:4], give_up_s=60, received=again)
+        assert again == alone[:4]
+        os.kill(pool._processes[1].pid, signal.SIGKILL)
+        pool._processes[1].join(10)
+        with pytest.raises(RuntimeError, match="server instance 1 died"):
+            drive(pool, offsets, prompts, outputs, give_up_s=60)
+    finally:
+        pool.close()
+    assert not any(p.is_alive() for p in pool._processes)
+
+
 def test_pytorchs_static_batches_serve_a_probe_with_its_offline_tokens_and_make_later_arrivals_wait(tmp_path):
     """The PyTorch baseline (eager's generator as a server): 24 requests in static batches of 4, prompts of
     16-48 tokens left-padded in a batch; every request gets exactly its tokens, equal to the same generator's
@@ -472,3 +518,22 @@ def test_the_llama_server_export_serves_the_trials_slots_apart_from_its_offline_
     offline = EngineTrial(**common, pin_prefixes=[[]], prompt_tokens=256, new_tokens=64)
     words = " ".join(llama_server_arguments(offline, tmp_path / "m.gguf", 8080))
     assert "--parallel 8 --ctx-size 4096 " in words and "--kv-unified" not in words, words
+
+
+def test_a_pool_needs_a_thread_per_pipeline_and_deals_the_cpus_into_neighbouring_runs():
+    """server_instances above the trial's threads is refused before anything is built; the CPUs are dealt as
+    evenly as they divide, neighbours together."""
+    from autotune.backends.openvino.generate import unsupported
+    from autotune.backends.openvino.serving import cpu_groups
+
+    def config(threads: int, pipelines: int) -> TrialConfig:
+        return TrialConfig(
+            "openvino", "int8_asym", 8, threads_per_instance=threads, options={"server_instances": pipelines}
+        )
+
+    assert unsupported(config(1, 2)) == "2 server instances need a thread each; the trial has 1"
+    assert unsupported(config(2, 2)) is None and unsupported(config(4, 2)) is None
+    assert cpu_groups([0, 1, 2, 3, 4], 2) == [[0, 1, 2], [3, 4]]
+    assert cpu_groups([4, 5, 6, 7], 4) == [[4], [5], [6], [7]]
+    with pytest.raises(ValueError, match="3 server instances need at least 3 CPUs"):
+        cpu_groups([0, 1], 3)

@@ -7,7 +7,8 @@ Two kinds of server:
 - one that batches continuously in the caller's thread (OpenVINO GenAI's ContinuousBatchingPipeline:
   add_request, then step; its step holds the GIL, so arrivals and steps share one loop): each step's new
   tokens are stamped when the step returns, and a request is handed over at the first step boundary after
-  its arrival (`drive`);
+  its arrival (`drive`); a pool of such engines in their own processes is driven by the same loop, its
+  `step` returning the tokens they sent by the next arrival;
 - one in another process that streams each request's tokens over its own connection (llama-server): a thread
   per request sends it at its arrival and stamps each token as its chunk is read (`drive_streaming`).
 Either gives up at `give_up_s` without draining its queue: an overloaded probe is refused quickly, and the
@@ -32,9 +33,10 @@ class SteppedEngine(Protocol):
 
     def add(self, request_id: int, prompt: np.ndarray, max_new_tokens: int) -> None: ...
 
-    def step(self) -> dict[int, list[int]]:
+    def step(self, wait_s: float | None = None) -> dict[int, list[int]]:
         """Run one step; return the token ids it produced per request id (a finished request's last ones
-        included)."""
+        included). `wait_s`: when the next request is due; an engine in this thread steps now, a pool of
+        engine processes waits at most that long for their tokens (None: until some come)."""
         ...
 
     def has_work(self) -> bool: ...
@@ -96,7 +98,8 @@ def drive(
         if not engine.has_work():
             wait_until(start + float(offsets[offered]), clock)
             continue
-        produced = engine.step()
+        due = float(offsets[offered]) if offered < count else give_up_s
+        produced = engine.step(None if due is None else due - now)
         stamp = clock() - start
         for request, ids in produced.items():
             if 0 <= request < count:  # an earlier probe's request the engine still held: not this probe's

@@ -91,6 +91,7 @@ def best_engine_trial(study: optuna.study.Study, engine_format: str, winner_tota
     if attrs.config is None or generation is None:
         raise UserError(f"trial {trial.number} is not a text-generation trial: nothing to export as {engine_format}")
     env = {k: v for k, v in (attrs.env or {}).items() if k.startswith(ENGINE_ENV_PREFIXES)}
+    served = served_sequences(attrs.config) if metrics.llm_server else None
     return EngineTrial(
         number=trial.number,
         config=attrs.config,
@@ -102,13 +103,11 @@ def best_engine_trial(study: optuna.study.Study, engine_format: str, winner_tota
         prompt_tokens=generation.prompt_tokens,
         new_tokens=generation.new_tokens,
         repacked=str((metrics.backend_details or {}).get("extra_weight_buffers", "on")).startswith("on"),
-        served_sequences=served_sequences(attrs.config) if metrics.llm_server else None,
+        served_sequences=served,
         served_rps=metrics.llm_server.sustained_rps if metrics.llm_server else None,
         served_context=(
-            RequestMix(generation.prompt_tokens, generation.new_tokens, LENGTH_SPREAD).kv_context(
-                served_sequences(attrs.config)
-            )
-            if metrics.llm_server
+            RequestMix(generation.prompt_tokens, generation.new_tokens, LENGTH_SPREAD).kv_context(served)
+            if served is not None
             else None
         ),
     )
@@ -225,8 +224,10 @@ print(pipeline.generate(sys.argv[1] if len(sys.argv) > 1 else "Hello", config))
 def genai_settings(trial: EngineTrial) -> dict[str, Any]:
     """The LLMPipeline's properties and SchedulerConfig fields the trial ran with (openvino/generate.py)."""
     o = trial.config.options
+    # a server trial's pool (openvino/serving.GenAiServerPool): pipelines pinned apart, the threads dealt to them
+    pipelines = int(o.get("server_instances", 1)) if trial.served_sequences else 1
     properties: dict[str, Any] = {
-        "INFERENCE_NUM_THREADS": int(trial.config.threads_per_instance),
+        "INFERENCE_NUM_THREADS": max(1, int(trial.config.threads_per_instance) // pipelines),
         "INFERENCE_PRECISION_HINT": str(o.get("inference_precision", "f32")),
         "KV_CACHE_PRECISION": str(o.get("kv_cache_precision", "u8")),
         "DYNAMIC_QUANTIZATION_GROUP_SIZE": int(o.get("dynamic_quantization_group_size", 32)),
@@ -241,7 +242,10 @@ def genai_settings(trial: EngineTrial) -> dict[str, Any]:
         "max_num_seqs": trial.served_sequences or min(256, cap),
         "dynamic_split_fuse": bool(o.get("dynamic_split_fuse", True)),
     }
-    return {"properties": properties, "scheduler": scheduler}
+    settings: dict[str, Any] = {"properties": properties, "scheduler": scheduler}
+    if pipelines > 1:  # each behind the one arrival stream, its requests dealt in turn
+        settings["pipelines_per_instance"] = pipelines
+    return settings
 
 
 def export_openvino_genai(study: optuna.study.Study, folder: Path, winner_total: int | None) -> list[Path]:

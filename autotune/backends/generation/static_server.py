@@ -54,7 +54,7 @@ class StaticBatchServer:
         self._waiting.clear()
         self._batch = None
 
-    def step(self) -> dict[int, list[int]]:
+    def step(self, wait_s: float | None = None) -> dict[int, list[int]]:
         """The next batch's prefill when none runs, else one decode token for every row of the one that does."""
         import torch
 

@@ -64,6 +64,9 @@ class OpenVinoGenerateOptions(BackendOptions):
     # the server scenario's sequences at once (max_num_seqs), apart from the offline batch its drift and window
     # run: 0 = that batch's sequences; 256 = GenAI's own default
     server_sequences: int = choice(0, 256, 128, 64, 32, 16, 8, scheduling=True)
+    # the server scenario's pipelines behind the one arrival stream, each in its own process pinned to its
+    # share of the instance's cores (serving.GenAiServerPool); 1: one pipeline on all of them
+    server_instances: int = choice(1, 2, 4, scheduling=True)
 
 
 SPEC = BackendSpec(
@@ -125,6 +128,11 @@ def unsupported(config: BackendConfig) -> str | None:
         return f"KV cache groups quantize a u8 cache: a {options.kv_cache_precision} cache has none"
     if not options.dynamic_split_fuse and not options.max_num_batched_tokens:
         return "split-fuse off changes nothing without a max_num_batched_tokens cap"
+    if int(options.server_instances) > max(1, int(config.threads_per_instance)):
+        return (
+            f"{options.server_instances} server instances need a thread each; the trial has "
+            f"{config.threads_per_instance}"
+        )
     return None
 
 
@@ -226,6 +234,7 @@ def prepare(
             kv_cache_group_size=int(options.kv_cache_group_size),
             max_num_batched_tokens=int(options.max_num_batched_tokens),
             dynamic_split_fuse=bool(options.dynamic_split_fuse),
+            server_instances=int(options.server_instances),
         )
         details["scheduler"] = generator.scheduler_settings
         details["drift_request_runtime"] = generator.runtime_properties()  # compiled while the IR is here
@@ -280,6 +289,7 @@ class OpenVinoGenerator:
     kv_cache_group_size: int = 0  # 0: the plugin's own
     max_num_batched_tokens: int = 0  # 0: no cap
     dynamic_split_fuse: bool = True
+    server_instances: int = 1  # the server scenario's pipelines (GenAiServerPool when more than one)
     token_stamps: array = field(default_factory=lambda: array("d"))
     probe: Any = None  # what the worker asks what runs: the IR's weight types (ir_weight_probe)
 
@@ -341,8 +351,12 @@ class OpenVinoGenerator:
     def open_server(self, slots: int, context_tokens: int, folder: Path) -> Iterator[tuple[Any, bool]]:
         """The server scenario's engine: GenAI's ContinuousBatchingPipeline on this IR with the same plugin
         properties and scheduler settings, holding up to `slots` sequences at once (its KV cache grows as
-        needed: `context_tokens` and `folder` are llama-server's concern); stepped in the caller's thread."""
-        from autotune.backends.openvino.serving import GenAiServer, SchedulerSettings
+        needed: `context_tokens` and `folder` are llama-server's concern); stepped in the caller's thread, or
+        with server_instances, a pool of pipelines in their own processes, each pinned to its share of this
+        process's CPUs and holding up to `slots` sequences."""
+        import os
+
+        from autotune.backends.openvino.serving import GenAiServer, GenAiServerPool, SchedulerSettings, cpu_groups
 
         if not self.ir.is_file():
             raise RuntimeError(f"the IR {self.ir} is gone (evicted from the cache): the server cannot load it")
@@ -352,7 +366,15 @@ class OpenVinoGenerator:
             max_num_batched_tokens=self.max_num_batched_tokens,
             dynamic_split_fuse=self.dynamic_split_fuse,
         )
-        yield GenAiServer(self.ir.parent, dict(self._properties), scheduler), False
+        if self.server_instances == 1:
+            yield GenAiServer(self.ir.parent, dict(self._properties), scheduler), False
+            return
+        groups = cpu_groups(sorted(os.sched_getaffinity(0))[: self.threads], self.server_instances)
+        pool = GenAiServerPool(self.ir.parent, dict(self._properties), scheduler, groups)
+        try:
+            yield pool, False
+        finally:
+            pool.close()
 
     def release_drift_request(self) -> None:
         """Free the infer request's copy of the weights (compiled again if a later pass needs logits)."""

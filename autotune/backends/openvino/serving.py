@@ -3,12 +3,20 @@ and each `step` schedules one batch (new prompts, or chunks of them with dynamic
 running decodes) by its SchedulerConfig. The pipeline runs in the caller's thread (its step holds the GIL),
 so the load generator's loop drives it (measure/llm_server_loop.drive).
 
+Several pipelines behind one arrival stream (GenAiServerPool): each in its own process pinned to its share of
+the trial's cores, the requests dealt to them in turn as they arrive. A small model's step on two cores
+spends much of its time keeping the threads in step; two pipelines of one thread each served 1.2-1.3x one of
+two threads (saturated bursts of 96 requests, the trained 23M Llama's int8 IR, bf16, a 2-core Xeon with
+AMX: 20.6-25.1 against 16.2-19.3 requests/s; docs/manual/benchmarks-log.md).
+
 Greedy decoding of exactly the tokens asked (ignore_eos, as every autotune backend decodes), on the same IR
 and CPU plugin properties as the offline trials (generate.py).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +89,12 @@ class GenAiServer:
         ids = np.ascontiguousarray(np.asarray(prompt, np.int64).reshape(1, -1))
         self._handles[request_id] = self.pipeline.add_request(request_id, ov.Tensor(ids), config)
 
-    def step(self) -> dict[int, list[int]]:
+    def held(self) -> set[int]:
+        """The requests it still holds (not finished, not yet read to their end)."""
+        return set(self._handles)
+
+    def step(self, wait_s: float | None = None) -> dict[int, list[int]]:
+        """One step of the pipeline, run now (`wait_s` is a pool's: this engine never waits for tokens)."""
         import openvino_genai
 
         self.pipeline.step()
@@ -110,3 +123,149 @@ class GenAiServer:
                 return
             self.pipeline.step()
         raise RuntimeError(f"openvino-genai still held requests {ABORT_STEPS} steps after they were cancelled")
+
+
+def cpu_groups(cpus: list[int], count: int) -> list[list[int]]:
+    """`cpus` dealt into `count` runs of neighbours, as even as they divide (the first ones one larger)."""
+    if not 1 <= count <= len(cpus):
+        raise ValueError(f"{count} server instances need at least {count} CPUs, the trial has {len(cpus)}")
+    size, extra = divmod(len(cpus), count)
+    groups, start = [], 0
+    for index in range(count):
+        end = start + size + (index < extra)
+        groups.append(cpus[start:end])
+        start = end
+    return groups
+
+
+def _serve_in_child(
+    connection: Any, ir_dir: str, properties: dict[str, Any], scheduler: SchedulerSettings, cpus: list[int]
+) -> None:
+    """One pool member: a GenAiServer pinned to `cpus`, stepped while it holds requests; the parent's
+    messages (add, abort, stop) are read between steps, and each step's tokens sent back with the requests
+    it finished."""
+    os.sched_setaffinity(0, cpus)
+    try:
+        server = GenAiServer(Path(ir_dir), properties, scheduler)
+        connection.send(("ready", server.engine))
+        while True:
+            while not server.has_work() or connection.poll(0):
+                message = connection.recv()
+                if message[0] == "add":
+                    server.add(*message[1:])
+                elif message[0] == "abort":
+                    server.abort()
+                    connection.send(("aborted",))
+                else:
+                    return
+            before = server.held()
+            produced = server.step()
+            connection.send(("tokens", produced, sorted(before - server.held())))
+    except (EOFError, KeyboardInterrupt):
+        return
+    except Exception as failure:  # carried to the parent, which raises it
+        connection.send(("failed", f"{type(failure).__name__}: {failure}"))
+
+
+class GenAiServerPool:
+    """Several GenAiServers, one process each pinned to its CPUs, behind one arrival stream: llm_server_loop's
+    SteppedEngine. A request goes to the members in turn as it arrives (round robin); `step` waits for the
+    tokens any member sent, at most until the next arrival is due."""
+
+    def __init__(
+        self, ir_dir: Path, properties: dict[str, Any], scheduler: SchedulerSettings, groups: list[list[int]]
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connections: list[Any] = []
+        self._processes: list[Any] = []
+        self._owner: dict[int, int] = {}  # request -> the member holding it
+        self._turn = 0
+        try:
+            for cpus in groups:
+                parent, child = context.Pipe()
+                member = {**properties, "INFERENCE_NUM_THREADS": len(cpus)}
+                process = context.Process(
+                    target=_serve_in_child, args=(child, str(ir_dir), member, scheduler, cpus), daemon=True
+                )
+                process.start()
+                child.close()
+                self._connections.append(parent)
+                self._processes.append(process)
+            engines = {self._expect(index, "ready")[1] for index in range(len(groups))}
+        except BaseException:
+            self.close()
+            raise
+        self.engine = f"{' '.join(sorted(engines))} x {len(groups)} processes ({' | '.join(map(str, groups))})"
+
+    def _expect(self, index: int, kind: str) -> tuple[Any, ...]:
+        """Member `index`'s next message of `kind`, its tokens before it dropped (an abort's)."""
+        while True:
+            message = self._receive(index)
+            if message[0] == kind:
+                return message
+
+    def _died(self, index: int) -> RuntimeError:
+        self._processes[index].join(1)
+        return RuntimeError(f"openvino-genai server instance {index} died (exit {self._processes[index].exitcode})")
+
+    def _receive(self, index: int) -> tuple[Any, ...]:
+        try:
+            message = self._connections[index].recv()
+        except EOFError:
+            raise self._died(index) from None
+        if message[0] == "failed":
+            raise RuntimeError(f"openvino-genai server instance {index} failed: {message[1]}")
+        return message
+
+    def add(self, request_id: int, prompt: Any, max_new_tokens: int) -> None:
+        import numpy as np
+
+        index = self._turn % len(self._connections)
+        self._turn += 1
+        self._owner[request_id] = index
+        try:
+            self._connections[index].send(("add", request_id, np.asarray(prompt, np.int64), max_new_tokens))
+        except OSError:  # its end of the pipe is gone with it
+            raise self._died(index) from None
+
+    def step(self, wait_s: float | None = None) -> dict[int, list[int]]:
+        """The tokens the members sent by now, waiting for the first up to `wait_s` (None: until one comes)."""
+        from multiprocessing.connection import wait
+
+        produced: dict[int, list[int]] = {}
+        ready = wait(self._connections, None if wait_s is None else max(wait_s, 0.0))
+        for connection in ready:
+            index = self._connections.index(connection)
+            while self._connections[index].poll(0):
+                _, tokens, finished = self._expect(index, "tokens")
+                for request, ids in tokens.items():
+                    produced.setdefault(request, []).extend(ids)
+                for request in finished:
+                    self._owner.pop(request, None)
+        return produced
+
+    def has_work(self) -> bool:
+        return bool(self._owner)
+
+    def abort(self) -> None:
+        """Every member drops its requests; their tokens sent before are read and dropped."""
+        for index, connection in enumerate(self._connections):
+            try:
+                connection.send(("abort",))
+            except OSError:
+                raise self._died(index) from None
+        for index in range(len(self._connections)):
+            self._expect(index, "aborted")
+        self._owner.clear()
+
+    def close(self) -> None:
+        for connection in self._connections:
+            try:
+                connection.send(("stop",))
+            except OSError:
+                pass
+        for process in self._processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
