@@ -11,6 +11,8 @@ Rows, interleaved per round (each round runs every row once, in the same order):
 - OpenVINO GenAI's ContinuousBatchingPipeline at its default SchedulerConfig and CPU plugin properties (but
   the threads), on the int8_asym IR;
 - the same with --genai-max-seqs and --genai-batched-tokens;
+- GenAI's defaults in --genai-pipelines pipelines behind the one arrival stream, each in its own process pinned
+  to its share of the cores (autotune/backends/openvino/serving.py's GenAiServerPool, server_instances);
 - PyTorch eager in fp32, static batches of --pytorch-batch requests (autotune/backends/generation/
   static_server.py: a batch starts when none runs and decodes until its longest output ends), the baseline
   continuous batching is measured against;
@@ -33,6 +35,7 @@ Writes docs/results/llm-serving-<date>.json (machine, commit, command, request m
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -46,7 +49,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "studies" / "benchmarks" / "trained-llama" / "model"
-ROWS = ("llama-defaults", "llama-tuned", "genai-defaults", "genai-tuned", "pytorch", "best")
+ROWS = ("llama-defaults", "llama-tuned", "genai-defaults", "genai-tuned", "genai-pool", "pytorch", "best")
 
 
 def build_files(folder: Path, out: Path, threads: int) -> tuple[Path, Path]:
@@ -81,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slots", type=int, default=8, help="llama-server's tuned row: -np")
     parser.add_argument("--genai-max-seqs", type=int, default=8)
     parser.add_argument("--genai-batched-tokens", type=int, default=512)
+    parser.add_argument("--genai-pipelines", type=int, default=2, help="the genai-pool row's pipelines")
     parser.add_argument("--pytorch-batch", type=int, default=8, help="PyTorch's static batches (0: no such row)")
     parser.add_argument(
         "--best", action="append", default=[], help="a search's best.json on this folder: its winner as a row"
@@ -106,7 +110,13 @@ def main() -> int:
     import json
 
     from autotune.backends.llamacpp.server import LlamaServer, LlamaServerSettings
-    from autotune.backends.openvino.serving import GenAiServer, SchedulerSettings, default_scheduler
+    from autotune.backends.openvino.serving import (
+        GenAiServer,
+        GenAiServerPool,
+        SchedulerSettings,
+        cpu_groups,
+        default_scheduler,
+    )
     from autotune.machine.probe import probe_machine
     from autotune.measure.llm_load import RequestMix
     from autotune.measure.llm_serving import LatencyBounds, ServingPlan
@@ -143,12 +153,20 @@ def main() -> int:
             "metrics": metrics,
         }
 
-    def genai_row(scheduler: SchedulerSettings) -> dict[str, Any]:
-        server = GenAiServer(ir, {"INFERENCE_NUM_THREADS": threads}, scheduler)
-        metrics = measure_server(
-            server, False, plan, vocab, scheduler.max_num_seqs, time.monotonic() + 60 * args.minutes_per_row
-        )
-        return {"engine": server.engine, "file": "int8_asym", "settings": scheduler.to_json(), "metrics": metrics}
+    def genai_row(scheduler: SchedulerSettings, pipelines: int = 1) -> dict[str, Any]:
+        deadline = time.monotonic() + 60 * args.minutes_per_row
+        settings = {**scheduler.to_json(), "pipelines": pipelines}
+        if pipelines == 1:
+            server = GenAiServer(ir, {"INFERENCE_NUM_THREADS": threads}, scheduler)
+            metrics = measure_server(server, False, plan, vocab, scheduler.max_num_seqs, deadline)
+            return {"engine": server.engine, "file": "int8_asym", "settings": settings, "metrics": metrics}
+        groups = cpu_groups(sorted(os.sched_getaffinity(0))[:threads], pipelines)
+        pool = GenAiServerPool(ir, {}, scheduler, groups)
+        try:
+            metrics = measure_server(pool, False, plan, vocab, scheduler.max_num_seqs * pipelines, deadline)
+        finally:
+            pool.close()
+        return {"engine": pool.engine, "file": "int8_asym", "settings": settings, "metrics": metrics}
 
     def pytorch_row(batch: int) -> dict[str, Any]:
         """PyTorch eager fp32, static batches: the fixed-batch path served as model.generate serves."""
@@ -205,6 +223,11 @@ def main() -> int:
             "genai-tuned",
             f"GenAI max_num_seqs {tuned.max_num_seqs}, max_num_batched_tokens {tuned.max_num_batched_tokens}",
             lambda: genai_row(tuned),
+        ),
+        (
+            "genai-pool",
+            f"GenAI defaults, {args.genai_pipelines} pipelines pinned apart",
+            lambda: genai_row(defaults, args.genai_pipelines),
         ),
     ]
     plans = [(name, run) for key, name, run in keyed if key in wanted]
