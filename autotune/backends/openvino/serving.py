@@ -5,9 +5,10 @@ so the load generator's loop drives it (measure/llm_server_loop.drive).
 
 Several pipelines behind one arrival stream (GenAiServerPool): each in its own process pinned to its share of
 the trial's cores, the requests dealt to them in turn as they arrive. A small model's step on two cores
-spends much of its time keeping the threads in step; two pipelines of one thread each served 1.2-1.3x one of
-two threads (saturated bursts of 96 requests, the trained 23M Llama's int8 IR, bf16, a 2-core Xeon with
-AMX: 20.6-25.1 against 16.2-19.3 requests/s; docs/manual/benchmarks-log.md).
+spends much of its time keeping the threads in step: two pipelines of one thread each completed 1.2-1.3x the
+requests of one of two threads in saturated bursts (96 requests each, the trained 23M Llama's int8 IR, bf16,
+a 2-core Xeon with AMX). Each of their steps is slower, though, so under a TPOT bound the gain may be gone:
+whether it wins is the search's to measure (docs/manual/benchmarks-log.md, 2026-12-01).
 
 Greedy decoding of exactly the tokens asked (ignore_eos, as every autotune backend decodes), on the same IR
 and CPU plugin properties as the offline trials (generate.py).
