@@ -107,7 +107,7 @@ def test_every_fact_of_a_backend_is_in_its_spec():
     scheduling = ("n_batch", "n_ubatch", "decode_threads", "server_sequences")  # the server's slots among them
     assert backend_specs("generate")["llamacpp"].scheduling_options == scheduling
     openvino = backend_specs("generate")["openvino"].scheduling_options
-    assert openvino == ("max_num_batched_tokens", "dynamic_split_fuse", "server_sequences")
+    assert openvino == ("max_num_batched_tokens", "dynamic_split_fuse", "server_sequences", "server_instances")
     ipex = backend_specs("classify")["ipex"]
     assert ipex.applies("graph", "bf16") and not ipex.applies("graph", "int8") and ipex.applies("memory_format", "int8")
     assert ipex.choices["memory_format"][0] == "channels_last"
