@@ -35,7 +35,6 @@ Writes docs/results/llm-serving-<date>.json (machine, commit, command, request m
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -110,13 +109,7 @@ def main() -> int:
     import json
 
     from autotune.backends.llamacpp.server import LlamaServer, LlamaServerSettings
-    from autotune.backends.openvino.serving import (
-        GenAiServer,
-        GenAiServerPool,
-        SchedulerSettings,
-        cpu_groups,
-        default_scheduler,
-    )
+    from autotune.backends.openvino.serving import SchedulerSettings, default_scheduler, open_genai_server
     from autotune.machine.probe import probe_machine
     from autotune.measure.llm_load import RequestMix
     from autotune.measure.llm_serving import LatencyBounds, ServingPlan
@@ -156,17 +149,9 @@ def main() -> int:
     def genai_row(scheduler: SchedulerSettings, pipelines: int = 1) -> dict[str, Any]:
         deadline = time.monotonic() + 60 * args.minutes_per_row
         settings = {**scheduler.to_json(), "pipelines": pipelines}
-        if pipelines == 1:
-            server = GenAiServer(ir, {"INFERENCE_NUM_THREADS": threads}, scheduler)
-            metrics = measure_server(server, False, plan, vocab, scheduler.max_num_seqs, deadline)
-            return {"engine": server.engine, "file": "int8_asym", "settings": settings, "metrics": metrics}
-        groups = cpu_groups(sorted(os.sched_getaffinity(0))[:threads], pipelines)
-        pool = GenAiServerPool(ir, {}, scheduler, groups)
-        try:
-            metrics = measure_server(pool, False, plan, vocab, scheduler.max_num_seqs * pipelines, deadline)
-        finally:
-            pool.close()
-        return {"engine": pool.engine, "file": "int8_asym", "settings": settings, "metrics": metrics}
+        with open_genai_server(ir, {"INFERENCE_NUM_THREADS": threads}, scheduler, pipelines, threads) as server:
+            metrics = measure_server(server, False, plan, vocab, scheduler.max_num_seqs * pipelines, deadline)
+        return {"engine": server.engine, "file": "int8_asym", "settings": settings, "metrics": metrics}
 
     def pytorch_row(batch: int) -> dict[str, Any]:
         """PyTorch eager fp32, static batches: the fixed-batch path served as model.generate serves."""

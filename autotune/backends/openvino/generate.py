@@ -354,9 +354,7 @@ class OpenVinoGenerator:
         needed: `context_tokens` and `folder` are llama-server's concern); stepped in the caller's thread, or
         with server_instances, a pool of pipelines in their own processes, each pinned to its share of this
         process's CPUs and holding up to `slots` sequences."""
-        import os
-
-        from autotune.backends.openvino.serving import GenAiServer, GenAiServerPool, SchedulerSettings, cpu_groups
+        from autotune.backends.openvino.serving import SchedulerSettings, open_genai_server
 
         if not self.ir.is_file():
             raise RuntimeError(f"the IR {self.ir} is gone (evicted from the cache): the server cannot load it")
@@ -366,15 +364,9 @@ class OpenVinoGenerator:
             max_num_batched_tokens=self.max_num_batched_tokens,
             dynamic_split_fuse=self.dynamic_split_fuse,
         )
-        if self.server_instances == 1:
-            yield GenAiServer(self.ir.parent, dict(self._properties), scheduler), False
-            return
-        groups = cpu_groups(sorted(os.sched_getaffinity(0))[: self.threads], self.server_instances)
-        pool = GenAiServerPool(self.ir.parent, dict(self._properties), scheduler, groups)
-        try:
-            yield pool, False
-        finally:
-            pool.close()
+        properties = dict(self._properties)
+        with open_genai_server(self.ir.parent, properties, scheduler, self.server_instances, self.threads) as server:
+            yield server, False
 
     def release_drift_request(self) -> None:
         """Free the infer request's copy of the weights (compiled again if a later pass needs logits)."""

@@ -16,9 +16,11 @@ and CPU plugin properties as the offline trials (generate.py).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,3 +272,20 @@ class GenAiServerPool:
             if process.is_alive():
                 process.kill()
                 process.join()
+
+
+@contextlib.contextmanager
+def open_genai_server(
+    ir_dir: Path, properties: dict[str, Any], scheduler: SchedulerSettings, pipelines: int, threads: int
+) -> Iterator[GenAiServer | GenAiServerPool]:
+    """One pipeline in this process, or `pipelines` of them pinned apart over the first `threads` CPUs this
+    process may run on (each member's INFERENCE_NUM_THREADS its share); the pool's processes end with it."""
+    if pipelines == 1:
+        yield GenAiServer(ir_dir, properties, scheduler)
+        return
+    groups = cpu_groups(sorted(os.sched_getaffinity(0))[:threads], pipelines)
+    pool = GenAiServerPool(ir_dir, properties, scheduler, groups)
+    try:
+        yield pool
+    finally:
+        pool.close()
